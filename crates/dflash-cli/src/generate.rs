@@ -1,0 +1,152 @@
+//! `dflash-rs generate`: one prompt, AR or DFlash, text or JSON out.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use dflash_core::sampling::SamplingParams;
+use dflash_core::stats::summarize;
+use dflash_engine::{generate, Request};
+use dflash_model::drafter::Drafter;
+use dflash_model::loader::load_target;
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Mode {
+    Ar,
+    Dflash,
+}
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// Target model: a GGUF file, an HF directory, or an alias (smollm2-135m, qwen2.5-coder-0.5b).
+    #[arg(long, default_value = "smollm2-135m")]
+    pub target: String,
+    /// The prompt text.
+    #[arg(long)]
+    pub prompt: String,
+    /// Wrap the prompt as a user turn in the target's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    #[arg(long, default_value_t = 128)]
+    pub max_new_tokens: usize,
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub temperature: f64,
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub top_p: f64,
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub top_k: i64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Decoding mode; `dflash` needs --drafter.
+    #[arg(long, value_enum)]
+    pub mode: Option<Mode>,
+    /// A z-lab-format drafter directory (config.json + model.safetensors).
+    #[arg(long)]
+    pub drafter: Option<PathBuf>,
+    /// Block size for DFlash (default: the drafter's).
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: GenerateArgs) -> Result<()> {
+    let sampling = SamplingParams::new(a.temperature, a.top_p, a.top_k, a.seed)?;
+    let mode = a.mode.unwrap_or(if a.drafter.is_some() { Mode::Dflash } else { Mode::Ar });
+    if mode == Mode::Dflash && a.drafter.is_none() {
+        bail!("--mode dflash needs --drafter DIR");
+    }
+    if a.block_size == Some(0) || a.block_size == Some(1) && mode == Mode::Dflash {
+        bail!("--block-size must be >= 2 for dflash");
+    }
+    let device = dflash_model::device(&a.device)?;
+    let dtype = dflash_model::dtype(&a.dtype)?;
+    let loaded = load_target(&a.target, dtype, &device)?;
+    eprintln!("{loaded}");
+    let drafter = match (&a.drafter, mode) {
+        (Some(dir), Mode::Dflash) => {
+            let d = Drafter::load_dir(dir, &loaded.target)?;
+            eprintln!(
+                "loaded drafter {}: {} layers, block {}, taps {:?}, mask token {}",
+                dir.display(),
+                d.num_layers(),
+                d.block_size,
+                d.target_layer_ids,
+                d.mask_token_id
+            );
+            for n in &d.notes {
+                eprintln!("note: {n}");
+            }
+            Some(d)
+        }
+        _ => None,
+    };
+    let block = match mode {
+        Mode::Ar => 1,
+        Mode::Dflash => a.block_size.unwrap_or(drafter.as_ref().unwrap().block_size),
+    };
+    let prompt_ids = loaded.tokenizer.prompt_ids(&a.prompt, a.chat)?;
+    let req = Request {
+        prompt_ids: prompt_ids.clone(),
+        max_new_tokens: a.max_new_tokens,
+        sampling,
+        stop_ids: loaded.tokenizer.stop_ids.clone(),
+    };
+    let t = Instant::now();
+    let g = generate(&loaded.target, drafter.as_ref(), block, &req)?;
+    let seconds = t.elapsed().as_secs_f64();
+    let text = loaded.tokenizer.decode(&g.new_tokens)?;
+    let stats = summarize(&[&g.rounds]);
+    let mode_name = match mode {
+        Mode::Ar => "ar",
+        Mode::Dflash => "dflash",
+    };
+    if a.json {
+        let v = serde_json::json!({
+            "text": text,
+            "token_ids": g.new_tokens,
+            "prompt_tokens": prompt_ids.len(),
+            "new_tokens": g.new_tokens.len(),
+            "seconds": seconds,
+            "prefill_seconds": g.prefill_secs,
+            "decode_seconds": g.decode_secs,
+            "tokens_per_second": g.new_tokens.len() as f64 / seconds,
+            "mode": mode_name,
+            "block_size": block,
+            "stopped_by_token": g.stopped_by_token,
+            "stats": {
+                "tau_pooled": stats.tau_pooled,
+                "tau_mean_of_means": stats.tau_mean_of_means,
+                "rounds": stats.rounds,
+                "committed": stats.committed,
+                "per_position_acceptance": stats.per_position_acceptance,
+                "tau_histogram": stats.tau_histogram,
+                "draft_seconds": stats.draft_secs,
+                "verify_seconds": stats.verify_secs,
+                "other_seconds": stats.other_secs,
+                "per_round": g.rounds,
+            },
+        });
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        println!("{text}");
+        eprintln!(
+            "[{mode_name}] {} new tokens in {:.2}s ({:.1} tok/s), prompt {} tokens, {} rounds, tau {:.2}",
+            g.new_tokens.len(),
+            seconds,
+            g.new_tokens.len() as f64 / seconds,
+            prompt_ids.len(),
+            stats.rounds,
+            stats.tau_pooled
+        );
+    }
+    Ok(())
+}

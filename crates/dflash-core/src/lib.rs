@@ -1,0 +1,21 @@
+//! dflash-core: the rules of DFlash speculative decoding as plain data, without candle.
+//!
+//! - [`config`]: serde mirrors of `config.json` (targets and z-lab drafters);
+//! - [`taps`]: the tap convention (tap i = output of layer i = transformers' `hidden_states[i+1]`);
+//! - [`visibility`]: which keys each query sees (target, draft, tree), written once;
+//! - [`sampling`]: sampling parameters and the seeded sampler;
+//! - [`stats`]: τ and acceptance statistics, defined once.
+
+pub mod config;
+pub mod sampling;
+pub mod stats;
+pub mod taps;
+pub mod visibility;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    #[error("invalid config: {0}")]
+    Config(String),
+    #[error("invalid sampling parameters: {0}")]
+    Sampling(String),
+}

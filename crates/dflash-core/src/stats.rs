@@ -1,0 +1,127 @@
+//! τ and acceptance statistics, defined once.
+//!
+//! A *round* is one target forward after the prefill (a verify of a chain block or a tree,
+//! or one AR step). `tau_round` is the number of tokens that round committed: the accepted
+//! drafts plus the target's own (bonus) token, at most B; at the very end of a generation it
+//! is cut where a stop token or `max_new_tokens` ends it, as in z-lab's `acceptance_lengths`.
+//! Example: B = 16, drafts d1..d15, the target agrees with d1..d4 → accepted 4, τ_round 5.
+//!
+//! Two conventions for τ over many rounds, both reported and named:
+//! - `tau_mean_of_means`: z-lab's, the mean over requests of each request's mean τ_round;
+//! - `tau_pooled`: committed tokens / rounds over all requests.
+
+use serde::{Deserialize, Serialize};
+
+/// What one round did: plain data.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RoundOutcome {
+    /// Drafted tokens offered for verification (B - 1 in a full chain round, N in a tree).
+    pub drafted: usize,
+    /// Drafts the target accepted (length of the accepted path).
+    pub accepted: usize,
+    /// Tokens committed this round (accepted + bonus, cut at the end of generation).
+    pub tau_round: usize,
+    /// The target's own token at the first mismatch (`None` when cut before it).
+    pub bonus: Option<u32>,
+    pub draft_secs: f64,
+    pub verify_secs: f64,
+    pub other_secs: f64,
+    /// Tree rounds only: nodes in the tree and the deepest node on the accepted path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_size: Option<usize>,
+}
+
+/// Aggregate statistics over one or many requests.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TauSummary {
+    pub requests: usize,
+    pub rounds: usize,
+    pub committed: usize,
+    pub tau_mean_of_means: f64,
+    pub tau_pooled: f64,
+    /// Entry k-1 is P(draft k accepted | drafts 1..k-1 accepted), over rounds that drafted k.
+    pub per_position_acceptance: Vec<f64>,
+    /// Entry t counts the rounds with τ_round = t.
+    pub tau_histogram: Vec<usize>,
+    pub draft_secs: f64,
+    pub verify_secs: f64,
+    pub other_secs: f64,
+}
+
+/// Summarise requests, each given as its list of rounds.
+pub fn summarize(requests: &[&[RoundOutcome]]) -> TauSummary {
+    let mut s = TauSummary { requests: requests.len(), ..Default::default() };
+    let mut means = Vec::new();
+    let max_draft = requests.iter().flat_map(|r| r.iter()).map(|r| r.drafted.max(r.accepted)).max().unwrap_or(0);
+    let mut reached = vec![0usize; max_draft + 1]; // rounds whose accepted >= k, and drafted >= k
+    let mut offered = vec![0usize; max_draft + 1]; // rounds with accepted >= k-1 and drafted >= k
+    for req in requests {
+        if req.is_empty() {
+            continue;
+        }
+        let committed: usize = req.iter().map(|r| r.tau_round).sum();
+        means.push(committed as f64 / req.len() as f64);
+        for r in req.iter() {
+            s.rounds += 1;
+            s.committed += r.tau_round;
+            if s.tau_histogram.len() <= r.tau_round {
+                s.tau_histogram.resize(r.tau_round + 1, 0);
+            }
+            s.tau_histogram[r.tau_round] += 1;
+            for k in 1..=r.drafted {
+                if r.accepted + 1 >= k {
+                    offered[k] += 1;
+                }
+                if r.accepted >= k {
+                    reached[k] += 1;
+                }
+            }
+            s.draft_secs += r.draft_secs;
+            s.verify_secs += r.verify_secs;
+            s.other_secs += r.other_secs;
+        }
+    }
+    s.tau_mean_of_means = if means.is_empty() { 0.0 } else { means.iter().sum::<f64>() / means.len() as f64 };
+    s.tau_pooled = if s.rounds == 0 { 0.0 } else { s.committed as f64 / s.rounds as f64 };
+    s.per_position_acceptance = (1..=max_draft)
+        .take_while(|&k| offered[k] > 0)
+        .map(|k| reached[k] as f64 / offered[k] as f64)
+        .collect();
+    s
+}
+
+/// The chain τ that these per-position acceptance rates imply: `1 + Σ_k Π_{i<=k} acc_i`.
+/// Example: rates [0.5, 0.5] → 1 + 0.5 + 0.25 = 1.75.
+pub fn simulated_chain_tau(per_position_acceptance: &[f64]) -> f64 {
+    let mut prod = 1.0;
+    let mut tau = 1.0;
+    for &a in per_position_acceptance {
+        prod *= a;
+        tau += prod;
+    }
+    tau
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(drafted: usize, accepted: usize) -> RoundOutcome {
+        RoundOutcome { drafted, accepted, tau_round: accepted + 1, ..Default::default() }
+    }
+
+    #[test]
+    fn both_conventions() {
+        let a = [round(3, 3), round(3, 0)]; // τ 4, 1 → mean 2.5
+        let b = [round(3, 1)]; // τ 2
+        let s = summarize(&[&a, &b]);
+        assert_eq!(s.rounds, 3);
+        assert_eq!(s.committed, 7);
+        assert!((s.tau_pooled - 7.0 / 3.0).abs() < 1e-12);
+        assert!((s.tau_mean_of_means - 2.25).abs() < 1e-12);
+        assert_eq!(s.tau_histogram, vec![0, 1, 1, 0, 1]);
+        // position 1: offered 3, accepted 2; position 2: offered 2 (acc>=1), accepted 1; 3: 1/1
+        assert_eq!(s.per_position_acceptance, vec![2.0 / 3.0, 0.5, 1.0]);
+        assert!((simulated_chain_tau(&[0.5, 0.5]) - 1.75).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,213 @@
+//! Which keys a query sees: the one place where every attention mask comes from.
+//!
+//! Three rules live here and nowhere else:
+//! - **target (causal)**: a target query at absolute position `p` sees every key at position
+//!   `<= p` (cache rows and earlier new rows). Verify of a chain block is this rule.
+//! - **draft**: a drafter query in the block anchored at `a` (rows at positions `a .. a+B`)
+//!   sees the context keys strictly before the anchor and every key of its own block
+//!   (bidirectional). Anchor at 37, B = 16: context rows 0..=36 visible, block rows 37..=52
+//!   visible, the context feature at 37 (the anchor's own hidden state) is NOT visible.
+//!   Training (many blocks of one sequence, one mask) and inference (one block on top of the
+//!   draft KV cache) both build their masks from [`DraftRule::sees`].
+//! - **tree**: a tree node sees every committed cache row and its ancestors (itself included),
+//!   nothing else; see [`tree`].
+//!
+//! Masks are boolean matrices here; the model turns them into additive masks (0 / -inf).
+
+/// A boolean visibility matrix, row-major `[rows, cols]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Visibility {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<bool>,
+}
+
+impl Visibility {
+    pub fn new(rows: usize, cols: usize) -> Self {
+        Self { rows, cols, data: vec![false; rows * cols] }
+    }
+    pub fn get(&self, r: usize, c: usize) -> bool {
+        self.data[r * self.cols + c]
+    }
+    pub fn set(&mut self, r: usize, c: usize, v: bool) {
+        self.data[r * self.cols + c] = v;
+    }
+    /// The additive mask: 0 where visible, -inf where hidden.
+    pub fn additive(&self) -> Vec<f32> {
+        self.data.iter().map(|&v| if v { 0.0 } else { f32::NEG_INFINITY }).collect()
+    }
+    /// True when this is exactly the causal mask over `[cache | new rows]`, in which case a
+    /// model may use a cheaper causal path.
+    pub fn is_causal(&self) -> bool {
+        let cache = self.cols.saturating_sub(self.rows);
+        self.cols >= self.rows && *self == causal(cache, self.rows)
+    }
+}
+
+/// Target rule over `[cache | new rows]`: new row `i` (position `cache_len + i`) sees keys
+/// `0 ..= cache_len + i`. Example: cache 3, new 2 → row 0 sees cols 0..=3, row 1 sees 0..=4.
+pub fn causal(cache_len: usize, new_len: usize) -> Visibility {
+    let mut v = Visibility::new(new_len, cache_len + new_len);
+    for r in 0..new_len {
+        for c in 0..=cache_len + r {
+            v.set(r, c, true);
+        }
+    }
+    v
+}
+
+/// Tree rule over `[cache | root, node_1 … node_N]`: `parents[i]` is the parent row of tree
+/// row `i` (`None` for the root, row 0). Every row sees all cache rows, itself and its
+/// ancestors. Example: parents `[None, Some(0), Some(0), Some(1)]` → row 3 sees rows 0, 1, 3.
+pub fn tree(cache_len: usize, parents: &[Option<usize>]) -> Visibility {
+    let n = parents.len();
+    let mut v = Visibility::new(n, cache_len + n);
+    for r in 0..n {
+        for c in 0..cache_len {
+            v.set(r, c, true);
+        }
+        let mut cur = Some(r);
+        while let Some(i) = cur {
+            v.set(r, cache_len + i, true);
+            cur = parents[i];
+        }
+    }
+    v
+}
+
+/// A key as a drafter query sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DraftKey {
+    /// The context feature (target taps) of the committed token at this absolute position.
+    Context(usize),
+    /// A row of the query's own block, at this absolute position.
+    OwnBlock(usize),
+    /// A row of another block (training only): never visible.
+    OtherBlock,
+}
+
+/// The draft visibility rule of one drafter layer.
+///
+/// `sliding_window = Some(W)` (layers with `layer_types[i] == "sliding_attention"`) follows
+/// z-lab's `dflash==0.1.0` exactly: such a layer is also causal inside the block, and a query
+/// at position `q` sees a key at position `k` only when `q - k < W`. Example: W = 4, anchor 10,
+/// query at 12 sees context 9 (12 - 9 = 3) but not 8, and block rows 10..=12.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DraftRule {
+    pub sliding_window: Option<usize>,
+    pub causal: bool,
+}
+
+impl DraftRule {
+    /// The full-attention drafter rule: context strictly before the anchor, whole own block.
+    pub const FULL: DraftRule = DraftRule { sliding_window: None, causal: false };
+
+    /// z-lab's rule for a layer with the given sliding window (None = full attention).
+    pub fn for_layer(sliding_window: Option<usize>) -> Self {
+        match sliding_window {
+            None => Self::FULL,
+            Some(w) => DraftRule { sliding_window: Some(w), causal: true },
+        }
+    }
+
+    /// Does the query at absolute position `query_pos`, in the block anchored at `anchor`,
+    /// see `key`?
+    pub fn sees(&self, anchor: usize, query_pos: usize, key: DraftKey) -> bool {
+        let (k, base) = match key {
+            DraftKey::Context(k) => (k, k < anchor),
+            DraftKey::OwnBlock(k) => (k, !self.causal || k <= query_pos),
+            DraftKey::OtherBlock => return false,
+        };
+        base && self.sliding_window.is_none_or(|w| query_pos < k + w)
+    }
+}
+
+/// Inference mask for one block anchored at `anchor`: columns are the `anchor` context keys
+/// (draft KV cache rows plus the new context features: positions `0 .. anchor`), then the
+/// `block` block keys (positions `anchor .. anchor + block`). Rows are the block's rows.
+pub fn draft_inference(rule: DraftRule, anchor: usize, block: usize) -> Visibility {
+    let mut v = Visibility::new(block, anchor + block);
+    for r in 0..block {
+        let q = anchor + r;
+        for c in 0..anchor {
+            v.set(r, c, rule.sees(anchor, q, DraftKey::Context(c)));
+        }
+        for j in 0..block {
+            v.set(r, anchor + j, rule.sees(anchor, q, DraftKey::OwnBlock(anchor + j)));
+        }
+    }
+    v
+}
+
+/// Training mask for many blocks of one sequence of `seq_len` tokens: columns are the
+/// `seq_len` context features (positions `0 .. seq_len`), then the blocks' rows in order
+/// (block `j`'s row `r` at column `seq_len + j * block + r`). Rows are the blocks' rows in
+/// the same order. Blocks never see each other; context follows [`DraftRule::sees`].
+/// Example: anchors [3, 5], B = 2, seq_len 8 → row 0 (block 0, pos 3) sees context 0..=2 and
+/// columns 8, 9; row 2 (block 1, pos 5) sees context 0..=4 and columns 10, 11.
+pub fn draft_training(rule: DraftRule, seq_len: usize, anchors: &[usize], block: usize) -> Visibility {
+    let n = anchors.len() * block;
+    let mut v = Visibility::new(n, seq_len + n);
+    for (j, &a) in anchors.iter().enumerate() {
+        for r in 0..block {
+            let row = j * block + r;
+            let q = a + r;
+            for c in 0..seq_len {
+                v.set(row, c, rule.sees(a, q, DraftKey::Context(c)));
+            }
+            for (jj, &aa) in anchors.iter().enumerate() {
+                for rr in 0..block {
+                    let key = if jj == j { DraftKey::OwnBlock(aa + rr) } else { DraftKey::OtherBlock };
+                    v.set(row, seq_len + jj * block + rr, rule.sees(a, q, key));
+                }
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anchor_is_not_context() {
+        let v = draft_inference(DraftRule::FULL, 37, 16);
+        for r in 0..16 {
+            assert!((0..37).all(|c| v.get(r, c)));
+            assert!((37..53).all(|c| v.get(r, c)));
+        }
+        // anchor 0: no context at all, the block still sees itself
+        let v0 = draft_inference(DraftRule::FULL, 0, 4);
+        assert_eq!(v0.cols, 4);
+        assert!(v0.data.iter().all(|&b| b));
+    }
+
+    #[test]
+    fn training_blocks_are_isolated() {
+        let v = draft_training(DraftRule::FULL, 8, &[3, 5], 2);
+        assert_eq!((v.rows, v.cols), (4, 12));
+        let row0: Vec<usize> = (0..12).filter(|&c| v.get(0, c)).collect();
+        assert_eq!(row0, vec![0, 1, 2, 8, 9]);
+        let row3: Vec<usize> = (0..12).filter(|&c| v.get(3, c)).collect();
+        assert_eq!(row3, vec![0, 1, 2, 3, 4, 10, 11]);
+    }
+
+    #[test]
+    fn sliding_rule_matches_zlab_example() {
+        let rule = DraftRule::for_layer(Some(4));
+        assert!(rule.sees(10, 12, DraftKey::Context(9)));
+        assert!(!rule.sees(10, 12, DraftKey::Context(8)));
+        assert!(rule.sees(10, 12, DraftKey::OwnBlock(12)));
+        assert!(!rule.sees(10, 12, DraftKey::OwnBlock(13)));
+    }
+
+    #[test]
+    fn tree_sees_ancestors_only() {
+        let v = tree(2, &[None, Some(0), Some(0), Some(1)]);
+        let row3: Vec<usize> = (0..6).filter(|&c| v.get(3, c)).collect();
+        assert_eq!(row3, vec![0, 1, 2, 3, 5]);
+        assert!(causal(3, 2).is_causal());
+        assert!(!v.is_causal());
+    }
+}

@@ -1,0 +1,313 @@
+//! The DFlash drafter (z-lab's `DFlashDraftModel`), one forward for training and inference.
+//!
+//! Semantics, exactly as z-lab's `dflash==0.1.0`:
+//! 1. context feature `c = hidden_norm(fc(concat(taps)))` for each committed context row;
+//! 2. block stream `x` = the target's embedding of `[anchor, mask × (B-1)]` (× `input_embedding_scale`);
+//! 3. each layer: `h = input_layernorm(x)` (the context is NOT normed again);
+//!    `q = q_norm(q_proj(h))`; `K = k_norm([k_proj(c) | k_proj(h)])`; `V = [v_proj(c) | v_proj(h)]`;
+//!    RoPE at absolute positions (context rows at their own positions, block rows at
+//!    `anchor .. anchor+B`); masked attention (the rule in `dflash_core::visibility`);
+//!    `x = x + o_proj(attn)`; `x = x + mlp(post_attention_layernorm(x))`;
+//! 4. `norm(x)`; logits = the target's LM head on block rows 1..B (row k predicts the token
+//!    at `anchor + k`; row 0 is never used).
+//!
+//! [`DraftLayout::Inference`]: one block on top of a draft KV cache of committed context
+//! (after `k_norm` and RoPE); the caller truncates the cache back to the anchor afterwards.
+//! [`DraftLayout::Training`]: many blocks of one sequence at once, every context row given,
+//! blocks isolated by the mask. Both masks come from the same rule.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Tensor, D};
+use candle_nn::{Linear, Module};
+use dflash_core::config::DrafterConfig;
+use dflash_core::visibility::{draft_inference, draft_training, DraftRule, Visibility};
+
+use crate::attention::{attend, mask_tensor};
+use crate::kv_cache::KvCache;
+use crate::mlp::{load_linear, Mlp};
+use crate::norm::RmsNorm;
+use crate::rope::Rope;
+use crate::target::Target;
+use crate::weights::TensorStore;
+
+/// Where the rows of one drafter forward sit.
+#[derive(Debug, Clone, Copy)]
+pub enum DraftLayout<'a> {
+    /// One block anchored at `anchor`. The new context rows are positions
+    /// `cache.len() .. anchor`; the block rows `anchor .. anchor + block`.
+    Inference { anchor: usize, block: usize },
+    /// Blocks anchored at `anchors` over a sequence of `seq_len` context rows (positions
+    /// `0 .. seq_len`); block j's rows at `anchors[j] .. anchors[j] + block`.
+    Training { seq_len: usize, anchors: &'a [usize], block: usize },
+}
+
+impl DraftLayout<'_> {
+    fn mask(&self, rule: DraftRule) -> Visibility {
+        match *self {
+            DraftLayout::Inference { anchor, block } => draft_inference(rule, anchor, block),
+            DraftLayout::Training { seq_len, anchors, block } => draft_training(rule, seq_len, anchors, block),
+        }
+    }
+    fn block_positions(&self) -> Vec<usize> {
+        match *self {
+            DraftLayout::Inference { anchor, block } => (anchor..anchor + block).collect(),
+            DraftLayout::Training { anchors, block, .. } => {
+                anchors.iter().flat_map(|&a| a..a + block).collect()
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct DraftAttention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+#[derive(Debug, Clone)]
+struct DraftLayer {
+    input_layernorm: RmsNorm,
+    self_attn: DraftAttention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+    rule: DraftRule,
+}
+
+pub struct Drafter {
+    pub config: DrafterConfig,
+    layers: Vec<DraftLayer>,
+    norm: RmsNorm,
+    fc: Linear,
+    hidden_norm: RmsNorm,
+    rope: Rope,
+    pub target_layer_ids: Vec<usize>,
+    pub mask_token_id: u32,
+    pub block_size: usize,
+    /// Notes from loading (tap-id conversions, defaults used).
+    pub notes: Vec<String>,
+}
+
+impl Drafter {
+    /// Load a z-lab-format drafter directory (`config.json` + `model.safetensors`) for `target`.
+    pub fn load_dir(dir: &Path, target: &Target) -> Result<Self> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
+        let config: DrafterConfig = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a DFlash drafter config", cfg_path.display()))?;
+        let store = TensorStore::from_safetensors(&[dir.join("model.safetensors")], target.dtype, &target.device)?;
+        Self::load(config, &store, target)
+    }
+
+    /// Build from a config and HF-named weights (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`, …),
+    /// checked against the target it will run with.
+    pub fn load(config: DrafterConfig, store: &TensorStore, target: &Target) -> Result<Self> {
+        config.validate().context("drafter config")?;
+        let tc = &target.config;
+        if config.hidden_size != tc.hidden_size {
+            bail!("drafter hidden_size {} does not fit the target's hidden_size {}", config.hidden_size, tc.hidden_size);
+        }
+        if config.vocab_size != tc.vocab_size {
+            bail!("drafter vocab_size {} does not fit the target's vocab_size {}", config.vocab_size, tc.vocab_size);
+        }
+        if config.num_target_layers != tc.num_hidden_layers {
+            bail!(
+                "drafter num_target_layers {} does not fit the target's {} layers",
+                config.num_target_layers, tc.num_hidden_layers
+            );
+        }
+        let (target_layer_ids, note) = config.resolve_target_layer_ids()?;
+        let mut notes: Vec<String> = note.into_iter().collect();
+        let (h, nh, nkv, hd) = (config.hidden_size, config.num_attention_heads, config.num_kv_heads(), config.head_dim());
+        let eps = config.rms_norm_eps;
+        let bias = config.attention_bias.unwrap_or(false);
+        let norm = |name: &str, dim: usize| -> Result<RmsNorm> { Ok(RmsNorm::new(store.get(name, &[dim])?, eps)) };
+        let mut layers = Vec::new();
+        for i in 0..config.num_hidden_layers {
+            let p = format!("layers.{i}");
+            let a = format!("{p}.self_attn");
+            layers.push(DraftLayer {
+                input_layernorm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                self_attn: DraftAttention {
+                    q_proj: load_linear(store, &format!("{a}.q_proj"), nh * hd, h, bias)?,
+                    k_proj: load_linear(store, &format!("{a}.k_proj"), nkv * hd, h, bias)?,
+                    v_proj: load_linear(store, &format!("{a}.v_proj"), nkv * hd, h, bias)?,
+                    o_proj: load_linear(store, &format!("{a}.o_proj"), h, nh * hd, bias)?,
+                    q_norm: norm(&format!("{a}.q_norm.weight"), hd)?,
+                    k_norm: norm(&format!("{a}.k_norm.weight"), hd)?,
+                    heads: nh,
+                    kv_heads: nkv,
+                    head_dim: hd,
+                },
+                post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                mlp: Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?,
+                rule: DraftRule::for_layer(config.layer_window(i)),
+            });
+        }
+        let fc = Linear::new(store.get("fc.weight", &[h, target_layer_ids.len() * h])?, None);
+        let hidden_norm = norm("hidden_norm.weight", h)?;
+        let final_norm = norm("norm.weight", h)?;
+        let extra = store.unused();
+        if !extra.is_empty() {
+            bail!("drafter checkpoint has tensors this drafter does not use: {}", extra.join(", "));
+        }
+        if let Some(w) = config.sliding_window.filter(|_| layers.iter().any(|l| l.rule.sliding_window.is_some())) {
+            notes.push(format!("sliding-attention layers (window {w}) are causal in the block, as z-lab 0.1.0"));
+        }
+        Ok(Self {
+            rope: Rope::new(hd, config.rope_theta()),
+            mask_token_id: config.mask_token_id().expect("validated"),
+            block_size: config.block_size,
+            target_layer_ids,
+            layers,
+            norm: final_norm,
+            fc,
+            hidden_norm,
+            notes,
+            config,
+        })
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.layers.len())
+    }
+
+    /// The block stream input: the target's embedding of `tokens`, scaled as z-lab does.
+    pub fn embed_block(&self, target: &Target, tokens: &[u32]) -> Result<Tensor> {
+        let e = target.embed(tokens)?;
+        let s = self.config.input_embedding_scale();
+        Ok(if s != 1.0 { (e * s)? } else { e })
+    }
+
+    /// The block tokens `[anchor, mask × (block - 1)]`.
+    pub fn block_tokens(&self, anchor_token: u32, block: usize) -> Vec<u32> {
+        let mut t = vec![self.mask_token_id; block];
+        t[0] = anchor_token;
+        t
+    }
+
+    /// The one drafter forward. `ctx_taps`: `[1, m, L*h]` concatenated taps of the new
+    /// context rows; `block_emb`: `[1, nb, h]`. Returns the normed block hidden states
+    /// `[1, nb, h]`.
+    pub fn forward(
+        &self,
+        ctx_taps: &Tensor,
+        block_emb: &Tensor,
+        layout: DraftLayout<'_>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let m = ctx_taps.dim(1)?;
+        let nb = block_emb.dim(1)?;
+        let cache_len = cache.as_ref().map(|c| c.len()).unwrap_or(0);
+        let ctx_positions: Vec<usize> = match layout {
+            DraftLayout::Inference { anchor, block } => {
+                if cache_len + m != anchor || nb != block {
+                    bail!(
+                        "draft inference: cache {cache_len} + context {m} rows must end at the anchor {anchor}, block {nb} must be {block}"
+                    );
+                }
+                (cache_len..anchor).collect()
+            }
+            DraftLayout::Training { seq_len, anchors, block } => {
+                if cache.is_some() || m != seq_len || nb != anchors.len() * block {
+                    bail!("draft training: no cache, {seq_len} context rows and {} block rows expected", anchors.len() * block);
+                }
+                (0..seq_len).collect()
+            }
+        };
+        let block_positions = layout.block_positions();
+        let dtype = block_emb.dtype();
+        let device = block_emb.device();
+        let mut all_pos = ctx_positions.clone();
+        all_pos.extend_from_slice(&block_positions);
+        let rope_kv = self.rope.tables(&all_pos, dtype, device)?;
+        let rope_q = rope_kv.narrow(m, nb)?;
+        // masks per distinct rule, from the shared visibility rule
+        let mut masks: Vec<(DraftRule, Tensor)> = Vec::new();
+        for l in &self.layers {
+            if !masks.iter().any(|(r, _)| *r == l.rule) {
+                masks.push((l.rule, mask_tensor(&layout.mask(l.rule), dtype, device)?));
+            }
+        }
+        // 1. context feature
+        let ctx = self.hidden_norm.forward(&self.fc.forward(&ctx_taps.to_dtype(dtype)?)?)?;
+        let mut x = block_emb.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let a = &layer.self_attn;
+            let hn = layer.input_layernorm.forward(&x)?;
+            let heads = |t: Tensor, n: usize, h: usize| t.reshape((1, n, h, a.head_dim));
+            // 2. q from the block stream only
+            let q = a.q_norm.forward(&heads(a.q_proj.forward(&hn)?, nb, a.heads)?)?.transpose(1, 2)?;
+            let q = rope_q.apply(&q)?;
+            // 3. K/V over [context | block]
+            let k = Tensor::cat(&[a.k_proj.forward(&ctx)?, a.k_proj.forward(&hn)?], 1)?;
+            let v = Tensor::cat(&[a.v_proj.forward(&ctx)?, a.v_proj.forward(&hn)?], 1)?;
+            let k = a.k_norm.forward(&heads(k, m + nb, a.kv_heads)?)?.transpose(1, 2)?;
+            let k = rope_kv.apply(&k)?;
+            let v = heads(v, m + nb, a.kv_heads)?.transpose(1, 2)?;
+            let (k, v) = match cache.as_deref_mut() {
+                Some(c) => c.append(i, &k, &v)?,
+                None => (k, v),
+            };
+            let mask = &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1;
+            let o = attend(&q, &k, &v, mask, 1.0 / (a.head_dim as f64).sqrt())?;
+            x = (x + a.o_proj.forward(&o)?)?;
+            x = (&x + layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
+        }
+        if let Some(c) = cache {
+            c.commit();
+        }
+        Ok(self.norm.forward(&x)?)
+    }
+
+    /// Draft logits (f32) from normed hidden rows: the target's LM head, then z-lab's
+    /// `output_multiplier` and `final_logit_softcapping`.
+    pub fn logits(&self, target: &Target, hidden: &Tensor) -> Result<Tensor> {
+        let mut l = target.lm_head(hidden)?;
+        let mult = self.config.output_multiplier();
+        if mult != 1.0 {
+            l = (l * mult)?;
+        }
+        if let Some(cap) = self.config.final_logit_softcapping() {
+            l = ((l / cap)?.tanh()? * cap)?;
+        }
+        Ok(l)
+    }
+
+    /// One inference round's draft: logits `[block - 1, vocab]` for positions
+    /// `anchor + 1 .. anchor + block`. `new_ctx_taps` `[1, m, L*h]` are the committed rows
+    /// since the last call (positions `cache.len() .. anchor`); afterwards the cache holds
+    /// exactly the context rows `0 .. anchor`.
+    pub fn draft(
+        &self,
+        target: &Target,
+        cache: &mut KvCache,
+        new_ctx_taps: &Tensor,
+        anchor_token: u32,
+        anchor: usize,
+        block: usize,
+    ) -> Result<Tensor> {
+        let emb = self.embed_block(target, &self.block_tokens(anchor_token, block))?;
+        let h = self.forward(new_ctx_taps, &emb, DraftLayout::Inference { anchor, block }, Some(cache))?;
+        cache.truncate(anchor);
+        let rows = h.narrow(1, 1, block - 1)?;
+        Ok(self.logits(target, &rows)?.squeeze(0)?)
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Row-wise argmax of `[n, vocab]` logits.
+    pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+        Ok(logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1::<u32>()?)
+    }
+}

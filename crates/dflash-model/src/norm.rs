@@ -1,0 +1,25 @@
+//! RMSNorm as transformers computes it: in f32, `w * (x * rsqrt(mean(x²) + eps))`, cast back.
+//! Built from differentiable ops (candle-nn's fused `rms_norm` has no backward), so the
+//! drafter trains through the same code it decodes with.
+
+use candle_core::{DType, Result, Tensor, D};
+
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    pub fn new(weight: Tensor, eps: f64) -> Self {
+        Self { weight, eps }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        let xf = x.to_dtype(DType::F32)?;
+        let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = xf.broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        normed.to_dtype(dtype)?.broadcast_mul(&self.weight.to_dtype(dtype)?)
+    }
+}

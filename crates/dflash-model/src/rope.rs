@@ -1,0 +1,66 @@
+//! Rotary position embedding, transformers' half-split (NeoX) layout, at arbitrary
+//! per-row positions (trees put siblings at the same position).
+//!
+//! `inv_freq[i] = theta^(-2i/d)`; a row at position `p` rotates pair `(x[i], x[i + d/2])` by
+//! angle `p * inv_freq[i]`. llama-architecture GGUFs store Q/K permuted for the interleaved
+//! layout; [`crate::gguf`] undoes that at load, so this one layout serves every family.
+
+use candle_core::{DType, Device, Result, Tensor, D};
+
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+}
+
+/// cos/sin tables for a list of positions: each `[n, head_dim / 2]`.
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, theta: f64) -> Self {
+        let inv_freq = (0..head_dim / 2)
+            .map(|i| (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
+            .collect();
+        Self { inv_freq }
+    }
+
+    pub fn tables(&self, positions: &[usize], dtype: DType, device: &Device) -> Result<RopeTables> {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for &f in &self.inv_freq {
+                let a = (p as f32) * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let n = positions.len();
+        Ok(RopeTables {
+            cos: Tensor::from_vec(cos, (n, half), device)?.to_dtype(dtype)?,
+            sin: Tensor::from_vec(sin, (n, half), device)?.to_dtype(dtype)?,
+        })
+    }
+}
+
+impl RopeTables {
+    /// Rotate `x` of shape `[b, heads, n, head_dim]` (row j at the table's position j).
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let d = x.dim(D::Minus1)?;
+        let half = d / 2;
+        let x1 = x.narrow(D::Minus1, 0, half)?;
+        let x2 = x.narrow(D::Minus1, half, half)?;
+        let (cos, sin) = (&self.cos, &self.sin);
+        let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
+        let b = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
+        Tensor::cat(&[a, b], D::Minus1)
+    }
+
+    /// The tables of rows `start .. start + len`.
+    pub fn narrow(&self, start: usize, len: usize) -> Result<RopeTables> {
+        Ok(RopeTables { cos: self.cos.narrow(0, start, len)?, sin: self.sin.narrow(0, start, len)? })
+    }
+}

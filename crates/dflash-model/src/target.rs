@@ -1,0 +1,253 @@
+//! The target model: a dense decoder (llama / qwen2 / qwen3) with the forward speculative
+//! decoding needs.
+//!
+//! `forward(tokens, positions, mask over [cache | new rows], cache, taps, rows)` returns the
+//! logits of the requested rows and the requested taps. Tap `i` is the output of decoder
+//! layer `i` (see [`dflash_core::taps`]). Layers hold weights only; the cache, the mask and
+//! the positions are arguments, so the same forward serves prefill, AR decode, chain verify
+//! and tree verify.
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::{Linear, Module};
+use dflash_core::config::TargetConfig;
+use dflash_core::visibility::Visibility;
+
+use crate::attention::{attend, mask_tensor};
+use crate::families::{spec_for, FamilySpec};
+use crate::kv_cache::KvCache;
+use crate::mlp::{load_linear, Mlp};
+use crate::norm::RmsNorm;
+use crate::rope::{Rope, RopeTables};
+use crate::weights::TensorStore;
+
+/// Which rows get logits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rows {
+    None,
+    Last,
+    All,
+    These(Vec<usize>),
+}
+
+pub struct TargetOutput {
+    /// `[rows, vocab]`, f32.
+    pub logits: Option<Tensor>,
+    /// One `[n, hidden]` tensor per requested tap, in request order.
+    pub taps: Vec<Tensor>,
+}
+
+#[derive(Debug, Clone)]
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    fn forward(&self, x: &Tensor, rope: &RopeTables, mask: &Tensor, cache: &mut KvCache, layer: usize) -> Result<Tensor> {
+        let (b, n, _) = x.dims3()?;
+        let split = |t: Tensor, h: usize, norm: &Option<RmsNorm>| -> Result<Tensor> {
+            let t = t.reshape((b, n, h, self.head_dim))?;
+            let t = match norm {
+                Some(nm) => nm.forward(&t)?,
+                None => t,
+            };
+            Ok(t.transpose(1, 2)?)
+        };
+        // 1. projections → [b, heads, n, d]; qwen3 normalises each head before RoPE
+        let q = split(self.q_proj.forward(x)?, self.heads, &self.q_norm)?;
+        let k = split(self.k_proj.forward(x)?, self.kv_heads, &self.k_norm)?;
+        let v = split(self.v_proj.forward(x)?, self.kv_heads, &None)?;
+        // 2. RoPE at each row's own position
+        let q = rope.apply(&q)?;
+        let k = rope.apply(&k)?;
+        // 3. cache: [cache rows | new rows]
+        let (k, v) = cache.append(layer, &k, &v)?;
+        // 4. masked attention, grouped K/V
+        let o = attend(&q, &k, &v, mask, 1.0 / (self.head_dim as f64).sqrt())?;
+        Ok(self.o_proj.forward(&o)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct DecoderLayer {
+    input_layernorm: RmsNorm,
+    self_attn: Attention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+}
+
+pub struct Target {
+    pub config: TargetConfig,
+    pub spec: FamilySpec,
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Tensor,
+    rope: Rope,
+    pub dtype: DType,
+    pub device: Device,
+    /// Tensor names the model took from its file(s).
+    pub loaded_tensors: Vec<String>,
+    /// Tensor names present in the file(s) that the model ignored.
+    pub ignored_tensors: Vec<String>,
+}
+
+impl Target {
+    /// Build a target from HF-named weights (`model.layers.{i}.self_attn.q_proj.weight`, …).
+    pub fn load(config: TargetConfig, store: &TensorStore) -> Result<Self> {
+        config.validate()?;
+        let spec = spec_for(&config)?;
+        let (h, nh, nkv, hd) = (config.hidden_size, config.num_attention_heads, config.num_kv_heads(), config.head_dim());
+        let eps = config.rms_norm_eps;
+        let norm = |name: &str, dim: usize| -> Result<RmsNorm> { Ok(RmsNorm::new(store.get(name, &[dim])?, eps)) };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let a = format!("{p}.self_attn");
+            let self_attn = Attention {
+                q_proj: load_linear(store, &format!("{a}.q_proj"), nh * hd, h, spec.qkv_bias)?,
+                k_proj: load_linear(store, &format!("{a}.k_proj"), nkv * hd, h, spec.qkv_bias)?,
+                v_proj: load_linear(store, &format!("{a}.v_proj"), nkv * hd, h, spec.qkv_bias)?,
+                o_proj: load_linear(store, &format!("{a}.o_proj"), h, nh * hd, false)?,
+                q_norm: if spec.qk_norm { Some(norm(&format!("{a}.q_norm.weight"), hd)?) } else { None },
+                k_norm: if spec.qk_norm { Some(norm(&format!("{a}.k_norm.weight"), hd)?) } else { None },
+                heads: nh,
+                kv_heads: nkv,
+                head_dim: hd,
+            };
+            layers.push(DecoderLayer {
+                input_layernorm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                self_attn,
+                post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                mlp: Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?,
+            });
+        }
+        let embed_tokens = store.get("model.embed_tokens.weight", &[config.vocab_size, h])?;
+        let lm_head = match store.get_opt("lm_head.weight", &[config.vocab_size, h])? {
+            Some(w) => w,
+            None if config.tie_word_embeddings || !store.contains("lm_head.weight") => embed_tokens.clone(),
+            None => bail!("missing tensor 'lm_head.weight'"),
+        };
+        let rope = Rope::new(hd, config.rope_theta());
+        Ok(Self {
+            spec,
+            embed_tokens,
+            layers,
+            norm: norm("model.norm.weight", h)?,
+            lm_head,
+            rope,
+            dtype: store.dtype,
+            device: store.device.clone(),
+            loaded_tensors: store.used(),
+            ignored_tensors: store.unused(),
+            config,
+        })
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.layers.len())
+    }
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+    pub fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+    pub fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    /// Token embeddings `[1, n, hidden]` (the drafter embeds its block with these).
+    pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            bail!("token id {bad} is outside the vocabulary ({})", self.config.vocab_size);
+        }
+        let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
+        Ok(self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?)
+    }
+
+    /// The LM head on already-normalised hidden states `[.., hidden]` → f32 logits.
+    pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(hidden.broadcast_matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?)
+    }
+
+    /// The embedding table (frozen, shared with the drafter).
+    pub fn embedding_table(&self) -> &Tensor {
+        &self.embed_tokens
+    }
+
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        mask: &Visibility,
+        cache: &mut KvCache,
+        taps: &[usize],
+        rows: &Rows,
+    ) -> Result<TargetOutput> {
+        let n = tokens.len();
+        if n == 0 || positions.len() != n {
+            bail!("forward needs one position per token (got {} tokens, {} positions)", n, positions.len());
+        }
+        if mask.rows != n || mask.cols != cache.len() + n {
+            bail!(
+                "mask is {}x{}, expected {}x{} (new rows x [cache {} | new {}])",
+                mask.rows, mask.cols, n, cache.len() + n, cache.len(), n
+            );
+        }
+        if let Some(&bad) = taps.iter().find(|&&t| t >= self.layers.len()) {
+            bail!("tap {bad} is out of range: the target has {} layers", self.layers.len());
+        }
+        let max_pos = positions.iter().copied().max().unwrap_or(0);
+        if max_pos >= self.config.max_position_embeddings {
+            bail!(
+                "position {max_pos} exceeds the context length ({})",
+                self.config.max_position_embeddings
+            );
+        }
+        let rope = self.rope.tables(positions, self.dtype, &self.device)?;
+        let mask = mask_tensor(mask, self.dtype, &self.device)?;
+        let mut x = self.embed(tokens)?;
+        let mut tap_out = vec![None; taps.len()];
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.self_attn.forward(&layer.input_layernorm.forward(&x)?, &rope, &mask, cache, i)?;
+            let x1 = (x + h)?;
+            let m = layer.mlp.forward(&layer.post_attention_layernorm.forward(&x1)?)?;
+            x = (x1 + m)?;
+            for (slot, _) in taps.iter().enumerate().filter(|(_, &t)| t == i) {
+                tap_out[slot] = Some(x.squeeze(0)?);
+            }
+        }
+        cache.commit();
+        let sel = match rows {
+            Rows::None => None,
+            Rows::All => Some(x.clone()),
+            Rows::Last => Some(x.narrow(1, n - 1, 1)?),
+            Rows::These(r) => {
+                if let Some(&bad) = r.iter().find(|&&i| i >= n) {
+                    bail!("logit row {bad} is out of range for {n} rows");
+                }
+                let idx = Tensor::from_vec(r.iter().map(|&i| i as u32).collect::<Vec<_>>(), r.len(), &self.device)?;
+                Some(x.index_select(&idx, 1)?)
+            }
+        };
+        let logits = match sel {
+            Some(s) => Some(self.lm_head(&self.norm.forward(&s)?)?.squeeze(0)?),
+            None => None,
+        };
+        Ok(TargetOutput { logits, taps: tap_out.into_iter().map(|t| t.unwrap()).collect() })
+    }
+
+    /// Concatenate taps along the hidden axis: the drafter's context feature input `[n, L*h]`.
+    pub fn concat_taps(taps: &[Tensor]) -> Result<Tensor> {
+        Ok(Tensor::cat(taps, D::Minus1)?)
+    }
+}

@@ -1,0 +1,107 @@
+//! A name → tensor store keyed by HF safetensors names, which records which tensors a model
+//! used so loading can report what it ignored (vision towers, MTP heads, …).
+
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
+
+pub struct TensorStore {
+    tensors: HashMap<String, Tensor>,
+    used: RefCell<BTreeSet<String>>,
+    pub dtype: DType,
+    pub device: Device,
+}
+
+impl TensorStore {
+    pub fn new(tensors: HashMap<String, Tensor>, dtype: DType, device: Device) -> Self {
+        Self { tensors, used: RefCell::new(BTreeSet::new()), dtype, device }
+    }
+
+    /// Load every tensor of one or several safetensors files.
+    pub fn from_safetensors(files: &[impl AsRef<Path>], dtype: DType, device: &Device) -> Result<Self> {
+        let mut tensors = HashMap::new();
+        for f in files {
+            let f = f.as_ref();
+            let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+            let st = safetensors::SafeTensors::deserialize(&bytes)
+                .map_err(|e| anyhow::anyhow!("{} is not a valid safetensors file: {e}", f.display()))?;
+            for (name, view) in st.tensors() {
+                let t = convert_view(&view, device)
+                    .with_context(|| format!("tensor '{name}' in {}", f.display()))?;
+                tensors.insert(name.to_string(), t);
+            }
+        }
+        Ok(Self::new(tensors, dtype, device.clone()))
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// The tensor `name`, in the store's dtype, checked against `shape`.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let t = self
+            .tensors
+            .get(name)
+            .with_context(|| format!("missing tensor '{name}'"))?;
+        if t.dims() != shape {
+            bail!("tensor '{name}' has shape {:?}, expected {:?}", t.dims(), shape);
+        }
+        self.used.borrow_mut().insert(name.to_string());
+        Ok(t.to_dtype(self.dtype)?)
+    }
+
+    /// The tensor `name` if present (e.g. optional biases).
+    pub fn get_opt(&self, name: &str, shape: &[usize]) -> Result<Option<Tensor>> {
+        if self.contains(name) {
+            self.get(name, shape).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    pub fn used(&self) -> Vec<String> {
+        self.used.borrow().iter().cloned().collect()
+    }
+
+    /// Tensors present in the file(s) that no module took.
+    pub fn unused(&self) -> Vec<String> {
+        let used = self.used.borrow();
+        let mut v: Vec<String> = self.tensors.keys().filter(|k| !used.contains(*k)).cloned().collect();
+        v.sort();
+        v
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.tensors.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Rename keys with `from` as prefix to `to` (e.g. `model.language_model.` → `model.`).
+    pub fn rename_prefix(&mut self, from: &str, to: &str) -> usize {
+        let keys: Vec<String> = self.tensors.keys().filter(|k| k.starts_with(from)).cloned().collect();
+        for k in &keys {
+            let t = self.tensors.remove(k).unwrap();
+            self.tensors.insert(format!("{to}{}", &k[from.len()..]), t);
+        }
+        keys.len()
+    }
+}
+
+fn convert_view(view: &safetensors::tensor::TensorView<'_>, device: &Device) -> Result<Tensor> {
+    use safetensors::Dtype as S;
+    let shape = view.shape().to_vec();
+    let data = view.data();
+    let t = match view.dtype() {
+        S::F32 => Tensor::from_raw_buffer(data, DType::F32, &shape, device)?,
+        S::F16 => Tensor::from_raw_buffer(data, DType::F16, &shape, device)?,
+        S::BF16 => Tensor::from_raw_buffer(data, DType::BF16, &shape, device)?,
+        S::F64 => Tensor::from_raw_buffer(data, DType::F64, &shape, device)?,
+        other => bail!("unsupported safetensors dtype {other:?}"),
+    };
+    Ok(t)
+}

