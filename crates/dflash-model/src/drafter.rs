@@ -237,8 +237,19 @@ impl Drafter {
                 masks.push((l.rule, mask_tensor(&layout.mask(l.rule), dtype, device)?));
             }
         }
-        // 1. context feature
-        let ctx = self.hidden_norm.forward(&self.fc.forward(&ctx_taps.to_dtype(dtype)?)?)?;
+        // 1. context feature (none at anchor 0 with an empty cache)
+        let ctx = if m > 0 {
+            Some(self.hidden_norm.forward(&self.fc.forward(&ctx_taps.to_dtype(dtype)?)?)?)
+        } else {
+            None
+        };
+        let with_ctx = |proj: &Linear, hn: &Tensor| -> Result<Tensor> {
+            let b = proj.forward(hn)?;
+            Ok(match &ctx {
+                Some(c) => Tensor::cat(&[proj.forward(c)?, b], 1)?,
+                None => b,
+            })
+        };
         let mut x = block_emb.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             let a = &layer.self_attn;
@@ -248,8 +259,8 @@ impl Drafter {
             let q = a.q_norm.forward(&heads(a.q_proj.forward(&hn)?, nb, a.heads)?)?.transpose(1, 2)?;
             let q = rope_q.apply(&q)?;
             // 3. K/V over [context | block]
-            let k = Tensor::cat(&[a.k_proj.forward(&ctx)?, a.k_proj.forward(&hn)?], 1)?;
-            let v = Tensor::cat(&[a.v_proj.forward(&ctx)?, a.v_proj.forward(&hn)?], 1)?;
+            let k = with_ctx(&a.k_proj, &hn)?;
+            let v = with_ctx(&a.v_proj, &hn)?;
             let k = a.k_norm.forward(&heads(k, m + nb, a.kv_heads)?)?.transpose(1, 2)?;
             let k = rope_kv.apply(&k)?;
             let v = heads(v, m + nb, a.kv_heads)?.transpose(1, 2)?;

@@ -1,0 +1,180 @@
+//! The drafter and the chain loop against z-lab's own package (tests/reference/dflash_reference.py):
+//! (a) block forwards without and with the draft KV cache; (b) greedy `dflash_generate`
+//! round by round; and the training (many blocks + mask) vs inference (one block + cache) path.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor};
+use dflash_core::sampling::SamplingParams;
+use dflash_core::visibility::causal;
+use dflash_engine::{generate, Request};
+use dflash_model::drafter::{DraftLayout, Drafter};
+use dflash_model::loader::load_hf_weights;
+use dflash_model::{Rows, Target};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+fn target() -> Target {
+    let (cfg, store) = load_hf_weights(&fixtures().join("qwen3-tiny"), DType::F32, &Device::Cpu).unwrap();
+    Target::load(cfg, &store).unwrap()
+}
+fn drafter(t: &Target, name: &str) -> Drafter {
+    Drafter::load_dir(&fixtures().join("dflash-tiny").join(name), t).unwrap()
+}
+fn reference() -> (serde_json::Value, HashMap<String, Tensor>) {
+    let dir = fixtures().join("dflash-tiny");
+    let meta = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    (meta, candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap())
+}
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+    let s = b.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+    d / s
+}
+fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+}
+/// Concatenated taps `[n, L*h]` of `tokens` from one causal prefill.
+fn ctx_taps(t: &Target, d: &Drafter, tokens: &[u32]) -> Tensor {
+    let pos: Vec<usize> = (0..tokens.len()).collect();
+    let mut c = t.new_cache();
+    let o = t.forward(tokens, &pos, &causal(0, tokens.len()), &mut c, &d.target_layer_ids, &Rows::None).unwrap();
+    Target::concat_taps(&o.taps).unwrap()
+}
+
+#[test]
+fn block_forward_matches_zlab() {
+    let t = target();
+    let (meta, r) = reference();
+    for name in ["full", "sliding", "quiet"] {
+        let d = drafter(&t, name);
+        let case = &meta["cases"][name];
+        let ctx_ids = ids(&case["ctx_ids"]);
+        let taps = ctx_taps(&t, &d, &ctx_ids);
+        let e = rel_err(&taps, &r[&format!("{name}.nocache.ctx")]);
+        assert!(e <= 1e-4, "{name}: context taps rel err {e}");
+        // no cache: context 0..12, anchor 12
+        let block = ids(&case["nocache_block"]);
+        assert_eq!(block, d.block_tokens(block[0], block.len()), "block layout");
+        let mut cache = d.new_cache();
+        let logits = d.draft(&t, &mut cache, &taps.unsqueeze(0).unwrap(), block[0], 12, block.len()).unwrap();
+        let e = rel_err(&logits, &r[&format!("{name}.nocache.logits")]);
+        assert!(e <= 1e-4, "{name}: draft logits rel err {e}");
+        assert_eq!(cache.len(), 12, "the draft cache keeps the context only");
+        if name == "sliding" {
+            continue;
+        }
+        // with a cache: round 1 context 0..8 (anchor 8), round 2 context 8..12 (anchor 12)
+        let mut cache = d.new_cache();
+        let b1 = ids(&case["cache1_block"]);
+        let l1 = d.draft(&t, &mut cache, &taps.narrow(0, 0, 8).unwrap().unsqueeze(0).unwrap(), b1[0], 8, 8).unwrap();
+        let e = rel_err(&l1, &r[&format!("{name}.cache1.logits")]);
+        assert!(e <= 1e-4, "{name}: cached round 1 rel err {e}");
+        let b2 = ids(&case["cache2_block"]);
+        let l2 = d.draft(&t, &mut cache, &taps.narrow(0, 8, 4).unwrap().unsqueeze(0).unwrap(), b2[0], 12, 8).unwrap();
+        let e = rel_err(&l2, &r[&format!("{name}.cache2.logits")]);
+        assert!(e <= 1e-4, "{name}: cached round 2 rel err {e}");
+    }
+}
+
+#[test]
+fn greedy_generation_matches_zlab_round_by_round() {
+    let t = target();
+    let (meta, _) = reference();
+    for name in ["full", "quiet"] {
+        let d = drafter(&t, name);
+        let g = &meta["cases"][name]["generate"];
+        let prompt = ids(&g["prompt_ids"]);
+        let req = Request {
+            prompt_ids: prompt.clone(),
+            max_new_tokens: g["max_new_tokens"].as_u64().unwrap() as usize,
+            sampling: SamplingParams::default(),
+            stop_ids: vec![],
+        };
+        let out = generate(&t, Some(&d), d.block_size, &req).unwrap();
+        let want_out = ids(&g["output_ids"]);
+        assert_eq!(out.new_tokens, want_out[prompt.len()..], "{name}: output differs");
+        let want_acc: Vec<usize> = ids(&g["acceptance_lengths"]).iter().map(|&x| x as usize).collect();
+        let got_acc: Vec<usize> = out.rounds.iter().map(|r| r.tau_round).collect();
+        assert_eq!(got_acc, want_acc, "{name}: acceptance lengths differ");
+        // the drafted tokens of every round: verify block = [anchor, drafts…]
+        let blocks = g["verify_blocks"].as_array().unwrap();
+        assert_eq!(blocks.len(), out.rounds.len());
+        let mut anchor_pos = prompt.len();
+        let all: Vec<u32> = [prompt.clone(), out.new_tokens.clone()].concat();
+        for (i, (b, r)) in blocks.iter().zip(&out.rounds).enumerate() {
+            let b = ids(b);
+            assert_eq!(b[0], all[anchor_pos], "{name}: round {i} anchor");
+            assert_eq!(b.len() - 1, r.drafted, "{name}: round {i} block size");
+            anchor_pos += r.tau_round;
+        }
+        if name == "quiet" {
+            assert!(want_acc.iter().any(|&a| a > 2), "the fixture must exercise long acceptances");
+        }
+    }
+}
+
+#[test]
+fn drafted_tokens_match_zlab() {
+    // Re-draft each recorded round with our drafter on the committed prefix and compare the
+    // drafts themselves, not only their consequences.
+    let t = target();
+    let (meta, _) = reference();
+    let d = drafter(&t, "quiet");
+    let g = &meta["cases"]["quiet"]["generate"];
+    let prompt = ids(&g["prompt_ids"]);
+    let out = ids(&g["output_ids"]);
+    let acc: Vec<usize> = ids(&g["acceptance_lengths"]).iter().map(|&x| x as usize).collect();
+    let mut anchor = prompt.len();
+    for (i, b) in g["verify_blocks"].as_array().unwrap().iter().enumerate() {
+        let b = ids(b);
+        let taps = ctx_taps(&t, &d, &out[..anchor]).unsqueeze(0).unwrap();
+        let mut cache = d.new_cache();
+        let logits = d.draft(&t, &mut cache, &taps, out[anchor], anchor, b.len()).unwrap();
+        assert_eq!(Drafter::argmax_rows(&logits).unwrap(), b[1..], "round {i} drafts");
+        anchor += acc[i];
+    }
+}
+
+#[test]
+fn training_path_equals_inference_path() {
+    // Many blocks of one sequence in one masked forward == one block at a time with the
+    // cache, for anchors including 0 (empty context) and overlapping blocks.
+    let t = target();
+    for name in ["full", "sliding"] {
+        let d = drafter(&t, name);
+        let seq: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 256).collect();
+        let taps = ctx_taps(&t, &d, &seq);
+        let b = d.block_size;
+        let anchors = [0usize, 3, 5, 11];
+        let blocks: Vec<u32> = anchors.iter().flat_map(|&a| d.block_tokens(seq[a], b)).collect();
+        let emb = d.embed_block(&t, &blocks).unwrap();
+        let h = d
+            .forward(
+                &taps.unsqueeze(0).unwrap(),
+                &emb,
+                DraftLayout::Training { seq_len: seq.len(), anchors: &anchors, block: b },
+                None,
+            )
+            .unwrap();
+        for (j, &a) in anchors.iter().enumerate() {
+            let train_logits = d.logits(&t, &h.narrow(1, j * b + 1, b - 1).unwrap()).unwrap().squeeze(0).unwrap();
+            let mut cache = d.new_cache();
+            // feed the context in two pieces to exercise the cache
+            let split = a / 2;
+            if split > 0 {
+                let first = taps.narrow(0, 0, split).unwrap().unsqueeze(0).unwrap();
+                d.draft(&t, &mut cache, &first, seq[split], split, b).unwrap();
+            }
+            let rest = taps.narrow(0, split, a - split).unwrap().unsqueeze(0).unwrap();
+            let infer_logits = d.draft(&t, &mut cache, &rest, seq[a], a, b).unwrap();
+            let diff = max_abs(&train_logits, &infer_logits);
+            assert!(diff <= 1e-5, "{name}: anchor {a}: train vs infer logits differ by {diff}");
+        }
+    }
+}
