@@ -1,5 +1,6 @@
 //! The `dflash-rs` binary.
 
+mod drafter_cmd;
 mod generate;
 
 use clap::{Parser, Subcommand};
@@ -15,6 +16,9 @@ struct Cli {
 enum Command {
     /// Generate text with a target model (AR or speculative).
     Generate(generate::GenerateArgs),
+    /// Drafter checkpoints.
+    #[command(subcommand)]
+    Drafter(drafter_cmd::DrafterCommand),
 }
 
 fn main() {
@@ -27,6 +31,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
+        Command::Drafter(c) => drafter_cmd::run(c),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

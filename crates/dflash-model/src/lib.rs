@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod drafter;
+pub mod drafter_init;
 pub mod families;
 pub mod gguf;
 pub mod kv_cache;
