@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use dflash_model::drafter::Drafter;
-use dflash_model::drafter_init::{default_mask_token, drafter_config, random_weights, save_drafter, DrafterShape};
+use dflash_model::drafter_init::{
+    default_mask_token, drafter_config, random_weights, save_drafter, DrafterShape,
+};
 use dflash_model::loader::load_target;
 use dflash_model::weights::TensorStore;
 
@@ -42,7 +44,11 @@ pub fn run(cmd: DrafterCommand) -> Result<()> {
 }
 
 fn init(a: InitArgs) -> Result<()> {
-    let loaded = load_target(&a.target, candle_core::DType::F32, &candle_core::Device::Cpu)?;
+    let loaded = load_target(
+        &a.target,
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )?;
     eprintln!("{loaded}");
     let mask = match a.mask_token_id {
         Some(m) => m,

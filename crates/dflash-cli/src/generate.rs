@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::summarize;
-use dflash_engine::{generate, Request};
+use dflash_engine::{generate, Mode as EngineMode, Request};
 use dflash_model::drafter::Drafter;
 use dflash_model::loader::load_target;
 
@@ -15,6 +15,7 @@ use dflash_model::loader::load_target;
 pub enum Mode {
     Ar,
     Dflash,
+    Ddtree,
 }
 
 #[derive(Args, Debug)]
@@ -50,9 +51,12 @@ pub struct GenerateArgs {
     /// A z-lab-format drafter directory (config.json + model.safetensors).
     #[arg(long)]
     pub drafter: Option<PathBuf>,
-    /// Block size for DFlash (default: the drafter's).
+    /// Block size for DFlash/DDTree (default: the drafter's).
     #[arg(long)]
     pub block_size: Option<usize>,
+    /// DDTree node budget (non-root nodes per tree).
+    #[arg(long, default_value_t = 8)]
+    pub budget: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -60,19 +64,33 @@ pub struct GenerateArgs {
 
 pub fn run(a: GenerateArgs) -> Result<()> {
     let sampling = SamplingParams::new(a.temperature, a.top_p, a.top_k, a.seed)?;
-    let mode = a.mode.unwrap_or(if a.drafter.is_some() { Mode::Dflash } else { Mode::Ar });
-    if mode == Mode::Dflash && a.drafter.is_none() {
-        bail!("--mode dflash needs --drafter DIR");
+    let mode = a.mode.unwrap_or(if a.drafter.is_some() {
+        Mode::Dflash
+    } else {
+        Mode::Ar
+    });
+    if mode != Mode::Ar && a.drafter.is_none() {
+        bail!(
+            "--mode {} needs --drafter DIR",
+            if mode == Mode::Dflash {
+                "dflash"
+            } else {
+                "ddtree"
+            }
+        );
     }
-    if a.block_size == Some(0) || a.block_size == Some(1) && mode == Mode::Dflash {
-        bail!("--block-size must be >= 2 for dflash");
+    if mode != Mode::Ar && matches!(a.block_size, Some(0) | Some(1)) {
+        bail!("--block-size must be >= 2 for speculative modes");
+    }
+    if mode == Mode::Ddtree && a.budget == 0 {
+        bail!("--budget must be >= 1");
     }
     let device = dflash_model::device(&a.device)?;
     let dtype = dflash_model::dtype(&a.dtype)?;
     let loaded = load_target(&a.target, dtype, &device)?;
     eprintln!("{loaded}");
     let drafter = match (&a.drafter, mode) {
-        (Some(dir), Mode::Dflash) => {
+        (Some(dir), Mode::Dflash | Mode::Ddtree) => {
             let d = Drafter::load_dir(dir, &loaded.target)?;
             eprintln!(
                 "loaded drafter {}: {} layers, block {}, taps {:?}, mask token {}",
@@ -89,9 +107,17 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         }
         _ => None,
     };
-    let block = match mode {
-        Mode::Ar => 1,
-        Mode::Dflash => a.block_size.unwrap_or(drafter.as_ref().unwrap().block_size),
+    let block = a
+        .block_size
+        .unwrap_or_else(|| drafter.as_ref().map(|d| d.block_size).unwrap_or(1));
+    let engine_mode = match mode {
+        Mode::Ar => EngineMode::Ar,
+        Mode::Dflash => EngineMode::Chain { block },
+        Mode::Ddtree => EngineMode::Tree {
+            block,
+            budget: a.budget,
+            top_k: 0,
+        },
     };
     let prompt_ids = loaded.tokenizer.prompt_ids(&a.prompt, a.chat)?;
     let req = Request {
@@ -101,14 +127,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         stop_ids: loaded.tokenizer.stop_ids.clone(),
     };
     let t = Instant::now();
-    let g = generate(&loaded.target, drafter.as_ref(), block, &req)?;
+    let g = generate(&loaded.target, drafter.as_ref(), engine_mode, &req)?;
     let seconds = t.elapsed().as_secs_f64();
     let text = loaded.tokenizer.decode(&g.new_tokens)?;
     let stats = summarize(&[&g.rounds]);
-    let mode_name = match mode {
-        Mode::Ar => "ar",
-        Mode::Dflash => "dflash",
-    };
+    let mode_name = engine_mode.name();
     if a.json {
         let v = serde_json::json!({
             "text": text,
@@ -121,6 +144,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             "tokens_per_second": g.new_tokens.len() as f64 / seconds,
             "mode": mode_name,
             "block_size": block,
+            "budget": (mode == Mode::Ddtree).then_some(a.budget),
             "stopped_by_token": g.stopped_by_token,
             "stats": {
                 "tau_pooled": stats.tau_pooled,

@@ -6,7 +6,11 @@ mod generate;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "dflash-rs", version, about = "DFlash speculative decoding: generate, train, evaluate")]
+#[command(
+    name = "dflash-rs",
+    version,
+    about = "DFlash speculative decoding: generate, train, evaluate"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -14,7 +14,11 @@ fn smollm2() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/dflash-rs"));
     let p = home.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "{} is missing: run scripts/fetch-assets.sh smollm2", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-assets.sh smollm2",
+        p.display()
+    );
     p
 }
 fn tmpdir(name: &str) -> PathBuf {
@@ -28,7 +32,10 @@ fn fails_with(args: &[&str], needle: &str) {
     let out = bin().arg("generate").args(args).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "expected failure for {args:?}");
-    assert!(err.contains(needle), "expected {needle:?} in stderr for {args:?}, got:\n{err}");
+    assert!(
+        err.contains(needle),
+        "expected {needle:?} in stderr for {args:?}, got:\n{err}"
+    );
     assert!(!err.contains("panicked"), "panic for {args:?}:\n{err}");
 }
 fn copy_dir(from: &Path, to: &Path) {
@@ -45,7 +52,10 @@ fn truncated_gguf() {
     let bytes = std::fs::read(smollm2()).unwrap();
     let p = d.join("cut.gguf");
     std::fs::write(&p, &bytes[..bytes.len() / 3]).unwrap();
-    fails_with(&["--target", p.to_str().unwrap(), "--prompt", "hi"], "truncated");
+    fails_with(
+        &["--target", p.to_str().unwrap(), "--prompt", "hi"],
+        "truncated",
+    );
 }
 
 #[test]
@@ -53,63 +63,128 @@ fn corrupt_gguf() {
     let d = tmpdir("corrupt");
     let p = d.join("x.gguf");
     std::fs::write(&p, b"this is not a gguf file at all").unwrap();
-    fails_with(&["--target", p.to_str().unwrap(), "--prompt", "hi"], "not a GGUF file");
+    fails_with(
+        &["--target", p.to_str().unwrap(), "--prompt", "hi"],
+        "not a GGUF file",
+    );
     let mut bytes = b"GGUF".to_vec();
     bytes.extend_from_slice(&[0xff; 64]);
     std::fs::write(&p, &bytes).unwrap();
-    fails_with(&["--target", p.to_str().unwrap(), "--prompt", "hi"], "not a readable GGUF file");
+    fails_with(
+        &["--target", p.to_str().unwrap(), "--prompt", "hi"],
+        "not a readable GGUF file",
+    );
 }
 
 #[test]
 fn corrupt_safetensors() {
     let d = tmpdir("st");
     copy_dir(&fixtures().join("qwen3-tiny"), &d);
-    std::fs::write(d.join("model.safetensors"), b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}").unwrap();
-    fails_with(&["--target", d.to_str().unwrap(), "--prompt", "hi"], "not a valid safetensors file");
+    std::fs::write(
+        d.join("model.safetensors"),
+        b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}",
+    )
+    .unwrap();
+    fails_with(
+        &["--target", d.to_str().unwrap(), "--prompt", "hi"],
+        "not a valid safetensors file",
+    );
 }
 
 #[test]
 fn unknown_architecture() {
     let d = tmpdir("arch");
     copy_dir(&fixtures().join("qwen3-tiny"), &d);
-    let cfg = std::fs::read_to_string(d.join("config.json")).unwrap().replace("\"qwen3\"", "\"mamba\"");
+    let cfg = std::fs::read_to_string(d.join("config.json"))
+        .unwrap()
+        .replace("\"qwen3\"", "\"mamba\"");
     std::fs::write(d.join("config.json"), cfg).unwrap();
-    std::fs::copy(fixtures().join("qwen3-tiny/config.json"), d.join("unused.json")).unwrap();
+    std::fs::copy(
+        fixtures().join("qwen3-tiny/config.json"),
+        d.join("unused.json"),
+    )
+    .unwrap();
     // a tokenizer so that the architecture is what fails
-    let home = smollm2().parent().unwrap().parent().unwrap().parent().unwrap().to_path_buf();
+    let home = smollm2()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let tok = home.join("tokenizers/qwen3/tokenizer.json");
-    assert!(tok.exists(), "{} is missing: run scripts/fetch-assets.sh qwen3-tokenizer", tok.display());
+    assert!(
+        tok.exists(),
+        "{} is missing: run scripts/fetch-assets.sh qwen3-tokenizer",
+        tok.display()
+    );
     std::fs::copy(tok, d.join("tokenizer.json")).unwrap();
-    fails_with(&["--target", d.to_str().unwrap(), "--prompt", "hi"], "unknown architecture 'mamba'");
+    fails_with(
+        &["--target", d.to_str().unwrap(), "--prompt", "hi"],
+        "unknown architecture 'mamba'",
+    );
 }
 
 #[test]
 fn missing_tokenizer() {
     fails_with(
-        &["--target", fixtures().join("qwen3-tiny").to_str().unwrap(), "--prompt", "hi"],
+        &[
+            "--target",
+            fixtures().join("qwen3-tiny").to_str().unwrap(),
+            "--prompt",
+            "hi",
+        ],
         "missing tokenizer",
     );
 }
 
 #[test]
 fn missing_target() {
-    fails_with(&["--target", "/nonexistent/model.gguf", "--prompt", "hi"], "neither an existing path nor a known alias");
+    fails_with(
+        &["--target", "/nonexistent/model.gguf", "--prompt", "hi"],
+        "neither an existing path nor a known alias",
+    );
 }
 
 #[test]
 fn prompt_longer_than_context() {
     let long = "word ".repeat(9000);
-    fails_with(&["--target", smollm2().to_str().unwrap(), "--prompt", &long], "exceeds the target's context length");
+    fails_with(
+        &["--target", smollm2().to_str().unwrap(), "--prompt", &long],
+        "exceeds the target's context length",
+    );
 }
 
 #[test]
 fn invalid_sampling_parameters() {
     let t = smollm2();
     let t = t.to_str().unwrap();
-    fails_with(&["--target", t, "--prompt", "hi", "--temperature", "-0.5"], "temperature must be >= 0");
-    fails_with(&["--target", t, "--prompt", "hi", "--temperature", "1", "--top-p", "0"], "top-p must be in (0, 1]");
-    fails_with(&["--target", t, "--prompt", "hi", "--top-p", "1.5"], "top-p must be in (0, 1]");
-    fails_with(&["--target", t, "--prompt", "hi", "--top-k", "-1"], "top-k must be >= 0");
+    fails_with(
+        &["--target", t, "--prompt", "hi", "--temperature", "-0.5"],
+        "temperature must be >= 0",
+    );
+    fails_with(
+        &[
+            "--target",
+            t,
+            "--prompt",
+            "hi",
+            "--temperature",
+            "1",
+            "--top-p",
+            "0",
+        ],
+        "top-p must be in (0, 1]",
+    );
+    fails_with(
+        &["--target", t, "--prompt", "hi", "--top-p", "1.5"],
+        "top-p must be in (0, 1]",
+    );
+    fails_with(
+        &["--target", t, "--prompt", "hi", "--top-k", "-1"],
+        "top-k must be >= 0",
+    );
 }
 
 #[test]
@@ -117,15 +192,31 @@ fn drafter_that_does_not_fit() {
     let t = smollm2();
     let dr = fixtures().join("dflash-tiny/quiet");
     fails_with(
-        &["--target", t.to_str().unwrap(), "--prompt", "hi", "--drafter", dr.to_str().unwrap()],
+        &[
+            "--target",
+            t.to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "--drafter",
+            dr.to_str().unwrap(),
+        ],
         "does not fit the target's hidden_size",
     );
     let d = tmpdir("mask");
     copy_dir(&dr, &d);
-    let cfg = std::fs::read_to_string(d.join("config.json")).unwrap().replace("\"block_size\": 8", "\"block_size\": 1");
+    let cfg = std::fs::read_to_string(d.join("config.json"))
+        .unwrap()
+        .replace("\"block_size\": 8", "\"block_size\": 1");
     std::fs::write(d.join("config.json"), cfg).unwrap();
     fails_with(
-        &["--target", t.to_str().unwrap(), "--prompt", "hi", "--drafter", d.to_str().unwrap()],
+        &[
+            "--target",
+            t.to_str().unwrap(),
+            "--prompt",
+            "hi",
+            "--drafter",
+            d.to_str().unwrap(),
+        ],
         "block_size must be >= 2",
     );
 }
@@ -133,13 +224,32 @@ fn drafter_that_does_not_fit() {
 #[test]
 fn generate_json_has_the_promised_fields() {
     let out = bin()
-        .args(["generate", "--target", smollm2().to_str().unwrap(), "--prompt", "What is the capital of France?"])
+        .args([
+            "generate",
+            "--target",
+            smollm2().to_str().unwrap(),
+            "--prompt",
+            "What is the capital of France?",
+        ])
         .args(["--chat", "--max-new-tokens", "8", "--json"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for k in ["text", "token_ids", "prompt_tokens", "new_tokens", "seconds", "tokens_per_second", "mode", "stats"] {
+    for k in [
+        "text",
+        "token_ids",
+        "prompt_tokens",
+        "new_tokens",
+        "seconds",
+        "tokens_per_second",
+        "mode",
+        "stats",
+    ] {
         assert!(v.get(k).is_some(), "missing {k}");
     }
     // transformers' greedy reference for this prompt (tests/fixtures/smollm2.json)

@@ -93,7 +93,10 @@ fn rope_theta_of(rope_theta: Option<f64>, params: &Option<RopeParameters>) -> f6
 }
 
 /// Rejects RoPE scaling we do not implement instead of silently computing something else.
-fn check_rope_scaling(scaling: &Option<Value>, params: &Option<RopeParameters>) -> Result<(), CoreError> {
+fn check_rope_scaling(
+    scaling: &Option<Value>,
+    params: &Option<RopeParameters>,
+) -> Result<(), CoreError> {
     let kind = scaling
         .as_ref()
         .and_then(|v| v.get("rope_type").or_else(|| v.get("type")))
@@ -120,7 +123,10 @@ impl TargetConfig {
         rope_theta_of(self.rope_theta, &self.rope_parameters)
     }
     pub fn eos_ids(&self) -> Vec<u32> {
-        self.eos_token_id.as_ref().map(TokenIds::to_vec).unwrap_or_default()
+        self.eos_token_id
+            .as_ref()
+            .map(TokenIds::to_vec)
+            .unwrap_or_default()
     }
 
     /// Shape checks that every family shares.
@@ -140,7 +146,10 @@ impl TargetConfig {
             ));
         }
         if self.head_dim() % 2 != 0 {
-            return bad(format!("head_dim {} must be even for RoPE", self.head_dim()));
+            return bad(format!(
+                "head_dim {} must be even for RoPE",
+                self.head_dim()
+            ));
         }
         check_rope_scaling(&self.rope_scaling, &self.rope_parameters)
     }
@@ -220,9 +229,12 @@ impl DrafterConfig {
         rope_theta_of(self.rope_theta, &self.rope_parameters)
     }
     pub fn mask_token_id(&self) -> Option<u32> {
-        self.dflash_config
-            .mask_token_id
-            .or_else(|| self.extra.get("mask_token_id").and_then(|v| v.as_u64()).map(|v| v as u32))
+        self.dflash_config.mask_token_id.or_else(|| {
+            self.extra
+                .get("mask_token_id")
+                .and_then(|v| v.as_u64())
+                .map(|v| v as u32)
+        })
     }
 
     /// The tap ids in our convention (tap i = output of target layer i), with a note when
@@ -251,7 +263,9 @@ impl DrafterConfig {
                 ids.iter()
                     .map(|&i| {
                         i.checked_sub(1).ok_or_else(|| {
-                            CoreError::Config(format!("{AUX_TAP_FIELD} contains 0, which names the embedding output"))
+                            CoreError::Config(format!(
+                                "{AUX_TAP_FIELD} contains 0, which names the embedding output"
+                            ))
                         })
                     })
                     .collect::<Result<Vec<_>, _>>()?,
@@ -294,7 +308,10 @@ impl DrafterConfig {
         match self.mask_token_id() {
             None => return bad("dflash_config.mask_token_id is missing".into()),
             Some(m) if m as usize >= self.vocab_size => {
-                return bad(format!("mask_token_id {m} is outside the vocabulary ({})", self.vocab_size))
+                return bad(format!(
+                    "mask_token_id {m} is outside the vocabulary ({})",
+                    self.vocab_size
+                ))
             }
             _ => {}
         }
@@ -347,7 +364,8 @@ impl DrafterConfig {
     }
     /// z-lab soft-caps draft logits when `final_logit_softcapping` > 0.
     pub fn final_logit_softcapping(&self) -> Option<f64> {
-        self.dflash_value("final_logit_softcapping").filter(|v| *v > 0.0)
+        self.dflash_value("final_logit_softcapping")
+            .filter(|v| *v > 0.0)
     }
     fn dflash_value(&self, name: &str) -> Option<f64> {
         self.dflash_config
@@ -396,22 +414,39 @@ mod tests {
             r#","dflash_config":{"mask_token_id":5,"target_layer_ids":[2,9],"eagle_aux_hidden_state_layer_ids":[2,9]}"#,
         ))
         .unwrap();
-        assert!(c.resolve_target_layer_ids().unwrap_err().to_string().contains("disagree"));
+        assert!(c
+            .resolve_target_layer_ids()
+            .unwrap_err()
+            .to_string()
+            .contains("disagree"));
     }
 
     #[test]
     fn bad_drafter_fields_are_named() {
         let mask_big: DrafterConfig =
-            serde_json::from_str(&drafter_json(r#","dflash_config":{"mask_token_id":100}"#)).unwrap();
-        assert!(mask_big.validate().unwrap_err().to_string().contains("mask_token_id"));
+            serde_json::from_str(&drafter_json(r#","dflash_config":{"mask_token_id":100}"#))
+                .unwrap();
+        assert!(mask_big
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("mask_token_id"));
         let tap_big: DrafterConfig = serde_json::from_str(&drafter_json(
             r#","dflash_config":{"mask_token_id":1,"target_layer_ids":[1,30]}"#,
         ))
         .unwrap();
-        assert!(tap_big.validate().unwrap_err().to_string().contains("tap id 30"));
+        assert!(tap_big
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("tap id 30"));
         let mut small_block = mask_big.clone();
         small_block.dflash_config.mask_token_id = Some(1);
         small_block.block_size = 1;
-        assert!(small_block.validate().unwrap_err().to_string().contains("block_size"));
+        assert!(small_block
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("block_size"));
     }
 }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod sampling;
 pub mod stats;
 pub mod taps;
+pub mod tree;
 pub mod visibility;
 
 #[derive(Debug, thiserror::Error)]

@@ -22,7 +22,12 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 }
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        }
     }
 }
 
@@ -30,15 +35,26 @@ impl SamplingParams {
     /// Checks the parameters as a user gives them: temperature >= 0, top-p in (0, 1], top-k >= 0.
     pub fn new(temperature: f64, top_p: f64, top_k: i64, seed: u64) -> Result<Self, CoreError> {
         if !temperature.is_finite() || temperature < 0.0 {
-            return Err(CoreError::Sampling(format!("temperature must be >= 0, got {temperature}")));
+            return Err(CoreError::Sampling(format!(
+                "temperature must be >= 0, got {temperature}"
+            )));
         }
         if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(CoreError::Sampling(format!("top-p must be in (0, 1], got {top_p}")));
+            return Err(CoreError::Sampling(format!(
+                "top-p must be in (0, 1], got {top_p}"
+            )));
         }
         if top_k < 0 {
-            return Err(CoreError::Sampling(format!("top-k must be >= 0, got {top_k}")));
+            return Err(CoreError::Sampling(format!(
+                "top-k must be >= 0, got {top_k}"
+            )));
         }
-        Ok(Self { temperature: temperature as f32, top_p: top_p as f32, top_k: top_k as usize, seed })
+        Ok(Self {
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            top_k: top_k as usize,
+            seed,
+        })
     }
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
@@ -61,12 +77,19 @@ pub fn argmax(logits: &[f32]) -> u32 {
 pub fn sampling_probs(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f32)> {
     let t = p.temperature;
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    idx.sort_by(|&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then(a.cmp(&b))
+    });
     if p.top_k > 0 && p.top_k < idx.len() {
         idx.truncate(p.top_k);
     }
     let max = logits[idx[0] as usize] / t;
-    let mut probs: Vec<f32> = idx.iter().map(|&i| (logits[i as usize] / t - max).exp()).collect();
+    let mut probs: Vec<f32> = idx
+        .iter()
+        .map(|&i| (logits[i as usize] / t - max).exp())
+        .collect();
     let sum: f32 = probs.iter().sum();
     probs.iter_mut().for_each(|x| *x /= sum);
     if p.top_p < 1.0 {
@@ -85,7 +108,10 @@ pub fn sampling_probs(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f32)> {
         let s: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= s);
     }
-    idx.into_iter().zip(probs).filter(|(_, q)| *q > 0.0).collect()
+    idx.into_iter()
+        .zip(probs)
+        .filter(|(_, q)| *q > 0.0)
+        .collect()
 }
 
 /// A seeded sampler; one per generation.
@@ -97,7 +123,10 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
-        Self { params, rng: ChaCha8Rng::seed_from_u64(params.seed) }
+        Self {
+            params,
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+        }
     }
 
     /// The target's own next token given these logits.
@@ -124,10 +153,22 @@ mod tests {
 
     #[test]
     fn rejects_bad_parameters() {
-        assert!(SamplingParams::new(-0.1, 1.0, 0, 0).unwrap_err().to_string().contains("temperature"));
-        assert!(SamplingParams::new(1.0, 0.0, 0, 0).unwrap_err().to_string().contains("top-p"));
-        assert!(SamplingParams::new(1.0, 1.5, 0, 0).unwrap_err().to_string().contains("top-p"));
-        assert!(SamplingParams::new(1.0, 1.0, -1, 0).unwrap_err().to_string().contains("top-k"));
+        assert!(SamplingParams::new(-0.1, 1.0, 0, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("temperature"));
+        assert!(SamplingParams::new(1.0, 0.0, 0, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("top-p"));
+        assert!(SamplingParams::new(1.0, 1.5, 0, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("top-p"));
+        assert!(SamplingParams::new(1.0, 1.0, -1, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("top-k"));
     }
 
     #[test]
@@ -147,8 +188,14 @@ mod tests {
     fn seeded_sampling_is_reproducible() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let p = SamplingParams::new(1.0, 0.9, 0, 42).unwrap();
-        let a: Vec<u32> = { let mut s = Sampler::new(p); (0..20).map(|_| s.sample(&logits)).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(p); (0..20).map(|_| s.sample(&logits)).collect() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p);
+            (0..20).map(|_| s.sample(&logits)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p);
+            (0..20).map(|_| s.sample(&logits)).collect()
+        };
         assert_eq!(a, b);
         assert!(a.iter().any(|&t| t != a[0]));
     }

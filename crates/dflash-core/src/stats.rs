@@ -50,9 +50,17 @@ pub struct TauSummary {
 
 /// Summarise requests, each given as its list of rounds.
 pub fn summarize(requests: &[&[RoundOutcome]]) -> TauSummary {
-    let mut s = TauSummary { requests: requests.len(), ..Default::default() };
+    let mut s = TauSummary {
+        requests: requests.len(),
+        ..Default::default()
+    };
     let mut means = Vec::new();
-    let max_draft = requests.iter().flat_map(|r| r.iter()).map(|r| r.drafted.max(r.accepted)).max().unwrap_or(0);
+    let max_draft = requests
+        .iter()
+        .flat_map(|r| r.iter())
+        .map(|r| r.drafted.max(r.accepted))
+        .max()
+        .unwrap_or(0);
     let mut reached = vec![0usize; max_draft + 1]; // rounds whose accepted >= k, and drafted >= k
     let mut offered = vec![0usize; max_draft + 1]; // rounds with accepted >= k-1 and drafted >= k
     for req in requests {
@@ -81,8 +89,16 @@ pub fn summarize(requests: &[&[RoundOutcome]]) -> TauSummary {
             s.other_secs += r.other_secs;
         }
     }
-    s.tau_mean_of_means = if means.is_empty() { 0.0 } else { means.iter().sum::<f64>() / means.len() as f64 };
-    s.tau_pooled = if s.rounds == 0 { 0.0 } else { s.committed as f64 / s.rounds as f64 };
+    s.tau_mean_of_means = if means.is_empty() {
+        0.0
+    } else {
+        means.iter().sum::<f64>() / means.len() as f64
+    };
+    s.tau_pooled = if s.rounds == 0 {
+        0.0
+    } else {
+        s.committed as f64 / s.rounds as f64
+    };
     s.per_position_acceptance = (1..=max_draft)
         .take_while(|&k| offered[k] > 0)
         .map(|k| reached[k] as f64 / offered[k] as f64)
@@ -107,7 +123,12 @@ mod tests {
     use super::*;
 
     fn round(drafted: usize, accepted: usize) -> RoundOutcome {
-        RoundOutcome { drafted, accepted, tau_round: accepted + 1, ..Default::default() }
+        RoundOutcome {
+            drafted,
+            accepted,
+            tau_round: accepted + 1,
+            ..Default::default()
+        }
     }
 
     #[test]

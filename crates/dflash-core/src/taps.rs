@@ -23,7 +23,9 @@ pub fn default_target_layer_ids(num_target_layers: usize, num_draft_layers: usiz
     let start = 1.0f64;
     let span = num_target_layers as f64 - 3.0 - start;
     (0..num_draft_layers)
-        .map(|i| (start + (i as f64 * span) / (num_draft_layers - 1) as f64).round_ties_even() as usize)
+        .map(|i| {
+            (start + (i as f64 * span) / (num_draft_layers - 1) as f64).round_ties_even() as usize
+        })
         .collect()
 }
 

@@ -24,7 +24,11 @@ pub struct Visibility {
 
 impl Visibility {
     pub fn new(rows: usize, cols: usize) -> Self {
-        Self { rows, cols, data: vec![false; rows * cols] }
+        Self {
+            rows,
+            cols,
+            data: vec![false; rows * cols],
+        }
     }
     pub fn get(&self, r: usize, c: usize) -> bool {
         self.data[r * self.cols + c]
@@ -34,7 +38,10 @@ impl Visibility {
     }
     /// The additive mask: 0 where visible, -inf where hidden.
     pub fn additive(&self) -> Vec<f32> {
-        self.data.iter().map(|&v| if v { 0.0 } else { f32::NEG_INFINITY }).collect()
+        self.data
+            .iter()
+            .map(|&v| if v { 0.0 } else { f32::NEG_INFINITY })
+            .collect()
     }
     /// True when this is exactly the causal mask over `[cache | new rows]`, in which case a
     /// model may use a cheaper causal path.
@@ -100,13 +107,19 @@ pub struct DraftRule {
 
 impl DraftRule {
     /// The full-attention drafter rule: context strictly before the anchor, whole own block.
-    pub const FULL: DraftRule = DraftRule { sliding_window: None, causal: false };
+    pub const FULL: DraftRule = DraftRule {
+        sliding_window: None,
+        causal: false,
+    };
 
     /// z-lab's rule for a layer with the given sliding window (None = full attention).
     pub fn for_layer(sliding_window: Option<usize>) -> Self {
         match sliding_window {
             None => Self::FULL,
-            Some(w) => DraftRule { sliding_window: Some(w), causal: true },
+            Some(w) => DraftRule {
+                sliding_window: Some(w),
+                causal: true,
+            },
         }
     }
 
@@ -133,7 +146,11 @@ pub fn draft_inference(rule: DraftRule, anchor: usize, block: usize) -> Visibili
             v.set(r, c, rule.sees(anchor, q, DraftKey::Context(c)));
         }
         for j in 0..block {
-            v.set(r, anchor + j, rule.sees(anchor, q, DraftKey::OwnBlock(anchor + j)));
+            v.set(
+                r,
+                anchor + j,
+                rule.sees(anchor, q, DraftKey::OwnBlock(anchor + j)),
+            );
         }
     }
     v
@@ -145,7 +162,12 @@ pub fn draft_inference(rule: DraftRule, anchor: usize, block: usize) -> Visibili
 /// the same order. Blocks never see each other; context follows [`DraftRule::sees`].
 /// Example: anchors [3, 5], B = 2, seq_len 8 → row 0 (block 0, pos 3) sees context 0..=2 and
 /// columns 8, 9; row 2 (block 1, pos 5) sees context 0..=4 and columns 10, 11.
-pub fn draft_training(rule: DraftRule, seq_len: usize, anchors: &[usize], block: usize) -> Visibility {
+pub fn draft_training(
+    rule: DraftRule,
+    seq_len: usize,
+    anchors: &[usize],
+    block: usize,
+) -> Visibility {
     let n = anchors.len() * block;
     let mut v = Visibility::new(n, seq_len + n);
     for (j, &a) in anchors.iter().enumerate() {
@@ -157,7 +179,11 @@ pub fn draft_training(rule: DraftRule, seq_len: usize, anchors: &[usize], block:
             }
             for (jj, &aa) in anchors.iter().enumerate() {
                 for rr in 0..block {
-                    let key = if jj == j { DraftKey::OwnBlock(aa + rr) } else { DraftKey::OtherBlock };
+                    let key = if jj == j {
+                        DraftKey::OwnBlock(aa + rr)
+                    } else {
+                        DraftKey::OtherBlock
+                    };
                     v.set(row, seq_len + jj * block + rr, rule.sees(a, q, key));
                 }
             }

@@ -1,5 +1,6 @@
-//! dflash-engine: the decoding loops (AR and DFlash chain share one loop) and their stats.
+//! dflash-engine: the decoding loop (AR, DFlash chain and DDTree tree share one loop) and its
+//! outcomes.
 
-pub mod chain;
+pub mod decode;
 
-pub use chain::{generate, Generation, Request};
+pub use decode::{generate, Generation, Mode, Request};

@@ -2,22 +2,22 @@
 //! (a) block forwards without and with the draft KV cache; (b) greedy `dflash_generate`
 //! round by round; and the training (many blocks + mask) vs inference (one block + cache) path.
 
+mod common;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
+use common::fixtures;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::visibility::causal;
-use dflash_engine::{generate, Request};
+use dflash_engine::{generate, Mode, Request};
 use dflash_model::drafter::{DraftLayout, Drafter};
 use dflash_model::loader::load_hf_weights;
 use dflash_model::{Rows, Target};
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
-}
 fn target() -> Target {
-    let (cfg, store) = load_hf_weights(&fixtures().join("qwen3-tiny"), DType::F32, &Device::Cpu).unwrap();
+    let (cfg, store) =
+        load_hf_weights(&fixtures().join("qwen3-tiny"), DType::F32, &Device::Cpu).unwrap();
     Target::load(cfg, &store).unwrap()
 }
 fn drafter(t: &Target, name: &str) -> Drafter {
@@ -25,25 +25,68 @@ fn drafter(t: &Target, name: &str) -> Drafter {
 }
 fn reference() -> (serde_json::Value, HashMap<String, Tensor>) {
     let dir = fixtures().join("dflash-tiny");
-    let meta = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    (meta, candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap())
+    let meta = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+        .unwrap();
+    (
+        meta,
+        candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu).unwrap(),
+    )
 }
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
-    let s = b.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+    let d = (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let s = b
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
     d / s
 }
 fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
 /// Concatenated taps `[n, L*h]` of `tokens` from one causal prefill.
 fn ctx_taps(t: &Target, d: &Drafter, tokens: &[u32]) -> Tensor {
     let pos: Vec<usize> = (0..tokens.len()).collect();
     let mut c = t.new_cache();
-    let o = t.forward(tokens, &pos, &causal(0, tokens.len()), &mut c, &d.target_layer_ids, &Rows::None).unwrap();
+    let o = t
+        .forward(
+            tokens,
+            &pos,
+            &causal(0, tokens.len()),
+            &mut c,
+            &d.target_layer_ids,
+            &Rows::None,
+        )
+        .unwrap();
     Target::concat_taps(&o.taps).unwrap()
 }
 
@@ -62,7 +105,16 @@ fn block_forward_matches_zlab() {
         let block = ids(&case["nocache_block"]);
         assert_eq!(block, d.block_tokens(block[0], block.len()), "block layout");
         let mut cache = d.new_cache();
-        let logits = d.draft(&t, &mut cache, &taps.unsqueeze(0).unwrap(), block[0], 12, block.len()).unwrap();
+        let logits = d
+            .draft(
+                &t,
+                &mut cache,
+                &taps.unsqueeze(0).unwrap(),
+                block[0],
+                12,
+                block.len(),
+            )
+            .unwrap();
         let e = rel_err(&logits, &r[&format!("{name}.nocache.logits")]);
         assert!(e <= 1e-4, "{name}: draft logits rel err {e}");
         assert_eq!(cache.len(), 12, "the draft cache keeps the context only");
@@ -72,11 +124,29 @@ fn block_forward_matches_zlab() {
         // with a cache: round 1 context 0..8 (anchor 8), round 2 context 8..12 (anchor 12)
         let mut cache = d.new_cache();
         let b1 = ids(&case["cache1_block"]);
-        let l1 = d.draft(&t, &mut cache, &taps.narrow(0, 0, 8).unwrap().unsqueeze(0).unwrap(), b1[0], 8, 8).unwrap();
+        let l1 = d
+            .draft(
+                &t,
+                &mut cache,
+                &taps.narrow(0, 0, 8).unwrap().unsqueeze(0).unwrap(),
+                b1[0],
+                8,
+                8,
+            )
+            .unwrap();
         let e = rel_err(&l1, &r[&format!("{name}.cache1.logits")]);
         assert!(e <= 1e-4, "{name}: cached round 1 rel err {e}");
         let b2 = ids(&case["cache2_block"]);
-        let l2 = d.draft(&t, &mut cache, &taps.narrow(0, 8, 4).unwrap().unsqueeze(0).unwrap(), b2[0], 12, 8).unwrap();
+        let l2 = d
+            .draft(
+                &t,
+                &mut cache,
+                &taps.narrow(0, 8, 4).unwrap().unsqueeze(0).unwrap(),
+                b2[0],
+                12,
+                8,
+            )
+            .unwrap();
         let e = rel_err(&l2, &r[&format!("{name}.cache2.logits")]);
         assert!(e <= 1e-4, "{name}: cached round 2 rel err {e}");
     }
@@ -96,10 +166,25 @@ fn greedy_generation_matches_zlab_round_by_round() {
             sampling: SamplingParams::default(),
             stop_ids: vec![],
         };
-        let out = generate(&t, Some(&d), d.block_size, &req).unwrap();
+        let out = generate(
+            &t,
+            Some(&d),
+            Mode::Chain {
+                block: d.block_size,
+            },
+            &req,
+        )
+        .unwrap();
         let want_out = ids(&g["output_ids"]);
-        assert_eq!(out.new_tokens, want_out[prompt.len()..], "{name}: output differs");
-        let want_acc: Vec<usize> = ids(&g["acceptance_lengths"]).iter().map(|&x| x as usize).collect();
+        assert_eq!(
+            out.new_tokens,
+            want_out[prompt.len()..],
+            "{name}: output differs"
+        );
+        let want_acc: Vec<usize> = ids(&g["acceptance_lengths"])
+            .iter()
+            .map(|&x| x as usize)
+            .collect();
         let got_acc: Vec<usize> = out.rounds.iter().map(|r| r.tau_round).collect();
         assert_eq!(got_acc, want_acc, "{name}: acceptance lengths differ");
         // the drafted tokens of every round: verify block = [anchor, drafts…]
@@ -114,7 +199,10 @@ fn greedy_generation_matches_zlab_round_by_round() {
             anchor_pos += r.tau_round;
         }
         if name == "quiet" {
-            assert!(want_acc.iter().any(|&a| a > 2), "the fixture must exercise long acceptances");
+            assert!(
+                want_acc.iter().any(|&a| a > 2),
+                "the fixture must exercise long acceptances"
+            );
         }
     }
 }
@@ -129,14 +217,23 @@ fn drafted_tokens_match_zlab() {
     let g = &meta["cases"]["quiet"]["generate"];
     let prompt = ids(&g["prompt_ids"]);
     let out = ids(&g["output_ids"]);
-    let acc: Vec<usize> = ids(&g["acceptance_lengths"]).iter().map(|&x| x as usize).collect();
+    let acc: Vec<usize> = ids(&g["acceptance_lengths"])
+        .iter()
+        .map(|&x| x as usize)
+        .collect();
     let mut anchor = prompt.len();
     for (i, b) in g["verify_blocks"].as_array().unwrap().iter().enumerate() {
         let b = ids(b);
         let taps = ctx_taps(&t, &d, &out[..anchor]).unsqueeze(0).unwrap();
         let mut cache = d.new_cache();
-        let logits = d.draft(&t, &mut cache, &taps, out[anchor], anchor, b.len()).unwrap();
-        assert_eq!(Drafter::argmax_rows(&logits).unwrap(), b[1..], "round {i} drafts");
+        let logits = d
+            .draft(&t, &mut cache, &taps, out[anchor], anchor, b.len())
+            .unwrap();
+        assert_eq!(
+            Drafter::argmax_rows(&logits).unwrap(),
+            b[1..],
+            "round {i} drafts"
+        );
         anchor += acc[i];
     }
 }
@@ -152,29 +249,48 @@ fn training_path_equals_inference_path() {
         let taps = ctx_taps(&t, &d, &seq);
         let b = d.block_size;
         let anchors = [0usize, 3, 5, 11];
-        let blocks: Vec<u32> = anchors.iter().flat_map(|&a| d.block_tokens(seq[a], b)).collect();
+        let blocks: Vec<u32> = anchors
+            .iter()
+            .flat_map(|&a| d.block_tokens(seq[a], b))
+            .collect();
         let emb = d.embed_block(&t, &blocks).unwrap();
         let h = d
             .forward(
                 &taps.unsqueeze(0).unwrap(),
                 &emb,
-                DraftLayout::Training { seq_len: seq.len(), anchors: &anchors, block: b },
+                DraftLayout::Training {
+                    seq_len: seq.len(),
+                    anchors: &anchors,
+                    block: b,
+                },
                 None,
             )
             .unwrap();
         for (j, &a) in anchors.iter().enumerate() {
-            let train_logits = d.logits(&t, &h.narrow(1, j * b + 1, b - 1).unwrap()).unwrap().squeeze(0).unwrap();
+            let train_logits = d
+                .logits(&t, &h.narrow(1, j * b + 1, b - 1).unwrap())
+                .unwrap()
+                .squeeze(0)
+                .unwrap();
             let mut cache = d.new_cache();
             // feed the context in two pieces to exercise the cache
             let split = a / 2;
             if split > 0 {
                 let first = taps.narrow(0, 0, split).unwrap().unsqueeze(0).unwrap();
-                d.draft(&t, &mut cache, &first, seq[split], split, b).unwrap();
+                d.draft(&t, &mut cache, &first, seq[split], split, b)
+                    .unwrap();
             }
-            let rest = taps.narrow(0, split, a - split).unwrap().unsqueeze(0).unwrap();
+            let rest = taps
+                .narrow(0, split, a - split)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
             let infer_logits = d.draft(&t, &mut cache, &rest, seq[a], a, b).unwrap();
             let diff = max_abs(&train_logits, &infer_logits);
-            assert!(diff <= 1e-5, "{name}: anchor {a}: train vs infer logits differ by {diff}");
+            assert!(
+                diff <= 1e-5,
+                "{name}: anchor {a}: train vs infer logits differ by {diff}"
+            );
         }
     }
 }

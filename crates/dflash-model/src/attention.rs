@@ -30,8 +30,14 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> 
     let k = k.contiguous()?;
     let v = v.contiguous()?;
     let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
-    let scores = scores.reshape((b, hkv, g, n, t))?.broadcast_add(&mask.to_dtype(DType::F32)?)?;
-    let probs = softmax_last(&scores)?.to_dtype(dtype)?.reshape((b, hkv, g * n, t))?;
+    let scores = scores
+        .reshape((b, hkv, g, n, t))?
+        .broadcast_add(&mask.to_dtype(DType::F32)?)?;
+    let probs = softmax_last(&scores)?
+        .to_dtype(dtype)?
+        .reshape((b, hkv, g * n, t))?;
     let out = probs.matmul(&v)?; // [b, hkv, g*n, d]
-    out.reshape((b, hq, n, d))?.transpose(1, 2)?.reshape((b, n, hq * d))
+    out.reshape((b, hq, n, d))?
+        .transpose(1, 2)?
+        .reshape((b, n, hq * d))
 }

@@ -40,14 +40,22 @@ pub enum DraftLayout<'a> {
     Inference { anchor: usize, block: usize },
     /// Blocks anchored at `anchors` over a sequence of `seq_len` context rows (positions
     /// `0 .. seq_len`); block j's rows at `anchors[j] .. anchors[j] + block`.
-    Training { seq_len: usize, anchors: &'a [usize], block: usize },
+    Training {
+        seq_len: usize,
+        anchors: &'a [usize],
+        block: usize,
+    },
 }
 
 impl DraftLayout<'_> {
     fn mask(&self, rule: DraftRule) -> Visibility {
         match *self {
             DraftLayout::Inference { anchor, block } => draft_inference(rule, anchor, block),
-            DraftLayout::Training { seq_len, anchors, block } => draft_training(rule, seq_len, anchors, block),
+            DraftLayout::Training {
+                seq_len,
+                anchors,
+                block,
+            } => draft_training(rule, seq_len, anchors, block),
         }
     }
     fn block_positions(&self) -> Vec<usize> {
@@ -100,10 +108,15 @@ impl Drafter {
     /// Load a z-lab-format drafter directory (`config.json` + `model.safetensors`) for `target`.
     pub fn load_dir(dir: &Path, target: &Target) -> Result<Self> {
         let cfg_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
+        let text = std::fs::read_to_string(&cfg_path)
+            .with_context(|| format!("reading {}", cfg_path.display()))?;
         let config: DrafterConfig = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a DFlash drafter config", cfg_path.display()))?;
-        let store = TensorStore::from_safetensors(&[dir.join("model.safetensors")], target.dtype, &target.device)?;
+        let store = TensorStore::from_safetensors(
+            &[dir.join("model.safetensors")],
+            target.dtype,
+            &target.device,
+        )?;
         Self::load(config, &store, target)
     }
 
@@ -113,23 +126,39 @@ impl Drafter {
         config.validate().context("drafter config")?;
         let tc = &target.config;
         if config.hidden_size != tc.hidden_size {
-            bail!("drafter hidden_size {} does not fit the target's hidden_size {}", config.hidden_size, tc.hidden_size);
+            bail!(
+                "drafter hidden_size {} does not fit the target's hidden_size {}",
+                config.hidden_size,
+                tc.hidden_size
+            );
         }
         if config.vocab_size != tc.vocab_size {
-            bail!("drafter vocab_size {} does not fit the target's vocab_size {}", config.vocab_size, tc.vocab_size);
+            bail!(
+                "drafter vocab_size {} does not fit the target's vocab_size {}",
+                config.vocab_size,
+                tc.vocab_size
+            );
         }
         if config.num_target_layers != tc.num_hidden_layers {
             bail!(
                 "drafter num_target_layers {} does not fit the target's {} layers",
-                config.num_target_layers, tc.num_hidden_layers
+                config.num_target_layers,
+                tc.num_hidden_layers
             );
         }
         let (target_layer_ids, note) = config.resolve_target_layer_ids()?;
         let mut notes: Vec<String> = note.into_iter().collect();
-        let (h, nh, nkv, hd) = (config.hidden_size, config.num_attention_heads, config.num_kv_heads(), config.head_dim());
+        let (h, nh, nkv, hd) = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_kv_heads(),
+            config.head_dim(),
+        );
         let eps = config.rms_norm_eps;
         let bias = config.attention_bias.unwrap_or(false);
-        let norm = |name: &str, dim: usize| -> Result<RmsNorm> { Ok(RmsNorm::new(store.get(name, &[dim])?, eps)) };
+        let norm = |name: &str, dim: usize| -> Result<RmsNorm> {
+            Ok(RmsNorm::new(store.get(name, &[dim])?, eps))
+        };
         let mut layers = Vec::new();
         for i in 0..config.num_hidden_layers {
             let p = format!("layers.{i}");
@@ -152,15 +181,26 @@ impl Drafter {
                 rule: DraftRule::for_layer(config.layer_window(i)),
             });
         }
-        let fc = Linear::new(store.get("fc.weight", &[h, target_layer_ids.len() * h])?, None);
+        let fc = Linear::new(
+            store.get("fc.weight", &[h, target_layer_ids.len() * h])?,
+            None,
+        );
         let hidden_norm = norm("hidden_norm.weight", h)?;
         let final_norm = norm("norm.weight", h)?;
         let extra = store.unused();
         if !extra.is_empty() {
-            bail!("drafter checkpoint has tensors this drafter does not use: {}", extra.join(", "));
+            bail!(
+                "drafter checkpoint has tensors this drafter does not use: {}",
+                extra.join(", ")
+            );
         }
-        if let Some(w) = config.sliding_window.filter(|_| layers.iter().any(|l| l.rule.sliding_window.is_some())) {
-            notes.push(format!("sliding-attention layers (window {w}) are causal in the block, as z-lab 0.1.0"));
+        if let Some(w) = config
+            .sliding_window
+            .filter(|_| layers.iter().any(|l| l.rule.sliding_window.is_some()))
+        {
+            notes.push(format!(
+                "sliding-attention layers (window {w}) are causal in the block, as z-lab 0.1.0"
+            ));
         }
         Ok(Self {
             rope: Rope::new(hd, config.rope_theta()),
@@ -216,7 +256,11 @@ impl Drafter {
                 }
                 (cache_len..anchor).collect()
             }
-            DraftLayout::Training { seq_len, anchors, block } => {
+            DraftLayout::Training {
+                seq_len,
+                anchors,
+                block,
+            } => {
                 if cache.is_some() || m != seq_len || nb != anchors.len() * block {
                     bail!("draft training: no cache, {seq_len} context rows and {} block rows expected", anchors.len() * block);
                 }
@@ -239,7 +283,10 @@ impl Drafter {
         }
         // 1. context feature (none at anchor 0 with an empty cache)
         let ctx = if m > 0 {
-            Some(self.hidden_norm.forward(&self.fc.forward(&ctx_taps.to_dtype(dtype)?)?)?)
+            Some(
+                self.hidden_norm
+                    .forward(&self.fc.forward(&ctx_taps.to_dtype(dtype)?)?)?,
+            )
         } else {
             None
         };
@@ -256,12 +303,18 @@ impl Drafter {
             let hn = layer.input_layernorm.forward(&x)?;
             let heads = |t: Tensor, n: usize, h: usize| t.reshape((1, n, h, a.head_dim));
             // 2. q from the block stream only
-            let q = a.q_norm.forward(&heads(a.q_proj.forward(&hn)?, nb, a.heads)?)?.transpose(1, 2)?;
+            let q = a
+                .q_norm
+                .forward(&heads(a.q_proj.forward(&hn)?, nb, a.heads)?)?
+                .transpose(1, 2)?;
             let q = rope_q.apply(&q)?;
             // 3. K/V over [context | block]
             let k = with_ctx(&a.k_proj, &hn)?;
             let v = with_ctx(&a.v_proj, &hn)?;
-            let k = a.k_norm.forward(&heads(k, m + nb, a.kv_heads)?)?.transpose(1, 2)?;
+            let k = a
+                .k_norm
+                .forward(&heads(k, m + nb, a.kv_heads)?)?
+                .transpose(1, 2)?;
             let k = rope_kv.apply(&k)?;
             let v = heads(v, m + nb, a.kv_heads)?.transpose(1, 2)?;
             let (k, v) = match cache.as_deref_mut() {
@@ -271,7 +324,10 @@ impl Drafter {
             let mask = &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1;
             let o = attend(&q, &k, &v, mask, 1.0 / (a.head_dim as f64).sqrt())?;
             x = (x + a.o_proj.forward(&o)?)?;
-            x = (&x + layer.mlp.forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
+            x = (&x
+                + layer
+                    .mlp
+                    .forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
         }
         if let Some(c) = cache {
             c.commit();
@@ -307,7 +363,12 @@ impl Drafter {
         block: usize,
     ) -> Result<Tensor> {
         let emb = self.embed_block(target, &self.block_tokens(anchor_token, block))?;
-        let h = self.forward(new_ctx_taps, &emb, DraftLayout::Inference { anchor, block }, Some(cache))?;
+        let h = self.forward(
+            new_ctx_taps,
+            &emb,
+            DraftLayout::Inference { anchor, block },
+            Some(cache),
+        )?;
         cache.truncate(anchor);
         let rows = h.narrow(1, 1, block - 1)?;
         Ok(self.logits(target, &rows)?.squeeze(0)?)
@@ -319,6 +380,9 @@ impl Drafter {
 
     /// Row-wise argmax of `[n, vocab]` logits.
     pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
-        Ok(logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1::<u32>()?)
+        Ok(logits
+            .argmax(D::Minus1)?
+            .to_dtype(DType::U32)?
+            .to_vec1::<u32>()?)
     }
 }

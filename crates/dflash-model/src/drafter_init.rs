@@ -138,10 +138,21 @@ pub fn random_weights(cfg: &DrafterConfig, seed: u64) -> Result<HashMap<String, 
 
 /// Write `config.json` + `model.safetensors` into `dir` atomically: everything goes to a
 /// temporary sibling directory, is synced, and replaces `dir` with one rename.
-pub fn save_drafter(dir: &Path, cfg: &DrafterConfig, weights: &HashMap<String, Tensor>) -> Result<()> {
-    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+pub fn save_drafter(
+    dir: &Path,
+    cfg: &DrafterConfig,
+    weights: &HashMap<String, Tensor>,
+) -> Result<()> {
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let name = dir.file_name().context("output directory has no name")?.to_string_lossy().to_string();
+    let name = dir
+        .file_name()
+        .context("output directory has no name")?
+        .to_string_lossy()
+        .to_string();
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)?;

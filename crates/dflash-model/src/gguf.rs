@@ -40,7 +40,9 @@ pub struct GgufTokenizerData {
 }
 
 fn meta<'a>(c: &'a Content, key: &str) -> Result<&'a Value> {
-    c.metadata.get(key).with_context(|| format!("GGUF metadata has no '{key}'"))
+    c.metadata
+        .get(key)
+        .with_context(|| format!("GGUF metadata has no '{key}'"))
 }
 fn meta_u32(c: &Content, key: &str) -> Result<u32> {
     let v = meta(c, key)?;
@@ -50,7 +52,9 @@ fn meta_u32(c: &Content, key: &str) -> Result<u32> {
         .map_err(|e| anyhow::anyhow!("GGUF '{key}': {e}"))
 }
 fn meta_f32(c: &Content, key: &str) -> Result<f32> {
-    meta(c, key)?.to_f32().map_err(|e| anyhow::anyhow!("GGUF '{key}': {e}"))
+    meta(c, key)?
+        .to_f32()
+        .map_err(|e| anyhow::anyhow!("GGUF '{key}': {e}"))
 }
 fn meta_opt_u32(c: &Content, key: &str) -> Option<u32> {
     c.metadata.get(key).and_then(|v| v.to_u32().ok())
@@ -60,7 +64,11 @@ fn meta_strings(c: &Content, key: &str) -> Result<Vec<String>> {
         .to_vec()
         .map_err(|e| anyhow::anyhow!("GGUF '{key}': {e}"))?
         .iter()
-        .map(|v| v.to_string().cloned().map_err(|e| anyhow::anyhow!("GGUF '{key}': {e}")))
+        .map(|v| {
+            v.to_string()
+                .cloned()
+                .map_err(|e| anyhow::anyhow!("GGUF '{key}': {e}"))
+        })
         .collect()
 }
 
@@ -129,17 +137,26 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
         .clone();
     let model_type = match arch.as_str() {
         "llama" | "qwen2" | "qwen3" => arch.clone(),
-        other => bail!("unknown architecture '{other}' in {} (supported: llama, qwen2, qwen3)", path.display()),
+        other => bail!(
+            "unknown architecture '{other}' in {} (supported: llama, qwen2, qwen3)",
+            path.display()
+        ),
     };
     let k = |s: &str| format!("{arch}.{s}");
     let hidden = meta_u32(&content, &k("embedding_length"))? as usize;
     let layers = meta_u32(&content, &k("block_count"))? as usize;
     let heads = meta_u32(&content, &k("attention.head_count"))? as usize;
-    let kv_heads = meta_opt_u32(&content, &k("attention.head_count_kv")).map(|x| x as usize).unwrap_or(heads);
+    let kv_heads = meta_opt_u32(&content, &k("attention.head_count_kv"))
+        .map(|x| x as usize)
+        .unwrap_or(heads);
     let head_dim = meta_opt_u32(&content, &k("attention.key_length")).map(|x| x as usize);
     let inter = meta_u32(&content, &k("feed_forward_length"))? as usize;
     let eps = meta_f32(&content, &k("attention.layer_norm_rms_epsilon"))? as f64;
-    let theta = content.metadata.get(&k("rope.freq_base")).and_then(|v| v.to_f32().ok()).unwrap_or(10_000.0) as f64;
+    let theta = content
+        .metadata
+        .get(&k("rope.freq_base"))
+        .and_then(|v| v.to_f32().ok())
+        .unwrap_or(10_000.0) as f64;
     let ctx = meta_opt_u32(&content, &k("context_length")).unwrap_or(2048) as usize;
 
     // Every tensor must lie inside the file: a truncated download is caught here, not as a panic.
@@ -167,7 +184,9 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
         if model_type == "llama" {
             if hf.ends_with("self_attn.q_proj.weight") || hf.ends_with("self_attn.q_proj.bias") {
                 t = unpermute_rows(&t, heads)?;
-            } else if hf.ends_with("self_attn.k_proj.weight") || hf.ends_with("self_attn.k_proj.bias") {
+            } else if hf.ends_with("self_attn.k_proj.weight")
+                || hf.ends_with("self_attn.k_proj.bias")
+            {
                 t = unpermute_rows(&t, kv_heads)?;
             }
         }
@@ -185,7 +204,10 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
             .get("tokenizer.ggml.model")
             .and_then(|v| v.to_string().ok().cloned())
             .unwrap_or_default(),
-        pre: content.metadata.get("tokenizer.ggml.pre").and_then(|v| v.to_string().ok().cloned()),
+        pre: content
+            .metadata
+            .get("tokenizer.ggml.pre")
+            .and_then(|v| v.to_string().ok().cloned()),
         tokens: meta_strings(&content, "tokenizer.ggml.tokens").unwrap_or_default(),
         merges: meta_strings(&content, "tokenizer.ggml.merges").unwrap_or_default(),
         token_types: content
@@ -225,7 +247,12 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
         extra: Map::new(),
     };
     let store = TensorStore::new(tensors, dtype, device.clone());
-    Ok(GgufModel { config, store, tokenizer, architecture: arch })
+    Ok(GgufModel {
+        config,
+        store,
+        tokenizer,
+        architecture: arch,
+    })
 }
 
 #[cfg(test)]
@@ -234,8 +261,14 @@ mod tests {
 
     #[test]
     fn names_map_to_transformers() {
-        assert_eq!(hf_name("blk.3.attn_q.weight").unwrap(), "model.layers.3.self_attn.q_proj.weight");
-        assert_eq!(hf_name("blk.0.attn_k.bias").unwrap(), "model.layers.0.self_attn.k_proj.bias");
+        assert_eq!(
+            hf_name("blk.3.attn_q.weight").unwrap(),
+            "model.layers.3.self_attn.q_proj.weight"
+        );
+        assert_eq!(
+            hf_name("blk.0.attn_k.bias").unwrap(),
+            "model.layers.0.self_attn.k_proj.bias"
+        );
         assert_eq!(hf_name("output.weight").unwrap(), "lm_head.weight");
         assert!(hf_name("blk.0.unknown.weight").is_none());
     }
@@ -247,10 +280,14 @@ mod tests {
         let hf: Vec<f32> = (0..n_head * hd * inp).map(|x| x as f32).collect();
         let hf = Tensor::from_vec(hf, (n_head * hd, inp), &Device::Cpu).unwrap();
         let gguf = hf
-            .reshape((n_head, 2, hd / 2, inp)).unwrap()
-            .transpose(1, 2).unwrap()
-            .contiguous().unwrap()
-            .reshape((n_head * hd, inp)).unwrap();
+            .reshape((n_head, 2, hd / 2, inp))
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .reshape((n_head * hd, inp))
+            .unwrap();
         let back = unpermute_rows(&gguf, n_head).unwrap();
         assert_eq!(back.to_vec2::<f32>().unwrap(), hf.to_vec2::<f32>().unwrap());
     }

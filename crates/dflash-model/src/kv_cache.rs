@@ -34,13 +34,21 @@ impl Clone for KvCache {
                 })
             })
             .collect();
-        Self { layers, len: self.len, pending: 0 }
+        Self {
+            layers,
+            len: self.len,
+            pending: 0,
+        }
     }
 }
 
 impl KvCache {
     pub fn new(num_layers: usize) -> Self {
-        Self { layers: vec![None; num_layers], len: 0, pending: 0 }
+        Self {
+            layers: vec![None; num_layers],
+            len: 0,
+            pending: 0,
+        }
     }
 
     /// Rows committed to the cache (visible to the next forward as its first columns).
@@ -100,9 +108,19 @@ impl KvCache {
             candle_core::bail!("keep_rows: row {bad} is past the cache length {}", self.len);
         }
         for s in self.layers.iter_mut().flatten() {
-            let idx = Tensor::from_vec(rows.iter().map(|&r| r as u32).collect::<Vec<_>>(), rows.len(), s.k.device())?;
-            let k = s.k.narrow(2, 0, self.len)?.contiguous()?.index_select(&idx, 2)?;
-            let v = s.v.narrow(2, 0, self.len)?.contiguous()?.index_select(&idx, 2)?;
+            let idx = Tensor::from_vec(
+                rows.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                rows.len(),
+                s.k.device(),
+            )?;
+            let k =
+                s.k.narrow(2, 0, self.len)?
+                    .contiguous()?
+                    .index_select(&idx, 2)?;
+            let v =
+                s.v.narrow(2, 0, self.len)?
+                    .contiguous()?
+                    .index_select(&idx, 2)?;
             s.k.slice_set(&k.contiguous()?, 2, 0)?;
             s.v.slice_set(&v.contiguous()?, 2, 0)?;
         }
@@ -115,7 +133,10 @@ impl KvCache {
     pub fn layer(&self, layer: usize) -> Result<Option<(Tensor, Tensor)>> {
         match &self.layers[layer] {
             None => Ok(None),
-            Some(s) => Ok(Some((s.k.narrow(2, 0, self.len)?, s.v.narrow(2, 0, self.len)?))),
+            Some(s) => Ok(Some((
+                s.k.narrow(2, 0, self.len)?,
+                s.v.narrow(2, 0, self.len)?,
+            ))),
         }
     }
 }

@@ -26,9 +26,15 @@ pub fn device(name: &str) -> anyhow::Result<candle_core::Device> {
     match name {
         "cpu" => Ok(candle_core::Device::Cpu),
         s if s == "cuda" || s.starts_with("cuda:") => {
-            let ord = s.strip_prefix("cuda:").map(|n| n.parse::<usize>()).transpose()?.unwrap_or(0);
+            let ord = s
+                .strip_prefix("cuda:")
+                .map(|n| n.parse::<usize>())
+                .transpose()?
+                .unwrap_or(0);
             if !candle_core::utils::cuda_is_available() {
-                anyhow::bail!("device '{s}': this build has no CUDA support (build with --features cuda)");
+                anyhow::bail!(
+                    "device '{s}': this build has no CUDA support (build with --features cuda)"
+                );
             }
             Ok(candle_core::Device::new_cuda(ord)?)
         }

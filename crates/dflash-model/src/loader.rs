@@ -21,8 +21,16 @@ use crate::weights::TensorStore;
 
 /// Known target aliases: (alias, path under `$DFLASH_HOME`, fetch-assets name).
 pub const ALIASES: &[(&str, &str, &str)] = &[
-    ("smollm2-135m", "models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
-    ("qwen2.5-coder-0.5b", "models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2.5-coder"),
+    (
+        "smollm2-135m",
+        "models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2",
+    ),
+    (
+        "qwen2.5-coder-0.5b",
+        "models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen2.5-coder",
+    ),
 ];
 
 /// The asset cache directory.
@@ -46,7 +54,10 @@ pub fn resolve(spec: &str) -> Result<PathBuf> {
     let p = PathBuf::from(spec);
     if !p.exists() {
         let known: Vec<&str> = ALIASES.iter().map(|a| a.0).collect();
-        bail!("target '{spec}' is neither an existing path nor a known alias ({})", known.join(", "));
+        bail!(
+            "target '{spec}' is neither an existing path nor a known alias ({})",
+            known.join(", ")
+        );
     }
     Ok(p)
 }
@@ -88,19 +99,31 @@ impl fmt::Display for LoadedTarget {
 }
 
 /// Config and weights of an HF directory (no tokenizer).
-pub fn load_hf_weights(dir: &Path, dtype: DType, device: &Device) -> Result<(TargetConfig, TensorStore)> {
+pub fn load_hf_weights(
+    dir: &Path,
+    dtype: DType,
+    device: &Device,
+) -> Result<(TargetConfig, TensorStore)> {
     let cfg_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
-    let raw: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", cfg_path.display()))?;
+    let text = std::fs::read_to_string(&cfg_path)
+        .with_context(|| format!("reading {}", cfg_path.display()))?;
+    let raw: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", cfg_path.display()))?;
     let cfg_value = raw.get("text_config").cloned().unwrap_or(raw);
-    let config: TargetConfig =
-        serde_json::from_value(cfg_value).with_context(|| format!("{} is not a supported target config", cfg_path.display()))?;
+    let config: TargetConfig = serde_json::from_value(cfg_value)
+        .with_context(|| format!("{} is not a supported target config", cfg_path.display()))?;
     let index = dir.join("model.safetensors.index.json");
     let files: Vec<PathBuf> = if index.exists() {
         let idx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index)?)
             .with_context(|| format!("parsing {}", index.display()))?;
-        let map = idx.get("weight_map").and_then(|m| m.as_object()).context("index has no weight_map")?;
-        let mut shards: Vec<String> = map.values().filter_map(|v| v.as_str().map(str::to_string)).collect();
+        let map = idx
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .context("index has no weight_map")?;
+        let mut shards: Vec<String> = map
+            .values()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
         shards.sort();
         shards.dedup();
         shards.into_iter().map(|s| dir.join(s)).collect()
@@ -120,11 +143,21 @@ pub fn load_target(spec: &str, dtype: DType, device: &Device) -> Result<LoadedTa
         let eos = config.eos_ids();
         let tokenizer = TextTokenizer::from_dir(&path, &eos)?;
         let target = Target::load(config, &store)?;
-        Ok(LoadedTarget { target, tokenizer, source: path, format: "safetensors" })
+        Ok(LoadedTarget {
+            target,
+            tokenizer,
+            source: path,
+            format: "safetensors",
+        })
     } else {
         let g = gguf::load(&path, dtype, device)?;
         let tokenizer = TextTokenizer::from_gguf(&g.tokenizer)?;
         let target = Target::load(g.config, &g.store)?;
-        Ok(LoadedTarget { target, tokenizer, source: path, format: "gguf" })
+        Ok(LoadedTarget {
+            target,
+            tokenizer,
+            source: path,
+            format: "gguf",
+        })
     }
 }

@@ -14,9 +14,17 @@ pub struct Mlp {
 
 impl Mlp {
     /// Load `{prefix}.gate_proj`, `up_proj`, `down_proj` (no biases).
-    pub fn load(store: &TensorStore, prefix: &str, hidden: usize, inter: usize) -> anyhow::Result<Self> {
+    pub fn load(
+        store: &TensorStore,
+        prefix: &str,
+        hidden: usize,
+        inter: usize,
+    ) -> anyhow::Result<Self> {
         let lin = |name: &str, o: usize, i: usize| -> anyhow::Result<Linear> {
-            Ok(Linear::new(store.get(&format!("{prefix}.{name}.weight"), &[o, i])?, None))
+            Ok(Linear::new(
+                store.get(&format!("{prefix}.{name}.weight"), &[o, i])?,
+                None,
+            ))
         };
         Ok(Self {
             gate_proj: lin("gate_proj", inter, hidden)?,
@@ -33,8 +41,18 @@ impl Mlp {
 }
 
 /// `Linear` for `{name}.weight` `[out, in]` and an optional `{name}.bias`.
-pub fn load_linear(store: &TensorStore, name: &str, out: usize, inp: usize, bias: bool) -> anyhow::Result<Linear> {
+pub fn load_linear(
+    store: &TensorStore,
+    name: &str,
+    out: usize,
+    inp: usize,
+    bias: bool,
+) -> anyhow::Result<Linear> {
     let w = store.get(&format!("{name}.weight"), &[out, inp])?;
-    let b = if bias { Some(store.get(&format!("{name}.bias"), &[out])?) } else { None };
+    let b = if bias {
+        Some(store.get(&format!("{name}.bias"), &[out])?)
+    } else {
+        None
+    };
     Ok(Linear::new(w, b))
 }

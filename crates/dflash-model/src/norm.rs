@@ -20,6 +20,8 @@ impl RmsNorm {
         let xf = x.to_dtype(DType::F32)?;
         let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
         let normed = xf.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        normed.to_dtype(dtype)?.broadcast_mul(&self.weight.to_dtype(dtype)?)
+        normed
+            .to_dtype(dtype)?
+            .broadcast_mul(&self.weight.to_dtype(dtype)?)
     }
 }

@@ -61,6 +61,9 @@ impl RopeTables {
 
     /// The tables of rows `start .. start + len`.
     pub fn narrow(&self, start: usize, len: usize) -> Result<RopeTables> {
-        Ok(RopeTables { cos: self.cos.narrow(0, start, len)?, sin: self.sin.narrow(0, start, len)? })
+        Ok(RopeTables {
+            cos: self.cos.narrow(0, start, len)?,
+            sin: self.sin.narrow(0, start, len)?,
+        })
     }
 }

@@ -51,7 +51,14 @@ struct Attention {
 }
 
 impl Attention {
-    fn forward(&self, x: &Tensor, rope: &RopeTables, mask: &Tensor, cache: &mut KvCache, layer: usize) -> Result<Tensor> {
+    fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        mask: &Tensor,
+        cache: &mut KvCache,
+        layer: usize,
+    ) -> Result<Tensor> {
         let (b, n, _) = x.dims3()?;
         let split = |t: Tensor, h: usize, norm: &Option<RmsNorm>| -> Result<Tensor> {
             let t = t.reshape((b, n, h, self.head_dim))?;
@@ -105,9 +112,16 @@ impl Target {
     pub fn load(config: TargetConfig, store: &TensorStore) -> Result<Self> {
         config.validate()?;
         let spec = spec_for(&config)?;
-        let (h, nh, nkv, hd) = (config.hidden_size, config.num_attention_heads, config.num_kv_heads(), config.head_dim());
+        let (h, nh, nkv, hd) = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_kv_heads(),
+            config.head_dim(),
+        );
         let eps = config.rms_norm_eps;
-        let norm = |name: &str, dim: usize| -> Result<RmsNorm> { Ok(RmsNorm::new(store.get(name, &[dim])?, eps)) };
+        let norm = |name: &str, dim: usize| -> Result<RmsNorm> {
+            Ok(RmsNorm::new(store.get(name, &[dim])?, eps))
+        };
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let p = format!("model.layers.{i}");
@@ -117,8 +131,16 @@ impl Target {
                 k_proj: load_linear(store, &format!("{a}.k_proj"), nkv * hd, h, spec.qkv_bias)?,
                 v_proj: load_linear(store, &format!("{a}.v_proj"), nkv * hd, h, spec.qkv_bias)?,
                 o_proj: load_linear(store, &format!("{a}.o_proj"), h, nh * hd, false)?,
-                q_norm: if spec.qk_norm { Some(norm(&format!("{a}.q_norm.weight"), hd)?) } else { None },
-                k_norm: if spec.qk_norm { Some(norm(&format!("{a}.k_norm.weight"), hd)?) } else { None },
+                q_norm: if spec.qk_norm {
+                    Some(norm(&format!("{a}.q_norm.weight"), hd)?)
+                } else {
+                    None
+                },
+                k_norm: if spec.qk_norm {
+                    Some(norm(&format!("{a}.k_norm.weight"), hd)?)
+                } else {
+                    None
+                },
                 heads: nh,
                 kv_heads: nkv,
                 head_dim: hd,
@@ -133,7 +155,9 @@ impl Target {
         let embed_tokens = store.get("model.embed_tokens.weight", &[config.vocab_size, h])?;
         let lm_head = match store.get_opt("lm_head.weight", &[config.vocab_size, h])? {
             Some(w) => w,
-            None if config.tie_word_embeddings || !store.contains("lm_head.weight") => embed_tokens.clone(),
+            None if config.tie_word_embeddings || !store.contains("lm_head.weight") => {
+                embed_tokens.clone()
+            }
             None => bail!("missing tensor 'lm_head.weight'"),
         };
         let rope = Rope::new(hd, config.rope_theta());
@@ -167,8 +191,14 @@ impl Target {
 
     /// Token embeddings `[1, n, hidden]` (the drafter embeds its block with these).
     pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            bail!("token id {bad} is outside the vocabulary ({})", self.config.vocab_size);
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            bail!(
+                "token id {bad} is outside the vocabulary ({})",
+                self.config.vocab_size
+            );
         }
         let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
         Ok(self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?)
@@ -176,7 +206,9 @@ impl Target {
 
     /// The LM head on already-normalised hidden states `[.., hidden]` → f32 logits.
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(hidden.broadcast_matmul(&self.lm_head.t()?)?.to_dtype(DType::F32)?)
+        Ok(hidden
+            .broadcast_matmul(&self.lm_head.t()?)?
+            .to_dtype(DType::F32)?)
     }
 
     /// The embedding table (frozen, shared with the drafter).
@@ -195,16 +227,28 @@ impl Target {
     ) -> Result<TargetOutput> {
         let n = tokens.len();
         if n == 0 || positions.len() != n {
-            bail!("forward needs one position per token (got {} tokens, {} positions)", n, positions.len());
+            bail!(
+                "forward needs one position per token (got {} tokens, {} positions)",
+                n,
+                positions.len()
+            );
         }
         if mask.rows != n || mask.cols != cache.len() + n {
             bail!(
                 "mask is {}x{}, expected {}x{} (new rows x [cache {} | new {}])",
-                mask.rows, mask.cols, n, cache.len() + n, cache.len(), n
+                mask.rows,
+                mask.cols,
+                n,
+                cache.len() + n,
+                cache.len(),
+                n
             );
         }
         if let Some(&bad) = taps.iter().find(|&&t| t >= self.layers.len()) {
-            bail!("tap {bad} is out of range: the target has {} layers", self.layers.len());
+            bail!(
+                "tap {bad} is out of range: the target has {} layers",
+                self.layers.len()
+            );
         }
         let max_pos = positions.iter().copied().max().unwrap_or(0);
         if max_pos >= self.config.max_position_embeddings {
@@ -218,9 +262,17 @@ impl Target {
         let mut x = self.embed(tokens)?;
         let mut tap_out = vec![None; taps.len()];
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.self_attn.forward(&layer.input_layernorm.forward(&x)?, &rope, &mask, cache, i)?;
+            let h = layer.self_attn.forward(
+                &layer.input_layernorm.forward(&x)?,
+                &rope,
+                &mask,
+                cache,
+                i,
+            )?;
             let x1 = (x + h)?;
-            let m = layer.mlp.forward(&layer.post_attention_layernorm.forward(&x1)?)?;
+            let m = layer
+                .mlp
+                .forward(&layer.post_attention_layernorm.forward(&x1)?)?;
             x = (x1 + m)?;
             for (slot, _) in taps.iter().enumerate().filter(|(_, &t)| t == i) {
                 tap_out[slot] = Some(x.squeeze(0)?);
@@ -235,7 +287,11 @@ impl Target {
                 if let Some(&bad) = r.iter().find(|&&i| i >= n) {
                     bail!("logit row {bad} is out of range for {n} rows");
                 }
-                let idx = Tensor::from_vec(r.iter().map(|&i| i as u32).collect::<Vec<_>>(), r.len(), &self.device)?;
+                let idx = Tensor::from_vec(
+                    r.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+                    r.len(),
+                    &self.device,
+                )?;
                 Some(x.index_select(&idx, 1)?)
             }
         };
@@ -243,7 +299,10 @@ impl Target {
             Some(s) => Some(self.lm_head(&self.norm.forward(&s)?)?.squeeze(0)?),
             None => None,
         };
-        Ok(TargetOutput { logits, taps: tap_out.into_iter().map(|t| t.unwrap()).collect() })
+        Ok(TargetOutput {
+            logits,
+            taps: tap_out.into_iter().map(|t| t.unwrap()).collect(),
+        })
     }
 
     /// Concatenate taps along the hidden axis: the drafter's context feature input `[n, L*h]`.

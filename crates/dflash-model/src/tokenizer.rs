@@ -32,7 +32,10 @@ pub struct ChatMessage {
 
 /// GPT-2's byte → printable-char map.
 fn bytes_to_unicode() -> Vec<char> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -67,14 +70,19 @@ fn pre_tokenizer_for(pre: Option<&str>) -> Value {
             {"type": "Digits", "individual_digits": true},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
         ]}),
-        _ => json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
+        _ => {
+            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
+        }
     }
 }
 
 impl TextTokenizer {
     pub fn from_gguf(t: &GgufTokenizerData) -> Result<Self> {
         if t.model != "gpt2" {
-            bail!("GGUF tokenizer model '{}' is not supported (only byte-level BPE 'gpt2')", t.model);
+            bail!(
+                "GGUF tokenizer model '{}' is not supported (only byte-level BPE 'gpt2')",
+                t.model
+            );
         }
         if t.tokens.is_empty() {
             bail!("the GGUF has no tokenizer (tokenizer.ggml.tokens is missing)");
@@ -96,8 +104,10 @@ impl TextTokenizer {
         for (i, (tok, ty)) in t.tokens.iter().zip(t.token_types.iter()).enumerate() {
             let special = *ty == 3 && tok.chars().all(|c| alphabet.contains(&c));
             if special || *ty == 4 {
-                added.push(json!({"id": i, "content": tok, "single_word": false, "lstrip": false,
-                    "rstrip": false, "normalized": false, "special": special}));
+                added.push(
+                    json!({"id": i, "content": tok, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": special}),
+                );
             }
         }
         let tj = json!({
@@ -131,13 +141,18 @@ impl TextTokenizer {
         if !tj.exists() {
             bail!("missing tokenizer: {} does not exist", tj.display());
         }
-        let inner = Tokenizer::from_file(&tj).map_err(|e| anyhow!("reading {}: {e}", tj.display()))?;
+        let inner =
+            Tokenizer::from_file(&tj).map_err(|e| anyhow!("reading {}: {e}", tj.display()))?;
         let cfg: Value = match std::fs::read_to_string(dir.join("tokenizer_config.json")) {
             Ok(s) => serde_json::from_str(&s).context("parsing tokenizer_config.json")?,
             Err(_) => json!({}),
         };
         let tok_str = |v: &Value| -> Option<String> {
-            v.as_str().map(str::to_string).or_else(|| v.get("content").and_then(|c| c.as_str()).map(str::to_string))
+            v.as_str().map(str::to_string).or_else(|| {
+                v.get("content")
+                    .and_then(|c| c.as_str())
+                    .map(str::to_string)
+            })
         };
         let chat_template = match cfg.get("chat_template") {
             Some(Value::String(s)) => Some(s.clone()),
@@ -150,7 +165,11 @@ impl TextTokenizer {
             stop_ids: eos_ids.to_vec(),
             inner,
         };
-        if let Some(id) = tk.eos_token.as_deref().and_then(|e| tk.inner.token_to_id(e)) {
+        if let Some(id) = tk
+            .eos_token
+            .as_deref()
+            .and_then(|e| tk.inner.token_to_id(e))
+        {
             tk.stop_ids.push(id);
         }
         tk.add_chat_stop_tokens();
@@ -180,7 +199,9 @@ impl TextTokenizer {
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, true).map_err(|e| anyhow!("decoding: {e}"))
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| anyhow!("decoding: {e}"))
     }
 
     /// Render the chat template (`add_generation_prompt` = true).
@@ -192,10 +213,17 @@ impl TextTokenizer {
         let mut env = minijinja::Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
-        env.add_template("chat", tpl).map_err(|e| anyhow!("chat template does not parse: {e}"))?;
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        env.add_template("chat", tpl)
+            .map_err(|e| anyhow!("chat template does not parse: {e}"))?;
         let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => true,
@@ -211,7 +239,10 @@ impl TextTokenizer {
     /// Prompt token ids: chat-templated (`chat`) or raw text.
     pub fn prompt_ids(&self, prompt: &str, chat: bool) -> Result<Vec<u32>> {
         if chat {
-            let text = self.apply_chat_template(&[ChatMessage { role: "user".into(), content: prompt.into() }])?;
+            let text = self.apply_chat_template(&[ChatMessage {
+                role: "user".into(),
+                content: prompt.into(),
+            }])?;
             self.encode(&text, false)
         } else {
             self.encode(prompt, true)

@@ -17,17 +17,27 @@ pub struct TensorStore {
 
 impl TensorStore {
     pub fn new(tensors: HashMap<String, Tensor>, dtype: DType, device: Device) -> Self {
-        Self { tensors, used: RefCell::new(BTreeSet::new()), dtype, device }
+        Self {
+            tensors,
+            used: RefCell::new(BTreeSet::new()),
+            dtype,
+            device,
+        }
     }
 
     /// Load every tensor of one or several safetensors files.
-    pub fn from_safetensors(files: &[impl AsRef<Path>], dtype: DType, device: &Device) -> Result<Self> {
+    pub fn from_safetensors(
+        files: &[impl AsRef<Path>],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let mut tensors = HashMap::new();
         for f in files {
             let f = f.as_ref();
             let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
-            let st = safetensors::SafeTensors::deserialize(&bytes)
-                .map_err(|e| anyhow::anyhow!("{} is not a valid safetensors file: {e}", f.display()))?;
+            let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+                anyhow::anyhow!("{} is not a valid safetensors file: {e}", f.display())
+            })?;
             for (name, view) in st.tensors() {
                 let t = convert_view(&view, device)
                     .with_context(|| format!("tensor '{name}' in {}", f.display()))?;
@@ -48,7 +58,11 @@ impl TensorStore {
             .get(name)
             .with_context(|| format!("missing tensor '{name}'"))?;
         if t.dims() != shape {
-            bail!("tensor '{name}' has shape {:?}, expected {:?}", t.dims(), shape);
+            bail!(
+                "tensor '{name}' has shape {:?}, expected {:?}",
+                t.dims(),
+                shape
+            );
         }
         self.used.borrow_mut().insert(name.to_string());
         Ok(t.to_dtype(self.dtype)?)
@@ -70,7 +84,12 @@ impl TensorStore {
     /// Tensors present in the file(s) that no module took.
     pub fn unused(&self) -> Vec<String> {
         let used = self.used.borrow();
-        let mut v: Vec<String> = self.tensors.keys().filter(|k| !used.contains(*k)).cloned().collect();
+        let mut v: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|k| !used.contains(*k))
+            .cloned()
+            .collect();
         v.sort();
         v
     }
@@ -83,7 +102,12 @@ impl TensorStore {
 
     /// Rename keys with `from` as prefix to `to` (e.g. `model.language_model.` → `model.`).
     pub fn rename_prefix(&mut self, from: &str, to: &str) -> usize {
-        let keys: Vec<String> = self.tensors.keys().filter(|k| k.starts_with(from)).cloned().collect();
+        let keys: Vec<String> = self
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with(from))
+            .cloned()
+            .collect();
         for k in &keys {
             let t = self.tensors.remove(k).unwrap();
             self.tensors.insert(format!("{to}{}", &k[from.len()..]), t);

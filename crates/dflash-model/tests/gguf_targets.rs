@@ -20,14 +20,27 @@ fn check_model(name: &str, rel: &str, fetch: &str) {
 
     for c in meta["tokenizer_checks"].as_array().unwrap() {
         let text = c["text"].as_str().unwrap();
-        assert_eq!(tok.encode(text, false).unwrap(), ids(&c["ids"]), "tokenizer differs on {text:?}");
+        assert_eq!(
+            tok.encode(text, false).unwrap(),
+            ids(&c["ids"]),
+            "tokenizer differs on {text:?}"
+        );
     }
 
     let taps: Vec<usize> = ids(&meta["taps"]).iter().map(|&x| x as usize).collect();
     let tap_ids = ids(&meta["tap_prompt_ids"]);
     let pos: Vec<usize> = (0..tap_ids.len()).collect();
     let mut cache = t.new_cache();
-    let out = t.forward(&tap_ids, &pos, &causal(0, tap_ids.len()), &mut cache, &taps, &Rows::Last).unwrap();
+    let out = t
+        .forward(
+            &tap_ids,
+            &pos,
+            &causal(0, tap_ids.len()),
+            &mut cache,
+            &taps,
+            &Rows::Last,
+        )
+        .unwrap();
     let e = rel_err(&out.logits.unwrap().squeeze(0).unwrap(), &r["last_logits"]);
     assert!(e <= 1e-4, "{name}: last logits rel err {e}");
     for (i, tap) in out.taps.iter().enumerate() {
@@ -39,18 +52,41 @@ fn check_model(name: &str, rel: &str, fetch: &str) {
     for c in meta["cases"].as_array().unwrap() {
         let prompt = c["prompt"].as_str().unwrap();
         let rendered = tok
-            .apply_chat_template(&[dflash_model::tokenizer::ChatMessage { role: "user".into(), content: prompt.into() }])
+            .apply_chat_template(&[dflash_model::tokenizer::ChatMessage {
+                role: "user".into(),
+                content: prompt.into(),
+            }])
             .unwrap();
-        assert_eq!(rendered, c["chat_text"].as_str().unwrap(), "chat template differs");
+        assert_eq!(
+            rendered,
+            c["chat_text"].as_str().unwrap(),
+            "chat template differs"
+        );
         let prompt_ids = tok.prompt_ids(prompt, true).unwrap();
-        assert_eq!(prompt_ids, ids(&c["prompt_ids"]), "prompt ids differ for {prompt:?}");
+        assert_eq!(
+            prompt_ids,
+            ids(&c["prompt_ids"]),
+            "prompt ids differ for {prompt:?}"
+        );
         let want = ids(&c["greedy_ids"]);
-        let gaps: Vec<f64> = c["top2_gaps"].as_array().unwrap().iter().map(|g| g.as_f64().unwrap()).collect();
+        let gaps: Vec<f64> = c["top2_gaps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g.as_f64().unwrap())
+            .collect();
         let got = greedy(t, &prompt_ids, want.len());
         if let Some(i) = got.iter().zip(&want).position(|(a, b)| a != b) {
             // a near-tie in the reference is reported, not failed
-            assert!(gaps[i] < 1e-3, "{name}: greedy differs at step {i} for {prompt:?} (top-2 gap {})", gaps[i]);
-            reported.push(format!("{prompt:?} diverges at step {i}, reference top-2 gap {:.2e}", gaps[i]));
+            assert!(
+                gaps[i] < 1e-3,
+                "{name}: greedy differs at step {i} for {prompt:?} (top-2 gap {})",
+                gaps[i]
+            );
+            reported.push(format!(
+                "{prompt:?} diverges at step {i}, reference top-2 gap {:.2e}",
+                gaps[i]
+            ));
         }
     }
     for r in reported {
@@ -60,7 +96,11 @@ fn check_model(name: &str, rel: &str, fetch: &str) {
 
 #[test]
 fn smollm2_matches_transformers() {
-    check_model("smollm2", "models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2");
+    check_model(
+        "smollm2",
+        "models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2",
+    );
 }
 
 #[test]

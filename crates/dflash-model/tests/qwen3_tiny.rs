@@ -10,13 +10,17 @@ use dflash_model::loader::load_hf_weights;
 use dflash_model::{Rows, Target};
 
 fn tiny() -> Target {
-    let (cfg, store) = load_hf_weights(&fixtures().join("qwen3-tiny"), DType::F32, &Device::Cpu).unwrap();
+    let (cfg, store) =
+        load_hf_weights(&fixtures().join("qwen3-tiny"), DType::F32, &Device::Cpu).unwrap();
     Target::load(cfg, &store).unwrap()
 }
 
 fn reference() -> (serde_json::Value, std::collections::HashMap<String, Tensor>) {
     let dir = fixtures().join("qwen3-tiny");
-    (json(&dir.join("reference.json")), load_ref(&dir.join("reference.safetensors")))
+    (
+        json(&dir.join("reference.json")),
+        load_ref(&dir.join("reference.safetensors")),
+    )
 }
 
 #[test]
@@ -27,7 +31,16 @@ fn logits_and_taps_match_transformers() {
     let taps: Vec<usize> = ids(&meta["taps"]).iter().map(|&x| x as usize).collect();
     let pos: Vec<usize> = (0..toks.len()).collect();
     let mut cache = t.new_cache();
-    let out = t.forward(&toks, &pos, &causal(0, toks.len()), &mut cache, &taps, &Rows::All).unwrap();
+    let out = t
+        .forward(
+            &toks,
+            &pos,
+            &causal(0, toks.len()),
+            &mut cache,
+            &taps,
+            &Rows::All,
+        )
+        .unwrap();
     let logits = out.logits.unwrap();
     let e = rel_err(&logits, &r["logits"]);
     assert!(e <= 1e-4, "logits rel err {e}");
@@ -53,12 +66,34 @@ fn prefill_then_decode_equals_one_prefill() {
     let n = toks.len();
     let mut full = t.new_cache();
     let pos: Vec<usize> = (0..n).collect();
-    let want = t.forward(&toks, &pos, &causal(0, n), &mut full, &[1], &Rows::All).unwrap();
+    let want = t
+        .forward(&toks, &pos, &causal(0, n), &mut full, &[1], &Rows::All)
+        .unwrap();
     let mut c = t.new_cache();
     let k = 7;
-    t.forward(&toks[..k], &pos[..k], &causal(0, k), &mut c, &[1], &Rows::All).unwrap();
-    let got = t.forward(&toks[k..], &pos[k..], &causal(k, n - k), &mut c, &[1], &Rows::All).unwrap();
-    let d = max_abs(&got.logits.unwrap(), &want.logits.unwrap().narrow(0, k, n - k).unwrap());
+    t.forward(
+        &toks[..k],
+        &pos[..k],
+        &causal(0, k),
+        &mut c,
+        &[1],
+        &Rows::All,
+    )
+    .unwrap();
+    let got = t
+        .forward(
+            &toks[k..],
+            &pos[k..],
+            &causal(k, n - k),
+            &mut c,
+            &[1],
+            &Rows::All,
+        )
+        .unwrap();
+    let d = max_abs(
+        &got.logits.unwrap(),
+        &want.logits.unwrap().narrow(0, k, n - k).unwrap(),
+    );
     assert!(d <= 1e-5, "logits differ by {d}");
     let d = max_abs(&got.taps[0], &want.taps[0].narrow(0, k, n - k).unwrap());
     assert!(d <= 1e-5, "taps differ by {d}");
@@ -80,16 +115,38 @@ fn additive_mask_equals_rows_done_separately() {
     let block_pos = [5usize, 6, 6, 7];
     let mut cache = t.new_cache();
     let ctx_pos: Vec<usize> = (0..c).collect();
-    t.forward(&toks[..c], &ctx_pos, &causal(0, c), &mut cache, &[], &Rows::None).unwrap();
-    let out = t.forward(&toks[c..], &block_pos, &vis, &mut cache, &[3], &Rows::All).unwrap();
+    t.forward(
+        &toks[..c],
+        &ctx_pos,
+        &causal(0, c),
+        &mut cache,
+        &[],
+        &Rows::None,
+    )
+    .unwrap();
+    let out = t
+        .forward(&toks[c..], &block_pos, &vis, &mut cache, &[3], &Rows::All)
+        .unwrap();
     let logits = out.logits.unwrap();
     for r in 0..n {
         // the visible keys of row r, as a plain causal sequence
         let seen: Vec<usize> = (0..c + n).filter(|&k| vis.get(r, k)).collect();
         let seq: Vec<u32> = seen.iter().map(|&k| toks[k]).collect();
-        let pos: Vec<usize> = seen.iter().map(|&k| if k < c { k } else { block_pos[k - c] }).collect();
+        let pos: Vec<usize> = seen
+            .iter()
+            .map(|&k| if k < c { k } else { block_pos[k - c] })
+            .collect();
         let mut fresh = t.new_cache();
-        let o = t.forward(&seq, &pos, &causal(0, seq.len()), &mut fresh, &[3], &Rows::Last).unwrap();
+        let o = t
+            .forward(
+                &seq,
+                &pos,
+                &causal(0, seq.len()),
+                &mut fresh,
+                &[3],
+                &Rows::Last,
+            )
+            .unwrap();
         let d = max_abs(&o.logits.unwrap(), &logits.narrow(0, r, 1).unwrap());
         assert!(d <= 1e-5, "row {r} differs by {d}");
     }
@@ -101,14 +158,28 @@ fn truncate_and_keep_rows() {
     let toks: Vec<u32> = (0..10).map(|i| (i * 23 % 256) as u32).collect();
     let pos: Vec<usize> = (0..10).collect();
     let mut a = t.new_cache();
-    t.forward(&toks, &pos, &causal(0, 10), &mut a, &[], &Rows::None).unwrap();
+    t.forward(&toks, &pos, &causal(0, 10), &mut a, &[], &Rows::None)
+        .unwrap();
     // truncate(6) == prefill of 6
     let mut b = a.clone();
     b.truncate(6);
     let mut six = t.new_cache();
-    t.forward(&toks[..6], &pos[..6], &causal(0, 6), &mut six, &[], &Rows::None).unwrap();
+    t.forward(
+        &toks[..6],
+        &pos[..6],
+        &causal(0, 6),
+        &mut six,
+        &[],
+        &Rows::None,
+    )
+    .unwrap();
     assert_eq!(b.len(), 6);
-    assert!(max_abs(&b.layer(0).unwrap().unwrap().0, &six.layer(0).unwrap().unwrap().0) <= 1e-6);
+    assert!(
+        max_abs(
+            &b.layer(0).unwrap().unwrap().0,
+            &six.layer(0).unwrap().unwrap().0
+        ) <= 1e-6
+    );
     // keep_rows selects exactly those rows, in order
     let mut k = a.clone();
     k.keep_rows(&[0, 1, 2, 5, 9]).unwrap();
@@ -116,7 +187,10 @@ fn truncate_and_keep_rows() {
     let idx = Tensor::new(&[0u32, 1, 2, 5, 9], &Device::Cpu).unwrap();
     let want = full_k.contiguous().unwrap().index_select(&idx, 2).unwrap();
     assert_eq!(max_abs(&k.layer(1).unwrap().unwrap().0, &want), 0.0);
-    assert!(k.keep_rows(&[7]).is_err(), "row past the length must be refused");
+    assert!(
+        k.keep_rows(&[7]).is_err(),
+        "row past the length must be refused"
+    );
     // appending after keep_rows continues from the compacted length
     let out = t.forward(&[1], &[5], &causal(5, 1), &mut k, &[], &Rows::Last);
     assert!(out.is_ok());
@@ -128,10 +202,20 @@ fn bad_mask_shape_is_an_error() {
     let t = tiny();
     let mut cache = t.new_cache();
     let err = t
-        .forward(&[1, 2], &[0, 1], &Visibility::new(2, 3), &mut cache, &[], &Rows::Last)
+        .forward(
+            &[1, 2],
+            &[0, 1],
+            &Visibility::new(2, 3),
+            &mut cache,
+            &[],
+            &Rows::Last,
+        )
         .err()
         .unwrap();
     assert!(err.to_string().contains("mask is 2x3"), "{err}");
-    let err = t.forward(&[1], &[0], &causal(0, 1), &mut cache, &[9], &Rows::Last).err().unwrap();
+    let err = t
+        .forward(&[1], &[0], &causal(0, 1), &mut cache, &[9], &Rows::Last)
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("tap 9"), "{err}");
 }

@@ -4,5 +4,9 @@ use super::FamilySpec;
 use dflash_core::config::TargetConfig;
 
 pub fn spec(_config: &TargetConfig) -> FamilySpec {
-    FamilySpec { name: "qwen2", qkv_bias: true, qk_norm: false }
+    FamilySpec {
+        name: "qwen2",
+        qkv_bias: true,
+        qk_norm: false,
+    }
 }

@@ -5,5 +5,9 @@ use super::FamilySpec;
 use dflash_core::config::TargetConfig;
 
 pub fn spec(config: &TargetConfig) -> FamilySpec {
-    FamilySpec { name: "qwen3", qkv_bias: config.attention_bias.unwrap_or(false), qk_norm: true }
+    FamilySpec {
+        name: "qwen3",
+        qkv_bias: config.attention_bias.unwrap_or(false),
+        qk_norm: true,
+    }
 }

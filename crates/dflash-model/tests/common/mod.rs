@@ -11,15 +11,23 @@ pub fn fixtures() -> PathBuf {
 }
 
 pub fn load_ref(path: &std::path::Path) -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(path, &Device::Cpu).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    candle_core::safetensors::load(path, &Device::Cpu)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 pub fn json(path: &std::path::Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+    serde_json::from_str(
+        &std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap()
 }
 
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// max |a - b| / max |b|
@@ -27,7 +35,14 @@ pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
     let a = a.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
     let b = b.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
     assert_eq!(a.dims(), b.dims(), "shape mismatch");
-    let diff = (a - &b).unwrap().abs().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+    let diff = (a - &b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
     let scale = b.abs().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
     diff / scale.max(1e-12)
 }
@@ -35,14 +50,25 @@ pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
 pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
     let a = a.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
     let b = b.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
-    (a - b).unwrap().abs().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
 
 /// A cached asset, or a panic that says how to fetch it.
 pub fn asset(rel: &str, fetch: &str) -> PathBuf {
     let home = dflash_model::loader::dflash_home();
     let p = home.join(rel);
-    assert!(p.exists(), "{} is missing: run scripts/fetch-assets.sh {fetch}", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-assets.sh {fetch}",
+        p.display()
+    );
     p
 }
 
@@ -56,7 +82,14 @@ pub fn greedy(t: &dflash_model::Target, prompt: &[u32], steps: usize) -> Vec<u32
         let start = cache.len();
         let pos: Vec<usize> = (start..start + new.len()).collect();
         let o = t
-            .forward(&new, &pos, &causal(start, new.len()), &mut cache, &[], &dflash_model::Rows::Last)
+            .forward(
+                &new,
+                &pos,
+                &causal(start, new.len()),
+                &mut cache,
+                &[],
+                &dflash_model::Rows::Last,
+            )
             .unwrap();
         let l: Vec<f32> = o.logits.unwrap().squeeze(0).unwrap().to_vec1().unwrap();
         let next = dflash_core::sampling::argmax(&l);

@@ -1,0 +1,292 @@
+//! The decoding loop: AR (block 1), DFlash chains (block B) and DDTree trees are one loop.
+//!
+//! A round proposes a [`DraftTree`] (AR: the root alone; DFlash: the chain of the drafter's
+//! argmax tokens; DDTree: the best-first tree under a node budget), verifies it in ONE target
+//! forward with the ancestor-only mask (for a chain that is the causal mask), walks it with
+//! the target's own samples, commits the accepted path and the bonus, and compacts the
+//! target cache to the committed rows (for a chain: a truncation).
+//!
+//! The chain case, step by step:
+//! Each round, with the anchor `x` (the last committed token, not yet in the target cache)
+//! at position `s`:
+//! 1. draft: the drafter sees the committed context features (positions `< s`) and the block
+//!    `[x, mask × (B-1)]`, and proposes `d1 … d(B-1)` (argmax of rows 1 … B-1);
+//! 2. verify: ONE target forward over `[x, d1 … d(B-1)]` at positions `s … s+B-1` (causal
+//!    over the committed cache), with taps;
+//! 3. accept: walk k = 1, 2, …: the target samples its own token `t_k` at row k-1 (given
+//!    the committed prefix and d1 … d(k-1)); while `t_k == d_k`, accept `d_k`; the first
+//!    `t_k` that differs (or `t_B` after a full accept) is the bonus;
+//! 4. commit `d1 … d_a` and the bonus; truncate the target cache to the rows of `x, d1 … d_a`
+//!    (the bonus is the next anchor); the next context features are the taps of those rows.
+//!
+//! Example: prompt of 20 tokens, first token x at 20, B = 4, drafts (a, b, c), target samples
+//! (a, b, z, ·) → accepted 2, bonus z, committed [a, b, z], cache truncated to 23 rows
+//! (positions 0..=22: prompt, x, a, b), next anchor z at position 23, τ_round 3.
+//!
+//! **Why this is lossless.** Every committed token is a sample of the target's own rule
+//! (greedy, or temperature/top-k/top-p) given exactly the committed prefix before it: `d_k` is
+//! committed only if it equals the target's sample `t_k` at that prefix, and the bonus *is*
+//! `t_k`. Rows after the first mismatch are never sampled, so each committed token consumes
+//! one fresh draw, just as AR does; the drafts only decide how many of those draws one
+//! target forward yields. At T = 0 the output therefore equals AR token for token; at T > 0
+//! its distribution equals AR's (greedy drafts + exact match is rejection sampling with a
+//! one-hot q: accept with prob min(1, p(d)/1) = p(d) — the probability that t_k = d_k).
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use candle_core::Tensor;
+use dflash_core::sampling::{Sampler, SamplingParams};
+use dflash_core::stats::RoundOutcome;
+use dflash_core::tree::{top_k_logprobs, DraftTree};
+use dflash_core::visibility::causal;
+use dflash_model::drafter::Drafter;
+use dflash_model::{KvCache, Rows, Target};
+
+/// One generation request.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub prompt_ids: Vec<u32>,
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop_ids: Vec<u32>,
+}
+
+/// What one generation did: the new tokens and every round.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Generation {
+    pub new_tokens: Vec<u32>,
+    pub rounds: Vec<RoundOutcome>,
+    pub prefill_secs: f64,
+    pub decode_secs: f64,
+    pub stopped_by_token: bool,
+}
+
+/// Why a generation cannot start.
+pub fn check_request(target: &Target, req: &Request) -> Result<()> {
+    if req.prompt_ids.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let ctx = target.config.max_position_embeddings;
+    if req.prompt_ids.len() + req.max_new_tokens > ctx {
+        bail!(
+            "prompt ({} tokens) + max_new_tokens ({}) exceeds the target's context length ({ctx})",
+            req.prompt_ids.len(),
+            req.max_new_tokens
+        );
+    }
+    if req.max_new_tokens == 0 {
+        bail!("max_new_tokens must be >= 1");
+    }
+    Ok(())
+}
+
+/// Row `r` of `[n, vocab]` logits as a host vector.
+fn row(logits: &Tensor, r: usize) -> Result<Vec<f32>> {
+    Ok(logits.get(r)?.to_vec1::<f32>()?)
+}
+
+/// Keep the committed cache rows `0 .. cache_len` and the tree rows `kept` (indices into the
+/// rows appended by the last verify, in path order). A chain's kept rows are a prefix, which
+/// is a plain truncation. Example: cache 40, tree path rows [0, 2, 5] → rows 0..40, 40, 42, 45.
+pub fn compact_cache(cache: &mut KvCache, cache_len: usize, kept: &[usize]) -> Result<()> {
+    if kept.iter().enumerate().all(|(i, &r)| i == r) {
+        cache.truncate(cache_len + kept.len());
+    } else {
+        let rows: Vec<usize> = (0..cache_len)
+            .chain(kept.iter().map(|&r| cache_len + r))
+            .collect();
+        cache.keep_rows(&rows)?;
+    }
+    Ok(())
+}
+
+/// How each round proposes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Mode {
+    /// Plain autoregressive decoding: the same loop with block size 1.
+    Ar,
+    /// DFlash: the drafter's argmax chain of `block - 1` tokens.
+    Chain { block: usize },
+    /// DDTree: the best `budget` prefixes of the drafter's `block - 1` distributions, from
+    /// the top `top_k` tokens per depth (0: `min(budget, vocab)`, the paper's rule; 1 forces
+    /// the argmax chain).
+    Tree {
+        block: usize,
+        budget: usize,
+        top_k: usize,
+    },
+}
+
+impl Mode {
+    fn block(&self) -> usize {
+        match *self {
+            Mode::Ar => 1,
+            Mode::Chain { block } | Mode::Tree { block, .. } => block,
+        }
+    }
+    pub fn name(&self) -> String {
+        match *self {
+            Mode::Ar => "ar".into(),
+            Mode::Chain { .. } => "dflash".into(),
+            Mode::Tree { budget, .. } => format!("ddtree:{budget}"),
+        }
+    }
+}
+
+/// Generate. Modes other than [`Mode::Ar`] need a drafter.
+pub fn generate(
+    target: &Target,
+    drafter: Option<&Drafter>,
+    mode: Mode,
+    req: &Request,
+) -> Result<Generation> {
+    check_request(target, req)?;
+    let block_size = mode.block();
+    if block_size == 0 {
+        bail!("block size must be >= 1");
+    }
+    if let Mode::Tree { budget: 0, .. } = mode {
+        bail!("the tree budget must be >= 1");
+    }
+    let drafter = match (drafter, block_size > 1) {
+        (Some(d), true) => Some(d),
+        (None, true) => bail!("{} needs a drafter", mode.name()),
+        _ => None,
+    };
+    if let Some(d) = drafter {
+        if block_size > d.block_size {
+            tracing::warn!(
+                "block size {block_size} is larger than the drafter's trained block {}",
+                d.block_size
+            );
+        }
+    }
+    let taps: Vec<usize> = drafter
+        .map(|d| d.target_layer_ids.clone())
+        .unwrap_or_default();
+    let mut sampler = Sampler::new(req.sampling);
+    let n = req.prompt_ids.len();
+    let max_len = n + req.max_new_tokens;
+
+    // prefill: the whole prompt, causal, taps of every prompt row
+    let t0 = Instant::now();
+    let mut cache = target.new_cache();
+    let positions: Vec<usize> = (0..n).collect();
+    let out = target.forward(
+        &req.prompt_ids,
+        &positions,
+        &causal(0, n),
+        &mut cache,
+        &taps,
+        &Rows::Last,
+    )?;
+    let first = sampler.sample(&row(out.logits.as_ref().unwrap(), 0)?);
+    let mut ctx = if drafter.is_some() {
+        Some(Target::concat_taps(&out.taps)?.unsqueeze(0)?)
+    } else {
+        None
+    };
+    let prefill_secs = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let mut new_tokens = vec![first];
+    let mut rounds = Vec::new();
+    let mut draft_cache = drafter.map(|d| d.new_cache());
+    let mut start = n; // position of the anchor
+    let mut stopped = req.stop_ids.contains(&first);
+    while start + 1 < max_len && !stopped {
+        let anchor = *new_tokens.last().unwrap();
+        let depth = block_size.min(max_len - start);
+        // 1. propose
+        let td = Instant::now();
+        let tree = match (drafter, depth > 1) {
+            (Some(d), true) => {
+                let logits = d.draft(
+                    target,
+                    draft_cache.as_mut().unwrap(),
+                    ctx.as_ref().unwrap(),
+                    anchor,
+                    start,
+                    depth,
+                )?;
+                match mode {
+                    Mode::Tree { budget, top_k, .. } => {
+                        let k = if top_k == 0 { budget } else { top_k };
+                        let rows = logits.to_vec2::<f32>()?;
+                        let top: Vec<Vec<(u32, f32)>> =
+                            rows.iter().map(|r| top_k_logprobs(r, k)).collect();
+                        DraftTree::build(anchor, &top, budget)
+                    }
+                    _ => DraftTree::chain(anchor, &Drafter::argmax_rows(&logits)?),
+                }
+            }
+            _ => DraftTree::chain(anchor, &[]),
+        };
+        let draft_secs = td.elapsed().as_secs_f64();
+        // 2. verify the whole proposal in one target forward
+        let tv = Instant::now();
+        let cache_len = cache.len();
+        let out = target.forward(
+            &tree.tokens,
+            &tree.positions(start),
+            &tree.visibility(cache_len),
+            &mut cache,
+            &taps,
+            &Rows::All,
+        )?;
+        let logits = out.logits.unwrap();
+        let verify_secs = tv.elapsed().as_secs_f64();
+        // 3. walk with the target's own samples
+        let to = Instant::now();
+        let (path, bonus) =
+            tree.walk(|r| Ok::<u32, anyhow::Error>(sampler.sample(&row(&logits, r)?)))?;
+        // 4. commit, cut at max_new_tokens and at the first stop token
+        let mut produced_tokens: Vec<u32> = path.iter().map(|&r| tree.tokens[r]).collect();
+        produced_tokens.push(bonus);
+        let mut produced = produced_tokens.len().min(max_len - start - 1);
+        if let Some(i) = produced_tokens[..produced]
+            .iter()
+            .position(|t| req.stop_ids.contains(t))
+        {
+            produced = i + 1;
+            stopped = true;
+        }
+        new_tokens.extend_from_slice(&produced_tokens[..produced]);
+        start += produced;
+        // the rows whose K/V stay: the anchor and the committed path before the next anchor
+        let kept: Vec<usize> = std::iter::once(0)
+            .chain(path.iter().copied())
+            .take(produced)
+            .collect();
+        compact_cache(&mut cache, cache_len, &kept)?;
+        if drafter.is_some() && depth > 1 {
+            let idx = Tensor::new(
+                kept.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                target.embedding_table().device(),
+            )?;
+            ctx = Some(
+                Target::concat_taps(&out.taps)?
+                    .index_select(&idx, 0)?
+                    .unsqueeze(0)?,
+            );
+        }
+        rounds.push(RoundOutcome {
+            drafted: tree.len() - 1,
+            accepted: path.len(),
+            tau_round: produced,
+            bonus: (produced == path.len() + 1).then_some(bonus),
+            draft_secs,
+            verify_secs,
+            other_secs: to.elapsed().as_secs_f64(),
+            tree_size: matches!(mode, Mode::Tree { .. }).then_some(tree.len() - 1),
+        });
+    }
+    Ok(Generation {
+        new_tokens,
+        rounds,
+        prefill_secs,
+        decode_secs: t1.elapsed().as_secs_f64(),
+        stopped_by_token: stopped,
+    })
+}

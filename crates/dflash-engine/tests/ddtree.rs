@@ -1,0 +1,294 @@
+//! DDTree in the decoding loop: lossless at T = 0 against AR for several budgets, the same
+//! sampling distribution at T > 0, a forced chain reproduces DFlash round by round, and the
+//! compacted cache equals a prefill of the committed sequence. (Tree-mask verify logits equal
+//! per-path sequential forwards: `dflash-model/tests/qwen3_tiny.rs`,
+//! `additive_mask_equals_rows_done_separately`.)
+
+mod common;
+
+use candle_core::{DType, Device};
+use common::*;
+use dflash_core::sampling::SamplingParams;
+use dflash_core::tree::DraftTree;
+use dflash_core::visibility::causal;
+use dflash_engine::decode::compact_cache;
+use dflash_engine::{generate, Mode, Request};
+use dflash_model::drafter::Drafter;
+use dflash_model::drafter_init::{
+    default_mask_token, drafter_config, random_weights, DrafterShape,
+};
+use dflash_model::loader::load_target;
+use dflash_model::weights::TensorStore;
+use dflash_model::Rows;
+
+#[test]
+fn tree_is_lossless_on_the_tiny_target() {
+    let t = tiny();
+    let d = quiet(&t);
+    let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[]);
+    let ar = generate(&t, None, Mode::Ar, &r).unwrap();
+    for budget in [1, 4, 8, 32, 64] {
+        let g = generate(
+            &t,
+            Some(&d),
+            Mode::Tree {
+                block: 8,
+                budget,
+                top_k: 0,
+            },
+            &r,
+        )
+        .unwrap();
+        assert_eq!(g.new_tokens, ar.new_tokens, "budget {budget}");
+        assert!(g.rounds.iter().all(|r| r.tree_size.unwrap() <= budget));
+    }
+}
+
+#[test]
+fn tree_tau_is_at_least_chain_tau_here() {
+    let t = tiny();
+    let d = quiet(&t);
+    let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[]);
+    let chain = generate(&t, Some(&d), Mode::Chain { block: 8 }, &r).unwrap();
+    let tree = generate(
+        &t,
+        Some(&d),
+        Mode::Tree {
+            block: 8,
+            budget: 64,
+            top_k: 0,
+        },
+        &r,
+    )
+    .unwrap();
+    assert!(
+        tree.rounds.len() <= chain.rounds.len(),
+        "tree {} rounds vs chain {}",
+        tree.rounds.len(),
+        chain.rounds.len()
+    );
+}
+
+#[test]
+fn smollm2_tree_is_lossless() {
+    let home = dflash_model::loader::dflash_home();
+    let path = home.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/fetch-assets.sh smollm2",
+        path.display()
+    );
+    let lt = load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    let shape = DrafterShape {
+        layers: 1,
+        block_size: 6,
+        mask_token_id: default_mask_token(&lt.tokenizer).unwrap(),
+        intermediate_size: Some(128),
+        target_layer_ids: None,
+    };
+    let cfg = drafter_config(&lt.target, &shape).unwrap();
+    let d = Drafter::load(
+        cfg.clone(),
+        &TensorStore::new(random_weights(&cfg, 3).unwrap(), DType::F32, Device::Cpu),
+        &lt.target,
+    )
+    .unwrap();
+    for (p, budget) in [("Name three fruits.", 8), ("What is 7 times 6?", 16)] {
+        let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
+        let r = Request {
+            prompt_ids: ids,
+            max_new_tokens: 10,
+            sampling: SamplingParams::default(),
+            stop_ids: lt.tokenizer.stop_ids.clone(),
+        };
+        let ar = generate(&lt.target, None, Mode::Ar, &r).unwrap();
+        let g = generate(
+            &lt.target,
+            Some(&d),
+            Mode::Tree {
+                block: 6,
+                budget,
+                top_k: 0,
+            },
+            &r,
+        )
+        .unwrap();
+        assert_eq!(g.new_tokens, ar.new_tokens, "{p:?} budget {budget}");
+    }
+}
+
+#[test]
+fn forced_chain_reproduces_dflash_round_by_round() {
+    let t = tiny();
+    let d = quiet(&t);
+    let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[]);
+    let chain = generate(&t, Some(&d), Mode::Chain { block: 8 }, &r).unwrap();
+    let tree = generate(
+        &t,
+        Some(&d),
+        Mode::Tree {
+            block: 8,
+            budget: 7,
+            top_k: 1,
+        },
+        &r,
+    )
+    .unwrap();
+    assert_eq!(tree.new_tokens, chain.new_tokens);
+    let a: Vec<(usize, usize, usize)> = chain
+        .rounds
+        .iter()
+        .map(|r| (r.drafted, r.accepted, r.tau_round))
+        .collect();
+    let b: Vec<(usize, usize, usize)> = tree
+        .rounds
+        .iter()
+        .map(|r| (r.drafted, r.accepted, r.tau_round))
+        .collect();
+    assert_eq!(a, b);
+    assert!(
+        a.iter().any(|x| x.1 > 0),
+        "the comparison must include accepted drafts"
+    );
+}
+
+#[test]
+fn compacted_cache_equals_prefill_of_the_committed_sequence() {
+    let t = tiny();
+    let p = tiny_prompt();
+    let n = p.len();
+    let mut cache = t.new_cache();
+    let pos: Vec<usize> = (0..n).collect();
+    t.forward(&p, &pos, &causal(0, n), &mut cache, &[], &Rows::None)
+        .unwrap();
+    // a branching tree: root x → {a, b}, b → {c, d}, d → {e}; commit the path x, b, d (rows 0, 2, 4)
+    let tree = DraftTree {
+        tokens: vec![7, 11, 12, 13, 14, 15],
+        parents: vec![None, Some(0), Some(0), Some(2), Some(2), Some(4)],
+        depths: vec![0, 1, 1, 2, 2, 3],
+    };
+    let cl = cache.len();
+    t.forward(
+        &tree.tokens,
+        &tree.positions(n),
+        &tree.visibility(cl),
+        &mut cache,
+        &[],
+        &Rows::All,
+    )
+    .unwrap();
+    compact_cache(&mut cache, cl, &[0, 2, 4]).unwrap();
+    let committed: Vec<u32> = [p.clone(), vec![7, 12, 14]].concat();
+    let mut fresh = t.new_cache();
+    let pos: Vec<usize> = (0..committed.len()).collect();
+    t.forward(
+        &committed,
+        &pos,
+        &causal(0, committed.len()),
+        &mut fresh,
+        &[],
+        &Rows::None,
+    )
+    .unwrap();
+    assert_eq!(cache.len(), fresh.len());
+    for layer in 0..t.num_layers() {
+        let (ka, va) = cache.layer(layer).unwrap().unwrap();
+        let (kb, vb) = fresh.layer(layer).unwrap().unwrap();
+        let dk = (ka - kb)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let dv = (va - vb)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(
+            dk <= 1e-5 && dv <= 1e-5,
+            "layer {layer}: K diff {dk}, V diff {dv}"
+        );
+    }
+    // and the next forward on the compacted cache equals the fresh one
+    let o1 = t
+        .forward(
+            &[15],
+            &[n + 3],
+            &causal(cache.len(), 1),
+            &mut cache,
+            &[],
+            &Rows::Last,
+        )
+        .unwrap();
+    let o2 = t
+        .forward(
+            &[15],
+            &[n + 3],
+            &causal(fresh.len(), 1),
+            &mut fresh,
+            &[],
+            &Rows::Last,
+        )
+        .unwrap();
+    let d = (o1.logits.unwrap() - o2.logits.unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(d <= 1e-5, "next-step logits differ by {d}");
+}
+
+#[test]
+fn tree_sampling_distribution_equals_ar() {
+    // as lossless.rs::sampling_distribution_equals_ar, with DDTree-8
+    let t = tiny();
+    let d = quiet(&t);
+    let p = loop_prompt();
+    let n = 3000u64;
+    let (mut a, mut b) = (vec![0usize; 256], vec![0usize; 256]);
+    let mut accepted = 0;
+    for s in 0..n {
+        let r = req(&p, 3, SamplingParams::new(0.02, 0.95, 0, s).unwrap(), &[]);
+        a[generate(&t, None, Mode::Ar, &r).unwrap().new_tokens[2] as usize] += 1;
+        let r = req(
+            &p,
+            3,
+            SamplingParams::new(0.02, 0.95, 0, 5_000_000 + s).unwrap(),
+            &[],
+        );
+        let g = generate(
+            &t,
+            Some(&d),
+            Mode::Tree {
+                block: 8,
+                budget: 8,
+                top_k: 0,
+            },
+            &r,
+        )
+        .unwrap();
+        accepted += g.rounds.iter().filter(|r| r.accepted > 0).count();
+        b[g.new_tokens[2] as usize] += 1;
+    }
+    assert!(
+        accepted > n as usize / 10,
+        "too few accepted nodes ({accepted})"
+    );
+    let pv = chi_square_p(&a, &b);
+    assert!(pv > 0.01, "DDTree sampling differs from AR: p = {pv}");
+}
