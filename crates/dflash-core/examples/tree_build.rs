@@ -1,0 +1,59 @@
+//! Benchmark: DDTree construction on the host.
+//! `cargo run --release -p dflash-core --example tree_build -- [budget=512] [block=16] [vocab=151936] [reps=200]`
+//! Times (1) top-K log-probabilities from raw logits rows (K = budget) and (2) the best-first
+//! build from those top-K lists, median over `reps`.
+
+use std::time::Instant;
+
+use dflash_core::tree::{top_k_logprobs, DraftTree};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let a: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().expect("numbers")).collect();
+    let budget = *a.first().unwrap_or(&512);
+    let block = *a.get(1).unwrap_or(&16);
+    let vocab = *a.get(2).unwrap_or(&151_936);
+    let reps = *a.get(3).unwrap_or(&200);
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    // drafter-like rows: a few confident tokens over a noisy floor
+    let rows: Vec<Vec<f32>> = (0..block - 1)
+        .map(|_| {
+            let mut r: Vec<f32> = (0..vocab).map(|_| rng.random::<f32>() * 4.0).collect();
+            let top1 = rng.random_range(0..vocab);
+            r[top1] += 14.0;
+            for _ in 0..7 {
+                let i = rng.random_range(0..vocab);
+                r[i] += 6.0 + 4.0 * rng.random::<f32>();
+            }
+            r
+        })
+        .collect();
+    let mut topk_t = Vec::new();
+    let mut top = Vec::new();
+    for _ in 0..reps.min(20) {
+        let t = Instant::now();
+        top = rows.iter().map(|r| top_k_logprobs(r, budget)).collect::<Vec<_>>();
+        topk_t.push(t.elapsed().as_secs_f64());
+    }
+    let mut build_t = Vec::new();
+    let mut tree = DraftTree::chain(0, &[]);
+    for _ in 0..reps {
+        let t = Instant::now();
+        tree = DraftTree::build(1, &top, budget);
+        build_t.push(t.elapsed().as_secs_f64());
+    }
+    let depth = tree.depths.iter().max().unwrap();
+    println!(
+        "budget {budget}, block {block}, vocab {vocab}: top-K on host {:.3} ms ({} rows), build {:.4} ms ({} nodes, depth {depth})",
+        median(topk_t) * 1e3,
+        block - 1,
+        median(build_t) * 1e3,
+        tree.len() - 1
+    );
+}
