@@ -7,6 +7,8 @@
 use candle_core::{DType, Device, Result, Tensor, D};
 use dflash_core::visibility::Visibility;
 
+use crate::norm::compute_dtype;
+
 /// The additive mask tensor `[rows, cols]` (0 visible, -inf hidden) of a visibility matrix.
 pub fn mask_tensor(v: &Visibility, dtype: DType, device: &Device) -> Result<Tensor> {
     Tensor::from_vec(v.additive(), (v.rows, v.cols), device)?.to_dtype(dtype)
@@ -29,10 +31,11 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> 
     let q = q.contiguous()?.reshape((b, hkv, g * n, d))?;
     let k = k.contiguous()?;
     let v = v.contiguous()?;
-    let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
+    let cd = compute_dtype(dtype);
+    let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(cd)?;
     let scores = scores
         .reshape((b, hkv, g, n, t))?
-        .broadcast_add(&mask.to_dtype(DType::F32)?)?;
+        .broadcast_add(&mask.to_dtype(cd)?)?;
     let probs = softmax_last(&scores)?
         .to_dtype(dtype)?
         .reshape((b, hkv, g * n, t))?;

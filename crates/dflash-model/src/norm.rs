@@ -4,6 +4,15 @@
 
 use candle_core::{DType, Result, Tensor, D};
 
+/// Reductions run in f32, or f64 for f64 models (gradient checks).
+pub fn compute_dtype(d: DType) -> DType {
+    if d == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct RmsNorm {
     pub weight: Tensor,
@@ -17,7 +26,7 @@ impl RmsNorm {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dtype = x.dtype();
-        let xf = x.to_dtype(DType::F32)?;
+        let xf = x.to_dtype(compute_dtype(dtype))?;
         let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
         let normed = xf.broadcast_div(&(var + self.eps)?.sqrt()?)?;
         normed
