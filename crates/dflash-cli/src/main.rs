@@ -2,6 +2,7 @@
 
 mod drafter_cmd;
 mod generate;
+mod train_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -20,6 +21,11 @@ struct Cli {
 enum Command {
     /// Generate text with a target model (AR or speculative).
     Generate(generate::GenerateArgs),
+    /// Training data.
+    #[command(subcommand)]
+    Data(train_cmd::DataCommand),
+    /// Train a drafter.
+    Train(train_cmd::TrainArgs),
     /// Drafter checkpoints.
     #[command(subcommand)]
     Drafter(drafter_cmd::DrafterCommand),
@@ -36,6 +42,8 @@ fn main() {
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Drafter(c) => drafter_cmd::run(c),
+        Command::Data(c) => train_cmd::run_data(c),
+        Command::Train(a) => train_cmd::run_train(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -161,3 +161,37 @@ pub fn load_target(spec: &str, dtype: DType, device: &Device) -> Result<LoadedTa
         })
     }
 }
+
+/// The identity of a target: sha256 over its weight and config files (GGUF: the file; HF
+/// directory: config.json and the safetensors files, in name order). Training data and
+/// drafters record it; the doctor and the trainer compare it.
+pub fn identity_hash(source: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut files: Vec<PathBuf> = if source.is_dir() {
+        std::fs::read_dir(source)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let n = p.file_name().unwrap_or_default().to_string_lossy();
+                n == "config.json" || n.ends_with(".safetensors")
+            })
+            .collect()
+    } else {
+        vec![source.to_path_buf()]
+    };
+    files.sort();
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for f in files {
+        h.update(f.file_name().unwrap_or_default().to_string_lossy().as_bytes());
+        let mut r = std::fs::File::open(&f).with_context(|| format!("hashing {}", f.display()))?;
+        loop {
+            let n = r.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}

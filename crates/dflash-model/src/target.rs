@@ -204,11 +204,11 @@ impl Target {
         Ok(self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?)
     }
 
-    /// The LM head on already-normalised hidden states `[.., hidden]` → f32 logits.
+    /// The LM head on already-normalised hidden states `[.., hidden]` → f32 logits (f64 for f64 models).
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
         Ok(hidden
             .broadcast_matmul(&self.lm_head.t()?)?
-            .to_dtype(DType::F32)?)
+            .to_dtype(crate::norm::compute_dtype(self.dtype))?)
     }
 
     /// The embedding table (frozen, shared with the drafter).

@@ -24,7 +24,7 @@ pub struct TextTokenizer {
     pub stop_ids: Vec<u32>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,

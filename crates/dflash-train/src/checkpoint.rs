@@ -1,0 +1,157 @@
+//! Checkpoints: the drafter alone in z-lab format (loadable by `generate --drafter` and by
+//! `DFlashDraftModel.from_pretrained`) plus `training.json`, and the trainer state beside it.
+//!
+//! ```text
+//! OUT/train_config.json
+//! OUT/metrics.jsonl
+//! OUT/checkpoints/step-000200/drafter/{config.json, model.safetensors, training.json}
+//! OUT/checkpoints/step-000200/trainer/{state.json, moments.safetensors}
+//! OUT/latest                      "step-000200"
+//! OUT/best/{config.json, model.safetensors, training.json}   lowest validation loss
+//! ```
+//! A checkpoint directory is written under a temporary name, synced and renamed into place;
+//! `latest` is replaced atomically afterwards, so a kill at any moment leaves the previous
+//! checkpoint intact.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use dflash_core::config::DrafterConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::config::TrainConfig;
+use crate::data::write_atomic;
+use crate::fingerprint::Fingerprint;
+
+/// Written beside the drafter weights: how it was trained and for which target.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainingRecord {
+    pub train_config: TrainConfig,
+    pub loss: crate::config::LossKind,
+    pub mask_token_id: u32,
+    pub data_target_hash: String,
+    pub data_source: String,
+    pub data_manifest_sha256: String,
+    pub steps: usize,
+    pub train_loss: Option<f64>,
+    pub val_loss: Option<f64>,
+    /// Per-position acceptance and simulated chain τ on the validation sequences.
+    pub val_acceptance: Vec<f64>,
+    pub val_simulated_tau: Option<f64>,
+    pub fingerprint: Fingerprint,
+}
+
+/// The trainer's own state: enough to continue exactly.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub steps_done: usize,
+    pub epoch: usize,
+    /// Next position in this epoch's permutation of the training sequences.
+    pub position: usize,
+    pub adam_step: usize,
+    pub best_val_loss: Option<f64>,
+}
+
+pub fn step_name(step: usize) -> String {
+    format!("step-{step:06}")
+}
+
+fn sync_dir_files(dir: &Path) -> Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_file() {
+            std::fs::File::open(&p)?.sync_all()?;
+        }
+    }
+    Ok(())
+}
+
+/// Write the drafter files (config.json, model.safetensors, training.json) into `dir`.
+pub fn write_drafter_files(dir: &Path, cfg: &DrafterConfig, weights: &HashMap<String, Tensor>, rec: &TrainingRecord) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(cfg)? + "\n")?;
+    let cpu: HashMap<String, Tensor> = weights
+        .iter()
+        .map(|(k, v)| Ok((k.clone(), v.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)))
+        .collect::<Result<_>>()?;
+    candle_core::safetensors::save(&cpu, dir.join("model.safetensors"))?;
+    std::fs::write(dir.join("training.json"), serde_json::to_string_pretty(rec)? + "\n")?;
+    sync_dir_files(dir)
+}
+
+/// Replace `dst` by a directory built in `build` (under a temporary sibling name).
+pub fn replace_dir(dst: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let parent = dst.parent().context("checkpoint path has no parent")?;
+    std::fs::create_dir_all(parent)?;
+    let name = dst.file_name().context("no name")?.to_string_lossy().to_string();
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    if let Err(e) = build(&tmp) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if dst.exists() {
+        std::fs::remove_dir_all(dst)?;
+    }
+    std::fs::rename(&tmp, dst).with_context(|| format!("renaming into {}", dst.display()))?;
+    Ok(())
+}
+
+pub struct CheckpointPaths {
+    pub out: PathBuf,
+}
+
+impl CheckpointPaths {
+    pub fn step_dir(&self, step: usize) -> PathBuf {
+        self.out.join("checkpoints").join(step_name(step))
+    }
+    pub fn latest(&self) -> Result<Option<PathBuf>> {
+        match std::fs::read_to_string(self.out.join("latest")) {
+            Ok(s) => Ok(Some(self.out.join("checkpoints").join(s.trim()))),
+            Err(_) => Ok(None),
+        }
+    }
+    pub fn set_latest(&self, step: usize) -> Result<()> {
+        write_atomic(&self.out.join("latest"), step_name(step).as_bytes())
+    }
+    /// Remove all but the newest `keep` step directories.
+    pub fn prune(&self, keep: usize) -> Result<()> {
+        let dir = self.out.join("checkpoints");
+        let mut steps: Vec<PathBuf> = std::fs::read_dir(&dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-")))
+            .collect();
+        steps.sort();
+        let n = steps.len();
+        for p in steps.into_iter().take(n.saturating_sub(keep.max(1))) {
+            std::fs::remove_dir_all(&p)?;
+        }
+        Ok(())
+    }
+}
+
+/// Save the optimizer moments and the trainer state into `dir`.
+pub fn write_trainer_state(dir: &Path, names: &[String], m: &[Tensor], v: &[Tensor], state: &TrainerState) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut t = HashMap::new();
+    for (i, n) in names.iter().enumerate() {
+        t.insert(format!("m.{n}"), m[i].to_device(&Device::Cpu)?);
+        t.insert(format!("v.{n}"), v[i].to_device(&Device::Cpu)?);
+    }
+    candle_core::safetensors::save(&t, dir.join("moments.safetensors"))?;
+    std::fs::write(dir.join("state.json"), serde_json::to_string_pretty(state)? + "\n")?;
+    sync_dir_files(dir)
+}
+
+pub fn read_trainer_state(dir: &Path, names: &[String], device: &Device) -> Result<(Vec<Tensor>, Vec<Tensor>, TrainerState)> {
+    let state: TrainerState = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("state.json")).with_context(|| format!("reading {}", dir.display()))?,
+    )?;
+    let t = candle_core::safetensors::load(dir.join("moments.safetensors"), device)?;
+    let get = |k: String| t.get(&k).cloned().with_context(|| format!("trainer state lacks {k}"));
+    let m = names.iter().map(|n| get(format!("m.{n}"))).collect::<Result<_>>()?;
+    let v = names.iter().map(|n| get(format!("v.{n}"))).collect::<Result<_>>()?;
+    Ok((m, v, state))
+}

@@ -1,0 +1,144 @@
+//! The training configuration: every knob, saved beside every checkpoint (`train_config.json`).
+
+use serde::{Deserialize, Serialize};
+
+/// Which loss trains the drafter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LossKind {
+    /// Cross-entropy against the token in the sequence (hard labels).
+    Ce,
+    /// KL(target ‖ drafter) against the target's distribution at the label position, from the
+    /// same clean target forward that gives the context features (soft labels).
+    Kl,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    // the drafter
+    pub num_draft_layers: usize,
+    pub block_size: usize,
+    pub intermediate_size: Option<usize>,
+    /// The mask token; default: an unused special token of the target (recorded in the checkpoint).
+    pub mask_token_id: Option<u32>,
+    pub target_layer_ids: Option<Vec<usize>>,
+    /// Seed of the drafter's initial weights.
+    pub init_seed: u64,
+    // the objective
+    pub num_anchors: usize,
+    /// Position decay: row k (k ≥ 1) of a block weighs exp(-(k-1)/gamma).
+    pub gamma: f64,
+    pub loss: LossKind,
+    pub max_length: usize,
+    // the optimizer
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    pub warmup_ratio: f64,
+    pub min_lr_ratio: f64,
+    pub grad_clip: f64,
+    /// Sequences per optimizer step.
+    pub grad_accum: usize,
+    pub epochs: usize,
+    /// Stop after this many optimizer steps (the schedule spans `max_steps` when set).
+    pub max_steps: Option<usize>,
+    // bookkeeping
+    pub seed: u64,
+    pub save_every: usize,
+    pub keep_last: usize,
+    pub val_every: usize,
+    /// Sequences held out from the end of the data for validation.
+    pub val_sequences: usize,
+    pub dtype: String,
+    pub device: String,
+}
+
+impl Default for TrainConfig {
+    /// The DFlash paper / SpecForge recipe.
+    fn default() -> Self {
+        Self {
+            num_draft_layers: 5,
+            block_size: 16,
+            intermediate_size: None,
+            mask_token_id: None,
+            target_layer_ids: None,
+            init_seed: 0,
+            num_anchors: 512,
+            gamma: 7.0,
+            loss: LossKind::Ce,
+            max_length: 3072,
+            lr: 6e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            warmup_ratio: 0.04,
+            min_lr_ratio: 0.0,
+            grad_clip: 1.0,
+            grad_accum: 1,
+            epochs: 6,
+            max_steps: None,
+            seed: 0,
+            save_every: 200,
+            keep_last: 3,
+            val_every: 200,
+            val_sequences: 8,
+            dtype: "f32".into(),
+            device: "cpu".into(),
+        }
+    }
+}
+
+impl TrainConfig {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let bad = |m: &str| Err(anyhow::anyhow!("invalid training config: {m}"));
+        if self.block_size < 2 {
+            return bad("block_size must be >= 2");
+        }
+        if self.num_anchors == 0 || self.grad_accum == 0 || self.num_draft_layers == 0 {
+            return bad("num_anchors, grad_accum and num_draft_layers must be >= 1");
+        }
+        if !(self.lr > 0.0) || !(self.gamma > 0.0) || self.grad_clip < 0.0 {
+            return bad("lr and gamma must be > 0, grad_clip >= 0");
+        }
+        if !(0.0..1.0).contains(&self.warmup_ratio) {
+            return bad("warmup_ratio must be in [0, 1)");
+        }
+        if self.save_every == 0 || self.val_every == 0 {
+            return bad("save_every and val_every must be >= 1");
+        }
+        Ok(())
+    }
+
+    /// Learning rate at optimizer step `step` (0-based) of `total`: linear warmup over
+    /// `warmup_ratio · total` steps, then cosine from `lr` down to `min_lr_ratio · lr`.
+    pub fn lr_at(&self, step: usize, total: usize) -> f64 {
+        let warm = (self.warmup_ratio * total as f64).ceil() as usize;
+        if step < warm {
+            return self.lr * (step + 1) as f64 / warm as f64;
+        }
+        let span = (total - warm).max(1) as f64;
+        let p = ((step - warm) as f64 / span).min(1.0);
+        let min = self.min_lr_ratio * self.lr;
+        min + (self.lr - min) * 0.5 * (1.0 + (std::f64::consts::PI * p).cos())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_warms_up_then_decays() {
+        let c = TrainConfig { lr: 1.0, warmup_ratio: 0.1, ..Default::default() };
+        assert!((c.lr_at(0, 100) - 0.1).abs() < 1e-12);
+        assert!((c.lr_at(9, 100) - 1.0).abs() < 1e-12);
+        assert!((c.lr_at(10, 100) - 1.0).abs() < 1e-12);
+        assert!(c.lr_at(99, 100) < 0.01);
+        let unknown: Result<TrainConfig, _> = serde_json::from_str(r#"{"lrr": 1}"#);
+        assert!(unknown.is_err(), "unknown fields are refused");
+    }
+}

@@ -1,0 +1,130 @@
+//! Training shards: token ids + loss mask per sequence, one JSON object per line, and a
+//! manifest that says which target wrote them and how.
+//!
+//! ```text
+//! DIR/manifest.json       target identity hash, template, sampling, counts, source, shard list
+//! DIR/shard-00000.jsonl   {"ids": [...], "loss_mask": [0, 0, …, 1, 1]}  (1 on response tokens)
+//! ```
+//! Example: prompt of 20 tokens and a response of 30 → 50 ids, loss_mask 20 zeros then 30 ones.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use dflash_core::sampling::SamplingParams;
+use serde::{Deserialize, Serialize};
+
+pub const FORMAT: &str = "dflash-rs-shards-v1";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sequence {
+    pub ids: Vec<u32>,
+    pub loss_mask: Vec<u8>,
+}
+
+impl Sequence {
+    pub fn supervised(&self) -> usize {
+        self.loss_mask.iter().filter(|&&m| m != 0).count()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardInfo {
+    pub file: String,
+    pub sequences: usize,
+    pub tokens: usize,
+    pub supervised_tokens: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    /// sha256 of the target's files (see `dflash_model::loader::identity_hash`).
+    pub target_hash: String,
+    pub target: String,
+    pub chat_template_sha256: Option<String>,
+    pub sampling: SamplingParams,
+    pub max_new_tokens: usize,
+    pub source: String,
+    pub prompts_per_shard: usize,
+    pub shards: Vec<ShardInfo>,
+}
+
+impl Manifest {
+    pub fn sequences(&self) -> usize {
+        self.shards.iter().map(|s| s.sequences).sum()
+    }
+    pub fn supervised_tokens(&self) -> usize {
+        self.shards.iter().map(|s| s.supervised_tokens).sum()
+    }
+}
+
+/// Write `bytes` to `path` atomically: a temporary sibling, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().context("no file name")?.to_string_lossy(),
+        std::process::id()
+    ));
+    {
+        let mut f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
+    Ok(())
+}
+
+pub fn shard_name(i: usize) -> String {
+    format!("shard-{i:05}.jsonl")
+}
+
+pub fn write_shard(path: &Path, seqs: &[Sequence]) -> Result<()> {
+    let mut out = Vec::new();
+    for s in seqs {
+        serde_json::to_writer(&mut out, s)?;
+        out.push(b'\n');
+    }
+    write_atomic(path, &out)
+}
+
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    let p = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&p).with_context(|| format!("{} has no manifest.json: not a dflash-rs data directory", dir.display()))?;
+    let m: Manifest = serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+    if m.format != FORMAT {
+        bail!("{}: unknown data format '{}' (expected {FORMAT})", p.display(), m.format);
+    }
+    Ok(m)
+}
+
+pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
+    write_atomic(&dir.join("manifest.json"), (serde_json::to_string_pretty(m)? + "\n").as_bytes())
+}
+
+/// Every sequence of a data directory, shard by shard, checked.
+pub fn read_sequences(dir: &Path) -> Result<(Manifest, Vec<Sequence>)> {
+    let m = read_manifest(dir)?;
+    let mut seqs = Vec::new();
+    for sh in &m.shards {
+        let p: PathBuf = dir.join(&sh.file);
+        let f = std::fs::File::open(&p).with_context(|| format!("opening shard {}", p.display()))?;
+        for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+            let line = line?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let s: Sequence = serde_json::from_str(&line).with_context(|| format!("{} line {}", p.display(), i + 1))?;
+            if s.ids.len() != s.loss_mask.len() {
+                bail!("{} line {}: {} ids but {} loss-mask entries", p.display(), i + 1, s.ids.len(), s.loss_mask.len());
+            }
+            seqs.push(s);
+        }
+    }
+    if seqs.is_empty() {
+        bail!("{} holds no sequences (empty shards)", dir.display());
+    }
+    Ok((m, seqs))
+}

@@ -1,0 +1,13 @@
+//! dflash-train: data regeneration with the target, anchors, the block-masked loss, AdamW,
+//! checkpoints with exact resume, and the training loop.
+
+pub mod anchors;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod fingerprint;
+pub mod loss;
+pub mod optim;
+pub mod prompts;
+pub mod regen;
+pub mod trainer;

@@ -1,0 +1,166 @@
+//! The block-masked drafter objective, on the one drafter forward.
+//!
+//! For a sequence and its anchors: context features = the target's taps of every position
+//! (one clean causal forward, no gradient); blocks `[token at a, mask × (B-1)]` at positions
+//! `a … a+B-1`, all in one drafter forward with the training mask from the shared rule
+//! (`DraftLayout::Training`); block row k ≥ 1 predicts the token at `a + k` with weight
+//! `exp(-(k-1)/γ) · loss_mask[a+k] · [a+k < L]`; row 0 is not trained;
+//! `loss = Σ w·CE / Σ w` (or `Σ w·KL(target ‖ drafter) / Σ w`).
+//! Example: a = 37, B = 16, γ = 7: rows 1..15 predict tokens 38..52 with weights
+//! 1, e^(-1/7), …, e^(-14/7).
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Tensor, D};
+use dflash_core::stats::simulated_chain_tau;
+use dflash_core::visibility::causal;
+use dflash_model::drafter::{DraftLayout, Drafter};
+use dflash_model::{Rows, Target};
+use serde::{Deserialize, Serialize};
+
+use crate::config::LossKind;
+use crate::data::Sequence;
+
+/// What the target says about a sequence: concatenated taps `[1, L, n_taps·h]` and, for
+/// the KL loss, its logits `[L, vocab]`.
+pub struct Features {
+    pub taps: Tensor,
+    pub target_logits: Option<Tensor>,
+}
+
+/// The clean target forward (no gradient flows into the target: its weights are plain tensors).
+pub fn target_features(target: &Target, taps: &[usize], ids: &[u32], with_logits: bool) -> Result<Features> {
+    let n = ids.len();
+    let pos: Vec<usize> = (0..n).collect();
+    let mut cache = target.new_cache();
+    let rows = if with_logits { Rows::All } else { Rows::None };
+    let out = target.forward(ids, &pos, &causal(0, n), &mut cache, taps, &rows)?;
+    Ok(Features { taps: Target::concat_taps(&out.taps)?.unsqueeze(0)?.detach(), target_logits: out.logits.map(|l| l.detach()) })
+}
+
+/// Per-position acceptance counts: `offered[k-1]` blocks reached row k with rows 1..k-1
+/// all correct (and a supervised label at k); `reached[k-1]` of them also got row k right.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AcceptCounts {
+    pub offered: Vec<u64>,
+    pub reached: Vec<u64>,
+}
+
+impl AcceptCounts {
+    pub fn new(positions: usize) -> Self {
+        Self { offered: vec![0; positions], reached: vec![0; positions] }
+    }
+    pub fn merge(&mut self, o: &AcceptCounts) {
+        if self.offered.len() < o.offered.len() {
+            self.offered.resize(o.offered.len(), 0);
+            self.reached.resize(o.reached.len(), 0);
+        }
+        for (i, (a, b)) in o.offered.iter().zip(&o.reached).enumerate() {
+            self.offered[i] += a;
+            self.reached[i] += b;
+        }
+    }
+    pub fn rates(&self) -> Vec<f64> {
+        self.offered
+            .iter()
+            .zip(&self.reached)
+            .take_while(|(o, _)| **o > 0)
+            .map(|(o, r)| *r as f64 / *o as f64)
+            .collect()
+    }
+    /// The chain τ evaluation would measure from these rates (`dflash_core::stats`).
+    pub fn simulated_tau(&self) -> f64 {
+        simulated_chain_tau(&self.rates())
+    }
+}
+
+pub struct LossOutput {
+    pub loss: Tensor,
+    pub weight_sum: f64,
+    pub counts: AcceptCounts,
+    /// `[n_anchors · (B-1), vocab]`
+    pub draft_logits: Tensor,
+}
+
+/// Labels and weights of every trained row, in block order.
+pub fn labels_and_weights(seq: &Sequence, anchors: &[usize], block: usize, gamma: f64) -> (Vec<u32>, Vec<f32>) {
+    let n = seq.ids.len();
+    let mut labels = Vec::with_capacity(anchors.len() * (block - 1));
+    let mut weights = Vec::with_capacity(labels.capacity());
+    for &a in anchors {
+        for k in 1..block {
+            let p = a + k;
+            let inside = p < n;
+            labels.push(if inside { seq.ids[p] } else { 0 });
+            let m = if inside { seq.loss_mask[p] as f64 } else { 0.0 };
+            weights.push((m * (-((k - 1) as f64) / gamma).exp()) as f32);
+        }
+    }
+    (labels, weights)
+}
+
+pub fn block_loss(
+    drafter: &Drafter,
+    target: &Target,
+    seq: &Sequence,
+    feats: &Features,
+    anchors: &[usize],
+    block: usize,
+    gamma: f64,
+    kind: LossKind,
+) -> Result<LossOutput> {
+    if anchors.is_empty() {
+        bail!("no anchors: the sequence needs two consecutive supervised tokens");
+    }
+    let dev = feats.taps.device().clone();
+    let block_tokens: Vec<u32> = anchors.iter().flat_map(|&a| drafter.block_tokens(seq.ids[a], block)).collect();
+    let emb = drafter.embed_block(target, &block_tokens)?;
+    let layout = DraftLayout::Training { seq_len: seq.ids.len(), anchors, block };
+    let hidden = drafter.forward(&feats.taps, &emb, layout, None)?;
+    let rows: Vec<u32> = (0..anchors.len()).flat_map(|j| (1..block).map(move |k| (j * block + k) as u32)).collect();
+    let idx = Tensor::from_vec(rows.clone(), rows.len(), &dev)?;
+    let logits = drafter.logits(target, &hidden.index_select(&idx, 1)?)?.squeeze(0)?; // [R, V]
+    let (labels, weights) = labels_and_weights(seq, anchors, block, gamma);
+    let wsum: f64 = weights.iter().map(|&w| w as f64).sum();
+    if wsum <= 0.0 {
+        bail!("no supervised label in any block");
+    }
+    let ld = logits.dtype();
+    let w = Tensor::from_vec(weights.clone(), weights.len(), &dev)?.to_dtype(ld)?;
+    let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+    let per_row = match kind {
+        LossKind::Ce => {
+            let lab = Tensor::from_vec(labels.clone(), labels.len(), &dev)?.unsqueeze(1)?;
+            logp.gather(&lab, 1)?.squeeze(1)?.neg()?
+        }
+        LossKind::Kl => {
+            let tl = feats.target_logits.as_ref().expect("KL needs target logits");
+            // the target's prediction of token a+k is its logits at position a+k-1
+            let pos: Vec<u32> = anchors
+                .iter()
+                .flat_map(|&a| (1..block).map(move |k| (a + k - 1).min(seq.ids.len() - 1) as u32))
+                .collect();
+            let tl = tl.index_select(&Tensor::from_vec(pos, rows.len(), &dev)?, 0)?.to_dtype(ld)?;
+            let tlogp = candle_nn::ops::log_softmax(&tl, D::Minus1)?;
+            let p = tlogp.exp()?;
+            (p * (tlogp - &logp)?)?.sum(D::Minus1)?
+        }
+    };
+    let loss = ((per_row * w)?.sum_all()? / wsum)?;
+    // acceptance counts from the argmax
+    let pred: Vec<u32> = logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1()?;
+    let mut counts = AcceptCounts::new(block - 1);
+    for j in 0..anchors.len() {
+        for k in 1..block {
+            let r = j * (block - 1) + (k - 1);
+            if weights[r] == 0.0 {
+                break;
+            }
+            counts.offered[k - 1] += 1;
+            if pred[r] != labels[r] {
+                break;
+            }
+            counts.reached[k - 1] += 1;
+        }
+    }
+    Ok(LossOutput { loss, weight_sum: wsum, counts, draft_logits: logits })
+}

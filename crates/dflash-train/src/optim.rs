@@ -1,0 +1,69 @@
+//! AdamW with explicit, saveable state (f32 master weights and moments), global-norm gradient
+//! clipping. Weight decay applies to matrices only (not to norm weights).
+
+use anyhow::Result;
+use candle_core::{DType, Tensor, Var};
+
+pub struct AdamW {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Optimizer steps taken.
+    pub step: usize,
+    pub m: Vec<Tensor>,
+    pub v: Vec<Tensor>,
+}
+
+impl AdamW {
+    pub fn new(params: &[(String, Var)], beta1: f64, beta2: f64, eps: f64, weight_decay: f64) -> Result<Self> {
+        let zeros = |p: &Var| Tensor::zeros(p.shape(), DType::F32, p.device());
+        Ok(Self {
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            step: 0,
+            m: params.iter().map(|(_, p)| zeros(p)).collect::<candle_core::Result<_>>()?,
+            v: params.iter().map(|(_, p)| zeros(p)).collect::<candle_core::Result<_>>()?,
+        })
+    }
+
+    pub fn update(&mut self, params: &[(String, Var)], grads: &[Tensor], lr: f64) -> Result<()> {
+        self.step += 1;
+        let t = self.step as i32;
+        let (b1, b2) = (self.beta1, self.beta2);
+        let c1 = 1.0 - b1.powi(t);
+        let c2 = 1.0 - b2.powi(t);
+        for (i, ((_, p), g)) in params.iter().zip(grads).enumerate() {
+            let g = g.to_dtype(DType::F32)?;
+            self.m[i] = ((&self.m[i] * b1)? + (&g * (1.0 - b1))?)?;
+            self.v[i] = ((&self.v[i] * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+            let mhat = (&self.m[i] / c1)?;
+            let vhat = (&self.v[i] / c2)?;
+            let upd = (mhat / (vhat.sqrt()? + self.eps)?)?;
+            let w = p.as_tensor().to_dtype(DType::F32)?;
+            let decay = if p.rank() >= 2 { 1.0 - lr * self.weight_decay } else { 1.0 };
+            let new = ((w * decay)? - (upd * lr)?)?;
+            p.set(&new.to_dtype(p.dtype())?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Scale `grads` so their global L2 norm is at most `max_norm` (0: no clipping). Returns the
+/// norm before clipping.
+pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
+    let mut sq = 0.0f64;
+    for g in grads.iter() {
+        sq += g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>()?;
+    }
+    let norm = sq.sqrt();
+    if max_norm > 0.0 && norm > max_norm {
+        let s = max_norm / (norm + 1e-6);
+        for g in grads.iter_mut() {
+            *g = (&*g * s)?;
+        }
+    }
+    Ok(norm)
+}

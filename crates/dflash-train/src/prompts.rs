@@ -1,0 +1,210 @@
+//! Prompt sources for data regeneration: ShareGPT V3 (first human turns), the OpenAI evals
+//! registry (chat-format `input`, capped per file, deduplicated), or any JSONL with `prompt`
+//! or `messages`. Known evaluation sets are refused: training on them would make every
+//! evaluation number meaningless.
+
+use std::collections::HashSet;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use dflash_model::tokenizer::ChatMessage;
+use serde_json::Value;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prompt {
+    pub messages: Vec<ChatMessage>,
+}
+
+/// Files that are evaluation sets (GSM8K test, HumanEval, MT-Bench, MATH-500 / mmath).
+pub fn is_evaluation_file(p: &Path) -> Option<&'static str> {
+    let s = p.to_string_lossy().to_lowercase();
+    if s.contains("gsm8k") && s.contains("test") {
+        Some("GSM8K test")
+    } else if s.contains("humaneval") {
+        Some("HumanEval")
+    } else if s.contains("mt_bench") || s.contains("mt-bench") {
+        Some("MT-Bench")
+    } else if s.contains("math500") || s.contains("math-500") || s.contains("mmath") {
+        Some("MATH-500")
+    } else {
+        None
+    }
+}
+
+fn user(content: String) -> Prompt {
+    Prompt { messages: vec![ChatMessage { role: "user".into(), content }] }
+}
+
+/// ShareGPT's JSON array, record by record; the shipped file is cut off mid-string, so
+/// parsing stops at the first incomplete record and keeps the complete ones.
+pub fn sharegpt(path: &Path) -> Result<Vec<Prompt>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut rest = text.trim_start().strip_prefix('[').context("ShareGPT file is not a JSON array")?;
+    let mut out = Vec::new();
+    loop {
+        rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ',');
+        if rest.is_empty() || rest.starts_with(']') {
+            break;
+        }
+        let mut it = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        match it.next() {
+            Some(Ok(rec)) => {
+                let used = it.byte_offset();
+                rest = &rest[used..];
+                let first_human = rec
+                    .get("conversations")
+                    .and_then(|c| c.as_array())
+                    .and_then(|c| c.iter().find(|t| t.get("from").and_then(|f| f.as_str()) == Some("human")))
+                    .and_then(|t| t.get("value"))
+                    .and_then(|v| v.as_str());
+                if let Some(v) = first_human.filter(|v| !v.trim().is_empty()) {
+                    out.push(user(v.to_string()));
+                }
+            }
+            _ => break, // the truncated tail
+        }
+    }
+    Ok(out)
+}
+
+/// A JSONL file: each line has `prompt` (a string) or `messages` (chat format); lines with
+/// an `input` in chat format (the evals registry) count as `messages`.
+pub fn jsonl(path: &Path, cap: Option<usize>) -> Result<Vec<Prompt>> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(e) => bail!("{} line {}: {e}", path.display(), i + 1),
+        };
+        let p = if let Some(s) = v.get("prompt").and_then(|p| p.as_str()) {
+            Some(user(s.to_string()))
+        } else {
+            let msgs = v.get("messages").or_else(|| v.get("input")).and_then(|m| m.as_array());
+            msgs.map(|m| Prompt {
+                messages: m
+                    .iter()
+                    .filter_map(|t| {
+                        Some(ChatMessage {
+                            role: t.get("role")?.as_str()?.to_string(),
+                            content: t.get("content")?.as_str()?.to_string(),
+                        })
+                    })
+                    .collect(),
+            })
+            .filter(|p| p.messages.iter().any(|m| m.role == "user"))
+        };
+        if let Some(p) = p {
+            out.push(p);
+        }
+        if cap.is_some_and(|c| out.len() >= c) {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+fn walk_jsonl(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            walk_jsonl(&p, out)?;
+        } else if p.extension().is_some_and(|x| x == "jsonl") {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Load prompts from `source`: `sharegpt:PATH`, `evals:DIR` (capped per file), a `.json`
+/// ShareGPT file, a `.jsonl` file, or a directory of `.jsonl` files. Deduplicated, in order.
+pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
+    let (kind, path) = match source.split_once(':') {
+        Some((k @ ("sharegpt" | "evals" | "jsonl"), p)) => (k, PathBuf::from(p)),
+        _ => ("auto", PathBuf::from(source)),
+    };
+    if !path.exists() {
+        bail!("prompt source {} does not exist", path.display());
+    }
+    let mut files = Vec::new();
+    if path.is_dir() {
+        walk_jsonl(&path, &mut files)?;
+        files.sort();
+    } else {
+        files.push(path.clone());
+    }
+    for f in &files {
+        if let Some(name) = is_evaluation_file(f) {
+            bail!("refusing to train on an evaluation set ({name}): {}", f.display());
+        }
+    }
+    let mut prompts = Vec::new();
+    for f in &files {
+        let is_json = f.extension().is_some_and(|x| x == "json");
+        let mut p = if kind == "sharegpt" || (kind == "auto" && is_json) {
+            sharegpt(f)?
+        } else {
+            let cap = (kind == "evals" || path.is_dir()).then_some(cap_per_file);
+            jsonl(f, cap)?
+        };
+        prompts.append(&mut p);
+    }
+    let mut seen = HashSet::new();
+    prompts.retain(|p| seen.insert(serde_json::to_string(&p.messages).unwrap_or_default()));
+    if prompts.is_empty() {
+        bail!("no prompts found in {source}");
+    }
+    Ok(prompts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncated_sharegpt_keeps_complete_records() {
+        let d = std::env::temp_dir().join(format!("sg-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("sg.json");
+        std::fs::write(
+            &p,
+            r#"[{"id":"a","conversations":[{"from":"human","value":"hi there"},{"from":"gpt","value":"x"}]},
+{"id":"b","conversations":[{"from":"gpt","value":"no human"}]},
+{"id":"c","conversations":[{"from":"human","value":"second"}]}, {"id":"d","conversations":[{"from":"human","value":"cut of"#,
+        )
+        .unwrap();
+        let v = sharegpt(&p).unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[1].messages[0].content, "second");
+    }
+
+    #[test]
+    fn evaluation_sets_are_refused() {
+        let d = std::env::temp_dir().join(format!("ev-{}/gsm8k", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("test.jsonl");
+        std::fs::write(&p, "{\"prompt\": \"1+1\"}\n").unwrap();
+        let err = load(p.to_str().unwrap(), 10).unwrap_err().to_string();
+        assert!(err.contains("refusing to train on an evaluation set (GSM8K test)"), "{err}");
+    }
+
+    #[test]
+    fn jsonl_prompt_and_messages_and_dedup() {
+        let d = std::env::temp_dir().join(format!("jl-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("p.jsonl");
+        std::fs::write(
+            &p,
+            "{\"prompt\": \"a\"}\n{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"b\"}]}\n{\"prompt\": \"a\"}\n",
+        )
+        .unwrap();
+        let v = load(p.to_str().unwrap(), 10).unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[1].messages.len(), 2);
+    }
+}

@@ -1,0 +1,366 @@
+//! The training loop. The target (frozen) gives the context features of each sequence from
+//! the same engine and kernels as decoding; the drafter is the same `Drafter` that decodes,
+//! with its weights as variables; the target's embedding and LM head are plain tensors, so
+//! they get no gradient, no update, and are not saved.
+//!
+//! Determinism: the data order of epoch e is a ChaCha8 permutation seeded by (seed, e); the
+//! anchors of sequence i in epoch e are seeded by (seed, e, i); the trainer state stores the
+//! step, the epoch and the position in the permutation, plus the AdamW moments. On CPU at f32
+//! a resumed run therefore reproduces the uninterrupted loss curve bit for bit.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Tensor, Var};
+use dflash_core::config::DrafterConfig;
+use dflash_model::drafter::Drafter;
+use dflash_model::drafter_init::{default_mask_token, drafter_config, random_weights, DrafterShape};
+use dflash_model::loader::{identity_hash, LoadedTarget};
+use dflash_model::weights::TensorStore;
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::anchors;
+use crate::checkpoint::{
+    read_trainer_state, replace_dir, write_drafter_files, write_trainer_state, CheckpointPaths, TrainerState,
+    TrainingRecord,
+};
+use crate::config::{LossKind, TrainConfig};
+use crate::data::{read_sequences, write_atomic, Sequence};
+use crate::fingerprint::fingerprint;
+use crate::loss::{block_loss, target_features, AcceptCounts};
+use crate::optim::{clip_grad_norm, AdamW};
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    pub step: usize,
+    pub epoch: usize,
+    pub loss: f64,
+    pub lr: f64,
+    pub grad_norm: f64,
+    pub supervised_tokens: usize,
+    pub acceptance: Vec<f64>,
+    pub simulated_tau: f64,
+    pub tokens_per_sec: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_simulated_tau: Option<f64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TrainSummary {
+    pub steps: usize,
+    pub last: Option<StepMetrics>,
+    pub latest_checkpoint: Option<PathBuf>,
+}
+
+/// The trainable drafter: named variables (sorted) and the drafter built on them.
+pub struct TrainableDrafter {
+    pub config: DrafterConfig,
+    pub params: Vec<(String, Var)>,
+    pub drafter: Drafter,
+}
+
+impl TrainableDrafter {
+    /// Variables from f32 weights; the drafter computes in the target's dtype.
+    pub fn new(config: DrafterConfig, weights: &HashMap<String, Tensor>, lt: &LoadedTarget) -> Result<Self> {
+        let t = &lt.target;
+        let mut names: Vec<&String> = weights.keys().collect();
+        names.sort();
+        let mut params = Vec::new();
+        let mut map = HashMap::new();
+        for n in names {
+            let var = Var::from_tensor(&weights[n].to_dtype(DType::F32)?.to_device(&t.device)?)?;
+            map.insert(n.clone(), var.as_tensor().clone());
+            params.push((n.clone(), var));
+        }
+        let drafter = Drafter::load(config.clone(), &TensorStore::new(map, t.dtype, t.device.clone()), t)?;
+        Ok(Self { config, params, drafter })
+    }
+
+    pub fn weights(&self) -> HashMap<String, Tensor> {
+        self.params.iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect()
+    }
+}
+
+/// Sequences cut to `max_length`, and the ones without two consecutive supervised tokens
+/// dropped (counted).
+pub fn usable_sequences(seqs: Vec<Sequence>, max_length: usize) -> (Vec<Sequence>, usize) {
+    let mut dropped = 0;
+    let kept = seqs
+        .into_iter()
+        .filter_map(|mut s| {
+            s.ids.truncate(max_length);
+            s.loss_mask.truncate(max_length);
+            if anchors::candidates(&s.loss_mask).is_empty() {
+                dropped += 1;
+                None
+            } else {
+                Some(s)
+            }
+        })
+        .collect();
+    (kept, dropped)
+}
+
+fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..n).collect();
+    p.shuffle(&mut ChaCha8Rng::seed_from_u64(anchors::seed_for(seed, epoch, usize::MAX)));
+    p
+}
+
+/// Loss and acceptance on held-out sequences (fixed anchors).
+pub fn evaluate(td: &TrainableDrafter, lt: &LoadedTarget, cfg: &TrainConfig, seqs: &[Sequence]) -> Result<(f64, AcceptCounts)> {
+    let mut counts = AcceptCounts::new(cfg.block_size - 1);
+    let (mut num, mut den) = (0.0, 0.0);
+    for (i, s) in seqs.iter().enumerate() {
+        let feats = target_features(&lt.target, &td.drafter.target_layer_ids, &s.ids, cfg.loss == LossKind::Kl)?;
+        let a = anchors::sample(&s.loss_mask, cfg.num_anchors, anchors::seed_for(cfg.seed, usize::MAX - 1, i));
+        let out = block_loss(&td.drafter, &lt.target, s, &feats, &a, cfg.block_size, cfg.gamma, cfg.loss)?;
+        num += out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * out.weight_sum;
+        den += out.weight_sum;
+        counts.merge(&out.counts);
+    }
+    Ok((num / den.max(1e-12), counts))
+}
+
+fn sha256_file(p: &Path) -> Result<String> {
+    Ok(Sha256::digest(std::fs::read(p)?).iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Train a drafter for `lt` on the shards in `data_dir`, writing into `out`.
+pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, resume: bool) -> Result<TrainSummary> {
+    cfg.validate()?;
+    let (manifest, seqs) = read_sequences(data_dir)?;
+    let target_hash = identity_hash(&lt.source)?;
+    if manifest.target_hash != target_hash {
+        bail!(
+            "the data in {} was generated by another target (hash {}…), not {} ({}…): regenerate it with this target",
+            data_dir.display(),
+            &manifest.target_hash[..12.min(manifest.target_hash.len())],
+            lt.source.display(),
+            &target_hash[..12]
+        );
+    }
+    let (seqs, dropped) = usable_sequences(seqs, cfg.max_length);
+    if dropped > 0 {
+        eprintln!("note: {dropped} sequence(s) without two consecutive supervised tokens were skipped");
+    }
+    if seqs.is_empty() {
+        bail!("no usable sequence in {}: every sequence has fewer than 2 consecutive supervised tokens", data_dir.display());
+    }
+    let n_val = cfg.val_sequences.min(seqs.len() - 1);
+    let (train_seqs, val_seqs) = seqs.split_at(seqs.len() - n_val);
+    let steps_per_epoch = train_seqs.len().div_ceil(cfg.grad_accum);
+    let total = cfg.max_steps.unwrap_or(cfg.epochs * steps_per_epoch);
+
+    // the drafter
+    let mask = match cfg.mask_token_id {
+        Some(m) => m,
+        None => default_mask_token(&lt.tokenizer).context("the target has no unused special token: set mask_token_id")?,
+    };
+    let shape = DrafterShape {
+        layers: cfg.num_draft_layers,
+        block_size: cfg.block_size,
+        mask_token_id: mask,
+        intermediate_size: cfg.intermediate_size,
+        target_layer_ids: cfg.target_layer_ids.clone(),
+    };
+    let dcfg = drafter_config(&lt.target, &shape)?;
+    let paths = CheckpointPaths { out: out.to_path_buf() };
+    std::fs::create_dir_all(out)?;
+    let cfg_path = out.join("train_config.json");
+    let latest = if resume { paths.latest()? } else { None };
+    if resume {
+        let saved: TrainConfig = serde_json::from_str(
+            &std::fs::read_to_string(&cfg_path).with_context(|| format!("--resume: {} not found", cfg_path.display()))?,
+        )?;
+        if saved != cfg {
+            bail!("--resume: the training config differs from {}", cfg_path.display());
+        }
+        if latest.is_none() {
+            bail!("--resume: {} has no checkpoint yet", out.display());
+        }
+    } else {
+        if paths.latest()?.is_some() {
+            bail!("{} already holds a training run: pass --resume or choose a new --out", out.display());
+        }
+        write_atomic(&cfg_path, (serde_json::to_string_pretty(&cfg)? + "\n").as_bytes())?;
+    }
+    let weights = match &latest {
+        Some(dir) => candle_core::safetensors::load(dir.join("drafter/model.safetensors"), &lt.target.device)?,
+        None => random_weights(&dcfg, cfg.init_seed)?,
+    };
+    let td = TrainableDrafter::new(dcfg.clone(), &weights, lt)?;
+    let names: Vec<String> = td.params.iter().map(|(n, _)| n.clone()).collect();
+    let mut opt = AdamW::new(&td.params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)?;
+    let mut state = TrainerState { steps_done: 0, epoch: 0, position: 0, adam_step: 0, best_val_loss: None };
+    if let Some(dir) = &latest {
+        let (m, v, s) = read_trainer_state(&dir.join("trainer"), &names, &lt.target.device)?;
+        opt.m = m;
+        opt.v = v;
+        opt.step = s.adam_step;
+        state = s;
+        eprintln!("resuming from {} (step {})", dir.display(), state.steps_done);
+    }
+    // the metrics of steps after the checkpoint are recomputed: drop them
+    let metrics_path = out.join("metrics.jsonl");
+    let mut kept_lines = String::new();
+    if let Ok(text) = std::fs::read_to_string(&metrics_path) {
+        for l in text.lines() {
+            if let Ok(m) = serde_json::from_str::<StepMetrics>(l) {
+                if m.step <= state.steps_done && resume {
+                    kept_lines.push_str(l);
+                    kept_lines.push('\n');
+                }
+            }
+        }
+    }
+    write_atomic(&metrics_path, kept_lines.as_bytes())?;
+    let mut metrics_file = std::fs::OpenOptions::new().append(true).open(&metrics_path)?;
+
+    let fp = fingerprint(lt, &td.drafter.target_layer_ids)?;
+    let manifest_sha = sha256_file(&data_dir.join("manifest.json"))?;
+    let pb = ProgressBar::new(total as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} step {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.set_position(state.steps_done as u64);
+    let mut order = permutation(train_seqs.len(), cfg.seed, state.epoch);
+    let mut last: Option<StepMetrics> = None;
+    let mut latest_ckpt = latest.clone();
+    let t0 = Instant::now();
+    let mut tokens_total = 0usize;
+    while state.steps_done < total {
+        // one optimizer step over grad_accum sequences
+        let mut grads: Vec<Option<Tensor>> = vec![None; td.params.len()];
+        let (mut loss_num, mut loss_den) = (0.0, 0.0);
+        let mut counts = AcceptCounts::new(cfg.block_size - 1);
+        let mut sup = 0;
+        for _ in 0..cfg.grad_accum {
+            if state.position >= order.len() {
+                state.epoch += 1;
+                state.position = 0;
+                order = permutation(train_seqs.len(), cfg.seed, state.epoch);
+            }
+            let si = order[state.position];
+            state.position += 1;
+            let s = &train_seqs[si];
+            let feats = target_features(&lt.target, &td.drafter.target_layer_ids, &s.ids, cfg.loss == LossKind::Kl)?;
+            let a = anchors::sample(&s.loss_mask, cfg.num_anchors, anchors::seed_for(cfg.seed, state.epoch, si));
+            let out = block_loss(&td.drafter, &lt.target, s, &feats, &a, cfg.block_size, cfg.gamma, cfg.loss)?;
+            let l = out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            if !l.is_finite() {
+                bail!(
+                    "loss is {l} at step {}: stopping; the last good checkpoint is {}",
+                    state.steps_done + 1,
+                    latest_ckpt.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "none (no checkpoint yet)".into())
+                );
+            }
+            let g = (out.loss / cfg.grad_accum as f64)?.backward()?;
+            for (i, (_, p)) in td.params.iter().enumerate() {
+                if let Some(gi) = g.get(p.as_tensor()) {
+                    grads[i] = Some(match grads[i].take() {
+                        Some(acc) => (acc + gi)?,
+                        None => gi.clone(),
+                    });
+                }
+            }
+            loss_num += l * out.weight_sum;
+            loss_den += out.weight_sum;
+            counts.merge(&out.counts);
+            sup += s.supervised();
+        }
+        let mut grads: Vec<Tensor> = grads
+            .into_iter()
+            .zip(&td.params)
+            .map(|(g, (_, p))| g.map(Ok).unwrap_or_else(|| Tensor::zeros(p.shape(), DType::F32, p.device())))
+            .collect::<candle_core::Result<_>>()?;
+        let grad_norm = clip_grad_norm(&mut grads, cfg.grad_clip)?;
+        if !grad_norm.is_finite() {
+            bail!("gradient norm is {grad_norm} at step {}: stopping", state.steps_done + 1);
+        }
+        let lr = cfg.lr_at(state.steps_done, total);
+        opt.update(&td.params, &grads, lr)?;
+        state.steps_done += 1;
+        state.adam_step = opt.step;
+        tokens_total += sup;
+        let mut m = StepMetrics {
+            step: state.steps_done,
+            epoch: state.epoch,
+            loss: loss_num / loss_den,
+            lr,
+            grad_norm,
+            supervised_tokens: sup,
+            acceptance: counts.rates(),
+            simulated_tau: counts.simulated_tau(),
+            tokens_per_sec: tokens_total as f64 / t0.elapsed().as_secs_f64(),
+            val_loss: None,
+            val_simulated_tau: None,
+        };
+        let save = state.steps_done % cfg.save_every == 0 || state.steps_done == total;
+        let mut val = None;
+        if !val_seqs.is_empty() && (state.steps_done % cfg.val_every == 0 || state.steps_done == total) {
+            let (vl, vc) = evaluate(&td, lt, &cfg, val_seqs)?;
+            m.val_loss = Some(vl);
+            m.val_simulated_tau = Some(vc.simulated_tau());
+            val = Some((vl, vc));
+        }
+        let line = serde_json::to_string(&m)? + "\n";
+        use std::io::Write;
+        metrics_file.write_all(line.as_bytes())?;
+        metrics_file.flush()?;
+        pb.set_position(state.steps_done as u64);
+        pb.set_message(format!("loss {:.4} sim-τ {:.2} {:.0} tok/s", m.loss, m.simulated_tau, m.tokens_per_sec));
+        if save {
+            let is_best = match (&val, state.best_val_loss) {
+                (Some((vl, _)), Some(b)) => *vl < b,
+                (Some(_), None) => true,
+                _ => false,
+            };
+            if let Some((vl, _)) = &val {
+                if is_best {
+                    state.best_val_loss = Some(*vl);
+                }
+            }
+            let rec = TrainingRecord {
+                train_config: cfg.clone(),
+                loss: cfg.loss,
+                mask_token_id: mask,
+                data_target_hash: manifest.target_hash.clone(),
+                data_source: manifest.source.clone(),
+                data_manifest_sha256: manifest_sha.clone(),
+                steps: state.steps_done,
+                train_loss: Some(m.loss),
+                val_loss: val.as_ref().map(|v| v.0),
+                val_acceptance: val.as_ref().map(|v| v.1.rates()).unwrap_or_default(),
+                val_simulated_tau: val.as_ref().map(|v| v.1.simulated_tau()),
+                fingerprint: fp.clone(),
+            };
+            let w = td.weights();
+            let dir = paths.step_dir(state.steps_done);
+            replace_dir(&dir, |tmp| {
+                write_drafter_files(&tmp.join("drafter"), &dcfg, &w, &rec)?;
+                write_trainer_state(&tmp.join("trainer"), &names, &opt.m, &opt.v, &state)
+            })?;
+            paths.set_latest(state.steps_done)?;
+            if is_best {
+                replace_dir(&out.join("best"), |tmp| write_drafter_files(tmp, &dcfg, &w, &rec))?;
+            }
+            paths.prune(cfg.keep_last)?;
+            latest_ckpt = Some(dir);
+        }
+        last = Some(m);
+    }
+    pb.finish_and_clear();
+    Ok(TrainSummary { steps: state.steps_done, last, latest_checkpoint: latest_ckpt })
+}
