@@ -61,13 +61,20 @@ pub fn run_data(cmd: DataCommand) -> Result<()> {
         anyhow::bail!("--shard-size must be >= 1");
     }
     if a.batch_size != 1 {
-        eprintln!("note: --batch-size {} ignored: sequences are generated one at a time", a.batch_size);
+        eprintln!(
+            "note: --batch-size {} ignored: sequences are generated one at a time",
+            a.batch_size
+        );
     }
     let mut ps = prompts::load(&a.prompts, a.cap_per_file)?;
     if let Some(l) = a.limit {
         ps.truncate(l);
     }
-    let lt = load_target(&a.target, dflash_model::dtype(&a.dtype)?, &dflash_model::device(&a.device)?)?;
+    let lt = load_target(
+        &a.target,
+        dflash_model::dtype(&a.dtype)?,
+        &dflash_model::device(&a.device)?,
+    )?;
     eprintln!("{lt}");
     eprintln!("{} prompts from {}", ps.len(), a.prompts);
     let opts = RegenOptions {
@@ -107,12 +114,18 @@ pub struct TrainArgs {
 
 pub fn run_train(a: TrainArgs) -> Result<()> {
     let cfg: TrainConfig = match &a.config {
-        Some(p) => serde_json::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
-            .with_context(|| format!("{} is not a valid training config", p.display()))?,
+        Some(p) => serde_json::from_str(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        )
+        .with_context(|| format!("{} is not a valid training config", p.display()))?,
         None => TrainConfig::default(),
     };
     cfg.validate()?;
-    let lt = load_target(&a.target, dflash_model::dtype(&cfg.dtype)?, &dflash_model::device(&cfg.device)?)?;
+    let lt = load_target(
+        &a.target,
+        dflash_model::dtype(&cfg.dtype)?,
+        &dflash_model::device(&cfg.device)?,
+    )?;
     eprintln!("{lt}");
     let s = train(&lt, &a.data, &a.out, cfg, a.resume)?;
     if let Some(m) = &s.last {
@@ -121,7 +134,9 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
             s.steps,
             m.loss,
             m.simulated_tau,
-            m.val_simulated_tau.map(|t| format!(", validation simulated τ {t:.2}")).unwrap_or_default()
+            m.val_simulated_tau
+                .map(|t| format!(", validation simulated τ {t:.2}"))
+                .unwrap_or_default()
         );
     }
     if let Some(p) = &s.latest_checkpoint {

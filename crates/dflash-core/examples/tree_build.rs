@@ -15,7 +15,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let a: Vec<usize> = std::env::args().skip(1).map(|s| s.parse().expect("numbers")).collect();
+    let a: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|s| s.parse().expect("numbers"))
+        .collect();
     let budget = *a.first().unwrap_or(&512);
     let block = *a.get(1).unwrap_or(&16);
     let vocab = *a.get(2).unwrap_or(&151_936);
@@ -38,7 +41,10 @@ fn main() {
     let mut top = Vec::new();
     for _ in 0..reps.min(20) {
         let t = Instant::now();
-        top = rows.iter().map(|r| top_k_logprobs(r, budget)).collect::<Vec<_>>();
+        top = rows
+            .iter()
+            .map(|r| top_k_logprobs(r, budget))
+            .collect::<Vec<_>>();
         topk_t.push(t.elapsed().as_secs_f64());
     }
     let mut build_t = Vec::new();

@@ -18,21 +18,40 @@ fn main() -> Result<()> {
     let reps: usize = a.get(2).map(|s| s.parse()).transpose()?.unwrap_or(3);
     let lt = load_target(&target, DType::F32, &Device::Cpu)?;
     let t = &lt.target;
-    let prompt: Vec<u32> = (0..cache_len as u32).map(|i| 200 + (i * 7919) % 20000).collect();
+    let prompt: Vec<u32> = (0..cache_len as u32)
+        .map(|i| 200 + (i * 7919) % 20000)
+        .collect();
     let mut cache = t.new_cache();
     let pos: Vec<usize> = (0..cache_len).collect();
-    t.forward(&prompt, &pos, &causal(0, cache_len), &mut cache, &[], &Rows::None)?;
+    t.forward(
+        &prompt,
+        &pos,
+        &causal(0, cache_len),
+        &mut cache,
+        &[],
+        &Rows::None,
+    )?;
     let taps = [1usize, 8, 14, 20, 27].map(|x| x.min(t.num_layers() - 1));
     let mut cases: Vec<(String, DraftTree)> = vec![
         ("ar (1 row)".into(), DraftTree::chain(5, &[])),
-        ("dflash chain B=16".into(), DraftTree::chain(5, &(0..15).map(|i| 300 + i).collect::<Vec<_>>())),
+        (
+            "dflash chain B=16".into(),
+            DraftTree::chain(5, &(0..15).map(|i| 300 + i).collect::<Vec<_>>()),
+        ),
     ];
     for budget in [8usize, 16, 32, 64, 128, 256, 512] {
         // a tree of typical shape: geometric-ish top-K over 15 depths
         let top: Vec<Vec<(u32, f32)>> = (0..15)
-            .map(|d| (0..budget.min(64)).map(|r| (400 + (d * 64 + r) as u32, -0.3 * r as f32 - 0.05 * d as f32)).collect())
+            .map(|d| {
+                (0..budget.min(64))
+                    .map(|r| (400 + (d * 64 + r) as u32, -0.3 * r as f32 - 0.05 * d as f32))
+                    .collect()
+            })
             .collect();
-        cases.push((format!("ddtree budget {budget}"), DraftTree::build(5, &top, budget)));
+        cases.push((
+            format!("ddtree budget {budget}"),
+            DraftTree::build(5, &top, budget),
+        ));
     }
     println!("target {target}, cache {cache_len} rows, f32 CPU, median of {reps}");
     println!("| proposal | rows | ms / verify forward |");
@@ -41,7 +60,14 @@ fn main() -> Result<()> {
         let mut times = Vec::new();
         for _ in 0..reps {
             let tt = Instant::now();
-            t.forward(&tree.tokens, &tree.positions(cache_len), &tree.visibility(cache_len), &mut cache, &taps, &Rows::All)?;
+            t.forward(
+                &tree.tokens,
+                &tree.positions(cache_len),
+                &tree.visibility(cache_len),
+                &mut cache,
+                &taps,
+                &Rows::All,
+            )?;
             times.push(tt.elapsed().as_secs_f64() * 1e3);
             cache.truncate(cache_len);
         }

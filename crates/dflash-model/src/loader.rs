@@ -183,7 +183,12 @@ pub fn identity_hash(source: &Path) -> Result<String> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     for f in files {
-        h.update(f.file_name().unwrap_or_default().to_string_lossy().as_bytes());
+        h.update(
+            f.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .as_bytes(),
+        );
         let mut r = std::fs::File::open(&f).with_context(|| format!("hashing {}", f.display()))?;
         loop {
             let n = r.read(&mut buf)?;

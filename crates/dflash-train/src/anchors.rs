@@ -6,7 +6,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 pub fn candidates(loss_mask: &[u8]) -> Vec<usize> {
-    (0..loss_mask.len().saturating_sub(1)).filter(|&i| loss_mask[i] != 0 && loss_mask[i + 1] != 0).collect()
+    (0..loss_mask.len().saturating_sub(1))
+        .filter(|&i| loss_mask[i] != 0 && loss_mask[i + 1] != 0)
+        .collect()
 }
 
 /// Up to `n` anchors, sorted, drawn with a ChaCha8 seeded by `seed`.
@@ -25,7 +27,9 @@ pub fn sample(loss_mask: &[u8], n: usize, seed: u64) -> Vec<usize> {
 
 /// A per-(run, epoch, sequence) seed: anchors are resampled every epoch, reproducibly.
 pub fn seed_for(seed: u64, epoch: usize, sequence: usize) -> u64 {
-    let mut x = seed ^ 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(epoch as u64 + 1) ^ (sequence as u64).rotate_left(32);
+    let mut x = seed
+        ^ 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(epoch as u64 + 1)
+        ^ (sequence as u64).rotate_left(32);
     // splitmix64 finaliser
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -69,15 +69,26 @@ fn sync_dir_files(dir: &Path) -> Result<()> {
 }
 
 /// Write the drafter files (config.json, model.safetensors, training.json) into `dir`.
-pub fn write_drafter_files(dir: &Path, cfg: &DrafterConfig, weights: &HashMap<String, Tensor>, rec: &TrainingRecord) -> Result<()> {
+pub fn write_drafter_files(
+    dir: &Path,
+    cfg: &DrafterConfig,
+    weights: &HashMap<String, Tensor>,
+    rec: &TrainingRecord,
+) -> Result<()> {
     std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(cfg)? + "\n")?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(cfg)? + "\n",
+    )?;
     let cpu: HashMap<String, Tensor> = weights
         .iter()
         .map(|(k, v)| Ok((k.clone(), v.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)))
         .collect::<Result<_>>()?;
     candle_core::safetensors::save(&cpu, dir.join("model.safetensors"))?;
-    std::fs::write(dir.join("training.json"), serde_json::to_string_pretty(rec)? + "\n")?;
+    std::fs::write(
+        dir.join("training.json"),
+        serde_json::to_string_pretty(rec)? + "\n",
+    )?;
     sync_dir_files(dir)
 }
 
@@ -85,7 +96,11 @@ pub fn write_drafter_files(dir: &Path, cfg: &DrafterConfig, weights: &HashMap<St
 pub fn replace_dir(dst: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let parent = dst.parent().context("checkpoint path has no parent")?;
     std::fs::create_dir_all(parent)?;
-    let name = dst.file_name().context("no name")?.to_string_lossy().to_string();
+    let name = dst
+        .file_name()
+        .context("no name")?
+        .to_string_lossy()
+        .to_string();
     let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     if let Err(e) = build(&tmp) {
@@ -121,7 +136,10 @@ impl CheckpointPaths {
         let dir = self.out.join("checkpoints");
         let mut steps: Vec<PathBuf> = std::fs::read_dir(&dir)?
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("step-")))
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
+            })
             .collect();
         steps.sort();
         let n = steps.len();
@@ -133,7 +151,13 @@ impl CheckpointPaths {
 }
 
 /// Save the optimizer moments and the trainer state into `dir`.
-pub fn write_trainer_state(dir: &Path, names: &[String], m: &[Tensor], v: &[Tensor], state: &TrainerState) -> Result<()> {
+pub fn write_trainer_state(
+    dir: &Path,
+    names: &[String],
+    m: &[Tensor],
+    v: &[Tensor],
+    state: &TrainerState,
+) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut t = HashMap::new();
     for (i, n) in names.iter().enumerate() {
@@ -141,17 +165,35 @@ pub fn write_trainer_state(dir: &Path, names: &[String], m: &[Tensor], v: &[Tens
         t.insert(format!("v.{n}"), v[i].to_device(&Device::Cpu)?);
     }
     candle_core::safetensors::save(&t, dir.join("moments.safetensors"))?;
-    std::fs::write(dir.join("state.json"), serde_json::to_string_pretty(state)? + "\n")?;
+    std::fs::write(
+        dir.join("state.json"),
+        serde_json::to_string_pretty(state)? + "\n",
+    )?;
     sync_dir_files(dir)
 }
 
-pub fn read_trainer_state(dir: &Path, names: &[String], device: &Device) -> Result<(Vec<Tensor>, Vec<Tensor>, TrainerState)> {
+pub fn read_trainer_state(
+    dir: &Path,
+    names: &[String],
+    device: &Device,
+) -> Result<(Vec<Tensor>, Vec<Tensor>, TrainerState)> {
     let state: TrainerState = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("state.json")).with_context(|| format!("reading {}", dir.display()))?,
+        &std::fs::read_to_string(dir.join("state.json"))
+            .with_context(|| format!("reading {}", dir.display()))?,
     )?;
     let t = candle_core::safetensors::load(dir.join("moments.safetensors"), device)?;
-    let get = |k: String| t.get(&k).cloned().with_context(|| format!("trainer state lacks {k}"));
-    let m = names.iter().map(|n| get(format!("m.{n}"))).collect::<Result<_>>()?;
-    let v = names.iter().map(|n| get(format!("v.{n}"))).collect::<Result<_>>()?;
+    let get = |k: String| {
+        t.get(&k)
+            .cloned()
+            .with_context(|| format!("trainer state lacks {k}"))
+    };
+    let m = names
+        .iter()
+        .map(|n| get(format!("m.{n}")))
+        .collect::<Result<_>>()?;
+    let v = names
+        .iter()
+        .map(|n| get(format!("v.{n}")))
+        .collect::<Result<_>>()?;
     Ok((m, v, state))
 }

@@ -133,7 +133,11 @@ mod tests {
 
     #[test]
     fn schedule_warms_up_then_decays() {
-        let c = TrainConfig { lr: 1.0, warmup_ratio: 0.1, ..Default::default() };
+        let c = TrainConfig {
+            lr: 1.0,
+            warmup_ratio: 0.1,
+            ..Default::default()
+        };
         assert!((c.lr_at(0, 100) - 0.1).abs() < 1e-12);
         assert!((c.lr_at(9, 100) - 1.0).abs() < 1e-12);
         assert!((c.lr_at(10, 100) - 1.0).abs() < 1e-12);

@@ -61,7 +61,10 @@ impl Manifest {
 
 /// Write `bytes` to `path` atomically: a temporary sibling, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(
         ".{}.tmp-{}",
@@ -69,7 +72,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         std::process::id()
     ));
     {
-        let mut f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let mut f =
+            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         f.write_all(bytes)?;
         f.sync_all()?;
     }
@@ -92,16 +96,29 @@ pub fn write_shard(path: &Path, seqs: &[Sequence]) -> Result<()> {
 
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
     let p = dir.join("manifest.json");
-    let text = std::fs::read_to_string(&p).with_context(|| format!("{} has no manifest.json: not a dflash-rs data directory", dir.display()))?;
-    let m: Manifest = serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+    let text = std::fs::read_to_string(&p).with_context(|| {
+        format!(
+            "{} has no manifest.json: not a dflash-rs data directory",
+            dir.display()
+        )
+    })?;
+    let m: Manifest =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
     if m.format != FORMAT {
-        bail!("{}: unknown data format '{}' (expected {FORMAT})", p.display(), m.format);
+        bail!(
+            "{}: unknown data format '{}' (expected {FORMAT})",
+            p.display(),
+            m.format
+        );
     }
     Ok(m)
 }
 
 pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
-    write_atomic(&dir.join("manifest.json"), (serde_json::to_string_pretty(m)? + "\n").as_bytes())
+    write_atomic(
+        &dir.join("manifest.json"),
+        (serde_json::to_string_pretty(m)? + "\n").as_bytes(),
+    )
 }
 
 /// Every sequence of a data directory, shard by shard, checked.
@@ -110,15 +127,23 @@ pub fn read_sequences(dir: &Path) -> Result<(Manifest, Vec<Sequence>)> {
     let mut seqs = Vec::new();
     for sh in &m.shards {
         let p: PathBuf = dir.join(&sh.file);
-        let f = std::fs::File::open(&p).with_context(|| format!("opening shard {}", p.display()))?;
+        let f =
+            std::fs::File::open(&p).with_context(|| format!("opening shard {}", p.display()))?;
         for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
             let line = line?;
             if line.trim().is_empty() {
                 continue;
             }
-            let s: Sequence = serde_json::from_str(&line).with_context(|| format!("{} line {}", p.display(), i + 1))?;
+            let s: Sequence = serde_json::from_str(&line)
+                .with_context(|| format!("{} line {}", p.display(), i + 1))?;
             if s.ids.len() != s.loss_mask.len() {
-                bail!("{} line {}: {} ids but {} loss-mask entries", p.display(), i + 1, s.ids.len(), s.loss_mask.len());
+                bail!(
+                    "{} line {}: {} ids but {} loss-mask entries",
+                    p.display(),
+                    i + 1,
+                    s.ids.len(),
+                    s.loss_mask.len()
+                );
             }
             seqs.push(s);
         }

@@ -42,12 +42,22 @@ pub fn fingerprint(lt: &LoadedTarget, taps: &[usize]) -> Result<Fingerprint> {
         let ids = lt.tokenizer.encode(p, false)?;
         let pos: Vec<usize> = (0..ids.len()).collect();
         let mut cache = t.new_cache();
-        let out = t.forward(&ids, &pos, &causal(0, ids.len()), &mut cache, taps, &Rows::None)?;
+        let out = t.forward(
+            &ids,
+            &pos,
+            &causal(0, ids.len()),
+            &mut cache,
+            taps,
+            &Rows::None,
+        )?;
         for (i, h) in out.taps.iter().enumerate() {
             let h = h.to_dtype(DType::F32)?;
             per_tap[i].extend(h.flatten_all()?.to_vec1::<f32>()?);
             if pi == 0 {
-                heads[i] = h.get(ids.len() - 1)?.narrow(D::Minus1, 0, 8)?.to_vec1::<f32>()?;
+                heads[i] = h
+                    .get(ids.len() - 1)?
+                    .narrow(D::Minus1, 0, 8)?
+                    .to_vec1::<f32>()?;
             }
         }
     }
@@ -59,13 +69,22 @@ pub fn fingerprint(lt: &LoadedTarget, taps: &[usize]) -> Result<Fingerprint> {
             let n = v.len() as f64;
             let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
             let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
-            TapStats { tap, mean, std: var.sqrt(), head }
+            TapStats {
+                tap,
+                mean,
+                std: var.sqrt(),
+                head,
+            }
         })
         .collect();
     Ok(Fingerprint {
         target_hash: identity_hash(&lt.source)?,
         dtype: format!("{:?}", t.dtype).to_lowercase(),
-        device: if t.device.is_cpu() { "cpu".into() } else { "cuda".into() },
+        device: if t.device.is_cpu() {
+            "cpu".into()
+        } else {
+            "cuda".into()
+        },
         canary_prompts: CANARY_PROMPTS.iter().map(|s| s.to_string()).collect(),
         taps: stats,
     })

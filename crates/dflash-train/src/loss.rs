@@ -28,13 +28,21 @@ pub struct Features {
 }
 
 /// The clean target forward (no gradient flows into the target: its weights are plain tensors).
-pub fn target_features(target: &Target, taps: &[usize], ids: &[u32], with_logits: bool) -> Result<Features> {
+pub fn target_features(
+    target: &Target,
+    taps: &[usize],
+    ids: &[u32],
+    with_logits: bool,
+) -> Result<Features> {
     let n = ids.len();
     let pos: Vec<usize> = (0..n).collect();
     let mut cache = target.new_cache();
     let rows = if with_logits { Rows::All } else { Rows::None };
     let out = target.forward(ids, &pos, &causal(0, n), &mut cache, taps, &rows)?;
-    Ok(Features { taps: Target::concat_taps(&out.taps)?.unsqueeze(0)?.detach(), target_logits: out.logits.map(|l| l.detach()) })
+    Ok(Features {
+        taps: Target::concat_taps(&out.taps)?.unsqueeze(0)?.detach(),
+        target_logits: out.logits.map(|l| l.detach()),
+    })
 }
 
 /// Per-position acceptance counts: `offered[k-1]` blocks reached row k with rows 1..k-1
@@ -47,7 +55,10 @@ pub struct AcceptCounts {
 
 impl AcceptCounts {
     pub fn new(positions: usize) -> Self {
-        Self { offered: vec![0; positions], reached: vec![0; positions] }
+        Self {
+            offered: vec![0; positions],
+            reached: vec![0; positions],
+        }
     }
     pub fn merge(&mut self, o: &AcceptCounts) {
         if self.offered.len() < o.offered.len() {
@@ -82,7 +93,12 @@ pub struct LossOutput {
 }
 
 /// Labels and weights of every trained row, in block order.
-pub fn labels_and_weights(seq: &Sequence, anchors: &[usize], block: usize, gamma: f64) -> (Vec<u32>, Vec<f32>) {
+pub fn labels_and_weights(
+    seq: &Sequence,
+    anchors: &[usize],
+    block: usize,
+    gamma: f64,
+) -> (Vec<u32>, Vec<f32>) {
     let n = seq.ids.len();
     let mut labels = Vec::with_capacity(anchors.len() * (block - 1));
     let mut weights = Vec::with_capacity(labels.capacity());
@@ -112,13 +128,24 @@ pub fn block_loss(
         bail!("no anchors: the sequence needs two consecutive supervised tokens");
     }
     let dev = feats.taps.device().clone();
-    let block_tokens: Vec<u32> = anchors.iter().flat_map(|&a| drafter.block_tokens(seq.ids[a], block)).collect();
+    let block_tokens: Vec<u32> = anchors
+        .iter()
+        .flat_map(|&a| drafter.block_tokens(seq.ids[a], block))
+        .collect();
     let emb = drafter.embed_block(target, &block_tokens)?;
-    let layout = DraftLayout::Training { seq_len: seq.ids.len(), anchors, block };
+    let layout = DraftLayout::Training {
+        seq_len: seq.ids.len(),
+        anchors,
+        block,
+    };
     let hidden = drafter.forward(&feats.taps, &emb, layout, None)?;
-    let rows: Vec<u32> = (0..anchors.len()).flat_map(|j| (1..block).map(move |k| (j * block + k) as u32)).collect();
+    let rows: Vec<u32> = (0..anchors.len())
+        .flat_map(|j| (1..block).map(move |k| (j * block + k) as u32))
+        .collect();
     let idx = Tensor::from_vec(rows.clone(), rows.len(), &dev)?;
-    let logits = drafter.logits(target, &hidden.index_select(&idx, 1)?)?.squeeze(0)?; // [R, V]
+    let logits = drafter
+        .logits(target, &hidden.index_select(&idx, 1)?)?
+        .squeeze(0)?; // [R, V]
     let (labels, weights) = labels_and_weights(seq, anchors, block, gamma);
     let wsum: f64 = weights.iter().map(|&w| w as f64).sum();
     if wsum <= 0.0 {
@@ -133,13 +160,18 @@ pub fn block_loss(
             logp.gather(&lab, 1)?.squeeze(1)?.neg()?
         }
         LossKind::Kl => {
-            let tl = feats.target_logits.as_ref().expect("KL needs target logits");
+            let tl = feats
+                .target_logits
+                .as_ref()
+                .expect("KL needs target logits");
             // the target's prediction of token a+k is its logits at position a+k-1
             let pos: Vec<u32> = anchors
                 .iter()
                 .flat_map(|&a| (1..block).map(move |k| (a + k - 1).min(seq.ids.len() - 1) as u32))
                 .collect();
-            let tl = tl.index_select(&Tensor::from_vec(pos, rows.len(), &dev)?, 0)?.to_dtype(ld)?;
+            let tl = tl
+                .index_select(&Tensor::from_vec(pos, rows.len(), &dev)?, 0)?
+                .to_dtype(ld)?;
             let tlogp = candle_nn::ops::log_softmax(&tl, D::Minus1)?;
             let p = tlogp.exp()?;
             (p * (tlogp - &logp)?)?.sum(D::Minus1)?
@@ -162,5 +194,10 @@ pub fn block_loss(
             counts.reached[k - 1] += 1;
         }
     }
-    Ok(LossOutput { loss, weight_sum: wsum, counts, draft_logits: logits })
+    Ok(LossOutput {
+        loss,
+        weight_sum: wsum,
+        counts,
+        draft_logits: logits,
+    })
 }

@@ -16,16 +16,28 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    pub fn new(params: &[(String, Var)], beta1: f64, beta2: f64, eps: f64, weight_decay: f64) -> Result<Self> {
-        let zeros = |p: &Var| Tensor::zeros(p.shape(), DType::F32, p.device());
+    pub fn new(
+        params: &[(String, Var)],
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+        weight_decay: f64,
+    ) -> Result<Self> {
+        let zeros = |p: &Var| Tensor::zeros(p.shape(), p.dtype(), p.device());
         Ok(Self {
             beta1,
             beta2,
             eps,
             weight_decay,
             step: 0,
-            m: params.iter().map(|(_, p)| zeros(p)).collect::<candle_core::Result<_>>()?,
-            v: params.iter().map(|(_, p)| zeros(p)).collect::<candle_core::Result<_>>()?,
+            m: params
+                .iter()
+                .map(|(_, p)| zeros(p))
+                .collect::<candle_core::Result<_>>()?,
+            v: params
+                .iter()
+                .map(|(_, p)| zeros(p))
+                .collect::<candle_core::Result<_>>()?,
         })
     }
 
@@ -36,16 +48,20 @@ impl AdamW {
         let c1 = 1.0 - b1.powi(t);
         let c2 = 1.0 - b2.powi(t);
         for (i, ((_, p), g)) in params.iter().zip(grads).enumerate() {
-            let g = g.to_dtype(DType::F32)?;
+            let g = g.to_dtype(p.dtype())?;
             self.m[i] = ((&self.m[i] * b1)? + (&g * (1.0 - b1))?)?;
             self.v[i] = ((&self.v[i] * b2)? + (g.sqr()? * (1.0 - b2))?)?;
             let mhat = (&self.m[i] / c1)?;
             let vhat = (&self.v[i] / c2)?;
             let upd = (mhat / (vhat.sqrt()? + self.eps)?)?;
-            let w = p.as_tensor().to_dtype(DType::F32)?;
-            let decay = if p.rank() >= 2 { 1.0 - lr * self.weight_decay } else { 1.0 };
+            let w = p.as_tensor();
+            let decay = if p.rank() >= 2 {
+                1.0 - lr * self.weight_decay
+            } else {
+                1.0
+            };
             let new = ((w * decay)? - (upd * lr)?)?;
-            p.set(&new.to_dtype(p.dtype())?)?;
+            p.set(&new)?;
         }
         Ok(())
     }
@@ -56,7 +72,11 @@ impl AdamW {
 pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
     let mut sq = 0.0f64;
     for g in grads.iter() {
-        sq += g.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>()?;
+        sq += g
+            .to_dtype(DType::F64)?
+            .sqr()?
+            .sum_all()?
+            .to_scalar::<f64>()?;
     }
     let norm = sq.sqrt();
     if max_norm > 0.0 && norm > max_norm {

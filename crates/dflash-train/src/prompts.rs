@@ -33,14 +33,23 @@ pub fn is_evaluation_file(p: &Path) -> Option<&'static str> {
 }
 
 fn user(content: String) -> Prompt {
-    Prompt { messages: vec![ChatMessage { role: "user".into(), content }] }
+    Prompt {
+        messages: vec![ChatMessage {
+            role: "user".into(),
+            content,
+        }],
+    }
 }
 
 /// ShareGPT's JSON array, record by record; the shipped file is cut off mid-string, so
 /// parsing stops at the first incomplete record and keeps the complete ones.
 pub fn sharegpt(path: &Path) -> Result<Vec<Prompt>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut rest = text.trim_start().strip_prefix('[').context("ShareGPT file is not a JSON array")?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut rest = text
+        .trim_start()
+        .strip_prefix('[')
+        .context("ShareGPT file is not a JSON array")?;
     let mut out = Vec::new();
     loop {
         rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ',');
@@ -55,7 +64,10 @@ pub fn sharegpt(path: &Path) -> Result<Vec<Prompt>> {
                 let first_human = rec
                     .get("conversations")
                     .and_then(|c| c.as_array())
-                    .and_then(|c| c.iter().find(|t| t.get("from").and_then(|f| f.as_str()) == Some("human")))
+                    .and_then(|c| {
+                        c.iter()
+                            .find(|t| t.get("from").and_then(|f| f.as_str()) == Some("human"))
+                    })
                     .and_then(|t| t.get("value"))
                     .and_then(|v| v.as_str());
                 if let Some(v) = first_human.filter(|v| !v.trim().is_empty()) {
@@ -85,7 +97,10 @@ pub fn jsonl(path: &Path, cap: Option<usize>) -> Result<Vec<Prompt>> {
         let p = if let Some(s) = v.get("prompt").and_then(|p| p.as_str()) {
             Some(user(s.to_string()))
         } else {
-            let msgs = v.get("messages").or_else(|| v.get("input")).and_then(|m| m.as_array());
+            let msgs = v
+                .get("messages")
+                .or_else(|| v.get("input"))
+                .and_then(|m| m.as_array());
             msgs.map(|m| Prompt {
                 messages: m
                     .iter()
@@ -140,7 +155,10 @@ pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
     }
     for f in &files {
         if let Some(name) = is_evaluation_file(f) {
-            bail!("refusing to train on an evaluation set ({name}): {}", f.display());
+            bail!(
+                "refusing to train on an evaluation set ({name}): {}",
+                f.display()
+            );
         }
     }
     let mut prompts = Vec::new();
@@ -190,7 +208,10 @@ mod tests {
         let p = d.join("test.jsonl");
         std::fs::write(&p, "{\"prompt\": \"1+1\"}\n").unwrap();
         let err = load(p.to_str().unwrap(), 10).unwrap_err().to_string();
-        assert!(err.contains("refusing to train on an evaluation set (GSM8K test)"), "{err}");
+        assert!(
+            err.contains("refusing to train on an evaluation set (GSM8K test)"),
+            "{err}"
+        );
     }
 
     #[test]

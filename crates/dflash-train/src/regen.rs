@@ -14,7 +14,9 @@ use dflash_model::loader::{identity_hash, LoadedTarget};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
-use crate::data::{read_manifest, shard_name, write_manifest, write_shard, Manifest, Sequence, ShardInfo, FORMAT};
+use crate::data::{
+    read_manifest, shard_name, write_manifest, write_shard, Manifest, Sequence, ShardInfo, FORMAT,
+};
 use crate::prompts::Prompt;
 
 pub struct RegenOptions {
@@ -26,40 +28,72 @@ pub struct RegenOptions {
 }
 
 fn sha256_hex(s: &str) -> String {
-    Sha256::digest(s.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// One prompt → one training sequence.
-pub fn regenerate_one(lt: &LoadedTarget, prompt: &Prompt, opts: &RegenOptions, seed: u64) -> Result<Sequence> {
+pub fn regenerate_one(
+    lt: &LoadedTarget,
+    prompt: &Prompt,
+    opts: &RegenOptions,
+    seed: u64,
+) -> Result<Sequence> {
     let text = lt.tokenizer.apply_chat_template(&prompt.messages)?;
     let ids = lt.tokenizer.encode(&text, false)?;
     let ctx = lt.target.config.max_position_embeddings;
     let max_new = opts.max_new_tokens.min(ctx.saturating_sub(ids.len()));
     if max_new == 0 {
-        bail!("prompt of {} tokens leaves no room in the context ({ctx})", ids.len());
+        bail!(
+            "prompt of {} tokens leaves no room in the context ({ctx})",
+            ids.len()
+        );
     }
     let mut sampling = opts.sampling;
     sampling.seed = seed;
-    let req = Request { prompt_ids: ids.clone(), max_new_tokens: max_new, sampling, stop_ids: lt.tokenizer.stop_ids.clone() };
+    let req = Request {
+        prompt_ids: ids.clone(),
+        max_new_tokens: max_new,
+        sampling,
+        stop_ids: lt.tokenizer.stop_ids.clone(),
+    };
     let g = generate(&lt.target, None, Mode::Ar, &req)?;
     let mut loss_mask = vec![0u8; ids.len()];
     loss_mask.extend(std::iter::repeat_n(1u8, g.new_tokens.len()));
     let mut all = ids;
     all.extend_from_slice(&g.new_tokens);
-    Ok(Sequence { ids: all, loss_mask })
+    Ok(Sequence {
+        ids: all,
+        loss_mask,
+    })
 }
 
 /// Regenerate responses for `prompts` into `out` (resumable).
-pub fn regenerate(lt: &LoadedTarget, prompts: &[Prompt], out: &Path, opts: &RegenOptions) -> Result<Manifest> {
+pub fn regenerate(
+    lt: &LoadedTarget,
+    prompts: &[Prompt],
+    out: &Path,
+    opts: &RegenOptions,
+) -> Result<Manifest> {
     std::fs::create_dir_all(out)?;
     let target_hash = identity_hash(&lt.source)?;
     let mut manifest = match read_manifest(out) {
         Ok(m) => {
             if m.target_hash != target_hash {
-                bail!("{} was written by another target (hash {} ≠ {})", out.display(), m.target_hash, target_hash);
+                bail!(
+                    "{} was written by another target (hash {} ≠ {})",
+                    out.display(),
+                    m.target_hash,
+                    target_hash
+                );
             }
             if m.prompts_per_shard != opts.prompts_per_shard || m.source != opts.source {
-                bail!("{} was written with another source or shard size; use a new --out", out.display());
+                bail!(
+                    "{} was written with another source or shard size; use a new --out",
+                    out.display()
+                );
             }
             m
         }
@@ -79,14 +113,17 @@ pub fn regenerate(lt: &LoadedTarget, prompts: &[Prompt], out: &Path, opts: &Rege
     let done: usize = manifest.shards.len();
     let pb = ProgressBar::new(prompts.len() as u64);
     pb.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} prompts [{elapsed_precise} < {eta_precise}] {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} prompts [{elapsed_precise} < {eta_precise}] {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     pb.set_position((done * opts.prompts_per_shard).min(prompts.len()) as u64);
     let mut tokens_done = 0usize;
     let t0 = std::time::Instant::now();
     for k in done..n_shards {
-        let chunk = &prompts[k * opts.prompts_per_shard..((k + 1) * opts.prompts_per_shard).min(prompts.len())];
+        let chunk = &prompts
+            [k * opts.prompts_per_shard..((k + 1) * opts.prompts_per_shard).min(prompts.len())];
         let mut seqs = Vec::with_capacity(chunk.len());
         for (j, p) in chunk.iter().enumerate() {
             let idx = k * opts.prompts_per_shard + j;
@@ -98,7 +135,10 @@ pub fn regenerate(lt: &LoadedTarget, prompts: &[Prompt], out: &Path, opts: &Rege
                 Err(e) => tracing::warn!("prompt {idx} skipped: {e:#}"),
             }
             pb.inc(1);
-            pb.set_message(format!("{:.1} tok/s", tokens_done as f64 / t0.elapsed().as_secs_f64()));
+            pb.set_message(format!(
+                "{:.1} tok/s",
+                tokens_done as f64 / t0.elapsed().as_secs_f64()
+            ));
         }
         let file = shard_name(k);
         write_shard(&out.join(&file), &seqs)?;

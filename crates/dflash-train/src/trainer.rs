@@ -16,7 +16,9 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, Var};
 use dflash_core::config::DrafterConfig;
 use dflash_model::drafter::Drafter;
-use dflash_model::drafter_init::{default_mask_token, drafter_config, random_weights, DrafterShape};
+use dflash_model::drafter_init::{
+    default_mask_token, drafter_config, random_weights, DrafterShape,
+};
 use dflash_model::loader::{identity_hash, LoadedTarget};
 use dflash_model::weights::TensorStore;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -28,8 +30,8 @@ use sha2::{Digest, Sha256};
 
 use crate::anchors;
 use crate::checkpoint::{
-    read_trainer_state, replace_dir, write_drafter_files, write_trainer_state, CheckpointPaths, TrainerState,
-    TrainingRecord,
+    read_trainer_state, replace_dir, write_drafter_files, write_trainer_state, CheckpointPaths,
+    TrainerState, TrainingRecord,
 };
 use crate::config::{LossKind, TrainConfig};
 use crate::data::{read_sequences, write_atomic, Sequence};
@@ -70,24 +72,41 @@ pub struct TrainableDrafter {
 }
 
 impl TrainableDrafter {
-    /// Variables from f32 weights; the drafter computes in the target's dtype.
-    pub fn new(config: DrafterConfig, weights: &HashMap<String, Tensor>, lt: &LoadedTarget) -> Result<Self> {
+    /// f32 variables (f64 for an f64 target: gradient checks); the drafter computes in the
+    /// target's dtype (bf16 on GPU), so the variables are the master weights.
+    pub fn new(
+        config: DrafterConfig,
+        weights: &HashMap<String, Tensor>,
+        lt: &LoadedTarget,
+    ) -> Result<Self> {
         let t = &lt.target;
+        let master = dflash_model::norm::compute_dtype(t.dtype);
         let mut names: Vec<&String> = weights.keys().collect();
         names.sort();
         let mut params = Vec::new();
         let mut map = HashMap::new();
         for n in names {
-            let var = Var::from_tensor(&weights[n].to_dtype(DType::F32)?.to_device(&t.device)?)?;
+            let var = Var::from_tensor(&weights[n].to_dtype(master)?.to_device(&t.device)?)?;
             map.insert(n.clone(), var.as_tensor().clone());
             params.push((n.clone(), var));
         }
-        let drafter = Drafter::load(config.clone(), &TensorStore::new(map, t.dtype, t.device.clone()), t)?;
-        Ok(Self { config, params, drafter })
+        let drafter = Drafter::load(
+            config.clone(),
+            &TensorStore::new(map, t.dtype, t.device.clone()),
+            t,
+        )?;
+        Ok(Self {
+            config,
+            params,
+            drafter,
+        })
     }
 
     pub fn weights(&self) -> HashMap<String, Tensor> {
-        self.params.iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect()
+        self.params
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect()
     }
 }
 
@@ -113,18 +132,45 @@ pub fn usable_sequences(seqs: Vec<Sequence>, max_length: usize) -> (Vec<Sequence
 
 fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     let mut p: Vec<usize> = (0..n).collect();
-    p.shuffle(&mut ChaCha8Rng::seed_from_u64(anchors::seed_for(seed, epoch, usize::MAX)));
+    p.shuffle(&mut ChaCha8Rng::seed_from_u64(anchors::seed_for(
+        seed,
+        epoch,
+        usize::MAX,
+    )));
     p
 }
 
 /// Loss and acceptance on held-out sequences (fixed anchors).
-pub fn evaluate(td: &TrainableDrafter, lt: &LoadedTarget, cfg: &TrainConfig, seqs: &[Sequence]) -> Result<(f64, AcceptCounts)> {
+pub fn evaluate(
+    td: &TrainableDrafter,
+    lt: &LoadedTarget,
+    cfg: &TrainConfig,
+    seqs: &[Sequence],
+) -> Result<(f64, AcceptCounts)> {
     let mut counts = AcceptCounts::new(cfg.block_size - 1);
     let (mut num, mut den) = (0.0, 0.0);
     for (i, s) in seqs.iter().enumerate() {
-        let feats = target_features(&lt.target, &td.drafter.target_layer_ids, &s.ids, cfg.loss == LossKind::Kl)?;
-        let a = anchors::sample(&s.loss_mask, cfg.num_anchors, anchors::seed_for(cfg.seed, usize::MAX - 1, i));
-        let out = block_loss(&td.drafter, &lt.target, s, &feats, &a, cfg.block_size, cfg.gamma, cfg.loss)?;
+        let feats = target_features(
+            &lt.target,
+            &td.drafter.target_layer_ids,
+            &s.ids,
+            cfg.loss == LossKind::Kl,
+        )?;
+        let a = anchors::sample(
+            &s.loss_mask,
+            cfg.num_anchors,
+            anchors::seed_for(cfg.seed, usize::MAX - 1, i),
+        );
+        let out = block_loss(
+            &td.drafter,
+            &lt.target,
+            s,
+            &feats,
+            &a,
+            cfg.block_size,
+            cfg.gamma,
+            cfg.loss,
+        )?;
         num += out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * out.weight_sum;
         den += out.weight_sum;
         counts.merge(&out.counts);
@@ -133,11 +179,20 @@ pub fn evaluate(td: &TrainableDrafter, lt: &LoadedTarget, cfg: &TrainConfig, seq
 }
 
 fn sha256_file(p: &Path) -> Result<String> {
-    Ok(Sha256::digest(std::fs::read(p)?).iter().map(|b| format!("{b:02x}")).collect())
+    Ok(Sha256::digest(std::fs::read(p)?)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
 }
 
 /// Train a drafter for `lt` on the shards in `data_dir`, writing into `out`.
-pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, resume: bool) -> Result<TrainSummary> {
+pub fn train(
+    lt: &LoadedTarget,
+    data_dir: &Path,
+    out: &Path,
+    cfg: TrainConfig,
+    resume: bool,
+) -> Result<TrainSummary> {
     cfg.validate()?;
     let (manifest, seqs) = read_sequences(data_dir)?;
     let target_hash = identity_hash(&lt.source)?;
@@ -152,7 +207,9 @@ pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, r
     }
     let (seqs, dropped) = usable_sequences(seqs, cfg.max_length);
     if dropped > 0 {
-        eprintln!("note: {dropped} sequence(s) without two consecutive supervised tokens were skipped");
+        eprintln!(
+            "note: {dropped} sequence(s) without two consecutive supervised tokens were skipped"
+        );
     }
     if seqs.is_empty() {
         bail!("no usable sequence in {}: every sequence has fewer than 2 consecutive supervised tokens", data_dir.display());
@@ -165,7 +222,8 @@ pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, r
     // the drafter
     let mask = match cfg.mask_token_id {
         Some(m) => m,
-        None => default_mask_token(&lt.tokenizer).context("the target has no unused special token: set mask_token_id")?,
+        None => default_mask_token(&lt.tokenizer)
+            .context("the target has no unused special token: set mask_token_id")?,
     };
     let shape = DrafterShape {
         layers: cfg.num_draft_layers,
@@ -175,41 +233,66 @@ pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, r
         target_layer_ids: cfg.target_layer_ids.clone(),
     };
     let dcfg = drafter_config(&lt.target, &shape)?;
-    let paths = CheckpointPaths { out: out.to_path_buf() };
+    let paths = CheckpointPaths {
+        out: out.to_path_buf(),
+    };
     std::fs::create_dir_all(out)?;
     let cfg_path = out.join("train_config.json");
     let latest = if resume { paths.latest()? } else { None };
     if resume {
         let saved: TrainConfig = serde_json::from_str(
-            &std::fs::read_to_string(&cfg_path).with_context(|| format!("--resume: {} not found", cfg_path.display()))?,
+            &std::fs::read_to_string(&cfg_path)
+                .with_context(|| format!("--resume: {} not found", cfg_path.display()))?,
         )?;
         if saved != cfg {
-            bail!("--resume: the training config differs from {}", cfg_path.display());
+            bail!(
+                "--resume: the training config differs from {}",
+                cfg_path.display()
+            );
         }
         if latest.is_none() {
             bail!("--resume: {} has no checkpoint yet", out.display());
         }
     } else {
         if paths.latest()?.is_some() {
-            bail!("{} already holds a training run: pass --resume or choose a new --out", out.display());
+            bail!(
+                "{} already holds a training run: pass --resume or choose a new --out",
+                out.display()
+            );
         }
-        write_atomic(&cfg_path, (serde_json::to_string_pretty(&cfg)? + "\n").as_bytes())?;
+        write_atomic(
+            &cfg_path,
+            (serde_json::to_string_pretty(&cfg)? + "\n").as_bytes(),
+        )?;
     }
     let weights = match &latest {
-        Some(dir) => candle_core::safetensors::load(dir.join("drafter/model.safetensors"), &lt.target.device)?,
+        Some(dir) => candle_core::safetensors::load(
+            dir.join("drafter/model.safetensors"),
+            &lt.target.device,
+        )?,
         None => random_weights(&dcfg, cfg.init_seed)?,
     };
     let td = TrainableDrafter::new(dcfg.clone(), &weights, lt)?;
     let names: Vec<String> = td.params.iter().map(|(n, _)| n.clone()).collect();
     let mut opt = AdamW::new(&td.params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)?;
-    let mut state = TrainerState { steps_done: 0, epoch: 0, position: 0, adam_step: 0, best_val_loss: None };
+    let mut state = TrainerState {
+        steps_done: 0,
+        epoch: 0,
+        position: 0,
+        adam_step: 0,
+        best_val_loss: None,
+    };
     if let Some(dir) = &latest {
         let (m, v, s) = read_trainer_state(&dir.join("trainer"), &names, &lt.target.device)?;
         opt.m = m;
         opt.v = v;
         opt.step = s.adam_step;
         state = s;
-        eprintln!("resuming from {} (step {})", dir.display(), state.steps_done);
+        eprintln!(
+            "resuming from {} (step {})",
+            dir.display(),
+            state.steps_done
+        );
     }
     // the metrics of steps after the checkpoint are recomputed: drop them
     let metrics_path = out.join("metrics.jsonl");
@@ -225,14 +308,18 @@ pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, r
         }
     }
     write_atomic(&metrics_path, kept_lines.as_bytes())?;
-    let mut metrics_file = std::fs::OpenOptions::new().append(true).open(&metrics_path)?;
+    let mut metrics_file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&metrics_path)?;
 
     let fp = fingerprint(lt, &td.drafter.target_layer_ids)?;
     let manifest_sha = sha256_file(&data_dir.join("manifest.json"))?;
     let pb = ProgressBar::new(total as u64);
     pb.set_style(
-        ProgressStyle::with_template("{bar:30} step {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{bar:30} step {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     pb.set_position(state.steps_done as u64);
     let mut order = permutation(train_seqs.len(), cfg.seed, state.epoch);
@@ -255,15 +342,36 @@ pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, r
             let si = order[state.position];
             state.position += 1;
             let s = &train_seqs[si];
-            let feats = target_features(&lt.target, &td.drafter.target_layer_ids, &s.ids, cfg.loss == LossKind::Kl)?;
-            let a = anchors::sample(&s.loss_mask, cfg.num_anchors, anchors::seed_for(cfg.seed, state.epoch, si));
-            let out = block_loss(&td.drafter, &lt.target, s, &feats, &a, cfg.block_size, cfg.gamma, cfg.loss)?;
+            let feats = target_features(
+                &lt.target,
+                &td.drafter.target_layer_ids,
+                &s.ids,
+                cfg.loss == LossKind::Kl,
+            )?;
+            let a = anchors::sample(
+                &s.loss_mask,
+                cfg.num_anchors,
+                anchors::seed_for(cfg.seed, state.epoch, si),
+            );
+            let out = block_loss(
+                &td.drafter,
+                &lt.target,
+                s,
+                &feats,
+                &a,
+                cfg.block_size,
+                cfg.gamma,
+                cfg.loss,
+            )?;
             let l = out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             if !l.is_finite() {
                 bail!(
                     "loss is {l} at step {}: stopping; the last good checkpoint is {}",
                     state.steps_done + 1,
-                    latest_ckpt.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "none (no checkpoint yet)".into())
+                    latest_ckpt
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_else(|| "none (no checkpoint yet)".into())
                 );
             }
             let g = (out.loss / cfg.grad_accum as f64)?.backward()?;
@@ -283,11 +391,17 @@ pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, r
         let mut grads: Vec<Tensor> = grads
             .into_iter()
             .zip(&td.params)
-            .map(|(g, (_, p))| g.map(Ok).unwrap_or_else(|| Tensor::zeros(p.shape(), DType::F32, p.device())))
+            .map(|(g, (_, p))| {
+                g.map(Ok)
+                    .unwrap_or_else(|| Tensor::zeros(p.shape(), p.dtype(), p.device()))
+            })
             .collect::<candle_core::Result<_>>()?;
         let grad_norm = clip_grad_norm(&mut grads, cfg.grad_clip)?;
         if !grad_norm.is_finite() {
-            bail!("gradient norm is {grad_norm} at step {}: stopping", state.steps_done + 1);
+            bail!(
+                "gradient norm is {grad_norm} at step {}: stopping",
+                state.steps_done + 1
+            );
         }
         let lr = cfg.lr_at(state.steps_done, total);
         opt.update(&td.params, &grads, lr)?;
@@ -309,7 +423,9 @@ pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, r
         };
         let save = state.steps_done % cfg.save_every == 0 || state.steps_done == total;
         let mut val = None;
-        if !val_seqs.is_empty() && (state.steps_done % cfg.val_every == 0 || state.steps_done == total) {
+        if !val_seqs.is_empty()
+            && (state.steps_done % cfg.val_every == 0 || state.steps_done == total)
+        {
             let (vl, vc) = evaluate(&td, lt, &cfg, val_seqs)?;
             m.val_loss = Some(vl);
             m.val_simulated_tau = Some(vc.simulated_tau());
@@ -320,7 +436,10 @@ pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, r
         metrics_file.write_all(line.as_bytes())?;
         metrics_file.flush()?;
         pb.set_position(state.steps_done as u64);
-        pb.set_message(format!("loss {:.4} sim-τ {:.2} {:.0} tok/s", m.loss, m.simulated_tau, m.tokens_per_sec));
+        pb.set_message(format!(
+            "loss {:.4} sim-τ {:.2} {:.0} tok/s",
+            m.loss, m.simulated_tau, m.tokens_per_sec
+        ));
         if save {
             let is_best = match (&val, state.best_val_loss) {
                 (Some((vl, _)), Some(b)) => *vl < b,
@@ -354,7 +473,9 @@ pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, r
             })?;
             paths.set_latest(state.steps_done)?;
             if is_best {
-                replace_dir(&out.join("best"), |tmp| write_drafter_files(tmp, &dcfg, &w, &rec))?;
+                replace_dir(&out.join("best"), |tmp| {
+                    write_drafter_files(tmp, &dcfg, &w, &rec)
+                })?;
             }
             paths.prune(cfg.keep_last)?;
             latest_ckpt = Some(dir);
@@ -362,5 +483,9 @@ pub fn train(lt: &LoadedTarget, data_dir: &Path, out: &Path, cfg: TrainConfig, r
         last = Some(m);
     }
     pb.finish_and_clear();
-    Ok(TrainSummary { steps: state.steps_done, last, latest_checkpoint: latest_ckpt })
+    Ok(TrainSummary {
+        steps: state.steps_done,
+        last,
+        latest_checkpoint: latest_ckpt,
+    })
 }

@@ -1,0 +1,277 @@
+//! The training objective: gradients reach exactly the trainable parameters and match finite
+//! differences at f64; the training mask is the rule written out by hand; nothing at or after
+//! an anchor leaks into its block.
+
+mod common;
+
+use candle_core::{DType, Tensor, Var};
+use common::*;
+use dflash_core::visibility::{draft_training, DraftRule};
+use dflash_model::drafter_init::{drafter_config, random_weights, DrafterShape};
+use dflash_train::config::LossKind;
+use dflash_train::loss::{block_loss, target_features};
+use dflash_train::trainer::TrainableDrafter;
+
+fn setup(dtype: DType) -> (dflash_model::loader::LoadedTarget, TrainableDrafter) {
+    let dir = tiny_target_dir(&format!("obj-{dtype:?}"));
+    let lt = load(&dir, dtype);
+    let shape = DrafterShape {
+        layers: 2,
+        block_size: 4,
+        mask_token_id: 255,
+        intermediate_size: Some(48),
+        target_layer_ids: Some(vec![1, 2]),
+    };
+    let cfg = drafter_config(&lt.target, &shape).unwrap();
+    // larger than the default init so every path carries signal
+    let w: std::collections::HashMap<String, Tensor> = random_weights(&cfg, 5)
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| {
+            let v = if v.rank() == 2 { (v * 5.0).unwrap() } else { v };
+            (k, v)
+        })
+        .collect();
+    let td = TrainableDrafter::new(cfg, &w, &lt).unwrap();
+    (lt, td)
+}
+
+#[test]
+fn gradients_reach_trainable_parameters_only() {
+    let (lt, td) = setup(DType::F32);
+    let s = sequence(1, 6, 20);
+    for kind in [LossKind::Ce, LossKind::Kl] {
+        let f = target_features(
+            &lt.target,
+            &td.drafter.target_layer_ids,
+            &s.ids,
+            kind == LossKind::Kl,
+        )
+        .unwrap();
+        let out = block_loss(&td.drafter, &lt.target, &s, &f, &[6, 9, 14], 4, 7.0, kind).unwrap();
+        let g = out.loss.backward().unwrap();
+        for (n, p) in &td.params {
+            let gi = g
+                .get(p.as_tensor())
+                .unwrap_or_else(|| panic!("{kind:?}: no gradient for {n}"));
+            let norm = gi
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(norm > 0.0, "{kind:?}: zero gradient for {n}");
+        }
+        assert!(
+            g.get(lt.target.embedding_table()).is_none(),
+            "the frozen embedding got a gradient"
+        );
+        assert!(
+            g.get(&f.taps).is_none(),
+            "the target features got a gradient"
+        );
+    }
+}
+
+#[test]
+fn gradient_matches_finite_differences_at_f64() {
+    let (lt, td) = setup(DType::F64);
+    let s = sequence(2, 5, 16);
+    let f = target_features(&lt.target, &td.drafter.target_layer_ids, &s.ids, false).unwrap();
+    let anchors = [5usize, 8, 12];
+    let loss = || -> f64 {
+        block_loss(
+            &td.drafter,
+            &lt.target,
+            &s,
+            &f,
+            &anchors,
+            4,
+            7.0,
+            LossKind::Ce,
+        )
+        .unwrap()
+        .loss
+        .to_scalar::<f64>()
+        .unwrap()
+    };
+    let out = block_loss(
+        &td.drafter,
+        &lt.target,
+        &s,
+        &f,
+        &anchors,
+        4,
+        7.0,
+        LossKind::Ce,
+    )
+    .unwrap();
+    let grads = out.loss.backward().unwrap();
+    let probes = [
+        ("fc.weight", 7usize),
+        ("layers.0.self_attn.q_proj.weight", 100),
+        ("layers.0.self_attn.k_proj.weight", 33),
+        ("layers.1.self_attn.v_proj.weight", 250),
+        ("layers.1.self_attn.o_proj.weight", 17),
+        ("layers.0.mlp.down_proj.weight", 41),
+        ("layers.1.self_attn.k_norm.weight", 3),
+        ("hidden_norm.weight", 9),
+        ("norm.weight", 20),
+    ];
+    for (name, flat) in probes {
+        let var: &Var = &td.params.iter().find(|(n, _)| n == name).unwrap().1;
+        let analytic = grads
+            .get(var.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .get(flat)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        let orig = var
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        let eps = 1e-6;
+        let set = |delta: f64| {
+            let mut v = orig.clone();
+            v[flat] += delta;
+            var.set(&Tensor::from_vec(v, var.shape(), var.device()).unwrap())
+                .unwrap();
+        };
+        set(eps);
+        let up = loss();
+        set(-eps);
+        let down = loss();
+        set(0.0);
+        let numeric = (up - down) / (2.0 * eps);
+        let err = (analytic - numeric).abs() / numeric.abs().max(analytic.abs()).max(1e-8);
+        assert!(err < 1e-5, "{name}[{flat}]: autograd {analytic:e} vs finite difference {numeric:e} (rel err {err:e})");
+    }
+}
+
+#[test]
+fn training_mask_is_the_rule_written_out() {
+    // an independent dense construction of "context strictly before the anchor, own block
+    // bidirectional, other blocks invisible"
+    let (seq_len, b) = (30usize, 5usize);
+    let anchors = [0usize, 4, 6, 22, 28];
+    let v = draft_training(DraftRule::FULL, seq_len, &anchors, b);
+    let n = anchors.len() * b;
+    assert_eq!((v.rows, v.cols), (n, seq_len + n));
+    for (j, &a) in anchors.iter().enumerate() {
+        for r in 0..b {
+            let row = j * b + r;
+            for c in 0..seq_len + n {
+                let want = if c < seq_len {
+                    c < a
+                } else {
+                    (c - seq_len) / b == j
+                };
+                assert_eq!(v.get(row, c), want, "anchor {a} row {r} col {c}");
+            }
+        }
+    }
+}
+
+#[test]
+fn nothing_at_or_after_the_anchor_leaks() {
+    let (lt, td) = setup(DType::F32);
+    let s = sequence(3, 4, 24);
+    let a = 12usize;
+    let f = target_features(&lt.target, &td.drafter.target_layer_ids, &s.ids, false).unwrap();
+    let base = block_loss(&td.drafter, &lt.target, &s, &f, &[a], 4, 7.0, LossKind::Ce).unwrap();
+    // (1) noise on the context features at positions >= a
+    let taps = f.taps.squeeze(0).unwrap();
+    let (l, w) = taps.dims2().unwrap();
+    let noise = Tensor::randn(0f32, 10.0, (l - a, w), taps.device()).unwrap();
+    let perturbed = Tensor::cat(
+        &[
+            taps.narrow(0, 0, a).unwrap(),
+            (taps.narrow(0, a, l - a).unwrap() + noise).unwrap(),
+        ],
+        0,
+    )
+    .unwrap();
+    let f2 = dflash_train::loss::Features {
+        taps: perturbed.unsqueeze(0).unwrap(),
+        target_logits: None,
+    };
+    let out = block_loss(&td.drafter, &lt.target, &s, &f2, &[a], 4, 7.0, LossKind::Ce).unwrap();
+    let d = (out.draft_logits - &base.draft_logits)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(
+        d <= 1e-6,
+        "features at/after the anchor changed the block logits by {d}"
+    );
+    let dl = (out.loss - &base.loss)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(dl <= 1e-6, "…and the loss by {dl}");
+    // (2) different tokens after the anchor (features recomputed from them): same logits
+    let mut s3 = s.clone();
+    for t in s3.ids.iter_mut().skip(a + 1) {
+        *t = (*t + 17) % 250 + 1;
+    }
+    let f3 = target_features(&lt.target, &td.drafter.target_layer_ids, &s3.ids, false).unwrap();
+    let out3 = block_loss(
+        &td.drafter,
+        &lt.target,
+        &s3,
+        &f3,
+        &[a],
+        4,
+        7.0,
+        LossKind::Ce,
+    )
+    .unwrap();
+    let d = (out3.draft_logits - &base.draft_logits)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(
+        d <= 1e-6,
+        "tokens after the anchor changed the block logits by {d}"
+    );
+    // (3) the anchor's own feature is not context either
+    let bump = Tensor::cat(
+        &[
+            taps.narrow(0, 0, a).unwrap(),
+            (taps.narrow(0, a, 1).unwrap() + 5.0).unwrap(),
+            taps.narrow(0, a + 1, l - a - 1).unwrap(),
+        ],
+        0,
+    )
+    .unwrap();
+    let f4 = dflash_train::loss::Features {
+        taps: bump.unsqueeze(0).unwrap(),
+        target_logits: None,
+    };
+    let out4 = block_loss(&td.drafter, &lt.target, &s, &f4, &[a], 4, 7.0, LossKind::Ce).unwrap();
+    let d = (out4.draft_logits - &base.draft_logits)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(d <= 1e-6, "the anchor's own feature leaked by {d}");
+}
