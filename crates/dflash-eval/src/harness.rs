@@ -1,0 +1,196 @@
+//! The evaluation harness: every mode on the same prompts in the same process, with the
+//! product's own decoding loop (AR is that loop with block size 1, as z-lab's harness does),
+//! so τ and speed-ups compare like with like.
+
+use anyhow::{bail, Result};
+use dflash_core::sampling::SamplingParams;
+use dflash_core::stats::RoundOutcome;
+use dflash_engine::{generate, Mode, Request};
+use dflash_model::drafter::Drafter;
+use dflash_model::loader::LoadedTarget;
+use dflash_model::tokenizer::ChatMessage;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::datasets::EvalItem;
+
+/// A drafter under evaluation, with the label reports use for it.
+pub struct EvalDrafter {
+    pub label: String,
+    pub drafter: Drafter,
+}
+
+/// A mode as the user names it: `ar`, `dflash`, `ddtree:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModeName {
+    Ar,
+    Dflash,
+    Ddtree(usize),
+}
+
+pub fn parse_modes(s: &str) -> Result<Vec<ModeName>> {
+    s.split(',')
+        .map(|m| match m.trim() {
+            "ar" => Ok(ModeName::Ar),
+            "dflash" => Ok(ModeName::Dflash),
+            x => match x.strip_prefix("ddtree:").map(|n| n.parse::<usize>()) {
+                Some(Ok(n)) if n > 0 => Ok(ModeName::Ddtree(n)),
+                _ => bail!("unknown mode '{x}' (ar, dflash, ddtree:N with N >= 1)"),
+            },
+        })
+        .collect()
+}
+
+/// One mode with one drafter (or none, for AR).
+#[derive(Debug, Clone)]
+pub struct ModeSpec {
+    pub label: String,
+    pub drafter: Option<usize>,
+    pub mode: Mode,
+}
+
+/// AR once, then each speculative mode for each drafter. With several drafters the labels
+/// carry the drafter's label: `dflash[ours]`, `ddtree:8[z-lab]`.
+pub fn mode_specs(
+    modes: &[ModeName],
+    drafters: &[EvalDrafter],
+    block: Option<usize>,
+) -> Result<Vec<ModeSpec>> {
+    let mut out = vec![ModeSpec {
+        label: "ar".into(),
+        drafter: None,
+        mode: Mode::Ar,
+    }];
+    for (di, d) in drafters.iter().enumerate() {
+        let b = block.unwrap_or(d.drafter.block_size);
+        for m in modes {
+            let (name, mode) = match *m {
+                ModeName::Ar => continue,
+                ModeName::Dflash => ("dflash".to_string(), Mode::Chain { block: b }),
+                ModeName::Ddtree(n) => (
+                    format!("ddtree:{n}"),
+                    Mode::Tree {
+                        block: b,
+                        budget: n,
+                        top_k: 0,
+                    },
+                ),
+            };
+            let label = if drafters.len() > 1 {
+                format!("{name}[{}]", d.label)
+            } else {
+                name
+            };
+            out.push(ModeSpec {
+                label,
+                drafter: Some(di),
+                mode,
+            });
+        }
+    }
+    if out.len() == 1 && modes.iter().any(|m| *m != ModeName::Ar) {
+        bail!("speculative modes need --drafter");
+    }
+    Ok(out)
+}
+
+/// One generation: a mode on one turn of one item.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    pub mode: String,
+    pub item: String,
+    pub turn: usize,
+    pub prompt_tokens: usize,
+    #[serde(skip)]
+    pub prompt_ids: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub rounds: Vec<RoundOutcome>,
+    pub prefill_secs: f64,
+    pub decode_secs: f64,
+}
+
+pub struct EvalOptions {
+    pub sampling: SamplingParams,
+    pub max_new_tokens: usize,
+}
+
+/// Run every mode on every item (every turn, each mode feeding back its own answers).
+pub fn run(
+    lt: &LoadedTarget,
+    drafters: &[EvalDrafter],
+    specs: &[ModeSpec],
+    items: &[EvalItem],
+    opts: &EvalOptions,
+) -> Result<Vec<Run>> {
+    let total: usize = items.iter().map(|i| i.turns.len()).sum::<usize>() * specs.len();
+    let pb = ProgressBar::new(total as u64);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} generations [{elapsed_precise} < {eta_precise}] {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let ctx = lt.target.config.max_position_embeddings;
+    let mut runs = Vec::new();
+    for (ii, item) in items.iter().enumerate() {
+        for spec in specs {
+            let mut history: Vec<ChatMessage> = Vec::new();
+            for (turn, text) in item.turns.iter().enumerate() {
+                history.push(ChatMessage {
+                    role: "user".into(),
+                    content: text.clone(),
+                });
+                let rendered = lt.tokenizer.apply_chat_template(&history)?;
+                let ids = lt.tokenizer.encode(&rendered, false)?;
+                let max_new = opts.max_new_tokens.min(ctx.saturating_sub(ids.len()));
+                if max_new == 0 {
+                    bail!(
+                        "{} turn {turn}: the prompt ({} tokens) fills the context",
+                        item.id,
+                        ids.len()
+                    );
+                }
+                let mut sampling = opts.sampling;
+                sampling.seed = opts.sampling.seed.wrapping_add((ii * 16 + turn) as u64);
+                let req = Request {
+                    prompt_ids: ids.clone(),
+                    max_new_tokens: max_new,
+                    sampling,
+                    stop_ids: lt.tokenizer.stop_ids.clone(),
+                };
+                let g = generate(
+                    &lt.target,
+                    spec.drafter.map(|d| &drafters[d].drafter),
+                    spec.mode,
+                    &req,
+                )?;
+                let answer = lt.tokenizer.decode(&g.new_tokens)?;
+                history.push(ChatMessage {
+                    role: "assistant".into(),
+                    content: answer,
+                });
+                let tau = if g.rounds.is_empty() {
+                    0.0
+                } else {
+                    g.rounds.iter().map(|r| r.tau_round).sum::<usize>() as f64
+                        / g.rounds.len() as f64
+                };
+                pb.set_message(format!("{} τ {tau:.2}", spec.label));
+                pb.inc(1);
+                runs.push(Run {
+                    mode: spec.label.clone(),
+                    item: item.id.clone(),
+                    turn,
+                    prompt_tokens: ids.len(),
+                    prompt_ids: ids,
+                    tokens: g.new_tokens,
+                    rounds: g.rounds,
+                    prefill_secs: g.prefill_secs,
+                    decode_secs: g.decode_secs,
+                });
+            }
+        }
+    }
+    pb.finish_and_clear();
+    Ok(runs)
+}

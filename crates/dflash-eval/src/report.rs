@@ -1,0 +1,384 @@
+//! Reports: `report.json` (per prompt and per mode), `report.md` (tables) and SVG plots.
+//!
+//! Definitions (τ from `dflash_core::stats`, once): τ pooled = committed tokens / rounds;
+//! τ mean-of-means = z-lab's mean over requests of each request's mean τ_round; TPOT = decode
+//! seconds / new tokens of a request (mean over requests); speed-up vs AR = AR's mean TPOT /
+//! the mode's mean TPOT, both measured in this process on these prompts.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Result;
+use candle_core::D;
+use dflash_core::stats::{summarize, TauSummary};
+use dflash_core::visibility::causal;
+use dflash_model::loader::LoadedTarget;
+use dflash_model::Rows;
+use serde::Serialize;
+
+use crate::harness::{ModeSpec, Run};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModeReport {
+    pub mode: String,
+    pub requests: usize,
+    pub new_tokens: usize,
+    pub tau: TauSummary,
+    pub tokens_per_second: f64,
+    pub tpot_ms: f64,
+    pub speedup_vs_ar: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Divergence {
+    pub mode: String,
+    pub item: String,
+    pub turn: usize,
+    /// Index of the first new token that differs from AR's.
+    pub position: usize,
+    /// The target's top-2 logit gap at that position given AR's prefix (a near-tie explains it).
+    pub top2_gap: f32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Lossless {
+    pub checked: bool,
+    pub divergences: Vec<Divergence>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub command: String,
+    pub dataset: String,
+    pub target: String,
+    pub drafters: Vec<String>,
+    pub device: String,
+    pub dtype: String,
+    pub versions: serde_json::Value,
+    pub temperature: f32,
+    pub max_new_tokens: usize,
+    pub modes: Vec<ModeReport>,
+    pub lossless: Lossless,
+    pub runs: Vec<Run>,
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+pub fn mode_reports(specs: &[ModeSpec], runs: &[Run]) -> Vec<ModeReport> {
+    let tpot = |r: &Run| r.decode_secs / r.tokens.len().max(1) as f64;
+    let ar_tpot = mean(
+        &runs
+            .iter()
+            .filter(|r| r.mode == "ar")
+            .map(tpot)
+            .collect::<Vec<_>>(),
+    );
+    specs
+        .iter()
+        .map(|s| {
+            let rs: Vec<&Run> = runs.iter().filter(|r| r.mode == s.label).collect();
+            let rounds: Vec<&[dflash_core::stats::RoundOutcome]> =
+                rs.iter().map(|r| r.rounds.as_slice()).collect();
+            let new_tokens: usize = rs.iter().map(|r| r.tokens.len()).sum();
+            let secs: f64 = rs.iter().map(|r| r.prefill_secs + r.decode_secs).sum();
+            let t = mean(&rs.iter().map(|r| tpot(r)).collect::<Vec<_>>());
+            ModeReport {
+                mode: s.label.clone(),
+                requests: rs.len(),
+                new_tokens,
+                tau: summarize(&rounds),
+                tokens_per_second: new_tokens as f64 / secs.max(1e-12),
+                tpot_ms: t * 1e3,
+                speedup_vs_ar: (ar_tpot > 0.0 && t > 0.0).then(|| ar_tpot / t),
+            }
+        })
+        .collect()
+}
+
+/// At T = 0 every mode must reproduce AR token for token; list where one does not.
+pub fn lossless_check(lt: &LoadedTarget, runs: &[Run], greedy: bool) -> Result<Lossless> {
+    if !greedy {
+        return Ok(Lossless {
+            checked: false,
+            divergences: vec![],
+        });
+    }
+    let mut divs = Vec::new();
+    for r in runs.iter().filter(|r| r.mode != "ar") {
+        let Some(ar) = runs
+            .iter()
+            .find(|a| a.mode == "ar" && a.item == r.item && a.turn == r.turn)
+        else {
+            continue;
+        };
+        if r.prompt_tokens != ar.prompt_tokens || r.tokens != ar.tokens {
+            let p = r
+                .tokens
+                .iter()
+                .zip(&ar.tokens)
+                .position(|(a, b)| a != b)
+                .unwrap_or(r.tokens.len().min(ar.tokens.len()));
+            divs.push(Divergence {
+                mode: r.mode.clone(),
+                item: r.item.clone(),
+                turn: r.turn,
+                position: p,
+                top2_gap: f32::NAN,
+            });
+        }
+    }
+    // the target's top-2 logit gap at each divergence, given AR's own prefix
+    for d in divs.iter_mut() {
+        let ar = runs
+            .iter()
+            .find(|a| a.mode == "ar" && a.item == d.item && a.turn == d.turn)
+            .unwrap();
+        let mut prefix = ar.prompt_ids.clone();
+        prefix.extend_from_slice(&ar.tokens[..d.position.min(ar.tokens.len())]);
+        d.top2_gap = top2_gap(lt, &prefix)?;
+    }
+    Ok(Lossless {
+        checked: true,
+        divergences: divs,
+    })
+}
+
+/// The target's top-2 logit gap after `prefix`.
+pub fn top2_gap(lt: &LoadedTarget, prefix: &[u32]) -> Result<f32> {
+    let n = prefix.len();
+    let pos: Vec<usize> = (0..n).collect();
+    let mut c = lt.target.new_cache();
+    let o = lt
+        .target
+        .forward(prefix, &pos, &causal(0, n), &mut c, &[], &Rows::Last)?;
+    let l = o.logits.unwrap().squeeze(0)?;
+    let top = l
+        .sort_last_dim(false)?
+        .0
+        .narrow(D::Minus1, 0, 2)?
+        .to_vec1::<f32>()?;
+    Ok(top[0] - top[1])
+}
+
+fn svg_bars(title: &str, groups: &[(String, Vec<f64>)], xlabels: &[String], ymax: f64) -> String {
+    let (w, h, left, bottom) = (720.0, 320.0, 50.0, 40.0);
+    let colors = [
+        "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+    ];
+    let n = xlabels.len().max(1) as f64;
+    let g = groups.len().max(1) as f64;
+    let slot = (w - left - 10.0) / n;
+    let bw = slot * 0.8 / g;
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = write!(
+        s,
+        r#"<text x="{}" y="16" font-size="13">{title}</text>"#,
+        left
+    );
+    let plot_h = h - bottom - 30.0;
+    let _ = write!(
+        s,
+        r#"<line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="black"/>"#,
+        h - bottom,
+        w - 10.0,
+        h - bottom
+    );
+    let _ = write!(
+        s,
+        r#"<text x="4" y="34">{ymax:.2}</text><text x="4" y="{}">0</text>"#,
+        h - bottom
+    );
+    for (gi, (name, vals)) in groups.iter().enumerate() {
+        let c = colors[gi % colors.len()];
+        for (i, v) in vals.iter().enumerate() {
+            let bh = if ymax > 0.0 {
+                (v / ymax).clamp(0.0, 1.0) * plot_h
+            } else {
+                0.0
+            };
+            let x = left + i as f64 * slot + slot * 0.1 + gi as f64 * bw;
+            let _ = write!(
+                s,
+                r#"<rect x="{x:.1}" y="{:.1}" width="{bw:.1}" height="{bh:.1}" fill="{c}"><title>{name}: {v:.3}</title></rect>"#,
+                h - bottom - bh
+            );
+        }
+        let _ = write!(
+            s,
+            r#"<rect x="{}" y="{}" width="10" height="10" fill="{c}"/><text x="{}" y="{}">{name}</text>"#,
+            w - 170.0,
+            24.0 + gi as f64 * 14.0,
+            w - 155.0,
+            33.0 + gi as f64 * 14.0
+        );
+    }
+    for (i, l) in xlabels.iter().enumerate() {
+        let _ = write!(
+            s,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{l}</text>"#,
+            left + (i as f64 + 0.5) * slot,
+            h - bottom + 14.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Write report.json, report.md and the plots into `out`.
+pub fn write(report: &Report, out: &Path) -> Result<()> {
+    use dflash_train::data::write_atomic;
+    std::fs::create_dir_all(out)?;
+    write_atomic(
+        &out.join("report.json"),
+        (serde_json::to_string_pretty(report)? + "\n").as_bytes(),
+    )?;
+    let spec: Vec<&ModeReport> = report.modes.iter().filter(|m| m.mode != "ar").collect();
+    // τ histogram (fraction of rounds committing t tokens)
+    let maxt = report
+        .modes
+        .iter()
+        .map(|m| m.tau.tau_histogram.len())
+        .max()
+        .unwrap_or(1);
+    let hist: Vec<(String, Vec<f64>)> = spec
+        .iter()
+        .map(|m| {
+            let tot = m.tau.rounds.max(1) as f64;
+            (
+                m.mode.clone(),
+                (0..maxt)
+                    .map(|t| *m.tau.tau_histogram.get(t).unwrap_or(&0) as f64 / tot)
+                    .collect(),
+            )
+        })
+        .collect();
+    let labels: Vec<String> = (0..maxt).map(|t| t.to_string()).collect();
+    write_atomic(
+        &out.join("tau_histogram.svg"),
+        svg_bars(
+            "tokens committed per round (fraction of rounds)",
+            &hist,
+            &labels,
+            1.0,
+        )
+        .as_bytes(),
+    )?;
+    let maxk = spec
+        .iter()
+        .map(|m| m.tau.per_position_acceptance.len())
+        .max()
+        .unwrap_or(0);
+    let acc: Vec<(String, Vec<f64>)> = spec
+        .iter()
+        .map(|m| (m.mode.clone(), m.tau.per_position_acceptance.clone()))
+        .collect();
+    let klabels: Vec<String> = (1..=maxk).map(|k| k.to_string()).collect();
+    write_atomic(
+        &out.join("acceptance.svg"),
+        svg_bars(
+            "P(draft k accepted | drafts 1..k-1 accepted)",
+            &acc,
+            &klabels,
+            1.0,
+        )
+        .as_bytes(),
+    )?;
+    let taus: Vec<(String, Vec<f64>)> = report
+        .modes
+        .iter()
+        .map(|m| (m.mode.clone(), vec![m.tau.tau_pooled]))
+        .collect();
+    let tmax = report
+        .modes
+        .iter()
+        .map(|m| m.tau.tau_pooled)
+        .fold(1.0, f64::max);
+    write_atomic(
+        &out.join("tau.svg"),
+        svg_bars(
+            &format!("τ (pooled) on {}", report.dataset),
+            &taus,
+            &[report.dataset.clone()],
+            tmax,
+        )
+        .as_bytes(),
+    )?;
+
+    let mut md = String::new();
+    let _ = writeln!(md, "# dflash-rs evaluation: {}\n", report.dataset);
+    let _ = writeln!(md, "- command: `{}`", report.command);
+    let _ = writeln!(
+        md,
+        "- target: {}; drafters: {}",
+        report.target,
+        report.drafters.join(", ")
+    );
+    let _ = writeln!(
+        md,
+        "- device {}, dtype {}, temperature {}, max new tokens {}",
+        report.device, report.dtype, report.temperature, report.max_new_tokens
+    );
+    let _ = writeln!(md, "- versions: {}\n", report.versions);
+    let _ = writeln!(md, "| mode | requests | τ pooled | τ mean of means | rounds | new tokens | tok/s | TPOT ms | speed-up vs AR | draft s | verify s | other s |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for m in &report.modes {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.3} | {:.3} | {} | {} | {:.1} | {:.2} | {} | {:.2} | {:.2} | {:.2} |",
+            m.mode,
+            m.requests,
+            m.tau.tau_pooled,
+            m.tau.tau_mean_of_means,
+            m.tau.rounds,
+            m.new_tokens,
+            m.tokens_per_second,
+            m.tpot_ms,
+            m.speedup_vs_ar
+                .map(|s| format!("{s:.2}×"))
+                .unwrap_or_default(),
+            m.tau.draft_secs,
+            m.tau.verify_secs,
+            m.tau.other_secs
+        );
+    }
+    let _ = writeln!(md, "\nPer-position acceptance (k = 1 …):\n");
+    for m in &spec {
+        let v: Vec<String> = m
+            .tau
+            .per_position_acceptance
+            .iter()
+            .map(|a| format!("{a:.2}"))
+            .collect();
+        let _ = writeln!(md, "- {}: {}", m.mode, v.join(" "));
+    }
+    let _ = writeln!(
+        md,
+        "\nLosslessness (T = 0: every mode equals AR token for token): {}",
+        match (&report.lossless.checked, report.lossless.divergences.len()) {
+            (false, _) => "not checked (T > 0)".to_string(),
+            (true, 0) => "all modes equal AR".to_string(),
+            (true, n) => format!("{n} divergence(s)"),
+        }
+    );
+    for d in &report.lossless.divergences {
+        let _ = writeln!(
+            md,
+            "- {} on {} turn {}: first difference at new token {}, target top-2 gap {:.2e}",
+            d.mode, d.item, d.turn, d.position, d.top2_gap
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\n![τ](tau.svg) ![histogram](tau_histogram.svg) ![acceptance](acceptance.svg)"
+    );
+    write_atomic(&out.join("report.md"), md.as_bytes())?;
+    Ok(())
+}
