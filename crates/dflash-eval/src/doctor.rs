@@ -45,7 +45,12 @@ impl DoctorReport {
 }
 
 /// Tolerances, stated: tap statistics may differ by `tap_rel` of the tap's std (same dtype)
-/// or `tap_rel_cross_dtype` (another dtype than training); simulated τ by `tau_rel`.
+/// or `tap_rel_cross_dtype` (another dtype than training). The simulated τ recomputed now must
+/// equal the stored one within `tau_rel`, and τ measured by decoding must be within `tau_rel`
+/// of it: 25 %, because the simulation averages over uniformly drawn anchors while decoding
+/// anchors sit right after a rejected draft, which biases measured τ low (17 % on the tiny
+/// overfit pair of the tests); the failures the doctor exists for are far larger (τ 3.6 in
+/// training vs 1.2 in evaluation is a 67 % gap).
 pub struct Tolerances {
     pub tap_rel: f64,
     pub tap_rel_cross_dtype: f64,
@@ -58,7 +63,7 @@ impl Default for Tolerances {
         Self {
             tap_rel: 1e-3,
             tap_rel_cross_dtype: 5e-2,
-            tau_rel: 0.10,
+            tau_rel: 0.25,
             parity_abs: 1e-4,
         }
     }
@@ -348,7 +353,8 @@ pub fn parity_diff(lt: &LoadedTarget, d: &Drafter, ids: &[u32]) -> Result<f32> {
 }
 
 /// τ measured by greedy DFlash decoding of each sequence's unsupervised prefix (its prompt),
-/// for as many tokens as its response had.
+/// for as many tokens as its response had. Rounds cut short by that budget are left out:
+/// the simulated τ describes uncut rounds.
 pub fn measured_tau(lt: &LoadedTarget, d: &Drafter, seqs: Vec<(Vec<u32>, Vec<u8>)>) -> Result<f64> {
     let mut rounds = Vec::new();
     for (ids, mask) in seqs {

@@ -1,0 +1,304 @@
+//! The harness on every dataset (SmolLM2, a random drafter): reports are consistent and T = 0
+//! is lossless; the doctor passes a consistent pair and names the cause of three classic
+//! mismatches (a perturbed tapped layer, tap ids shifted by one, a drafter for another target).
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use dflash_core::sampling::SamplingParams;
+use dflash_eval::datasets;
+use dflash_eval::doctor::{doctor, Tolerances};
+use dflash_eval::harness::{mode_specs, parse_modes, run, EvalDrafter, EvalOptions};
+use dflash_eval::report::{lossless_check, mode_reports, write, Report};
+use dflash_model::drafter::Drafter;
+use dflash_model::drafter_init::{
+    default_mask_token, drafter_config, random_weights, save_drafter, DrafterShape,
+};
+use dflash_model::loader::{dflash_home, load_target, LoadedTarget};
+use dflash_model::weights::TensorStore;
+use dflash_train::config::TrainConfig;
+use dflash_train::prompts::Prompt;
+use dflash_train::regen::{regenerate, RegenOptions};
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dflash-eval-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+fn smollm2() -> LoadedTarget {
+    let p = dflash_home().join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/fetch-assets.sh smollm2",
+        p.display()
+    );
+    load_target(p.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap()
+}
+fn random_drafter(lt: &LoadedTarget, seed: u64) -> Drafter {
+    let shape = DrafterShape {
+        layers: 1,
+        block_size: 4,
+        mask_token_id: default_mask_token(&lt.tokenizer).unwrap(),
+        intermediate_size: Some(128),
+        target_layer_ids: None,
+    };
+    let cfg = drafter_config(&lt.target, &shape).unwrap();
+    Drafter::load(
+        cfg.clone(),
+        &TensorStore::new(random_weights(&cfg, seed).unwrap(), DType::F32, Device::Cpu),
+        &lt.target,
+    )
+    .unwrap()
+}
+
+#[test]
+fn reports_are_consistent_and_lossless_on_every_dataset() {
+    let lt = smollm2();
+    let drafters = vec![EvalDrafter {
+        label: "a".into(),
+        drafter: random_drafter(&lt, 1),
+    }];
+    let specs = mode_specs(&parse_modes("ar,dflash,ddtree:4").unwrap(), &drafters, None).unwrap();
+    for name in datasets::NAMES {
+        let items = datasets::load(name, &dflash_home(), Some(2)).unwrap();
+        let opts = EvalOptions {
+            sampling: SamplingParams::default(),
+            max_new_tokens: 10,
+        };
+        let runs = run(&lt, &drafters, &specs, &items, &opts).unwrap();
+        let turns: usize = items.iter().map(|i| i.turns.len()).sum();
+        assert_eq!(runs.len(), turns * specs.len());
+        let modes = mode_reports(&specs, &runs);
+        for m in &modes {
+            let t = &m.tau;
+            assert!(
+                (t.tau_pooled * t.rounds as f64 - t.committed as f64).abs() < 1e-9,
+                "{name} {}: τ × rounds ≠ committed",
+                m.mode
+            );
+            assert_eq!(
+                t.tau_histogram.iter().sum::<usize>(),
+                t.rounds,
+                "{name} {}: histogram",
+                m.mode
+            );
+            // every new token but the first (from the prefill) is committed by a round
+            assert_eq!(t.committed + m.requests, m.new_tokens, "{name} {}", m.mode);
+        }
+        let lossless = lossless_check(&lt, &runs, true).unwrap();
+        assert!(
+            lossless.checked && lossless.divergences.is_empty(),
+            "{name}: {:?}",
+            lossless.divergences
+        );
+        let out = tmp(&format!("report-{name}"));
+        let report = Report {
+            command: "test".into(),
+            dataset: name.to_string(),
+            target: "smollm2".into(),
+            drafters: vec!["a".into()],
+            device: "cpu".into(),
+            dtype: "f32".into(),
+            versions: serde_json::json!({}),
+            temperature: 0.0,
+            max_new_tokens: 10,
+            modes,
+            lossless,
+            runs,
+        };
+        write(&report, &out).unwrap();
+        for f in [
+            "report.json",
+            "report.md",
+            "tau.svg",
+            "tau_histogram.svg",
+            "acceptance.svg",
+        ] {
+            assert!(out.join(f).exists(), "{f}");
+        }
+        let back: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap())
+                .unwrap();
+        assert_eq!(back["modes"].as_array().unwrap().len(), 3);
+        assert!(std::fs::read_to_string(out.join("tau.svg"))
+            .unwrap()
+            .starts_with("<svg"));
+    }
+}
+
+#[test]
+fn two_drafters_side_by_side() {
+    let lt = smollm2();
+    let drafters = vec![
+        EvalDrafter {
+            label: "ours".into(),
+            drafter: random_drafter(&lt, 1),
+        },
+        EvalDrafter {
+            label: "ref".into(),
+            drafter: random_drafter(&lt, 2),
+        },
+    ];
+    let specs = mode_specs(&parse_modes("ar,dflash").unwrap(), &drafters, None).unwrap();
+    let labels: Vec<&str> = specs.iter().map(|s| s.label.as_str()).collect();
+    assert_eq!(labels, vec!["ar", "dflash[ours]", "dflash[ref]"]);
+    let items = datasets::load("gsm8k", &dflash_home(), Some(1)).unwrap();
+    let runs = run(
+        &lt,
+        &drafters,
+        &specs,
+        &items,
+        &EvalOptions {
+            sampling: SamplingParams::default(),
+            max_new_tokens: 6,
+        },
+    )
+    .unwrap();
+    assert_eq!(runs.len(), 3);
+    assert!(runs[1].tokens == runs[0].tokens && runs[2].tokens == runs[0].tokens);
+    assert!(parse_modes("ar,ddtree:0").is_err() && parse_modes("beam").is_err());
+}
+
+/// The tiny target (copied), a drafter trained on its own greedy outputs, and that data. Two
+/// prompts repeated: the held-out validation sequences are ones the drafter has learned, so
+/// the stored and measured τ are well above 1 and their agreement means something.
+fn trained_pair(name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let target = tmp(&format!("{name}-target"));
+    let fix = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3-tiny");
+    for e in std::fs::read_dir(fix).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), target.join(e.file_name())).unwrap();
+    }
+    let lt = load_target(target.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    let prompts: Vec<Prompt> = (0..10u32)
+        .map(|i| Prompt {
+            messages: vec![dflash_model::tokenizer::ChatMessage {
+                role: "user".into(),
+                content: (0..6)
+                    .map(|j| format!("t{}", ((i % 2) * 37 + j * 11) % 250 + 1))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            }],
+        })
+        .collect();
+    let data = tmp(&format!("{name}-data"));
+    let opts = RegenOptions {
+        max_new_tokens: 24,
+        sampling: SamplingParams::default(),
+        prompts_per_shard: 5,
+        source: "test".into(),
+        target_name: "tiny".into(),
+    };
+    regenerate(&lt, &prompts, &data, &opts).unwrap();
+    let cfg = TrainConfig {
+        num_draft_layers: 1,
+        block_size: 4,
+        intermediate_size: Some(128),
+        mask_token_id: Some(255),
+        target_layer_ids: Some(vec![1, 2]),
+        num_anchors: 32,
+        lr: 1e-2,
+        warmup_ratio: 0.0,
+        grad_accum: 2,
+        max_steps: Some(80),
+        save_every: 80,
+        val_every: 80,
+        val_sequences: 2,
+        ..Default::default()
+    };
+    let out = tmp(&format!("{name}-run"));
+    dflash_train::trainer::train(&lt, &data, &out, cfg, false).unwrap();
+    (target, out.join("best"), data)
+}
+
+fn run_doctor(
+    target: &Path,
+    drafter: &Path,
+    data: Option<&Path>,
+) -> dflash_eval::doctor::DoctorReport {
+    let lt = load_target(target.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    doctor(&lt, drafter, data, &Tolerances::default()).unwrap()
+}
+
+#[test]
+fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
+    let (target, drafter, data) = trained_pair("doc");
+    let ok = run_doctor(&target, &drafter, Some(&data));
+    assert!(ok.ok(), "a consistent pair must pass: {:#?}", ok.checks);
+    let rec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(drafter.join("training.json")).unwrap())
+            .unwrap();
+    assert!(
+        rec["val_simulated_tau"].as_f64().unwrap() > 2.0,
+        "the pair must be a real one: {}",
+        rec["val_simulated_tau"]
+    );
+    assert_eq!(ok.checks.len(), 8);
+
+    // (a) one tapped layer's weights perturbed
+    let bad_target = tmp("doc-target-perturbed");
+    for e in std::fs::read_dir(&target).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), bad_target.join(e.file_name())).unwrap();
+    }
+    let st = bad_target.join("model.safetensors");
+    let mut w = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
+    let k = "model.layers.1.mlp.down_proj.weight";
+    let t = (w[k].clone() * 1.05).unwrap();
+    w.insert(k.into(), t);
+    candle_core::safetensors::save(&w, &st).unwrap();
+    let r = run_doctor(&bad_target, &drafter, Some(&data));
+    assert!(!r.ok());
+    let failed: Vec<&str> = r
+        .checks
+        .iter()
+        .filter(|c| !c.pass)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert!(
+        failed.contains(&"target identity") && failed.contains(&"tap statistics"),
+        "{failed:?}"
+    );
+    assert!(r.likely_cause.unwrap().starts_with("target identity"));
+
+    // (b) tap ids shifted by one
+    let shifted = tmp("doc-shifted");
+    for e in std::fs::read_dir(&drafter).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), shifted.join(e.file_name())).unwrap();
+    }
+    let c = std::fs::read_to_string(shifted.join("config.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&c).unwrap();
+    v["dflash_config"]["target_layer_ids"] = serde_json::json!([2, 3]);
+    std::fs::write(shifted.join("config.json"), v.to_string()).unwrap();
+    let r = run_doctor(&target, &shifted, Some(&data));
+    let taps = r.checks.iter().find(|c| c.name == "tap ids").unwrap();
+    assert!(
+        !taps.pass && taps.detail.contains("shifted by 1"),
+        "{taps:?}"
+    );
+    assert!(r.likely_cause.unwrap().starts_with("tap ids"));
+
+    // (c) a drafter made for another target (SmolLM2)
+    let lt = smollm2();
+    let other = tmp("doc-other");
+    let cfg = drafter_config(
+        &lt.target,
+        &DrafterShape {
+            layers: 1,
+            block_size: 4,
+            mask_token_id: 16,
+            intermediate_size: Some(64),
+            target_layer_ids: None,
+        },
+    )
+    .unwrap();
+    save_drafter(&other, &cfg, &random_weights(&cfg, 0).unwrap()).unwrap();
+    let r = run_doctor(&target, &other, None);
+    let conf = &r.checks[0];
+    assert!(
+        !conf.pass && conf.detail.contains("hidden_size"),
+        "{conf:?}"
+    );
+}
