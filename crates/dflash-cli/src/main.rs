@@ -1,5 +1,6 @@
 //! The `dflash-rs` binary.
 
+mod check_cmd;
 mod drafter_cmd;
 mod eval_cmd;
 mod generate;
@@ -31,6 +32,8 @@ enum Command {
     Eval(eval_cmd::EvalArgs),
     /// Check a target/drafter pair for train/eval mismatches.
     Doctor(eval_cmd::DoctorArgs),
+    /// Compare a device (CUDA) against the CPU: logits, taps, AR, DFlash/DDTree losslessness.
+    DeviceCheck(check_cmd::DeviceCheckArgs),
     /// Drafter checkpoints.
     #[command(subcommand)]
     Drafter(drafter_cmd::DrafterCommand),
@@ -50,6 +53,7 @@ fn main() {
         Command::Data(c) => train_cmd::run_data(c),
         Command::Train(a) => train_cmd::run_train(a),
         Command::Eval(a) => eval_cmd::run_eval(a),
+        Command::DeviceCheck(a) => check_cmd::run(a),
         Command::Doctor(a) => eval_cmd::run_doctor(a),
     };
     if let Err(e) = result {
