@@ -17,9 +17,7 @@ use dflash_core::sampling::SamplingParams;
 use dflash_core::visibility::causal;
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::drafter::Drafter;
-use dflash_model::drafter_init::{default_mask_token, drafter_config, random_weights, DrafterShape};
 use dflash_model::loader::{load_target, LoadedTarget};
-use dflash_model::weights::TensorStore;
 use dflash_model::Rows;
 
 #[derive(Args, Debug)]
@@ -39,8 +37,14 @@ pub struct DeviceCheckArgs {
 }
 
 fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
-    let a = a.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?;
-    let b = b.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?;
+    let a = a
+        .to_dtype(DType::F32)?
+        .to_device(&Device::Cpu)?
+        .flatten_all()?;
+    let b = b
+        .to_dtype(DType::F32)?
+        .to_device(&Device::Cpu)?
+        .flatten_all()?;
     let d = (a - &b)?.abs()?.max(0)?.to_scalar::<f32>()? as f64;
     let s = b.abs()?.max(0)?.to_scalar::<f32>()? as f64;
     Ok(d / s.max(1e-12))
@@ -49,17 +53,7 @@ fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
 fn drafter_for(lt: &LoadedTarget, dir: &Option<PathBuf>) -> Result<Drafter> {
     match dir {
         Some(d) => Drafter::load_dir(d, &lt.target),
-        None => {
-            let shape = DrafterShape {
-                layers: 2,
-                block_size: 16,
-                mask_token_id: default_mask_token(&lt.tokenizer).unwrap_or(0),
-                intermediate_size: None,
-                target_layer_ids: None,
-            };
-            let cfg = drafter_config(&lt.target, &shape)?;
-            Drafter::load(cfg.clone(), &TensorStore::new(random_weights(&cfg, 0)?, lt.target.dtype, lt.target.device.clone()), &lt.target)
-        }
+        None => dflash_model::drafter_init::random_drafter(lt, 2, 16, None, 0),
     }
 }
 
@@ -71,36 +65,78 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
     eprintln!("{gpu32}");
     let d_cpu = drafter_for(&cpu, &a.drafter)?;
     let taps = d_cpu.target_layer_ids.clone();
-    let prompt = cpu.tokenizer.prompt_ids("Explain in two sentences why the sky is blue.", true)?;
+    let prompt = cpu
+        .tokenizer
+        .prompt_ids("Explain in two sentences why the sky is blue.", true)?;
     let n = prompt.len();
     let pos: Vec<usize> = (0..n).collect();
     let fwd = |lt: &LoadedTarget| {
         let mut c = lt.target.new_cache();
-        lt.target.forward(&prompt, &pos, &causal(0, n), &mut c, &taps, &Rows::All)
+        lt.target
+            .forward(&prompt, &pos, &causal(0, n), &mut c, &taps, &Rows::All)
     };
     let (oc, o32, o16) = (fwd(&cpu)?, fwd(&gpu32)?, fwd(&gpu16)?);
     let mut rows: Vec<(String, bool, String)> = Vec::new();
     let l32 = rel(o32.logits.as_ref().unwrap(), oc.logits.as_ref().unwrap())?;
-    let t32 = oc.taps.iter().zip(&o32.taps).map(|(c, g)| rel(g, c)).collect::<Result<Vec<_>>>()?.into_iter().fold(0.0, f64::max);
-    rows.push(("f32 logits and taps vs CPU".into(), l32 <= 1e-4 && t32 <= 1e-4, format!("logits {l32:.1e}, taps {t32:.1e} (≤ 1e-4)")));
+    let t32 = oc
+        .taps
+        .iter()
+        .zip(&o32.taps)
+        .map(|(c, g)| rel(g, c))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .fold(0.0, f64::max);
+    rows.push((
+        "f32 logits and taps vs CPU".into(),
+        l32 <= 1e-4 && t32 <= 1e-4,
+        format!("logits {l32:.1e}, taps {t32:.1e} (≤ 1e-4)"),
+    ));
     let l16 = rel(o16.logits.as_ref().unwrap(), oc.logits.as_ref().unwrap())?;
-    let t16 = oc.taps.iter().zip(&o16.taps).map(|(c, g)| rel(g, c)).collect::<Result<Vec<_>>>()?.into_iter().fold(0.0, f64::max);
+    let t16 = oc
+        .taps
+        .iter()
+        .zip(&o16.taps)
+        .map(|(c, g)| rel(g, c))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .fold(0.0, f64::max);
     rows.push((
         "bf16 logits and taps vs CPU f32".into(),
         l16 <= a.bf16_tolerance && t16 <= a.bf16_tolerance,
-        format!("logits {l16:.1e}, taps {t16:.1e} (≤ {:.0e})", a.bf16_tolerance),
+        format!(
+            "logits {l16:.1e}, taps {t16:.1e} (≤ {:.0e})",
+            a.bf16_tolerance
+        ),
     ));
-    let req = Request { prompt_ids: prompt.clone(), max_new_tokens: a.new_tokens, sampling: SamplingParams::default(), stop_ids: vec![] };
+    let req = Request {
+        prompt_ids: prompt.clone(),
+        max_new_tokens: a.new_tokens,
+        sampling: SamplingParams::default(),
+        stop_ids: vec![],
+    };
     let ar_cpu = generate(&cpu.target, None, Mode::Ar, &req)?;
     for (name, lt) in [("f32", &gpu32), ("bf16", &gpu16)] {
         let t = Instant::now();
         let ar = generate(&lt.target, None, Mode::Ar, &req)?;
         let ar_secs = t.elapsed().as_secs_f64();
         if name == "f32" {
-            rows.push(("AR on device = AR on CPU (T=0)".into(), ar.new_tokens == ar_cpu.new_tokens, format!("{} tokens", ar.new_tokens.len())));
+            rows.push((
+                "AR on device = AR on CPU (T=0)".into(),
+                ar.new_tokens == ar_cpu.new_tokens,
+                format!("{} tokens", ar.new_tokens.len()),
+            ));
         }
         let d = drafter_for(lt, &a.drafter)?;
-        for mode in [Mode::Chain { block: d.block_size }, Mode::Tree { block: d.block_size, budget: 8, top_k: 0 }] {
+        for mode in [
+            Mode::Chain {
+                block: d.block_size,
+            },
+            Mode::Tree {
+                block: d.block_size,
+                budget: 8,
+                top_k: 0,
+            },
+        ] {
             let g = generate(&lt.target, Some(&d), mode, &req)?;
             let same = g.new_tokens == ar.new_tokens;
             rows.push((
@@ -108,7 +144,11 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                 same || name == "bf16",
                 format!(
                     "{}{} rounds; AR {:.2} ms/token",
-                    if same { "" } else { "differs (bf16 near-tie, reported) ; " },
+                    if same {
+                        ""
+                    } else {
+                        "differs (bf16 near-tie, reported) ; "
+                    },
                     g.rounds.len(),
                     ar_secs * 1e3 / ar.new_tokens.len() as f64
                 ),
@@ -116,9 +156,17 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
         }
         let p = dflash_eval::doctor::parity_diff(lt, &d, &prompt)?;
         if name == "f32" {
-            rows.push((format!("train/infer parity ({name})"), (p as f64) <= 1e-4, format!("max |Δ logits| {p:.1e} (≤ 1e-4)")));
+            rows.push((
+                format!("train/infer parity ({name})"),
+                (p as f64) <= 1e-4,
+                format!("max |Δ logits| {p:.1e} (≤ 1e-4)"),
+            ));
         } else {
-            rows.push((format!("train/infer parity ({name})"), true, format!("max |Δ logits| {p:.1e} (reported)")));
+            rows.push((
+                format!("train/infer parity ({name})"),
+                true,
+                format!("max |Δ logits| {p:.1e} (reported)"),
+            ));
         }
     }
     println!("| check | result | numbers |\n|---|---|---|");

@@ -6,19 +6,12 @@
 
 mod common;
 
-use candle_core::{DType, Device};
 use common::*;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::tree::DraftTree;
 use dflash_core::visibility::causal;
 use dflash_engine::decode::compact_cache;
 use dflash_engine::{generate, Mode, Request};
-use dflash_model::drafter::Drafter;
-use dflash_model::drafter_init::{
-    default_mask_token, drafter_config, random_weights, DrafterShape,
-};
-use dflash_model::loader::load_target;
-use dflash_model::weights::TensorStore;
 use dflash_model::Rows;
 
 #[test]
@@ -71,28 +64,8 @@ fn tree_tau_is_at_least_chain_tau_here() {
 
 #[test]
 fn smollm2_tree_is_lossless() {
-    let home = dflash_model::loader::dflash_home();
-    let path = home.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-assets.sh smollm2",
-        path.display()
-    );
-    let lt = load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
-    let shape = DrafterShape {
-        layers: 1,
-        block_size: 6,
-        mask_token_id: default_mask_token(&lt.tokenizer).unwrap(),
-        intermediate_size: Some(128),
-        target_layer_ids: None,
-    };
-    let cfg = drafter_config(&lt.target, &shape).unwrap();
-    let d = Drafter::load(
-        cfg.clone(),
-        &TensorStore::new(random_weights(&cfg, 3).unwrap(), DType::F32, Device::Cpu),
-        &lt.target,
-    )
-    .unwrap();
+    let lt = smollm2();
+    let d = dflash_model::drafter_init::random_drafter(&lt, 1, 6, Some(128), 3).unwrap();
     for (p, budget) in [("Name three fruits.", 8), ("What is 7 times 6?", 16)] {
         let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
         let r = Request {

@@ -10,32 +10,13 @@ use common::*;
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::{generate, Mode};
 use dflash_model::drafter::Drafter;
-use dflash_model::drafter_init::{
-    default_mask_token, drafter_config, random_weights, DrafterShape,
-};
 use dflash_model::loader::load_target;
 use dflash_model::weights::TensorStore;
 
 #[test]
 fn smollm2_random_drafter_is_lossless_at_t0() {
-    let home = dflash_model::loader::dflash_home();
-    let path = home.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-assets.sh smollm2",
-        path.display()
-    );
-    let lt = load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
-    let shape = DrafterShape {
-        layers: 2,
-        block_size: 8,
-        mask_token_id: default_mask_token(&lt.tokenizer).unwrap(),
-        intermediate_size: Some(256),
-        target_layer_ids: None,
-    };
-    let cfg = drafter_config(&lt.target, &shape).unwrap();
-    let store = TensorStore::new(random_weights(&cfg, 7).unwrap(), DType::F32, Device::Cpu);
-    let d = Drafter::load(cfg, &store, &lt.target).unwrap();
+    let lt = smollm2();
+    let d = dflash_model::drafter_init::random_drafter(&lt, 2, 8, Some(256), 7).unwrap();
     let prompts = [
         "What is 2 + 2?",
         "Name a color.",

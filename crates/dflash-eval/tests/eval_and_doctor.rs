@@ -11,11 +11,8 @@ use dflash_eval::doctor::{doctor, Tolerances};
 use dflash_eval::harness::{mode_specs, parse_modes, run, EvalDrafter, EvalOptions};
 use dflash_eval::report::{lossless_check, mode_reports, write, Report};
 use dflash_model::drafter::Drafter;
-use dflash_model::drafter_init::{
-    default_mask_token, drafter_config, random_weights, save_drafter, DrafterShape,
-};
+use dflash_model::drafter_init::{drafter_config, random_weights, save_drafter, DrafterShape};
 use dflash_model::loader::{dflash_home, load_target, LoadedTarget};
-use dflash_model::weights::TensorStore;
 use dflash_train::config::TrainConfig;
 use dflash_train::prompts::Prompt;
 use dflash_train::regen::{regenerate, RegenOptions};
@@ -36,20 +33,7 @@ fn smollm2() -> LoadedTarget {
     load_target(p.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap()
 }
 fn random_drafter(lt: &LoadedTarget, seed: u64) -> Drafter {
-    let shape = DrafterShape {
-        layers: 1,
-        block_size: 4,
-        mask_token_id: default_mask_token(&lt.tokenizer).unwrap(),
-        intermediate_size: Some(128),
-        target_layer_ids: None,
-    };
-    let cfg = drafter_config(&lt.target, &shape).unwrap();
-    Drafter::load(
-        cfg.clone(),
-        &TensorStore::new(random_weights(&cfg, seed).unwrap(), DType::F32, Device::Cpu),
-        &lt.target,
-    )
-    .unwrap()
+    dflash_model::drafter_init::random_drafter(lt, 1, 4, Some(128), seed).unwrap()
 }
 
 #[test]

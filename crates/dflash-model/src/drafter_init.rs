@@ -180,3 +180,30 @@ pub fn save_drafter(
     }
     Ok(())
 }
+
+/// A seeded random drafter for a loaded target (its default mask token), in the target's
+/// dtype and device: for exercising the decoding loops and for tests.
+pub fn random_drafter(
+    lt: &crate::loader::LoadedTarget,
+    layers: usize,
+    block_size: usize,
+    intermediate_size: Option<usize>,
+    seed: u64,
+) -> Result<crate::drafter::Drafter> {
+    let mask_token_id = default_mask_token(&lt.tokenizer)
+        .context("the target has no unused special token for a mask")?;
+    let shape = DrafterShape {
+        layers,
+        block_size,
+        mask_token_id,
+        intermediate_size,
+        target_layer_ids: None,
+    };
+    let cfg = drafter_config(&lt.target, &shape)?;
+    let store = crate::weights::TensorStore::new(
+        random_weights(&cfg, seed)?,
+        lt.target.dtype,
+        lt.target.device.clone(),
+    );
+    crate::drafter::Drafter::load(cfg, &store, &lt.target)
+}

@@ -140,6 +140,34 @@ fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     p
 }
 
+/// One sequence's objective: the clean target forward for its features, anchors drawn with
+/// `anchor_seed`, the block loss. Training and validation both go through here.
+pub fn sequence_loss(
+    td: &TrainableDrafter,
+    lt: &LoadedTarget,
+    cfg: &TrainConfig,
+    s: &Sequence,
+    anchor_seed: u64,
+) -> Result<crate::loss::LossOutput> {
+    let feats = target_features(
+        &lt.target,
+        &td.drafter.target_layer_ids,
+        &s.ids,
+        cfg.loss == LossKind::Kl,
+    )?;
+    let a = anchors::sample(&s.loss_mask, cfg.num_anchors, anchor_seed);
+    block_loss(
+        &td.drafter,
+        &lt.target,
+        s,
+        &feats,
+        &a,
+        cfg.block_size,
+        cfg.gamma,
+        cfg.loss,
+    )
+}
+
 /// Loss and acceptance on held-out sequences (fixed anchors).
 pub fn evaluate(
     td: &TrainableDrafter,
@@ -150,26 +178,12 @@ pub fn evaluate(
     let mut counts = AcceptCounts::new(cfg.block_size - 1);
     let (mut num, mut den) = (0.0, 0.0);
     for (i, s) in seqs.iter().enumerate() {
-        let feats = target_features(
-            &lt.target,
-            &td.drafter.target_layer_ids,
-            &s.ids,
-            cfg.loss == LossKind::Kl,
-        )?;
-        let a = anchors::sample(
-            &s.loss_mask,
-            cfg.num_anchors,
-            anchors::seed_for(cfg.seed, usize::MAX - 1, i),
-        );
-        let out = block_loss(
-            &td.drafter,
-            &lt.target,
+        let out = sequence_loss(
+            td,
+            lt,
+            cfg,
             s,
-            &feats,
-            &a,
-            cfg.block_size,
-            cfg.gamma,
-            cfg.loss,
+            anchors::seed_for(cfg.seed, usize::MAX - 1, i),
         )?;
         num += out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * out.weight_sum;
         den += out.weight_sum;
@@ -342,26 +356,12 @@ pub fn train(
             let si = order[state.position];
             state.position += 1;
             let s = &train_seqs[si];
-            let feats = target_features(
-                &lt.target,
-                &td.drafter.target_layer_ids,
-                &s.ids,
-                cfg.loss == LossKind::Kl,
-            )?;
-            let a = anchors::sample(
-                &s.loss_mask,
-                cfg.num_anchors,
-                anchors::seed_for(cfg.seed, state.epoch, si),
-            );
-            let out = block_loss(
-                &td.drafter,
-                &lt.target,
+            let out = sequence_loss(
+                &td,
+                lt,
+                &cfg,
                 s,
-                &feats,
-                &a,
-                cfg.block_size,
-                cfg.gamma,
-                cfg.loss,
+                anchors::seed_for(cfg.seed, state.epoch, si),
             )?;
             let l = out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             if !l.is_finite() {

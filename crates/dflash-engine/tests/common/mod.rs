@@ -31,6 +31,18 @@ pub fn tiny_prompt() -> Vec<u32> {
 pub fn loop_prompt() -> Vec<u32> {
     [tiny_prompt(), vec![210, 213, 107, 175, 174, 175, 62, 74]].concat()
 }
+/// SmolLM2-135M from the asset cache (f32, CPU).
+pub fn smollm2() -> dflash_model::loader::LoadedTarget {
+    let path = dflash_model::loader::dflash_home()
+        .join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/fetch-assets.sh smollm2",
+        path.display()
+    );
+    dflash_model::loader::load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap()
+}
+
 pub fn req(prompt: &[u32], n: usize, sampling: SamplingParams, stop: &[u32]) -> Request {
     Request {
         prompt_ids: prompt.to_vec(),
