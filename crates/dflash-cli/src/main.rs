@@ -1,5 +1,6 @@
 //! The `dflash-rs` binary.
 
+mod bench_cmd;
 mod check_cmd;
 mod drafter_cmd;
 mod eval_cmd;
@@ -34,6 +35,8 @@ enum Command {
     Doctor(eval_cmd::DoctorArgs),
     /// Compare a device (CUDA) against the CPU: logits, taps, AR, DFlash/DDTree losslessness.
     DeviceCheck(check_cmd::DeviceCheckArgs),
+    /// Time per output token per mode, and one target forward against its floor.
+    Bench(bench_cmd::BenchArgs),
     /// Drafter checkpoints.
     #[command(subcommand)]
     Drafter(drafter_cmd::DrafterCommand),
@@ -54,6 +57,7 @@ fn main() {
         Command::Train(a) => train_cmd::run_train(a),
         Command::Eval(a) => eval_cmd::run_eval(a),
         Command::DeviceCheck(a) => check_cmd::run(a),
+        Command::Bench(a) => bench_cmd::run(a),
         Command::Doctor(a) => eval_cmd::run_doctor(a),
     };
     if let Err(e) = result {
