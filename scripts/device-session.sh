@@ -3,6 +3,7 @@
 # SmolLM2 GGUF, unpacks the CUDA binary, then runs the device checks, the benchmarks with the
 # PyTorch reference beside them, and a short bf16 training run. Logs go to $OUT.
 # Expects: .device/dflash-rs.xz, .device/whl/*.whl, /root/stage/smollm2.gguf/part* (device-stage).
+# Usage: scripts/device-session.sh [check] [bench] [reference] [train]   (default: all four)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export DFLASH_HOME=/root/dh
@@ -17,17 +18,27 @@ B=/root/dflash-rs
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .device/whl/*.whl && export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 step() { echo "== $*" | tee -a "$OUT/log.txt"; }
+want() { [ $# -eq 0 ] && return 0; for w in $WANT; do [ "$w" = "$1" ] && return 0; done; return 1; }
+WANT="${*:-check bench reference train}"
+if want check; then
 step device-check
 $B device-check --device cuda 2>&1 | tee "$OUT/device-check.md"
+fi
+if want bench; then
 step bench bf16
 $B bench --device cuda --dtype bf16 --modes ar,dflash,ddtree:8,ddtree:32 --new-tokens 256 --repeats 2 2>&1 | tee "$OUT/bench-bf16.md"
 step bench f32
 $B bench --device cuda --dtype f32 --modes ar,dflash --new-tokens 128 --repeats 1 2>&1 | tee "$OUT/bench-f32.md"
+fi
+if want reference; then
 step reference
 timeout 300 python3 bench/zlab_reference.py "$G" 256 2>&1 | grep -v -i warn | tail -5 | tee "$OUT/reference.txt"
+fi
+if want train; then
 step train
 for p in "Name a fruit." "What is 3+4?" "Say hello in Spanish." "Name a planet." "Count to five." "Why is the sea salty?" "Give me a haiku." "What is an atom?"; do echo "{\"prompt\": \"$p\"}"; done > /tmp/p.jsonl
 $B data generate --prompts /tmp/p.jsonl --out /tmp/data --max-new-tokens 96 --device cuda --dtype bf16 2>&1 | tail -2 | tee -a "$OUT/train.txt"
 echo '{"num_draft_layers": 5, "block_size": 16, "num_anchors": 64, "max_steps": 40, "save_every": 40, "val_every": 40, "val_sequences": 1, "dtype": "bf16", "device": "cuda"}' > /tmp/cfg.json
 $B train --data /tmp/data --out /tmp/run --config /tmp/cfg.json 2>&1 | tail -3 | tee -a "$OUT/train.txt"
 tail -2 /tmp/run/metrics.jsonl | tee -a "$OUT/train.txt"
+fi

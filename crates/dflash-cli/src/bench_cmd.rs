@@ -61,9 +61,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Some(d) => Drafter::load_dir(d, &lt.target)?,
         None => dflash_model::drafter_init::random_drafter(&lt, 5, 16, None, 0)?,
     };
-    let drafters = vec![EvalDrafter { label: "d".into(), drafter }];
+    let drafters = vec![EvalDrafter {
+        label: "d".into(),
+        drafter,
+    }];
     let specs = mode_specs(&modes, &drafters, None)?;
-    println!("target {} on {} ({}), {} new tokens × {} prompts, median of {}", a.target, a.device, a.dtype, a.new_tokens, PROMPTS.len(), a.repeats);
+    println!(
+        "target {} on {} ({}), {} new tokens × {} prompts, median of {}",
+        a.target,
+        a.device,
+        a.dtype,
+        a.new_tokens,
+        PROMPTS.len(),
+        a.repeats
+    );
     println!("| mode | ms / output token | tok/s | τ pooled | draft ms/round | verify ms/round | other ms/round |");
     println!("|---|---|---|---|---|---|---|");
     for spec in &specs {
@@ -74,7 +85,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let (mut secs, mut toks, mut rounds) = (0.0, 0usize, Vec::new());
             for p in PROMPTS {
                 let ids = lt.tokenizer.prompt_ids(p, true)?;
-                let req = Request { prompt_ids: ids, max_new_tokens: a.new_tokens, sampling: SamplingParams::default(), stop_ids: vec![] };
+                let req = Request {
+                    prompt_ids: ids,
+                    max_new_tokens: a.new_tokens,
+                    sampling: SamplingParams::default(),
+                    stop_ids: vec![],
+                };
                 sync(&dev)?;
                 let g = generate(&lt.target, d, spec.mode, &req)?;
                 sync(&dev)?;
@@ -93,14 +109,29 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let t = median(tpot);
         println!(
             "| {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            spec.label, t * 1e3, 1.0 / t, s.tau_pooled, per(s.draft_secs), per(s.verify_secs), per(s.other_secs)
+            spec.label,
+            t * 1e3,
+            1.0 / t,
+            s.tau_pooled,
+            per(s.draft_secs),
+            per(s.verify_secs),
+            per(s.other_secs)
         );
     }
     // one target forward on a warm 512-row cache, against the floor
     let t = &lt.target;
-    let ctx: Vec<u32> = (0..512u32).map(|i| 200 + (i * 7919) % 20000 % t.vocab_size() as u32).collect();
+    let ctx: Vec<u32> = (0..512u32)
+        .map(|i| 200 + (i * 7919) % 20000 % t.vocab_size() as u32)
+        .collect();
     let mut cache = t.new_cache();
-    t.forward(&ctx, &(0..512).collect::<Vec<_>>(), &causal(0, 512), &mut cache, &[], &Rows::None)?;
+    t.forward(
+        &ctx,
+        &(0..512).collect::<Vec<_>>(),
+        &causal(0, 512),
+        &mut cache,
+        &[],
+        &Rows::None,
+    )?;
     let mut rows = Vec::new();
     for n in [1usize, 16] {
         let toks: Vec<u32> = (0..n as u32).map(|i| 300 + i).collect();
@@ -110,7 +141,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
             sync(&dev)?;
             let s = Instant::now();
             let o = t.forward(&toks, &pos, &causal(512, n), &mut cache, &[], &Rows::All)?;
-            let _ = o.logits.unwrap().to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()?;
+            let _ = o
+                .logits
+                .unwrap()
+                .to_dtype(DType::F32)?
+                .sum_all()?
+                .to_scalar::<f32>()?;
             sync(&dev)?;
             if i >= 2 {
                 v.push(s.elapsed().as_secs_f64());
@@ -136,14 +172,23 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let floor = weight_bytes as f64 / bw;
     println!("\nmeasured copy bandwidth {:.1} GB/s; weights {:.1} MB in {:?} → floor {:.3} ms per forward", bw / 1e9, weight_bytes as f64 / 1e6, dtype, floor * 1e3);
     for (n, s) in rows {
-        println!("one target forward, {n:>2} new row(s) on a 512-row cache: {:.3} ms ({:.1}× the floor)", s * 1e3, s / floor);
+        println!(
+            "one target forward, {n:>2} new row(s) on a 512-row cache: {:.3} ms ({:.1}× the floor)",
+            s * 1e3,
+            s / floor
+        );
     }
     Ok(())
 }
 
 fn weight_bytes(lt: &dflash_model::loader::LoadedTarget) -> Result<usize> {
     let c = &lt.target.config;
-    let (h, l, i, v) = (c.hidden_size, c.num_hidden_layers, c.intermediate_size, c.vocab_size);
+    let (h, l, i, v) = (
+        c.hidden_size,
+        c.num_hidden_layers,
+        c.intermediate_size,
+        c.vocab_size,
+    );
     let (nh, nkv, hd) = (c.num_attention_heads, c.num_kv_heads(), c.head_dim());
     let per_layer = h * nh * hd * 2 + 2 * h * nkv * hd + 3 * h * i + 2 * h;
     let head = if c.tie_word_embeddings { 0 } else { v * h };

@@ -51,7 +51,7 @@ impl TensorStore {
         self.tensors.contains_key(name)
     }
 
-    /// The tensor `name`, in the store's dtype, checked against `shape`.
+    /// The tensor `name`, in the store's dtype and on its device, checked against `shape`.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let t = self
             .tensors
@@ -65,7 +65,7 @@ impl TensorStore {
             );
         }
         self.used.borrow_mut().insert(name.to_string());
-        Ok(t.to_dtype(self.dtype)?)
+        Ok(t.to_dtype(self.dtype)?.to_device(&self.device)?)
     }
 
     /// The tensor `name` if present (e.g. optional biases).

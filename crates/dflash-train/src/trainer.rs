@@ -108,6 +108,22 @@ impl TrainableDrafter {
             .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
             .collect()
     }
+
+    /// After an optimizer step: when the drafter computes in another dtype than its master
+    /// weights (bf16 on GPU), its weights are casts taken at build time, so cast them anew.
+    /// (At the master dtype the drafter's tensors share storage with the variables.)
+    pub fn refresh(&mut self, lt: &LoadedTarget) -> Result<()> {
+        let t = &lt.target;
+        if self
+            .params
+            .first()
+            .is_some_and(|(_, p)| p.dtype() != t.dtype)
+        {
+            let store = TensorStore::new(self.weights(), t.dtype, t.device.clone());
+            self.drafter = Drafter::load(self.config.clone(), &store, t)?;
+        }
+        Ok(())
+    }
 }
 
 /// Sequences cut to `max_length`, and the ones without two consecutive supervised tokens
@@ -286,7 +302,7 @@ pub fn train(
         )?,
         None => random_weights(&dcfg, cfg.init_seed)?,
     };
-    let td = TrainableDrafter::new(dcfg.clone(), &weights, lt)?;
+    let mut td = TrainableDrafter::new(dcfg.clone(), &weights, lt)?;
     let names: Vec<String> = td.params.iter().map(|(n, _)| n.clone()).collect();
     let mut opt = AdamW::new(&td.params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)?;
     let mut state = TrainerState {
@@ -405,6 +421,7 @@ pub fn train(
         }
         let lr = cfg.lr_at(state.steps_done, total);
         opt.update(&td.params, &grads, lr)?;
+        td.refresh(lt)?;
         state.steps_done += 1;
         state.adam_step = opt.step;
         tokens_total += sup;

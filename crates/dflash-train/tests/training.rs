@@ -152,3 +152,53 @@ fn nan_loss_stops_and_keeps_the_last_good_checkpoint() {
         assert!(s.is_finite(), "{n} is not finite in the kept checkpoint");
     }
 }
+
+#[test]
+fn bf16_training_follows_f32() {
+    // bf16 compute with f32 master weights: the bf16 copies must be refreshed after every step
+    // (a stale copy leaves the loss flat while the master weights move)
+    let td = tiny_target_dir("bf16");
+    let data = tmp("bf16-data");
+    write_data(
+        &data,
+        &td,
+        &(0..4).map(|i| sequence(20 + i, 4, 20)).collect::<Vec<_>>(),
+    );
+    let mut curves = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let lt = load(&td, dtype);
+        let mut cfg = small_config();
+        cfg.max_steps = Some(30);
+        cfg.save_every = 30;
+        cfg.dtype = if dtype == DType::F32 {
+            "f32".into()
+        } else {
+            "bf16".into()
+        };
+        let out = tmp(&format!("bf16-out-{dtype:?}"));
+        train(&lt, &data, &out, cfg, false).unwrap();
+        let losses: Vec<f64> = std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect();
+        curves.push(losses);
+    }
+    let (f, b) = (&curves[0], &curves[1]);
+    assert!(
+        b.last().unwrap() < &(b[0] * 0.95),
+        "bf16 loss did not fall: {b:?}"
+    );
+    let rel = (b.last().unwrap() - f.last().unwrap()).abs() / f.last().unwrap();
+    assert!(
+        rel < 0.05,
+        "bf16 final loss {} vs f32 {} ({:.1}%)",
+        b.last().unwrap(),
+        f.last().unwrap(),
+        rel * 100.0
+    );
+}
