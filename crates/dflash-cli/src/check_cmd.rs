@@ -4,7 +4,7 @@
 //! its own tolerance), AR on the device equals AR on the CPU at T = 0, DFlash and DDTree on the
 //! device equal the device's AR, and training-path vs inference-path drafter logits agree on
 //! the device. In bf16, a verify of many rows and an AR step round differently, so greedy
-//! equality can break at near-ties: those rows are reported, not required. Prints a table and
+//! equality can break where the top-2 logits are close: those rows are reported, not required. Prints a table and
 //! exits non-zero on any failed required check.
 
 use std::path::PathBuf;
@@ -147,7 +147,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                     if same {
                         ""
                     } else {
-                        "differs (bf16 near-tie, reported) ; "
+                        "differs from AR (bf16 rounds wide and narrow forwards differently; reported); "
                     },
                     g.rounds.len(),
                     ar_secs * 1e3 / ar.new_tokens.len() as f64
