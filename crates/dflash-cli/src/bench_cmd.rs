@@ -151,7 +151,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             if i >= 2 {
                 v.push(s.elapsed().as_secs_f64());
             }
-            cache.truncate(512);
+            cache.truncate(512)?;
         }
         rows.push((n, median(v)));
     }

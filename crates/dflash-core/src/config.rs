@@ -74,6 +74,23 @@ pub struct TargetConfig {
     pub eos_token_id: Option<TokenIds>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch_dtype: Option<String>,
+    /// Hybrid models (qwen3_5): `linear_attention` or `full_attention` per layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_attention_interval: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_rotary_factor: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_conv_kernel_dim: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_key_head_dim: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_value_head_dim: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_num_key_heads: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_num_value_heads: Option<usize>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -129,6 +146,48 @@ impl TargetConfig {
             .unwrap_or_default()
     }
 
+    /// Qwen3.5-style hybrid (Gated DeltaNet + gated attention).
+    pub fn is_qwen3_5(&self) -> bool {
+        self.model_type == "qwen3_5" || self.model_type == "qwen3_5_text"
+    }
+
+    /// The fraction of head_dim that RoPE rotates: `partial_rotary_factor` at the top level or
+    /// in `rope_parameters`; transformers' default is 0.25 for qwen3_5 and 1 elsewhere.
+    pub fn rotary_fraction(&self) -> f64 {
+        self.partial_rotary_factor
+            .or_else(|| {
+                self.rope_parameters
+                    .as_ref()
+                    .and_then(|p| p.extra.get("partial_rotary_factor"))
+                    .and_then(|v| v.as_f64())
+            })
+            .unwrap_or(if self.is_qwen3_5() { 0.25 } else { 1.0 })
+    }
+
+    /// Layer kinds: `layer_types`, or for qwen3_5 every `full_attention_interval`-th layer
+    /// (default 4) full attention and the rest linear attention; otherwise all full attention.
+    /// Example: 8 layers, interval 4 → linear ×3, full, linear ×3, full.
+    pub fn resolved_layer_types(&self) -> Vec<String> {
+        if let Some(t) = &self.layer_types {
+            return t.clone();
+        }
+        let every = if self.is_qwen3_5() {
+            self.full_attention_interval.unwrap_or(4)
+        } else {
+            1
+        };
+        (0..self.num_hidden_layers)
+            .map(|i| {
+                if (i + 1) % every == 0 {
+                    "full_attention"
+                } else {
+                    "linear_attention"
+                }
+                .to_string()
+            })
+            .collect()
+    }
+
     /// Shape checks that every family shares.
     pub fn validate(&self) -> Result<(), CoreError> {
         let bad = |m: String| Err(CoreError::Config(m));
@@ -150,6 +209,39 @@ impl TargetConfig {
                 "head_dim {} must be even for RoPE",
                 self.head_dim()
             ));
+        }
+        let types = self.resolved_layer_types();
+        if types.len() != self.num_hidden_layers {
+            return bad(format!(
+                "layer_types has {} entries for {} layers",
+                types.len(),
+                self.num_hidden_layers
+            ));
+        }
+        if let Some(t) = types
+            .iter()
+            .find(|t| *t != "full_attention" && *t != "linear_attention")
+        {
+            return bad(format!("unknown layer type '{t}'"));
+        }
+        if types.iter().any(|t| t == "linear_attention") {
+            let need = [
+                ("linear_conv_kernel_dim", self.linear_conv_kernel_dim),
+                ("linear_key_head_dim", self.linear_key_head_dim),
+                ("linear_value_head_dim", self.linear_value_head_dim),
+                ("linear_num_key_heads", self.linear_num_key_heads),
+                ("linear_num_value_heads", self.linear_num_value_heads),
+            ];
+            if let Some((n, _)) = need.iter().find(|(_, v)| v.is_none_or(|x| x == 0)) {
+                return bad(format!("linear_attention layers need {n} > 0"));
+            }
+            let (hk, hv) = (
+                self.linear_num_key_heads.unwrap(),
+                self.linear_num_value_heads.unwrap(),
+            );
+            if hv % hk != 0 {
+                return bad(format!("linear_num_value_heads ({hv}) must be a multiple of linear_num_key_heads ({hk})"));
+            }
         }
         check_rope_scaling(&self.rope_scaling, &self.rope_parameters)
     }

@@ -69,7 +69,7 @@ fn main() -> Result<()> {
                 &Rows::All,
             )?;
             times.push(tt.elapsed().as_secs_f64() * 1e3);
-            cache.truncate(cache_len);
+            cache.truncate(cache_len)?;
         }
         times.sort_by(f64::total_cmp);
         println!("| {name} | {} | {:.1} |", tree.len(), times[reps / 2]);

@@ -91,7 +91,7 @@ fn row(logits: &Tensor, r: usize) -> Result<Vec<f32>> {
 /// is a plain truncation. Example: cache 40, tree path rows [0, 2, 5] → rows 0..40, 40, 42, 45.
 pub fn compact_cache(cache: &mut KvCache, cache_len: usize, kept: &[usize]) -> Result<()> {
     if kept.iter().enumerate().all(|(i, &r)| i == r) {
-        cache.truncate(cache_len + kept.len());
+        cache.truncate(cache_len + kept.len())?;
     } else {
         let rows: Vec<usize> = (0..cache_len)
             .chain(kept.iter().map(|&r| cache_len + r))

@@ -330,7 +330,7 @@ impl Drafter {
                     .forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
         }
         if let Some(c) = cache {
-            c.commit();
+            c.commit(m + nb);
         }
         Ok(self.norm.forward(&x)?)
     }
@@ -369,7 +369,7 @@ impl Drafter {
             DraftLayout::Inference { anchor, block },
             Some(cache),
         )?;
-        cache.truncate(anchor);
+        cache.truncate(anchor)?;
         let rows = h.narrow(1, 1, block - 1)?;
         Ok(self.logits(target, &rows)?.squeeze(0)?)
     }

@@ -244,6 +244,14 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
         bos_token_id: tokenizer.bos_id.map(TokenIds::One),
         eos_token_id: tokenizer.eos_id.map(TokenIds::One),
         torch_dtype: None,
+        layer_types: None,
+        full_attention_interval: None,
+        partial_rotary_factor: None,
+        linear_conv_kernel_dim: None,
+        linear_key_head_dim: None,
+        linear_value_head_dim: None,
+        linear_num_key_heads: None,
+        linear_num_value_heads: None,
         extra: Map::new(),
     };
     let store = TensorStore::new(tensors, dtype, device.clone());

@@ -8,6 +8,8 @@
 
 use candle_core::{Result, Tensor};
 
+use crate::gdn::GdnCache;
+
 #[derive(Debug, Clone)]
 struct LayerKv {
     k: Tensor,
@@ -17,6 +19,8 @@ struct LayerKv {
 #[derive(Debug)]
 pub struct KvCache {
     layers: Vec<Option<LayerKv>>,
+    /// Linear-attention layers (hybrid targets) keep a state instead of K/V rows.
+    gdn: Vec<Option<GdnCache>>,
     len: usize,
     pending: usize,
 }
@@ -36,6 +40,7 @@ impl Clone for KvCache {
             .collect();
         Self {
             layers,
+            gdn: self.gdn.clone(),
             len: self.len,
             pending: 0,
         }
@@ -46,9 +51,38 @@ impl KvCache {
     pub fn new(num_layers: usize) -> Self {
         Self {
             layers: vec![None; num_layers],
+            gdn: vec![None; num_layers],
             len: 0,
             pending: 0,
         }
+    }
+
+    /// Make `layer` a linear-attention layer with this (empty) state.
+    pub fn set_gdn(&mut self, layer: usize, c: GdnCache) {
+        self.gdn[layer] = Some(c);
+    }
+
+    pub fn gdn_mut(&mut self, layer: usize) -> Result<&mut GdnCache> {
+        match self.gdn[layer].as_mut() {
+            Some(g) => Ok(g),
+            None => candle_core::bail!("layer {layer} has no linear-attention state in this cache"),
+        }
+    }
+
+    /// The first row of the last forward, as linear-attention layers see it.
+    fn gdn_base(&self) -> usize {
+        let pending = self
+            .gdn
+            .iter()
+            .flatten()
+            .map(|g| g.pending())
+            .max()
+            .unwrap_or(0);
+        self.len - pending.min(self.len)
+    }
+
+    fn has_gdn(&self) -> bool {
+        self.gdn.iter().any(|g| g.is_some())
     }
 
     /// Rows committed to the cache (visible to the next forward as its first columns).
@@ -90,22 +124,48 @@ impl KvCache {
         Ok((s.k.narrow(2, 0, need)?, s.v.narrow(2, 0, need)?))
     }
 
-    /// Make the rows appended by the last forward part of the cache.
-    pub fn commit(&mut self) {
-        self.len += self.pending;
+    /// Make the `n` rows of the last forward part of the cache.
+    pub fn commit(&mut self, n: usize) {
+        self.len += n;
         self.pending = 0;
     }
 
-    /// Keep the first `len` rows (rollback after a partially accepted chain).
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+    /// Keep the first `len` rows (rollback after a partially accepted chain). Linear-attention
+    /// layers install the state after row `len - 1`, which must lie in the last forward.
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        let len = self.len.min(len);
+        if self.has_gdn() {
+            let base = self.gdn_base();
+            if len < base {
+                candle_core::bail!("cannot roll linear-attention state back to {len} rows: the last forward started at row {base}");
+            }
+            for g in self.gdn.iter_mut().flatten() {
+                g.settle_prefix(len - base)
+                    .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+            }
+        }
+        self.len = len;
         self.pending = 0;
+        Ok(())
     }
 
     /// Keep only `rows` (ascending or not), in that order (tree compaction).
     pub fn keep_rows(&mut self, rows: &[usize]) -> Result<()> {
         if let Some(&bad) = rows.iter().find(|&&r| r >= self.len) {
             candle_core::bail!("keep_rows: row {bad} is past the cache length {}", self.len);
+        }
+        if self.has_gdn() {
+            // linear attention: the rows before the last forward stay whole; the kept rows of
+            // the last forward must be a root-to-node path of its tree
+            let base = self.gdn_base();
+            if rows.len() < base || rows[..base].iter().enumerate().any(|(i, &r)| i != r) {
+                candle_core::bail!("keep_rows: linear-attention layers cannot drop rows before the last forward (row {base})");
+            }
+            let path: Vec<usize> = rows[base..].iter().map(|&r| r - base).collect();
+            for g in self.gdn.iter_mut().flatten() {
+                g.settle_path(&path)
+                    .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+            }
         }
         for s in self.layers.iter_mut().flatten() {
             let idx = Tensor::from_vec(

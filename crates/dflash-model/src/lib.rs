@@ -7,6 +7,7 @@ pub mod attention;
 pub mod drafter;
 pub mod drafter_init;
 pub mod families;
+pub mod gdn;
 pub mod gguf;
 pub mod kv_cache;
 pub mod loader;

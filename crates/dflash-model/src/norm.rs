@@ -17,20 +17,40 @@ pub fn compute_dtype(d: DType) -> DType {
 pub struct RmsNorm {
     pub weight: Tensor,
     pub eps: f64,
+    /// Zero-centred weights (qwen3_5): `norm(x) · (1 + w)`, multiplied in f32 before the cast.
+    pub one_plus: bool,
 }
 
 impl RmsNorm {
     pub fn new(weight: Tensor, eps: f64) -> Self {
-        Self { weight, eps }
+        Self {
+            weight,
+            eps,
+            one_plus: false,
+        }
+    }
+    pub fn zero_centred(weight: Tensor, eps: f64) -> Self {
+        Self {
+            weight,
+            eps,
+            one_plus: true,
+        }
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dtype = x.dtype();
-        let xf = x.to_dtype(compute_dtype(dtype))?;
+        let cd = compute_dtype(dtype);
+        let xf = x.to_dtype(cd)?;
         let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
         let normed = xf.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        normed
-            .to_dtype(dtype)?
-            .broadcast_mul(&self.weight.to_dtype(dtype)?)
+        if self.one_plus {
+            normed
+                .broadcast_mul(&(self.weight.to_dtype(cd)? + 1.0)?)?
+                .to_dtype(dtype)
+        } else {
+            normed
+                .to_dtype(dtype)?
+                .broadcast_mul(&self.weight.to_dtype(dtype)?)
+        }
     }
 }

@@ -20,9 +20,11 @@ pub struct RopeTables {
 }
 
 impl Rope {
-    pub fn new(head_dim: usize, theta: f64) -> Self {
-        let inv_freq = (0..head_dim / 2)
-            .map(|i| (1.0 / theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
+    /// RoPE over the first `rotary_dim` features of each head (`rotary_dim` = head_dim unless
+    /// partial).
+    pub fn new(rotary_dim: usize, theta: f64) -> Self {
+        let inv_freq = (0..rotary_dim / 2)
+            .map(|i| (1.0 / theta.powf((2 * i) as f64 / rotary_dim as f64)) as f32)
             .collect();
         Self { inv_freq }
     }
@@ -47,16 +49,23 @@ impl Rope {
 }
 
 impl RopeTables {
-    /// Rotate `x` of shape `[b, heads, n, head_dim]` (row j at the table's position j).
+    /// Rotate `x` of shape `[b, heads, n, head_dim]` (row j at the table's position j). With
+    /// partial RoPE (tables narrower than head_dim / 2) only the first `2 · table width`
+    /// features rotate and the rest pass through, as transformers' qwen3_5 does.
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let d = x.dim(D::Minus1)?;
-        let half = d / 2;
+        let half = self.cos.dim(D::Minus1)?;
+        let rot = 2 * half;
         let x1 = x.narrow(D::Minus1, 0, half)?;
         let x2 = x.narrow(D::Minus1, half, half)?;
         let (cos, sin) = (&self.cos, &self.sin);
         let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
         let b = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
-        Tensor::cat(&[a, b], D::Minus1)
+        if rot == d {
+            Tensor::cat(&[a, b], D::Minus1)
+        } else {
+            Tensor::cat(&[a, b, x.narrow(D::Minus1, rot, d - rot)?], D::Minus1)
+        }
     }
 
     /// The tables of rows `start .. start + len`.

@@ -15,11 +15,21 @@ use dflash_core::visibility::Visibility;
 
 use crate::attention::{attend, mask_tensor};
 use crate::families::{spec_for, FamilySpec};
+use crate::gdn::{GatedDeltaNet, GdnCache, GdnDims};
 use crate::kv_cache::KvCache;
 use crate::mlp::{load_linear, Mlp};
 use crate::norm::RmsNorm;
 use crate::rope::{Rope, RopeTables};
 use crate::weights::TensorStore;
+
+/// The parent of each new row for linear-attention layers: its nearest visible earlier new
+/// row under the mask (causal: the previous row; tree: its parent node), `None` for a row
+/// that sees no earlier new row.
+fn parents_from_mask(mask: &Visibility, cache_len: usize) -> Vec<Option<usize>> {
+    (0..mask.rows)
+        .map(|i| (0..i).rev().find(|&j| mask.get(i, cache_len + j)))
+        .collect()
+}
 
 /// Which rows get logits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +58,7 @@ struct Attention {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    gated: bool,
 }
 
 impl Attention {
@@ -69,7 +80,29 @@ impl Attention {
             Ok(t.transpose(1, 2)?)
         };
         // 1. projections → [b, heads, n, d]; qwen3 normalises each head before RoPE
-        let q = split(self.q_proj.forward(x)?, self.heads, &self.q_norm)?;
+        let (q, gate) = if self.gated {
+            // q_proj yields [query | gate] per head
+            let qg = self
+                .q_proj
+                .forward(x)?
+                .reshape((b, n, self.heads, 2 * self.head_dim))?;
+            let gate = qg.narrow(3, self.head_dim, self.head_dim)?.reshape((
+                b,
+                n,
+                self.heads * self.head_dim,
+            ))?;
+            let q = qg.narrow(3, 0, self.head_dim)?.contiguous()?.reshape((
+                b,
+                n,
+                self.heads * self.head_dim,
+            ))?;
+            (split(q, self.heads, &self.q_norm)?, Some(gate))
+        } else {
+            (
+                split(self.q_proj.forward(x)?, self.heads, &self.q_norm)?,
+                None,
+            )
+        };
         let k = split(self.k_proj.forward(x)?, self.kv_heads, &self.k_norm)?;
         let v = split(self.v_proj.forward(x)?, self.kv_heads, &None)?;
         // 2. RoPE at each row's own position
@@ -79,14 +112,25 @@ impl Attention {
         let (k, v) = cache.append(layer, &k, &v)?;
         // 4. masked attention, grouped K/V
         let o = attend(&q, &k, &v, mask, 1.0 / (self.head_dim as f64).sqrt())?;
+        let o = match gate {
+            Some(g) => (o * candle_nn::ops::sigmoid(&g)?)?,
+            None => o,
+        };
         Ok(self.o_proj.forward(&o)?)
     }
+}
+
+/// The token mixer of a layer: softmax attention or Gated DeltaNet (hybrid targets).
+#[derive(Debug, Clone)]
+enum Mixer {
+    Attention(Attention),
+    GatedDeltaNet(GatedDeltaNet),
 }
 
 #[derive(Debug, Clone)]
 struct DecoderLayer {
     input_layernorm: RmsNorm,
-    self_attn: Attention,
+    mixer: Mixer,
     post_attention_layernorm: RmsNorm,
     mlp: Mlp,
 }
@@ -99,6 +143,9 @@ pub struct Target {
     norm: RmsNorm,
     lm_head: Tensor,
     rope: Rope,
+    /// Chain forwards of at least this many rows run the chunked Gated DeltaNet algorithm
+    /// (no per-row states kept: prefill); shorter ones and trees the recurrent one.
+    pub gdn_chunk_min_rows: usize,
     pub dtype: DType,
     pub device: Device,
     /// Tensor names the model took from its file(s).
@@ -119,35 +166,60 @@ impl Target {
             config.head_dim(),
         );
         let eps = config.rms_norm_eps;
+        let zc = spec.zero_centred_norm;
         let norm = |name: &str, dim: usize| -> Result<RmsNorm> {
-            Ok(RmsNorm::new(store.get(name, &[dim])?, eps))
+            let w = store.get(name, &[dim])?;
+            Ok(if zc {
+                RmsNorm::zero_centred(w, eps)
+            } else {
+                RmsNorm::new(w, eps)
+            })
         };
+        let q_out = if spec.gated_q { 2 * nh * hd } else { nh * hd };
+        let types = config.resolved_layer_types();
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for i in 0..config.num_hidden_layers {
+        for (i, ty) in types.iter().enumerate() {
             let p = format!("model.layers.{i}");
-            let a = format!("{p}.self_attn");
-            let self_attn = Attention {
-                q_proj: load_linear(store, &format!("{a}.q_proj"), nh * hd, h, spec.qkv_bias)?,
-                k_proj: load_linear(store, &format!("{a}.k_proj"), nkv * hd, h, spec.qkv_bias)?,
-                v_proj: load_linear(store, &format!("{a}.v_proj"), nkv * hd, h, spec.qkv_bias)?,
-                o_proj: load_linear(store, &format!("{a}.o_proj"), h, nh * hd, false)?,
-                q_norm: if spec.qk_norm {
-                    Some(norm(&format!("{a}.q_norm.weight"), hd)?)
-                } else {
-                    None
-                },
-                k_norm: if spec.qk_norm {
-                    Some(norm(&format!("{a}.k_norm.weight"), hd)?)
-                } else {
-                    None
-                },
-                heads: nh,
-                kv_heads: nkv,
-                head_dim: hd,
+            let mixer = if ty == "linear_attention" {
+                let dims = GdnDims {
+                    hk: config.linear_num_key_heads.unwrap_or(0),
+                    hv: config.linear_num_value_heads.unwrap_or(0),
+                    dk: config.linear_key_head_dim.unwrap_or(0),
+                    dv: config.linear_value_head_dim.unwrap_or(0),
+                    kernel: config.linear_conv_kernel_dim.unwrap_or(0),
+                };
+                Mixer::GatedDeltaNet(GatedDeltaNet::load(
+                    store,
+                    &format!("{p}.linear_attn"),
+                    h,
+                    dims,
+                    eps,
+                )?)
+            } else {
+                let a = format!("{p}.self_attn");
+                let qk_norm = |n: &str| -> Result<Option<RmsNorm>> {
+                    Ok(if spec.qk_norm {
+                        Some(norm(&format!("{a}.{n}.weight"), hd)?)
+                    } else {
+                        None
+                    })
+                };
+                Mixer::Attention(Attention {
+                    q_proj: load_linear(store, &format!("{a}.q_proj"), q_out, h, spec.qkv_bias)?,
+                    k_proj: load_linear(store, &format!("{a}.k_proj"), nkv * hd, h, spec.qkv_bias)?,
+                    v_proj: load_linear(store, &format!("{a}.v_proj"), nkv * hd, h, spec.qkv_bias)?,
+                    o_proj: load_linear(store, &format!("{a}.o_proj"), h, nh * hd, false)?,
+                    q_norm: qk_norm("q_norm")?,
+                    k_norm: qk_norm("k_norm")?,
+                    heads: nh,
+                    kv_heads: nkv,
+                    head_dim: hd,
+                    gated: spec.gated_q,
+                })
             };
             layers.push(DecoderLayer {
                 input_layernorm: norm(&format!("{p}.input_layernorm.weight"), h)?,
-                self_attn,
+                mixer,
                 post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 mlp: Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?,
             });
@@ -160,7 +232,9 @@ impl Target {
             }
             None => bail!("missing tensor 'lm_head.weight'"),
         };
-        let rope = Rope::new(hd, config.rope_theta());
+        // partial RoPE rotates the first head_dim · partial_rotary_factor features (qwen3_5)
+        let rotary = ((hd as f64 * config.rotary_fraction()) as usize) & !1;
+        let rope = Rope::new(rotary, config.rope_theta());
         Ok(Self {
             spec,
             embed_tokens,
@@ -168,6 +242,7 @@ impl Target {
             norm: norm("model.norm.weight", h)?,
             lm_head,
             rope,
+            gdn_chunk_min_rows: 64,
             dtype: store.dtype,
             device: store.device.clone(),
             loaded_tensors: store.used(),
@@ -177,7 +252,19 @@ impl Target {
     }
 
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.layers.len())
+        let mut c = KvCache::new(self.layers.len());
+        for (i, l) in self.layers.iter().enumerate() {
+            if let Mixer::GatedDeltaNet(g) = &l.mixer {
+                c.set_gdn(i, GdnCache::new(g.dims));
+            }
+        }
+        c
+    }
+    /// True when some layers are linear attention (their state is not a K/V row per token).
+    pub fn is_hybrid(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l.mixer, Mixer::GatedDeltaNet(_)))
     }
     pub fn num_layers(&self) -> usize {
         self.layers.len()
@@ -258,17 +345,22 @@ impl Target {
             );
         }
         let rope = self.rope.tables(positions, self.dtype, &self.device)?;
+        let parents = if self.is_hybrid() {
+            parents_from_mask(mask, cache.len())
+        } else {
+            Vec::new()
+        };
         let mask = mask_tensor(mask, self.dtype, &self.device)?;
         let mut x = self.embed(tokens)?;
         let mut tap_out = vec![None; taps.len()];
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.self_attn.forward(
-                &layer.input_layernorm.forward(&x)?,
-                &rope,
-                &mask,
-                cache,
-                i,
-            )?;
+            let hn = layer.input_layernorm.forward(&x)?;
+            let h = match &layer.mixer {
+                Mixer::Attention(a) => a.forward(&hn, &rope, &mask, cache, i)?,
+                Mixer::GatedDeltaNet(g) => {
+                    g.forward(&hn, &parents, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
+                }
+            };
             let x1 = (x + h)?;
             let m = layer
                 .mlp
@@ -278,7 +370,7 @@ impl Target {
                 tap_out[slot] = Some(x.squeeze(0)?);
             }
         }
-        cache.commit();
+        cache.commit(n);
         let sel = match rows {
             Rows::None => None,
             Rows::All => Some(x.clone()),

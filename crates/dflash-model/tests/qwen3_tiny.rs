@@ -162,7 +162,7 @@ fn truncate_and_keep_rows() {
         .unwrap();
     // truncate(6) == prefill of 6
     let mut b = a.clone();
-    b.truncate(6);
+    b.truncate(6).unwrap();
     let mut six = t.new_cache();
     t.forward(
         &toks[..6],

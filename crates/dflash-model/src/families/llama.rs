@@ -9,5 +9,7 @@ pub fn spec(config: &TargetConfig) -> FamilySpec {
         name: "llama",
         qkv_bias: config.attention_bias.unwrap_or(false),
         qk_norm: false,
+        gated_q: false,
+        zero_centred_norm: false,
     }
 }

@@ -8,5 +8,7 @@ pub fn spec(_config: &TargetConfig) -> FamilySpec {
         name: "qwen2",
         qkv_bias: true,
         qk_norm: false,
+        gated_q: false,
+        zero_centred_norm: false,
     }
 }

@@ -1,0 +1,114 @@
+//! Speculative decoding on a hybrid (Gated DeltaNet) target is lossless at T = 0: chain and
+//! DDTree rounds roll the linear-attention states back to the accepted prefix or path. The
+//! drafter is trained briefly on the target's own outputs, so rounds accept some drafts and
+//! reject others (both rollbacks exercised).
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Device};
+use dflash_core::sampling::SamplingParams;
+use dflash_engine::{generate, Mode, Request};
+use dflash_model::drafter::Drafter;
+use dflash_model::loader::load_target;
+use dflash_train::config::TrainConfig;
+use dflash_train::prompts::Prompt;
+use dflash_train::regen::{regenerate, RegenOptions};
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dflash-hybrid-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn chain_and_tree_are_lossless_on_a_hybrid_target() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen35-tiny");
+    let lt = load_target(dir.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    assert!(lt.target.is_hybrid());
+    let prompts: Vec<Prompt> = (0..6u32)
+        .map(|i| Prompt {
+            messages: vec![dflash_model::tokenizer::ChatMessage {
+                role: "user".into(),
+                content: (0..5)
+                    .map(|j| format!("t{}", ((i % 2) * 53 + j * 17) % 250 + 1))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            }],
+        })
+        .collect();
+    let data = tmp("data");
+    let opts = RegenOptions {
+        max_new_tokens: 32,
+        sampling: SamplingParams::default(),
+        prompts_per_shard: 6,
+        source: "test".into(),
+        target_name: "qwen35-tiny".into(),
+    };
+    regenerate(&lt, &prompts, &data, &opts).unwrap();
+    let cfg = TrainConfig {
+        num_draft_layers: 1,
+        block_size: 6,
+        intermediate_size: Some(96),
+        mask_token_id: Some(255),
+        target_layer_ids: Some(vec![1, 3]),
+        num_anchors: 32,
+        lr: 1e-2,
+        warmup_ratio: 0.0,
+        grad_accum: 2,
+        max_steps: Some(60),
+        save_every: 60,
+        val_every: 60,
+        val_sequences: 1,
+        ..Default::default()
+    };
+    let out = tmp("run");
+    dflash_train::trainer::train(&lt, &data, &out, cfg, false).unwrap();
+    let d = Drafter::load_dir(&out.join("best"), &lt.target).unwrap();
+    let mut accepted_some = false;
+    let mut rejected_some = false;
+    for p in &prompts[..2] {
+        let ids = lt
+            .tokenizer
+            .encode(
+                &lt.tokenizer.apply_chat_template(&p.messages).unwrap(),
+                false,
+            )
+            .unwrap();
+        let req = Request {
+            prompt_ids: ids,
+            max_new_tokens: 40,
+            sampling: SamplingParams::default(),
+            stop_ids: vec![],
+        };
+        let ar = generate(&lt.target, None, Mode::Ar, &req).unwrap();
+        for mode in [
+            Mode::Chain { block: 6 },
+            Mode::Chain { block: 3 },
+            Mode::Tree {
+                block: 6,
+                budget: 4,
+                top_k: 0,
+            },
+            Mode::Tree {
+                block: 6,
+                budget: 16,
+                top_k: 0,
+            },
+        ] {
+            let g = generate(&lt.target, Some(&d), mode, &req).unwrap();
+            assert_eq!(
+                g.new_tokens,
+                ar.new_tokens,
+                "{} differs from AR",
+                mode.name()
+            );
+            accepted_some |= g.rounds.iter().any(|r| r.accepted > 0);
+            rejected_some |= g.rounds.iter().any(|r| r.accepted + 1 < r.drafted.max(1));
+        }
+    }
+    assert!(
+        accepted_some && rejected_some,
+        "the test must exercise both accepted and rejected drafts"
+    );
+}
