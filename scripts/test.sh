@@ -6,7 +6,6 @@ cd "$(dirname "$0")/.."
 scripts/fetch-assets.sh all
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --release --workspace --no-fail-fast "$@"
-  cargo test --release --workspace --doc
 else
   cargo test --release --workspace --no-fail-fast "$@"
 fi
