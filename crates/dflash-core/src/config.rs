@@ -151,16 +151,16 @@ impl TargetConfig {
         self.model_type == "qwen3_5" || self.model_type == "qwen3_5_text"
     }
 
-    /// The fraction of head_dim that RoPE rotates: `partial_rotary_factor` at the top level or
-    /// in `rope_parameters`; transformers' default is 0.25 for qwen3_5 and 1 elsewhere.
+    /// The fraction of head_dim that RoPE rotates. transformers reads
+    /// `rope_parameters.partial_rotary_factor` and only then the top-level field (transformers
+    /// 5.17 writes a top-level 0.25 beside a different `rope_parameters` value: the latter
+    /// wins); the default is 0.25 for qwen3_5 and 1 elsewhere.
     pub fn rotary_fraction(&self) -> f64 {
-        self.partial_rotary_factor
-            .or_else(|| {
-                self.rope_parameters
-                    .as_ref()
-                    .and_then(|p| p.extra.get("partial_rotary_factor"))
-                    .and_then(|v| v.as_f64())
-            })
+        self.rope_parameters
+            .as_ref()
+            .and_then(|p| p.extra.get("partial_rotary_factor"))
+            .and_then(|v| v.as_f64())
+            .or(self.partial_rotary_factor)
             .unwrap_or(if self.is_qwen3_5() { 0.25 } else { 1.0 })
     }
 
@@ -487,6 +487,20 @@ mod tests {
             serde_json::from_str(&drafter_json(r#","dflash_config":{"mask_token_id":5}"#)).unwrap();
         assert_eq!(c.rope_theta(), 1_000_000.0);
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn rope_parameters_partial_factor_wins_over_the_top_level_one() {
+        let c: TargetConfig = serde_json::from_str(
+            r#"{"model_type":"qwen3_5_text","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,
+            "num_attention_heads":1,"vocab_size":4,"partial_rotary_factor":0.25,
+            "rope_parameters":{"partial_rotary_factor":0.5,"rope_theta":10000.0,"rope_type":"default"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.rotary_fraction(), 0.5);
+        let mut d = c.clone();
+        d.rope_parameters = None;
+        assert_eq!(d.rotary_fraction(), 0.25);
     }
 
     #[test]
