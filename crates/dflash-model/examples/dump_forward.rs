@@ -19,10 +19,23 @@ fn main() -> Result<()> {
     let n = ids.len();
     let taps: Vec<usize> = (0..t.num_layers() - 1).collect();
     let mut c = t.new_cache();
-    let o = t.forward(&ids, &(0..n).collect::<Vec<_>>(), &causal(0, n), &mut c, &taps, &Rows::All)?;
+    let o = t.forward(
+        &ids,
+        &(0..n).collect::<Vec<_>>(),
+        &causal(0, n),
+        &mut c,
+        &taps,
+        &Rows::All,
+    )?;
     let mut m = HashMap::new();
-    m.insert("logits".to_string(), o.logits.unwrap().to_dtype(DType::F32)?);
-    m.insert("taps".to_string(), Tensor::stack(&o.taps, 0)?.to_dtype(DType::F32)?);
+    m.insert(
+        "logits".to_string(),
+        o.logits.unwrap().to_dtype(DType::F32)?,
+    );
+    m.insert(
+        "taps".to_string(),
+        Tensor::stack(&o.taps, 0)?.to_dtype(DType::F32)?,
+    );
     candle_core::safetensors::save(&m, &a[2])?;
     Ok(())
 }

@@ -219,3 +219,57 @@ fn bad_mask_shape_is_an_error() {
         .unwrap();
     assert!(err.to_string().contains("tap 9"), "{err}");
 }
+
+#[test]
+fn vision_language_wrapper_loads_the_text_model_and_reports_the_rest() {
+    // text weights under model.language_model.*, config under text_config, a vision tower beside
+    let src = fixtures().join("qwen3-tiny");
+    let d = std::env::temp_dir().join(format!("dflash-vlm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let cfg = serde_json::json!({"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl", "text_config": text});
+    std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+    let w = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    let mut wrapped: std::collections::HashMap<String, Tensor> = w
+        .into_iter()
+        .map(|(k, v)| (k.replacen("model.", "model.language_model.", 1), v))
+        .collect();
+    wrapped.insert(
+        "model.visual.patch_embed.weight".into(),
+        Tensor::zeros((4, 4), DType::F32, &Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&wrapped, d.join("model.safetensors")).unwrap();
+    let (cfg, store) = load_hf_weights(&d, DType::F32, &Device::Cpu).unwrap();
+    let t = Target::load(cfg, &store).unwrap();
+    assert_eq!(
+        t.ignored_tensors,
+        vec!["model.visual.patch_embed.weight".to_string()]
+    );
+    // and it computes what the plain checkpoint computes
+    let plain = tiny();
+    let toks = [3u32, 1, 4, 1, 5];
+    let pos: Vec<usize> = (0..5).collect();
+    let a = t
+        .forward(
+            &toks,
+            &pos,
+            &causal(0, 5),
+            &mut t.new_cache(),
+            &[],
+            &Rows::Last,
+        )
+        .unwrap();
+    let b = plain
+        .forward(
+            &toks,
+            &pos,
+            &causal(0, 5),
+            &mut plain.new_cache(),
+            &[],
+            &Rows::Last,
+        )
+        .unwrap();
+    assert_eq!(max_abs(&a.logits.unwrap(), &b.logits.unwrap()), 0.0);
+}
