@@ -26,9 +26,7 @@ $B device-check --device cuda 2>&1 | tee "$OUT/device-check.md"
 fi
 if want bench; then
 step bench bf16
-$B bench --device cuda --dtype bf16 --modes ar,dflash,ddtree:8,ddtree:32 --new-tokens 256 --repeats 2 2>&1 | tee "$OUT/bench-bf16.md"
-step bench f32
-$B bench --device cuda --dtype f32 --modes ar,dflash --new-tokens 128 --repeats 1 2>&1 | tee "$OUT/bench-f32.md"
+$B bench --device cuda --dtype bf16 --modes ar,dflash,ddtree:8 --new-tokens 256 --repeats ${REPEATS:-2} 2>&1 | tee "$OUT/bench-bf16.md"
 fi
 if want reference; then
 step reference
