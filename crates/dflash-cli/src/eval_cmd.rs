@@ -1,10 +1,10 @@
 //! `dflash-rs eval` and `dflash-rs doctor`.
 
+use crate::args::{DeviceArgs, SamplingArgs};
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use dflash_core::sampling::SamplingParams;
 use dflash_eval::datasets;
 use dflash_eval::doctor::{doctor, Tolerances};
 use dflash_eval::harness::{mode_specs, parse_modes, run, EvalDrafter, EvalOptions};
@@ -29,33 +29,22 @@ pub struct EvalArgs {
     pub modes: String,
     #[arg(long)]
     pub block_size: Option<usize>,
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub temperature: f64,
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub top_p: f64,
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    pub top_k: i64,
     #[arg(long, default_value_t = 2048)]
     pub max_new_tokens: usize,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
     #[arg(long)]
     pub out: PathBuf,
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub run_on: DeviceArgs,
 }
 
 pub fn run_eval(a: EvalArgs) -> Result<()> {
-    let sampling = SamplingParams::new(a.temperature, a.top_p, a.top_k, a.seed)?;
+    let sampling = a.sampling.params()?;
     let modes = parse_modes(&a.modes)?;
+    let (dtype, device) = a.run_on.parse()?;
     let items = datasets::load(&a.dataset, &dflash_home(), a.limit)?;
-    let lt = load_target(
-        &a.target,
-        dflash_model::dtype(&a.dtype)?,
-        &dflash_model::device(&a.device)?,
-    )?;
+    let lt = load_target(&a.target, dtype, &device)?;
     eprintln!("{lt}");
     let mut drafters = Vec::new();
     for (i, spec) in a.drafter.iter().enumerate() {
@@ -101,8 +90,8 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         dataset: a.dataset.clone(),
         target: lt.source.display().to_string(),
         drafters: a.drafter.clone(),
-        device: a.device.clone(),
-        dtype: a.dtype.clone(),
+        device: a.run_on.device.clone(),
+        dtype: a.run_on.dtype.clone(),
         versions: serde_json::json!({"dflash-rs": env!("CARGO_PKG_VERSION"), "candle": "0.11.1"}),
         temperature: sampling.temperature,
         max_new_tokens: a.max_new_tokens,
@@ -142,20 +131,15 @@ pub struct DoctorArgs {
     /// The training data directory: measures τ on its validation shard.
     #[arg(long)]
     pub data: Option<PathBuf>,
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[command(flatten)]
+    pub run_on: DeviceArgs,
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run_doctor(a: DoctorArgs) -> Result<()> {
-    let lt = load_target(
-        &a.target,
-        dflash_model::dtype(&a.dtype)?,
-        &dflash_model::device(&a.device)?,
-    )?;
+    let (dtype, device) = a.run_on.parse()?;
+    let lt = load_target(&a.target, dtype, &device)?;
     eprintln!("{lt}");
     let r = doctor(&lt, &a.drafter, a.data.as_deref(), &Tolerances::default())?;
     if a.json {

@@ -1,11 +1,11 @@
 //! `dflash-rs generate`: one prompt, AR or DFlash, text or JSON out.
 
+use crate::args::{DeviceArgs, SamplingArgs};
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::summarize;
 use dflash_engine::{generate, Mode as EngineMode, Request};
 use dflash_model::drafter::Drafter;
@@ -31,20 +31,6 @@ pub struct GenerateArgs {
     pub chat: bool,
     #[arg(long, default_value_t = 128)]
     pub max_new_tokens: usize,
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub temperature: f64,
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub top_p: f64,
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    pub top_k: i64,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    /// f32 or bf16.
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
     /// Decoding mode; `dflash` needs --drafter.
     #[arg(long, value_enum)]
     pub mode: Option<Mode>,
@@ -60,10 +46,14 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub run_on: DeviceArgs,
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
-    let sampling = SamplingParams::new(a.temperature, a.top_p, a.top_k, a.seed)?;
+    let sampling = a.sampling.params()?;
     let mode = a.mode.unwrap_or(if a.drafter.is_some() {
         Mode::Dflash
     } else {
@@ -85,8 +75,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     if mode == Mode::Ddtree && a.budget == 0 {
         bail!("--budget must be >= 1");
     }
-    let device = dflash_model::device(&a.device)?;
-    let dtype = dflash_model::dtype(&a.dtype)?;
+    let (dtype, device) = a.run_on.parse()?;
     let loaded = load_target(&a.target, dtype, &device)?;
     eprintln!("{loaded}");
     let drafter = match (&a.drafter, mode) {

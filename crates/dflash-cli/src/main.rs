@@ -1,5 +1,6 @@
 //! The `dflash-rs` binary.
 
+mod args;
 mod bench_cmd;
 mod check_cmd;
 mod drafter_cmd;

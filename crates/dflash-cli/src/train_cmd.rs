@@ -1,10 +1,10 @@
 //! `dflash-rs data generate` and `dflash-rs train`.
 
+use crate::args::{DeviceArgs, SamplingArgs};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use dflash_core::sampling::SamplingParams;
 use dflash_model::loader::load_target;
 use dflash_train::config::TrainConfig;
 use dflash_train::prompts;
@@ -28,14 +28,6 @@ pub struct GenerateDataArgs {
     pub out: PathBuf,
     #[arg(long, default_value_t = 1024)]
     pub max_new_tokens: usize,
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub temperature: f64,
-    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
-    pub top_p: f64,
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    pub top_k: i64,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
     /// Use only the first N prompts.
     #[arg(long)]
     pub limit: Option<usize>,
@@ -48,15 +40,15 @@ pub struct GenerateDataArgs {
     /// Prompts generated together (the engine decodes one sequence at a time for now).
     #[arg(long, default_value_t = 1)]
     pub batch_size: usize,
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub run_on: DeviceArgs,
 }
 
 pub fn run_data(cmd: DataCommand) -> Result<()> {
     let DataCommand::Generate(a) = cmd;
-    let sampling = SamplingParams::new(a.temperature, a.top_p, a.top_k, a.seed)?;
+    let sampling = a.sampling.params()?;
     if a.shard_size == 0 {
         anyhow::bail!("--shard-size must be >= 1");
     }
@@ -66,15 +58,12 @@ pub fn run_data(cmd: DataCommand) -> Result<()> {
             a.batch_size
         );
     }
+    let (dtype, device) = a.run_on.parse()?;
     let mut ps = prompts::load(&a.prompts, a.cap_per_file)?;
     if let Some(l) = a.limit {
         ps.truncate(l);
     }
-    let lt = load_target(
-        &a.target,
-        dflash_model::dtype(&a.dtype)?,
-        &dflash_model::device(&a.device)?,
-    )?;
+    let lt = load_target(&a.target, dtype, &device)?;
     eprintln!("{lt}");
     eprintln!("{} prompts from {}", ps.len(), a.prompts);
     let opts = RegenOptions {

@@ -169,12 +169,7 @@ pub fn run(
                     role: "assistant".into(),
                     content: answer,
                 });
-                let tau = if g.rounds.is_empty() {
-                    0.0
-                } else {
-                    g.rounds.iter().map(|r| r.tau_round).sum::<usize>() as f64
-                        / g.rounds.len() as f64
-                };
+                let tau = dflash_core::stats::summarize(&[&g.rounds]).tau_pooled;
                 pb.set_message(format!("{} τ {tau:.2}", spec.label));
                 pb.inc(1);
                 runs.push(Run {

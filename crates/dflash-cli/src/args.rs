@@ -1,0 +1,50 @@
+//! Argument groups shared by several subcommands.
+
+use anyhow::Result;
+use clap::Args;
+use dflash_core::sampling::SamplingParams;
+
+/// The target's sampling rule (greedy by default).
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub temperature: f64,
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub top_p: f64,
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub top_k: i64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    /// Checked parameters: temperature >= 0, top-p in (0, 1], top-k >= 0.
+    pub fn params(&self) -> Result<SamplingParams> {
+        Ok(SamplingParams::new(
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.seed,
+        )?)
+    }
+}
+
+/// Where and in which precision the target runs.
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+}
+
+impl DeviceArgs {
+    pub fn parse(&self) -> Result<(candle_core::DType, candle_core::Device)> {
+        Ok((
+            dflash_model::dtype(&self.dtype)?,
+            dflash_model::device(&self.device)?,
+        ))
+    }
+}
