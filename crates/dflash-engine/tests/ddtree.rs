@@ -167,26 +167,8 @@ fn compacted_cache_equals_prefill_of_the_committed_sequence() {
     for layer in 0..t.num_layers() {
         let (ka, va) = cache.layer(layer).unwrap().unwrap();
         let (kb, vb) = fresh.layer(layer).unwrap().unwrap();
-        let dk = (ka - kb)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        let dv = (va - vb)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let dk = max_abs(&ka, &kb);
+        let dv = max_abs(&va, &vb);
         assert!(
             dk <= 1e-5 && dv <= 1e-5,
             "layer {layer}: K diff {dk}, V diff {dv}"
@@ -213,16 +195,7 @@ fn compacted_cache_equals_prefill_of_the_committed_sequence() {
             &Rows::Last,
         )
         .unwrap();
-    let d = (o1.logits.unwrap() - o2.logits.unwrap())
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let d = max_abs(&o1.logits.unwrap(), &o2.logits.unwrap());
     assert!(d <= 1e-5, "next-step logits differ by {d}");
 }
 

@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
-use common::fixtures;
+use common::{fixtures, max_abs, rel_err};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::visibility::causal;
 use dflash_engine::{generate, Mode, Request};
@@ -38,40 +38,6 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
         .iter()
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
-}
-fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let s = b
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    d / s
-}
-fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 /// Concatenated taps `[n, L*h]` of `tokens` from one causal prefill.
 fn ctx_taps(t: &Target, d: &Drafter, tokens: &[u32]) -> Tensor {

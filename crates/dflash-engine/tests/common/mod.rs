@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::Request;
 use dflash_model::drafter::Drafter;
@@ -139,4 +139,40 @@ pub fn chi_square_p(a: &[usize], b: &[usize]) -> f64 {
     }
     let df = (cats.len() - 1) as f64;
     gamma_q(df / 2.0, stat / 2.0)
+}
+
+/// max |a - b| / max |b|
+pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let s = b
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    d / s
+}
+pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
