@@ -197,14 +197,14 @@ impl TargetConfig {
         if self.num_attention_heads == 0 || self.num_kv_heads() == 0 {
             return bad("num_attention_heads and num_key_value_heads must be > 0".into());
         }
-        if self.num_attention_heads % self.num_kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_kv_heads()) {
             return bad(format!(
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
                 self.num_attention_heads,
                 self.num_kv_heads()
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad(format!(
                 "head_dim {} must be even for RoPE",
                 self.head_dim()
@@ -390,7 +390,9 @@ impl DrafterConfig {
         if self.block_size < 2 {
             return bad(format!("block_size must be >= 2, got {}", self.block_size));
         }
-        if self.num_attention_heads == 0 || self.num_attention_heads % self.num_kv_heads() != 0 {
+        if self.num_attention_heads == 0
+            || !self.num_attention_heads.is_multiple_of(self.num_kv_heads())
+        {
             return bad(format!(
                 "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
                 self.num_attention_heads,

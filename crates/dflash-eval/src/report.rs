@@ -306,7 +306,7 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
         svg_bars(
             &format!("τ (pooled) on {}", report.dataset),
             &taus,
-            &[report.dataset.clone()],
+            std::slice::from_ref(&report.dataset),
             tmax,
         )
         .as_bytes(),

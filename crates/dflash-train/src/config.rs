@@ -101,7 +101,13 @@ impl TrainConfig {
         if self.num_anchors == 0 || self.grad_accum == 0 || self.num_draft_layers == 0 {
             return bad("num_anchors, grad_accum and num_draft_layers must be >= 1");
         }
-        if !(self.lr > 0.0) || !(self.gamma > 0.0) || self.grad_clip < 0.0 {
+        // written as !(x > 0) so that NaN is refused too
+        #[allow(clippy::neg_cmp_op_on_partial_ord)]
+        if !(self.lr > 0.0)
+            || !(self.gamma > 0.0)
+            || self.grad_clip.is_nan()
+            || self.grad_clip < 0.0
+        {
             return bad("lr and gamma must be > 0, grad_clip >= 0");
         }
         if !(0.0..1.0).contains(&self.warmup_ratio) {

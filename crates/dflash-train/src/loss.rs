@@ -114,6 +114,7 @@ pub fn labels_and_weights(
     (labels, weights)
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn block_loss(
     drafter: &Drafter,
     target: &Target,

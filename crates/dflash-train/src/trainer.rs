@@ -438,10 +438,10 @@ pub fn train(
             val_loss: None,
             val_simulated_tau: None,
         };
-        let save = state.steps_done % cfg.save_every == 0 || state.steps_done == total;
+        let save = state.steps_done.is_multiple_of(cfg.save_every) || state.steps_done == total;
         let mut val = None;
         if !val_seqs.is_empty()
-            && (state.steps_done % cfg.val_every == 0 || state.steps_done == total)
+            && (state.steps_done.is_multiple_of(cfg.val_every) || state.steps_done == total)
         {
             let (vl, vc) = evaluate(&td, lt, &cfg, val_seqs)?;
             m.val_loss = Some(vl);
