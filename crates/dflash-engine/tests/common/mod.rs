@@ -143,26 +143,16 @@ pub fn chi_square_p(a: &[usize], b: &[usize]) -> f64 {
 
 /// max |a - b| / max |b|
 pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b)
+    let scale = b
+        .to_dtype(DType::F32)
         .unwrap()
         .abs()
         .unwrap()
         .flatten_all()
         .unwrap()
         .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
         .unwrap();
-    let s = b
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    d / s
+    max_abs(a, b) / scale.to_scalar::<f32>().unwrap().max(1e-12)
 }
 pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
     (a - b)

@@ -32,19 +32,16 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
 
 /// max |a - b| / max |b|
 pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let a = a.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
-    let b = b.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
-    assert_eq!(a.dims(), b.dims(), "shape mismatch");
-    let diff = (a - &b)
+    let scale = b
+        .to_dtype(DType::F32)
         .unwrap()
         .abs()
         .unwrap()
-        .max(0)
+        .flatten_all()
         .unwrap()
-        .to_scalar::<f32>()
+        .max(0)
         .unwrap();
-    let scale = b.abs().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
-    diff / scale.max(1e-12)
+    max_abs(a, b) / scale.to_scalar::<f32>().unwrap().max(1e-12)
 }
 
 pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
