@@ -1,10 +1,12 @@
 //! `dflash-rs drafter init`: a seeded random z-lab-format drafter for a target (the start of
 //! training, and a drafter for exercising the decoding loops).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use dflash_core::config::DrafterConfig;
 use dflash_model::drafter::Drafter;
 use dflash_model::drafter_init::{
     default_mask_token, drafter_config, random_weights, save_drafter, DrafterShape,
@@ -16,6 +18,21 @@ use dflash_model::weights::TensorStore;
 pub enum DrafterCommand {
     /// Write a new drafter with seeded random weights.
     Init(InitArgs),
+    /// Copy a drafter (e.g. a training checkpoint's `drafter/`) with its weights cast to another
+    /// dtype: the shipping format (bf16 halves the f32 checkpoint).
+    Export(ExportArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// A drafter directory: config.json + model.safetensors (+ training.json, copied).
+    #[arg(long)]
+    pub from: PathBuf,
+    #[arg(long)]
+    pub out: PathBuf,
+    /// f32, bf16 or f16.
+    #[arg(long, default_value = "bf16")]
+    pub dtype: String,
 }
 
 #[derive(Args, Debug)]
@@ -40,6 +57,7 @@ pub struct InitArgs {
 pub fn run(cmd: DrafterCommand) -> Result<()> {
     match cmd {
         DrafterCommand::Init(a) => init(a),
+        DrafterCommand::Export(a) => export(a),
     }
 }
 
@@ -75,6 +93,45 @@ fn init(a: InitArgs) -> Result<()> {
         a.block_size,
         cfg.dflash_config.target_layer_ids.as_ref().unwrap(),
         loaded.tokenizer.inner.id_to_token(mask).unwrap_or_default()
+    );
+    Ok(())
+}
+
+fn export(a: ExportArgs) -> Result<()> {
+    let dtype = dflash_model::dtype(&a.dtype)?;
+    let cfg_path = a.from.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path)
+        .with_context(|| format!("reading {}", cfg_path.display()))?;
+    let mut value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON", cfg_path.display()))?;
+    let torch_name = match dtype {
+        candle_core::DType::BF16 => "bfloat16",
+        candle_core::DType::F16 => "float16",
+        candle_core::DType::F32 => "float32",
+        other => anyhow::bail!("cannot export weights as {other:?}: use f32, bf16 or f16"),
+    };
+    value["torch_dtype"] = serde_json::Value::String(torch_name.into());
+    let cfg: DrafterConfig = serde_json::from_value(value)
+        .with_context(|| format!("{} is not a DFlash drafter config", cfg_path.display()))?;
+    let st = a.from.join("model.safetensors");
+    let w = candle_core::safetensors::load(&st, &candle_core::Device::Cpu)
+        .with_context(|| format!("reading {}", st.display()))?;
+    let w: HashMap<String, candle_core::Tensor> = w
+        .into_iter()
+        .map(|(n, t)| Ok((n, t.to_dtype(dtype)?)))
+        .collect::<Result<_>>()?;
+    save_drafter(&a.out, &cfg, &w)?;
+    let rec = a.from.join("training.json");
+    if rec.exists() {
+        let bytes = std::fs::read(&rec)?;
+        dflash_train::data::write_atomic(&a.out.join("training.json"), &bytes)?;
+    }
+    let bytes = std::fs::metadata(a.out.join("model.safetensors"))?.len();
+    eprintln!(
+        "wrote {}: {} tensors as {torch_name}, {:.1} MB",
+        a.out.display(),
+        w.len(),
+        bytes as f64 / 1e6
     );
     Ok(())
 }

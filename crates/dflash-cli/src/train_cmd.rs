@@ -9,12 +9,71 @@ use dflash_model::loader::load_target;
 use dflash_train::config::TrainConfig;
 use dflash_train::prompts;
 use dflash_train::regen::{regenerate, RegenOptions};
-use dflash_train::trainer::train;
+use dflash_train::trainer::{train_with_limits, RunLimits};
 
 #[derive(Subcommand, Debug)]
 pub enum DataCommand {
     /// Let the target write the responses of a prompt set: training shards + manifest.
     Generate(GenerateDataArgs),
+    /// Freeze a prompt set: several sources, each cut to --limit, mixed by a seeded shuffle,
+    /// written as one JSONL of chat messages (small enough to carry where the sources are not).
+    Prompts(PromptsArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PromptsArgs {
+    /// A source as for `data generate --prompts`; repeat to mix several.
+    #[arg(long, required = true)]
+    pub prompts: Vec<String>,
+    /// At most this many prompts from a source (after --max-chars): once for all sources, or
+    /// once per --prompts, in the same order.
+    #[arg(long)]
+    pub limit: Vec<usize>,
+    /// Skip prompts whose text is longer than this many characters.
+    #[arg(long)]
+    pub max_chars: Option<usize>,
+    /// At most this many prompts from each file of a directory source (evals registry).
+    #[arg(long, default_value_t = 50)]
+    pub cap_per_file: usize,
+    /// Seed of the shuffle that mixes the sources.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+fn run_prompts(a: PromptsArgs) -> Result<()> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    if a.limit.len() > 1 && a.limit.len() != a.prompts.len() {
+        anyhow::bail!(
+            "{} --limit values for {} --prompts sources: give one for all, or one per source",
+            a.limit.len(),
+            a.prompts.len()
+        );
+    }
+    let mut all = Vec::new();
+    for (k, src) in a.prompts.iter().enumerate() {
+        let mut ps = prompts::load(src, a.cap_per_file)?;
+        let n0 = ps.len();
+        if let Some(m) = a.max_chars {
+            ps.retain(|p| p.messages.iter().map(|m| m.content.chars().count()).sum::<usize>() <= m);
+        }
+        if let Some(&l) = a.limit.get(k).or(a.limit.first()) {
+            ps.truncate(l);
+        }
+        eprintln!("{src}: {} of {n0} prompts", ps.len());
+        all.extend(ps);
+    }
+    all.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(a.seed));
+    let mut text = String::new();
+    for p in &all {
+        text.push_str(&serde_json::to_string(&serde_json::json!({ "messages": p.messages }))?);
+        text.push('\n');
+    }
+    dflash_train::data::write_atomic(&a.out, text.as_bytes())?;
+    eprintln!("wrote {}: {} prompts", a.out.display(), all.len());
+    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -37,9 +96,13 @@ pub struct GenerateDataArgs {
     /// At most this many prompts from each file of a directory source (evals registry).
     #[arg(long, default_value_t = 50)]
     pub cap_per_file: usize,
-    /// Prompts generated together (the engine decodes one sequence at a time for now).
+    /// Prompts decoded together, packed into one target forward per step (same tokens as one
+    /// at a time; attention-only targets, a hybrid target decodes one at a time).
     #[arg(long, default_value_t = 1)]
     pub batch_size: usize,
+    /// Stop after this many seconds, keeping the finished shards (run again to continue).
+    #[arg(long)]
+    pub time_limit: Option<f64>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -47,16 +110,16 @@ pub struct GenerateDataArgs {
 }
 
 pub fn run_data(cmd: DataCommand) -> Result<()> {
-    let DataCommand::Generate(a) = cmd;
+    let a = match cmd {
+        DataCommand::Generate(a) => a,
+        DataCommand::Prompts(a) => return run_prompts(a),
+    };
     let sampling = a.sampling.params()?;
     if a.shard_size == 0 {
         anyhow::bail!("--shard-size must be >= 1");
     }
-    if a.batch_size != 1 {
-        eprintln!(
-            "note: --batch-size {} ignored: sequences are generated one at a time",
-            a.batch_size
-        );
+    if a.batch_size == 0 {
+        anyhow::bail!("--batch-size must be >= 1");
     }
     let (dtype, device) = a.run_on.parse()?;
     let mut ps = prompts::load(&a.prompts, a.cap_per_file)?;
@@ -70,6 +133,12 @@ pub fn run_data(cmd: DataCommand) -> Result<()> {
         max_new_tokens: a.max_new_tokens,
         sampling,
         prompts_per_shard: a.shard_size,
+        batch_size: a.batch_size,
+        time_limit: match a.time_limit {
+            Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t)),
+            Some(t) => anyhow::bail!("--time-limit must be a number of seconds >= 0 (got {t})"),
+            None => None,
+        },
         source: a.prompts.clone(),
         target_name: a.target.clone(),
     };
@@ -99,6 +168,9 @@ pub struct TrainArgs {
     /// Continue the run in --out from its latest checkpoint, exactly.
     #[arg(long)]
     pub resume: bool,
+    /// Stop after the step that ends past this many seconds, with a checkpoint (then --resume).
+    #[arg(long)]
+    pub time_limit: Option<f64>,
 }
 
 pub fn run_train(a: TrainArgs) -> Result<()> {
@@ -116,7 +188,14 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         &dflash_model::device(&cfg.device)?,
     )?;
     eprintln!("{lt}");
-    let s = train(&lt, &a.data, &a.out, cfg, a.resume)?;
+    let limits = RunLimits {
+        time_limit: match a.time_limit {
+            Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t)),
+            Some(t) => anyhow::bail!("--time-limit must be a number of seconds >= 0 (got {t})"),
+            None => None,
+        },
+    };
+    let s = train_with_limits(&lt, &a.data, &a.out, cfg, a.resume, limits)?;
     if let Some(m) = &s.last {
         eprintln!(
             "trained {} steps: loss {:.4}, simulated τ {:.2}{}",

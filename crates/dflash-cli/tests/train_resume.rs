@@ -67,10 +67,20 @@ fn killed_run_resumes_bit_for_bit() {
             "24",
             "--shard-size",
             "2",
+            "--batch-size",
+            "2",
         ])
         .args(extra);
         c
     };
+    // a time limit stops after the first finished prompt: no complete shard yet, and says so
+    let o = gen(&["--time-limit", "0"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("stopped at the time limit"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     ok(&mut gen(&[]));
     let manifest = std::fs::read_to_string(data.join("manifest.json")).unwrap();
     let m: serde_json::Value = serde_json::from_str(&manifest).unwrap();
@@ -152,7 +162,53 @@ fn killed_run_resumes_bit_for_bit() {
     let fa = std::fs::read(a.join("checkpoints/step-000012/drafter/model.safetensors")).unwrap();
     let fb = std::fs::read(b.join("checkpoints/step-000012/drafter/model.safetensors")).unwrap();
     assert!(fa == fb, "final weights differ");
-    // and it decodes
+    // exported as bf16 (the shipping format): half the bytes, same tensors, and it decodes
+    let bf = d.join("bf16");
+    ok(bin().args([
+        "drafter",
+        "export",
+        "--from",
+        b.join("checkpoints/step-000012/drafter").to_str().unwrap(),
+        "--out",
+        bf.to_str().unwrap(),
+    ]));
+    let w32 = candle_core::safetensors::load(
+        b.join("checkpoints/step-000012/drafter/model.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let w16 =
+        candle_core::safetensors::load(bf.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    assert_eq!(w32.len(), w16.len());
+    for (n, t) in &w32 {
+        let u = &w16[n];
+        assert_eq!(u.dtype(), candle_core::DType::BF16, "{n}");
+        let back = u.to_dtype(candle_core::DType::F32).unwrap();
+        let err = (t - &back).unwrap().abs().unwrap().max_all().unwrap();
+        let scale = t.abs().unwrap().max_all().unwrap();
+        assert!(
+            err.to_scalar::<f32>().unwrap() <= scale.to_scalar::<f32>().unwrap() / 128.0,
+            "{n} is not its bf16 rounding"
+        );
+    }
+    let cfg16: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(bf.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg16["torch_dtype"], "bfloat16");
+    assert!(bf.join("training.json").exists());
+    ok(bin()
+        .args([
+            "generate",
+            "--target",
+            "smollm2-135m",
+            "--prompt",
+            "Hi",
+            "--chat",
+            "--max-new-tokens",
+            "4",
+        ])
+        .args(["--drafter", bf.to_str().unwrap()]));
+    // and the f32 one decodes
     ok(bin()
         .args([
             "generate",

@@ -2,5 +2,6 @@
 //! outcomes.
 
 pub mod decode;
+pub mod packed;
 
 pub use decode::{generate, Generation, Mode, Request};

@@ -5,10 +5,12 @@
 //! Shards of `prompts_per_shard` prompts are written atomically and listed in the manifest
 //! as they finish, so an interrupted run resumes by skipping finished shards.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{bail, Result};
 use dflash_core::sampling::SamplingParams;
+use dflash_engine::packed::{generate_packed, Flow};
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::loader::{identity_hash, LoadedTarget};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -23,6 +25,10 @@ pub struct RegenOptions {
     pub max_new_tokens: usize,
     pub sampling: SamplingParams,
     pub prompts_per_shard: usize,
+    /// Sequences decoded together (packed into one forward); 1: one at a time.
+    pub batch_size: usize,
+    /// Stop (keeping the finished shards) once this much wall time has passed.
+    pub time_limit: Option<std::time::Duration>,
     pub source: String,
     pub target_name: String,
 }
@@ -34,13 +40,14 @@ fn sha256_hex(s: &str) -> String {
         .collect()
 }
 
-/// One prompt → one training sequence.
-pub fn regenerate_one(
+/// The generation request of one prompt: chat template, token ids, the room left in the
+/// context, the sampler seeded per prompt.
+fn build_request(
     lt: &LoadedTarget,
     prompt: &Prompt,
     opts: &RegenOptions,
     seed: u64,
-) -> Result<Sequence> {
+) -> Result<Request> {
     let text = lt.tokenizer.apply_chat_template(&prompt.messages)?;
     let ids = lt.tokenizer.encode(&text, false)?;
     let ctx = lt.target.config.max_position_embeddings;
@@ -53,24 +60,80 @@ pub fn regenerate_one(
     }
     let mut sampling = opts.sampling;
     sampling.seed = seed;
-    let req = Request {
-        prompt_ids: ids.clone(),
+    Ok(Request {
+        prompt_ids: ids,
         max_new_tokens: max_new,
         sampling,
         stop_ids: lt.tokenizer.stop_ids.clone(),
-    };
-    let g = generate(&lt.target, None, Mode::Ar, &req)?;
-    let mut loss_mask = vec![0u8; ids.len()];
-    loss_mask.extend(std::iter::repeat_n(1u8, g.new_tokens.len()));
-    let mut all = ids;
-    all.extend_from_slice(&g.new_tokens);
-    Ok(Sequence {
-        ids: all,
-        loss_mask,
     })
 }
 
-/// Regenerate responses for `prompts` into `out` (resumable).
+/// Prompt + response, supervised on the response only.
+fn to_sequence(prompt_ids: &[u32], new_tokens: &[u32]) -> Sequence {
+    let mut loss_mask = vec![0u8; prompt_ids.len()];
+    loss_mask.extend(std::iter::repeat_n(1u8, new_tokens.len()));
+    let mut ids = prompt_ids.to_vec();
+    ids.extend_from_slice(new_tokens);
+    Sequence { ids, loss_mask }
+}
+
+/// One prompt → one training sequence.
+pub fn regenerate_one(
+    lt: &LoadedTarget,
+    prompt: &Prompt,
+    opts: &RegenOptions,
+    seed: u64,
+) -> Result<Sequence> {
+    let req = build_request(lt, prompt, opts, seed)?;
+    let g = generate(&lt.target, None, Mode::Ar, &req)?;
+    Ok(to_sequence(&req.prompt_ids, &g.new_tokens))
+}
+
+/// Collects finished prompts (in any order) and writes shard k as soon as all of its prompts
+/// are finished, in shard order, each shard and the manifest atomically. Example, 2 prompts per
+/// shard: prompts finish 1, 0, 3 → shard 0 is written after the second; shard 1 waits for 2.
+struct ShardWriter<'a> {
+    out: &'a Path,
+    manifest: &'a mut Manifest,
+    pps: usize,
+    next_shard: usize,
+    n_prompts: usize,
+    finished: BTreeMap<usize, Option<Sequence>>,
+    tokens_done: usize,
+}
+
+impl ShardWriter<'_> {
+    fn finish(&mut self, idx: usize, seq: Option<Sequence>) -> Result<()> {
+        self.tokens_done += seq.as_ref().map_or(0, |s| s.supervised());
+        self.finished.insert(idx, seq);
+        loop {
+            let lo = self.next_shard * self.pps;
+            let hi = (lo + self.pps).min(self.n_prompts);
+            if lo >= hi || !(lo..hi).all(|i| self.finished.contains_key(&i)) {
+                return Ok(());
+            }
+            let seqs: Vec<Sequence> = (lo..hi)
+                .filter_map(|i| self.finished.remove(&i).flatten())
+                .collect();
+            let file = shard_name(self.next_shard);
+            write_shard(&self.out.join(&file), &seqs)?;
+            self.manifest.shards.push(ShardInfo {
+                file,
+                sequences: seqs.len(),
+                tokens: seqs.iter().map(|s| s.ids.len()).sum(),
+                supervised_tokens: seqs.iter().map(|s| s.supervised()).sum(),
+            });
+            write_manifest(self.out, self.manifest)?;
+            self.next_shard += 1;
+        }
+    }
+}
+
+/// Regenerate responses for `prompts` into `out` (resumable: finished shards are skipped).
+/// With `batch_size > 1` on an attention-only target the prompts are decoded packed
+/// ([`dflash_engine::packed`]), continuously across shard boundaries; a prompt's tokens do not
+/// depend on the batch size (its sampler is seeded by its index). With a time limit, decoding
+/// stops at the first prompt that finishes past it; unwritten shards are redone next time.
 pub fn regenerate(
     lt: &LoadedTarget,
     prompts: &[Prompt],
@@ -109,8 +172,10 @@ pub fn regenerate(
             shards: vec![],
         },
     };
-    let n_shards = prompts.len().div_ceil(opts.prompts_per_shard);
+    let pps = opts.prompts_per_shard;
+    let n_shards = prompts.len().div_ceil(pps);
     let done: usize = manifest.shards.len();
+    let first = (done * pps).min(prompts.len());
     let pb = ProgressBar::new(prompts.len() as u64);
     pb.set_style(
         ProgressStyle::with_template(
@@ -118,37 +183,72 @@ pub fn regenerate(
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    pb.set_position((done * opts.prompts_per_shard).min(prompts.len()) as u64);
-    let mut tokens_done = 0usize;
+    pb.set_position(first as u64);
     let t0 = std::time::Instant::now();
-    for k in done..n_shards {
-        let chunk = &prompts
-            [k * opts.prompts_per_shard..((k + 1) * opts.prompts_per_shard).min(prompts.len())];
-        let mut seqs = Vec::with_capacity(chunk.len());
-        for (j, p) in chunk.iter().enumerate() {
-            let idx = k * opts.prompts_per_shard + j;
-            match regenerate_one(lt, p, opts, opts.sampling.seed.wrapping_add(idx as u64)) {
-                Ok(s) => {
-                    tokens_done += s.supervised();
-                    seqs.push(s);
-                }
-                Err(e) => tracing::warn!("prompt {idx} skipped: {e:#}"),
+    let mut writer = ShardWriter {
+        out,
+        manifest: &mut manifest,
+        pps,
+        next_shard: done,
+        n_prompts: prompts.len(),
+        finished: BTreeMap::new(),
+        tokens_done: 0,
+    };
+    let mut finish = |idx: usize, seq: Option<Sequence>| -> Result<Flow> {
+        pb.inc(1);
+        writer.finish(idx, seq)?;
+        pb.set_message(format!(
+            "{:.1} tok/s",
+            writer.tokens_done as f64 / t0.elapsed().as_secs_f64()
+        ));
+        Ok(match opts.time_limit {
+            Some(l) if t0.elapsed() >= l => Flow::Stop,
+            _ => Flow::Continue,
+        })
+    };
+    let seed_of = |i: usize| opts.sampling.seed.wrapping_add(i as u64);
+    if opts.batch_size <= 1 || lt.target.is_hybrid() {
+        for (i, p) in prompts.iter().enumerate().skip(first) {
+            let seq = regenerate_one(lt, p, opts, seed_of(i))
+                .map_err(|e| tracing::warn!("prompt {i} skipped: {e:#}"))
+                .ok();
+            if finish(i, seq)? == Flow::Stop {
+                break;
             }
-            pb.inc(1);
-            pb.set_message(format!(
-                "{:.1} tok/s",
-                tokens_done as f64 / t0.elapsed().as_secs_f64()
-            ));
         }
-        let file = shard_name(k);
-        write_shard(&out.join(&file), &seqs)?;
-        manifest.shards.push(ShardInfo {
-            file,
-            sequences: seqs.len(),
-            tokens: seqs.iter().map(|s| s.ids.len()).sum(),
-            supervised_tokens: seqs.iter().map(|s| s.supervised()).sum(),
-        });
-        write_manifest(out, &manifest)?;
+    } else {
+        // requests in prompt order; a prompt that cannot be rendered is finished at once
+        let mut reqs = Vec::new();
+        let mut index_of = Vec::new();
+        let mut stop = false;
+        for (i, p) in prompts.iter().enumerate().skip(first) {
+            match build_request(lt, p, opts, seed_of(i)) {
+                Ok(r) => {
+                    index_of.push(i);
+                    reqs.push(r);
+                }
+                Err(e) => {
+                    tracing::warn!("prompt {i} skipped: {e:#}");
+                    stop |= finish(i, None)? == Flow::Stop;
+                }
+            }
+        }
+        if !stop {
+            generate_packed(&lt.target, &reqs, opts.batch_size, |j, r| {
+                let i = index_of[j];
+                let seq = r
+                    .map(|g| to_sequence(&reqs[j].prompt_ids, &g.new_tokens))
+                    .map_err(|e| tracing::warn!("prompt {i} skipped: {e:#}"))
+                    .ok();
+                finish(i, seq)
+            })?;
+        }
+    }
+    if writer.next_shard < n_shards {
+        eprintln!(
+            "stopped at the time limit: {} of {n_shards} shards written; run again to continue",
+            writer.next_shard
+        );
     }
     pb.finish_and_clear();
     Ok(manifest)

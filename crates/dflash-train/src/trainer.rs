@@ -62,6 +62,17 @@ pub struct TrainSummary {
     pub steps: usize,
     pub last: Option<StepMetrics>,
     pub latest_checkpoint: Option<PathBuf>,
+    /// The run stopped at its time limit before the last step (continue with `--resume`).
+    pub stopped_at_time_limit: bool,
+}
+
+/// Limits of one invocation (not of the run: they are not part of the training config, so a
+/// run split over several invocations is the same run).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunLimits {
+    /// Stop after the first optimizer step that ends past this wall time, with a checkpoint
+    /// of that step, so that `--resume` continues exactly (e.g. a 10-minute GPU lease).
+    pub time_limit: Option<std::time::Duration>,
 }
 
 /// The trainable drafter: named variables (sorted) and the drafter built on them.
@@ -223,6 +234,19 @@ pub fn train(
     cfg: TrainConfig,
     resume: bool,
 ) -> Result<TrainSummary> {
+    train_with_limits(lt, data_dir, out, cfg, resume, RunLimits::default())
+}
+
+/// [`train`], stopping early (with a checkpoint) at the limits of this invocation.
+pub fn train_with_limits(
+    lt: &LoadedTarget,
+    data_dir: &Path,
+    out: &Path,
+    cfg: TrainConfig,
+    resume: bool,
+    limits: RunLimits,
+) -> Result<TrainSummary> {
+    let started = Instant::now();
     cfg.validate()?;
     let (manifest, seqs) = read_sequences(data_dir)?;
     let target_hash = identity_hash(&lt.source)?;
@@ -438,7 +462,11 @@ pub fn train(
             val_loss: None,
             val_simulated_tau: None,
         };
-        let save = state.steps_done.is_multiple_of(cfg.save_every) || state.steps_done == total;
+        let out_of_time = state.steps_done < total
+            && limits.time_limit.is_some_and(|l| started.elapsed() >= l);
+        let save = state.steps_done.is_multiple_of(cfg.save_every)
+            || state.steps_done == total
+            || out_of_time;
         let mut val = None;
         if !val_seqs.is_empty()
             && (state.steps_done.is_multiple_of(cfg.val_every) || state.steps_done == total)
@@ -498,11 +526,25 @@ pub fn train(
             latest_ckpt = Some(dir);
         }
         last = Some(m);
+        if out_of_time {
+            pb.finish_and_clear();
+            eprintln!(
+                "time limit reached after step {}/{total}: checkpoint saved, continue with --resume",
+                state.steps_done
+            );
+            return Ok(TrainSummary {
+                steps: state.steps_done,
+                last,
+                latest_checkpoint: latest_ckpt,
+                stopped_at_time_limit: true,
+            });
+        }
     }
     pb.finish_and_clear();
     Ok(TrainSummary {
         steps: state.steps_done,
         last,
         latest_checkpoint: latest_ckpt,
+        stopped_at_time_limit: false,
     })
 }

@@ -202,3 +202,63 @@ fn bf16_training_follows_f32() {
         rel * 100.0
     );
 }
+
+#[test]
+fn time_limit_stops_with_a_checkpoint_and_resume_finishes_the_same_run() {
+    use dflash_train::trainer::{train_with_limits, RunLimits};
+    let td = tiny_target_dir("limit");
+    let lt = load(&td, DType::F32);
+    let data = tmp("limit-data");
+    write_data(
+        &data,
+        &td,
+        &(0..4).map(|i| sequence(30 + i, 4, 20)).collect::<Vec<_>>(),
+    );
+    let mut cfg = small_config();
+    cfg.max_steps = Some(6);
+    cfg.save_every = 100; // only the limit and the last step save
+    // uninterrupted
+    let whole = tmp("limit-whole");
+    train(&lt, &data, &whole, cfg.clone(), false).unwrap();
+    // a zero limit: stops after the first step, with its checkpoint
+    let split = tmp("limit-split");
+    let zero = RunLimits {
+        time_limit: Some(std::time::Duration::ZERO),
+    };
+    let s = train_with_limits(&lt, &data, &split, cfg.clone(), false, zero).unwrap();
+    assert!(s.stopped_at_time_limit);
+    assert_eq!(s.steps, 1);
+    assert!(split.join("checkpoints/step-000001/drafter/model.safetensors").exists());
+    // resumed one step at a time, then without a limit
+    let s = train_with_limits(&lt, &data, &split, cfg.clone(), true, zero).unwrap();
+    assert_eq!((s.steps, s.stopped_at_time_limit), (2, true));
+    let s = train(&lt, &data, &split, cfg, true).unwrap();
+    assert_eq!((s.steps, s.stopped_at_time_limit), (6, false));
+    let load_w = |d: &std::path::Path| {
+        candle_core::safetensors::load(
+            d.join("checkpoints/step-000006/drafter/model.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap()
+    };
+    let (a, b) = (load_w(&whole), load_w(&split));
+    for (n, t) in &a {
+        let d = (t - &b[n])
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert_eq!(d, 0.0, "{n} differs after a split run");
+    }
+    let lines = |d: &std::path::Path| {
+        std::fs::read_to_string(d.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(lines(&whole), lines(&split));
+}

@@ -1,0 +1,110 @@
+//! Packed batch decoding equals one-at-a-time AR: the same tokens at T = 0 (SmolLM2 and the
+//! tiny Qwen3) and at T > 0 with the same seeds (tiny Qwen3), with fewer slots than requests
+//! (continuous refill and cache compaction are exercised), stop tokens and a request that
+//! does not fit the context.
+
+mod common;
+
+use common::*;
+use dflash_core::sampling::SamplingParams;
+use dflash_engine::packed::{generate_packed, Flow, PackedOutput};
+use dflash_engine::{generate, Mode, Request};
+use dflash_model::Target;
+
+fn run_packed(t: &Target, reqs: &[Request], slots: usize) -> Vec<Option<PackedOutput>> {
+    let mut out = vec![None; reqs.len()];
+    generate_packed(t, reqs, slots, |i, r| {
+        assert!(out[i].is_none(), "request {i} reported twice");
+        out[i] = r.ok();
+        Ok(Flow::Continue)
+    })
+    .unwrap();
+    out
+}
+
+#[test]
+fn packed_equals_sequential_on_smollm2_at_t0() {
+    let lt = smollm2();
+    let prompts = [
+        "What is 2 + 2?",
+        "Write a haiku about rain.",
+        "Who wrote Hamlet?",
+        "Name three fruits.",
+        "What is the capital of France?",
+    ];
+    // different lengths: sequences finish at different steps and slots are refilled
+    let reqs: Vec<Request> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
+            req(&ids, 6 + 5 * i, SamplingParams::default(), &lt.tokenizer.stop_ids)
+        })
+        .collect();
+    let packed = run_packed(&lt.target, &reqs, 3);
+    for (i, r) in reqs.iter().enumerate() {
+        let ar = generate(&lt.target, None, Mode::Ar, r).unwrap();
+        let p = packed[i].as_ref().unwrap();
+        assert_eq!(p.new_tokens, ar.new_tokens, "prompt {i}");
+        assert_eq!(p.stopped_by_token, ar.stopped_by_token, "prompt {i}");
+    }
+}
+
+#[test]
+fn packed_equals_sequential_on_tiny_target_with_sampling() {
+    let t = tiny();
+    let base = tiny_prompt();
+    let mut reqs = Vec::new();
+    for i in 0..7 {
+        let prompt: Vec<u32> = base.iter().skip(i % 3).copied().collect();
+        let sampling = if i % 2 == 0 {
+            SamplingParams::default()
+        } else {
+            SamplingParams::new(0.9, 0.95, 0, 100 + i as u64).unwrap()
+        };
+        reqs.push(req(&prompt, 10 + 7 * i, sampling, &[]));
+    }
+    // a stop token that the greedy continuation of request 0 produces
+    let ar0 = generate(&t, None, Mode::Ar, &reqs[0]).unwrap();
+    reqs[0].stop_ids = vec![ar0.new_tokens[4]];
+    // one request that cannot fit the context: reported as an error, others unaffected
+    let ctx = t.config.max_position_embeddings;
+    reqs.push(req(&base, ctx, SamplingParams::default(), &[]));
+    for slots in [1, 2, 4, 16] {
+        let packed = run_packed(&t, &reqs, slots);
+        assert!(packed.last().unwrap().is_none(), "the oversized request is refused");
+        for (i, r) in reqs.iter().enumerate().take(reqs.len() - 1) {
+            let ar = generate(&t, None, Mode::Ar, r).unwrap();
+            let p = packed[i].as_ref().unwrap();
+            assert_eq!(p.new_tokens, ar.new_tokens, "request {i}, {slots} slots");
+            assert_eq!(p.stopped_by_token, ar.stopped_by_token, "request {i}");
+        }
+    }
+    assert!(run_packed(&t, &reqs[..1], 1)[0]
+        .as_ref()
+        .unwrap()
+        .stopped_by_token);
+}
+
+#[test]
+fn packed_refuses_zero_slots() {
+    let t = tiny();
+    let r = req(&tiny_prompt(), 4, SamplingParams::default(), &[]);
+    let e = generate_packed(&t, &[r], 0, |_, _| Ok(Flow::Continue)).unwrap_err();
+    assert!(e.to_string().contains("slot"), "{e}");
+}
+
+#[test]
+fn stop_ends_the_run_at_once() {
+    let t = tiny();
+    let reqs: Vec<Request> = (0..6)
+        .map(|i| req(&tiny_prompt(), 4 + i, SamplingParams::default(), &[]))
+        .collect();
+    let mut seen = 0;
+    generate_packed(&t, &reqs, 2, |_, _| {
+        seen += 1;
+        Ok(if seen == 2 { Flow::Stop } else { Flow::Continue })
+    })
+    .unwrap();
+    assert_eq!(seen, 2);
+}

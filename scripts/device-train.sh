@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The first real drafter (SmolLM2-135M, B = 16) on the GPU machine, in phases that fit the
+# 10-minute calls of one warm lease: state lives under /root between back-to-back calls, and
+# what must outlast the lease comes back through $OUT.
+#
+# Usage (on the device, from the repository root):
+#   scripts/device-train.sh PHASE...
+# Phases, in order:
+#   setup   assemble the staged GGUF (/root/stage/smollm2.gguf/part*), unpack .device/dflash-rs.xz
+#   data    regenerate responses for .device/prompts.jsonl.xz (greedy, f32, packed batches),
+#           stopped after DATA_SECS (finished shards are kept; the manifest lists them)
+#   plan    a short probe run times one optimizer step; the run's max_steps = TRAIN_SECS / step
+#   train   train (or --resume) until UNTIL seconds after this call started, with a checkpoint
+#   export  the latest checkpoint as bf16 + the run's records → $OUT
+#   eval    the exported drafter: `dflash-rs eval` on the four datasets, in parallel processes
+# Environment: DATA_SECS (240), TRAIN_SECS (900), UNTIL (560), BATCH (128), EVAL_LIMIT (32),
+#   EVAL_TOKENS (256), EVAL_SECS (300).
+set -uo pipefail
+T0=$(date +%s)
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# overridable for a dry run on the CPU: ROOT=/tmp/x DEV=cpu TRAIN_DTYPE=f32 B=target/release/dflash-rs
+ROOT=${ROOT:-/root}
+export DFLASH_HOME=${DFLASH_HOME:-$ROOT/dh}
+B=${B:-$ROOT/dflash-rs}
+DEV=${DEV:-cuda}
+TRAIN_DTYPE=${TRAIN_DTYPE:-bf16}
+D=$ROOT/data
+R=$ROOT/run
+E=$ROOT/export
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/log.txt"; }
+elapsed() { echo $(( $(date +%s) - T0 )); }
+SP=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+export LD_LIBRARY_PATH=$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+
+setup() {
+  mkdir -p $DFLASH_HOME/models/smollm2-135m $ROOT
+  local g=$DFLASH_HOME/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f "$g" ] || cat /root/stage/smollm2.gguf/part* > "$g"
+  echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $g" | sha256sum -c --quiet || { log "GGUF checksum failed"; exit 1; }
+  if [ -f .device/dflash-rs.xz ]; then xz -d -c .device/dflash-rs.xz > $B && chmod +x $B; fi
+  [ -x $B ] || { log "no binary at $B"; exit 1; }
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/log.txt"
+}
+
+data() {
+  xz -d -c .device/prompts.jsonl.xz > $ROOT/prompts.jsonl
+  log "data: $(wc -l < $ROOT/prompts.jsonl) prompts, ${DATA_SECS:-240} s"
+  $B data generate --prompts $ROOT/prompts.jsonl --out $D --time-limit "${DATA_SECS:-240}" \
+    --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" --device $DEV --dtype f32 \
+    > "$OUT/data.log" 2>&1
+  python3 - "$D/manifest.json" <<'EOF' | tee -a "$OUT/log.txt"
+import json, sys
+m = json.load(open(sys.argv[1]))
+s = m["shards"]
+print(f"data: {len(s)} shards, {sum(x['sequences'] for x in s)} sequences, "
+      f"{sum(x['supervised_tokens'] for x in s)} supervised tokens, {sum(x['tokens'] for x in s)} tokens")
+EOF
+}
+
+config() { # $1 max_steps → the run's training config
+  local n=$1
+  local every=$(( n / 8 > 25 ? n / 8 : 25 ))
+  cat <<EOF
+{"num_draft_layers": 5, "block_size": 16, "num_anchors": 256, "max_length": 2048,
+ "lr": 6e-4, "warmup_ratio": 0.04, "grad_accum": 4, "max_steps": $n,
+ "save_every": $every, "val_every": $every, "val_sequences": 32, "keep_last": 2,
+ "seed": 0, "init_seed": 0, "dtype": "$TRAIN_DTYPE", "device": "$DEV"}
+EOF
+}
+
+plan() {
+  rm -rf $ROOT/probe
+  config 8 > $ROOT/probe.json
+  $B train --data $D --out $ROOT/probe --config $ROOT/probe.json > "$OUT/probe.log" 2>&1
+  local n
+  n=$(python3 - $ROOT/probe/metrics.jsonl "${TRAIN_SECS:-900}" <<'EOF'
+import json, sys
+ms = [json.loads(l) for l in open(sys.argv[1])]
+# elapsed after step k = cumulative supervised tokens / cumulative rate; skip the warm-up steps
+t = []; c = 0
+for m in ms:
+    c += m["supervised_tokens"]; t.append(c / m["tokens_per_sec"])
+per = (t[-1] - t[2]) / (len(t) - 3)
+print(max(10, int(float(sys.argv[2]) / per)))
+print(f"probe: {per:.3f} s/step, {ms[-1]['tokens_per_sec']:.0f} supervised tok/s", file=sys.stderr)
+EOF
+  )
+  log "plan: max_steps $n for ${TRAIN_SECS:-900} s ($(tail -c 300 "$OUT/probe.log" | tr '\n' ' ' | tail -c 120))"
+  config "$n" > $ROOT/cfg.json
+}
+
+train() {
+  local left=$(( ${UNTIL:-560} - $(elapsed) ))
+  local resume=""
+  [ -f $R/latest ] && resume=--resume
+  if [ "$left" -lt 20 ]; then log "train: skipped, $left s left"; return; fi
+  log "train: $resume for at most $left s"
+  $B train --data $D --out $R --config $ROOT/cfg.json $resume --time-limit "$left" >> "$OUT/train.log" 2>&1
+  log "train: exit $?, $(tail -n 1 $R/metrics.jsonl | cut -c1-300)"
+}
+
+export_() {
+  local latest
+  latest=$(cat $R/latest) || { log "export: no checkpoint in $R"; return; }
+  rm -rf $E
+  $B drafter export --from "$R/checkpoints/$latest/drafter" --out $E --dtype bf16 2>&1 | tee -a "$OUT/log.txt"
+  ( cd $E && split -b 15M -d -a 1 model.safetensors "$OUT/model.safetensors.part" )
+  tar -C "$ROOT" -cJf "$OUT/run.tar.xz" run/metrics.jsonl run/train_config.json export/config.json \
+    export/training.json data/manifest.json cfg.json
+  # the validation sequences (the last shards) for the simulated-vs-measured τ check
+  tar -C "$ROOT" -cJf "$OUT/data-tail.tar.xz" "data/$(cd $D && ls shard-*.jsonl | tail -n 1)"
+  log "export: $latest → $E ($(du -b $E/model.safetensors | cut -f1) bytes)"
+}
+
+eval_() {
+  local lim=${EVAL_LIMIT:-32} tok=${EVAL_TOKENS:-256}
+  mkdir -p $ROOT/eval
+  for ds in gsm8k humaneval mt-bench math500; do
+    for t in 0 1; do
+      timeout "${EVAL_SECS:-300}" $B eval --dataset $ds --limit "$lim" --drafter smollm2-135m-b16=$E \
+        --modes ar,dflash,ddtree:8,ddtree:32 --max-new-tokens "$tok" --temperature $t \
+        --device $DEV --dtype $TRAIN_DTYPE --out $ROOT/eval/$ds-t$t > $ROOT/eval/$ds-t$t.log 2>&1 &
+    done
+  done
+  wait
+  tar -C "$ROOT" -cJf "$OUT/eval.tar.xz" eval
+  log "eval: done"
+}
+
+for p in "$@"; do
+  case $p in
+    setup) setup ;;
+    data) data ;;
+    plan) plan ;;
+    train) train ;;
+    export) export_ ;;
+    eval) eval_ ;;
+    *) log "unknown phase $p"; exit 2 ;;
+  esac
+done
+log "phases done: $*"
