@@ -7,14 +7,25 @@
 #   scripts/device-train.sh PHASE...
 # Phases, in order:
 #   setup   assemble the staged GGUF (/root/stage/smollm2.gguf/part*), unpack .device/dflash-rs.xz
+#   restore unpack the shards of earlier leases (DATA_TAR, default the committed
+#           assets/data/smollm2-135m-regen-384.tar.xz) into $ROOT/data
 #   data    regenerate responses for .device/prompts.jsonl.xz (greedy, f32, packed batches),
-#           stopped after DATA_SECS (finished shards are kept; the manifest lists them)
+#           stopped after DATA_SECS (finished shards are kept; the manifest lists them);
+#           continues an existing $ROOT/data
+#   profile the same with DFLASH_PROFILE=1 for PROFILE_SECS, then a profiled 8-step training
+#           probe: time per phase of decoding and of a training step → $OUT
 #   plan    a short probe run times one optimizer step; the run's max_steps = TRAIN_SECS / step
 #   train   train (or --resume) until UNTIL seconds after this call started, with a checkpoint
 #   export  the latest checkpoint as bf16 + the run's records → $OUT
 #   eval    the exported drafter: `dflash-rs eval` on the four datasets, in parallel processes
-# Environment: DATA_SECS (240), TRAIN_SECS (900), UNTIL (560), BATCH (128), EVAL_LIMIT (32),
-#   EVAL_TOKENS (256), EVAL_SECS (300).
+# Environment: DATA_SECS (240), TRAIN_SECS (900), UNTIL (560), BATCH (128), SHARD (64),
+#   DATA_TOKENS (1024), ANCHORS (256, profile probe), EVAL_LIMIT (32), EVAL_TOKENS (256),
+#   EVAL_SECS (300), INIT_FROM (a drafter directory to continue from, e.g. the committed
+#   assets/drafters/smollm2-135m-b16: fresh optimizer, same weights).
+# The run of 2026-11-30 (docs/BENCHMARKS.md): PROFILE_SECS=60 DATA_SECS=120 DATA_TOKENS=384
+#   SHARD=16 BATCH=64 TRAIN_SECS=500 UNTIL=585 … setup restore profile data plan train, then
+#   UNTIL=225 … train export. Keep SHARD well below BATCH × (time / longest response): a shard
+#   is written only when all of its prompts are done.
 set -uo pipefail
 T0=$(date +%s)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -42,8 +53,23 @@ setup() {
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/log.txt"
 }
 
+restore() {
+  mkdir -p $ROOT && tar -C $ROOT -xJf "${DATA_TAR:-assets/data/smollm2-135m-regen-384.tar.xz}" && log "restore: $(ls $D | wc -l) files in $D"
+}
+
+profile() {
+  [ -f $ROOT/prompts.jsonl ] || xz -d -c .device/prompts.jsonl.xz > $ROOT/prompts.jsonl
+  DFLASH_PROFILE=1 $B data generate --prompts $ROOT/prompts.jsonl --out $D --time-limit "${PROFILE_SECS:-60}" \
+    --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" --device $DEV --dtype f32 \
+    > "$OUT/profile-data.log" 2>&1
+  rm -rf $ROOT/pprobe
+  config 8 | sed 's/"num_anchors": 256/"num_anchors": '"${ANCHORS:-256}"'/' > $ROOT/pprobe.json
+  DFLASH_PROFILE=1 $B train --data $D --out $ROOT/pprobe --config $ROOT/pprobe.json > "$OUT/profile-train.log" 2>&1
+  log "profile: $(grep -c . "$OUT/profile-train.log") lines"
+}
+
 data() {
-  xz -d -c .device/prompts.jsonl.xz > $ROOT/prompts.jsonl
+  [ -f $ROOT/prompts.jsonl ] || xz -d -c .device/prompts.jsonl.xz > $ROOT/prompts.jsonl
   log "data: $(wc -l < $ROOT/prompts.jsonl) prompts, ${DATA_SECS:-240} s"
   $B data generate --prompts $ROOT/prompts.jsonl --out $D --time-limit "${DATA_SECS:-240}" \
     --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" --device $DEV --dtype f32 \
@@ -59,12 +85,14 @@ EOF
 
 config() { # $1 max_steps → the run's training config
   local n=$1
+  local INIT=""
+  [ -n "${INIT_FROM:-}" ] && INIT=", \"init_from\": \"$INIT_FROM\""
   local every=$(( n / 8 > 25 ? n / 8 : 25 ))
   cat <<EOF
 {"num_draft_layers": 5, "block_size": 16, "num_anchors": 256, "max_length": 2048,
  "lr": 6e-4, "warmup_ratio": 0.04, "grad_accum": 4, "max_steps": $n,
  "save_every": $every, "val_every": $every, "val_sequences": 32, "keep_last": 2,
- "seed": 0, "init_seed": 0, "dtype": "$TRAIN_DTYPE", "device": "$DEV"}
+ "seed": 0, "init_seed": 0, "dtype": "$TRAIN_DTYPE", "device": "$DEV"$INIT}
 EOF
 }
 
@@ -105,10 +133,9 @@ export_() {
   rm -rf $E
   $B drafter export --from "$R/checkpoints/$latest/drafter" --out $E --dtype bf16 2>&1 | tee -a "$OUT/log.txt"
   ( cd $E && split -b 15M -d -a 1 model.safetensors "$OUT/model.safetensors.part" )
+  tar -C $ROOT -cJf "$OUT/data.tar.xz" data
   tar -C "$ROOT" -cJf "$OUT/run.tar.xz" run/metrics.jsonl run/train_config.json export/config.json \
     export/training.json data/manifest.json cfg.json
-  # the validation sequences (the last shards) for the simulated-vs-measured τ check
-  tar -C "$ROOT" -cJf "$OUT/data-tail.tar.xz" "data/$(cd $D && ls shard-*.jsonl | tail -n 1)"
   log "export: $latest → $E ($(du -b $E/model.safetensors | cut -f1) bytes)"
 }
 
@@ -130,6 +157,8 @@ eval_() {
 for p in "$@"; do
   case $p in
     setup) setup ;;
+    restore) restore ;;
+    profile) profile ;;
     data) data ;;
     plan) plan ;;
     train) train ;;

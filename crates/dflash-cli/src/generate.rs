@@ -31,7 +31,7 @@ pub struct GenerateArgs {
     pub chat: bool,
     #[arg(long, default_value_t = 128)]
     pub max_new_tokens: usize,
-    /// Decoding mode; `dflash` needs --drafter.
+    /// Decoding mode; `dflash` and `ddtree` use --drafter, or the drafter that ships for the target.
     #[arg(long, value_enum)]
     pub mode: Option<Mode>,
     /// A z-lab-format drafter directory (config.json + model.safetensors).
@@ -59,16 +59,25 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     } else {
         Mode::Ar
     });
-    if mode != Mode::Ar && a.drafter.is_none() {
-        bail!(
-            "--mode {} needs --drafter DIR",
-            if mode == Mode::Dflash {
-                "dflash"
-            } else {
-                "ddtree"
+    let drafter_dir = match (&a.drafter, mode) {
+        (Some(d), _) => Some(d.clone()),
+        (None, Mode::Ar) => None,
+        (None, _) => match dflash_model::loader::bundled_drafter(&a.target) {
+            Some(d) => {
+                eprintln!("using the bundled drafter {}", d.display());
+                Some(d)
             }
-        );
-    }
+            None => bail!(
+                "--mode {} needs --drafter DIR (no drafter ships for target '{}')",
+                if mode == Mode::Dflash {
+                    "dflash"
+                } else {
+                    "ddtree"
+                },
+                a.target
+            ),
+        },
+    };
     if mode != Mode::Ar && matches!(a.block_size, Some(0) | Some(1)) {
         bail!("--block-size must be >= 2 for speculative modes");
     }
@@ -78,7 +87,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let (dtype, device) = a.run_on.parse()?;
     let loaded = load_target(&a.target, dtype, &device)?;
     eprintln!("{loaded}");
-    let drafter = match (&a.drafter, mode) {
+    let drafter = match (&drafter_dir, mode) {
         (Some(dir), Mode::Dflash | Mode::Ddtree) => {
             let d = Drafter::load_dir(dir, &loaded.target)?;
             eprintln!(

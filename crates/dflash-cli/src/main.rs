@@ -30,6 +30,8 @@ enum Command {
     Data(train_cmd::DataCommand),
     /// Train a drafter.
     Train(train_cmd::TrainArgs),
+    /// Plot a training run's loss and simulated τ (metrics.jsonl → SVG).
+    TrainCurves(train_cmd::CurvesArgs),
     /// Evaluate drafters: τ, DDTree-N, speed-up, losslessness, reports and plots.
     Eval(eval_cmd::EvalArgs),
     /// Check a target/drafter pair for train/eval mismatches.
@@ -56,6 +58,7 @@ fn main() {
         Command::Drafter(c) => drafter_cmd::run(c),
         Command::Data(c) => train_cmd::run_data(c),
         Command::Train(a) => train_cmd::run_train(a),
+        Command::TrainCurves(a) => train_cmd::run_curves(a),
         Command::Eval(a) => eval_cmd::run_eval(a),
         Command::DeviceCheck(a) => check_cmd::run(a),
         Command::Bench(a) => bench_cmd::run(a),

@@ -57,7 +57,13 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
         let mut ps = prompts::load(src, a.cap_per_file)?;
         let n0 = ps.len();
         if let Some(m) = a.max_chars {
-            ps.retain(|p| p.messages.iter().map(|m| m.content.chars().count()).sum::<usize>() <= m);
+            ps.retain(|p| {
+                p.messages
+                    .iter()
+                    .map(|m| m.content.chars().count())
+                    .sum::<usize>()
+                    <= m
+            });
         }
         if let Some(&l) = a.limit.get(k).or(a.limit.first()) {
             ps.truncate(l);
@@ -68,7 +74,9 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
     all.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(a.seed));
     let mut text = String::new();
     for p in &all {
-        text.push_str(&serde_json::to_string(&serde_json::json!({ "messages": p.messages }))?);
+        text.push_str(&serde_json::to_string(
+            &serde_json::json!({ "messages": p.messages }),
+        )?);
         text.push('\n');
     }
     dflash_train::data::write_atomic(&a.out, text.as_bytes())?;
@@ -210,5 +218,26 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
     if let Some(p) = &s.latest_checkpoint {
         eprintln!("latest checkpoint: {}", p.join("drafter").display());
     }
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct CurvesArgs {
+    /// A run directory (holding metrics.jsonl) or a metrics.jsonl file.
+    #[arg(long)]
+    pub run: PathBuf,
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+pub fn run_curves(a: CurvesArgs) -> Result<()> {
+    let m = if a.run.is_dir() {
+        a.run.join("metrics.jsonl")
+    } else {
+        a.run.clone()
+    };
+    let ms = dflash_train::trainer::read_metrics(&m)?;
+    dflash_train::data::write_atomic(&a.out, dflash_train::curves::svg(&ms).as_bytes())?;
+    eprintln!("wrote {}: {} steps", a.out.display(), ms.len());
     Ok(())
 }

@@ -196,26 +196,50 @@ pub fn draft_training(
     anchors: &[usize],
     block: usize,
 ) -> Visibility {
+    // other blocks' columns stay hidden (`sees(.., OtherBlock)` is false by the rule); the
+    // visible cells are exactly the two parts, placed block-diagonally
+    debug_assert!(!rule.sees(0, 0, DraftKey::OtherBlock));
+    let (ctx, own) = draft_training_parts(rule, seq_len, anchors, block);
     let n = anchors.len() * block;
     let mut v = Visibility::new(n, seq_len + n);
-    debug_assert!(!rule.sees(0, 0, DraftKey::OtherBlock));
+    for row in 0..n {
+        let j = row / block;
+        v.data[row * v.cols..row * v.cols + seq_len]
+            .copy_from_slice(&ctx.data[row * seq_len..(row + 1) * seq_len]);
+        v.data[row * v.cols + seq_len + j * block..row * v.cols + seq_len + (j + 1) * block]
+            .copy_from_slice(&own.data[row * block..(row + 1) * block]);
+    }
+    v
+}
+
+/// The training mask in the two parts that can be visible, for an attention that never
+/// computes the always-hidden other-block cells: `context` is `[rows, seq_len]` (the first
+/// `seq_len` columns of [`draft_training`]) and `own_block` is `[rows, block]`, row `j·B + r`
+/// column `c` = may block j's row r see block j's row c. Both from [`DraftRule::sees`].
+/// Example: anchors [3, 5], B = 2, seq_len 8 → context row 2 (block 1, pos 5) sees 0..=4;
+/// own_block row 2 sees columns 0 and 1 (positions 5 and 6).
+pub fn draft_training_parts(
+    rule: DraftRule,
+    seq_len: usize,
+    anchors: &[usize],
+    block: usize,
+) -> (Visibility, Visibility) {
+    let n = anchors.len() * block;
+    let mut ctx = Visibility::new(n, seq_len);
+    let mut own = Visibility::new(n, block);
     for (j, &a) in anchors.iter().enumerate() {
         for r in 0..block {
             let row = j * block + r;
             let q = a + r;
             for c in 0..seq_len {
-                v.set(row, c, rule.sees(a, q, DraftKey::Context(c)));
+                ctx.set(row, c, rule.sees(a, q, DraftKey::Context(c)));
             }
-            // other blocks' columns stay hidden (`sees(.., OtherBlock)` is false by the rule,
-            // asserted below), so only the own block's columns are visited: O(rows × (seq_len
-            // + block)) instead of O(rows²)
-            for rr in 0..block {
-                let key = DraftKey::OwnBlock(a + rr);
-                v.set(row, seq_len + j * block + rr, rule.sees(a, q, key));
+            for c in 0..block {
+                own.set(row, c, rule.sees(a, q, DraftKey::OwnBlock(a + c)));
             }
         }
     }
-    v
+    (ctx, own)
 }
 
 #[cfg(test)]
@@ -274,9 +298,38 @@ mod tests {
                                 DraftKey::OtherBlock
                             };
                             let col = seq_len + jj * block + rr;
-                            assert_eq!(v.get(row, col), rule.sees(a, a + r, key), "row {row} col {col}");
+                            assert_eq!(
+                                v.get(row, col),
+                                rule.sees(a, a + r, key),
+                                "row {row} col {col}"
+                            );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn training_parts_are_the_visible_cells_of_the_dense_mask() {
+        for rule in [DraftRule::FULL, DraftRule::for_layer(Some(3))] {
+            let (seq_len, anchors, block) = (12, [0usize, 2, 5, 9], 3);
+            let dense = draft_training(rule, seq_len, &anchors, block);
+            let (ctx, own) = draft_training_parts(rule, seq_len, &anchors, block);
+            for j in 0..anchors.len() {
+                for r in 0..block {
+                    let row = j * block + r;
+                    for c in 0..seq_len {
+                        assert_eq!(ctx.get(row, c), dense.get(row, c));
+                    }
+                    for c in 0..block {
+                        assert_eq!(own.get(row, c), dense.get(row, seq_len + j * block + c));
+                    }
+                    // everything else in the dense row is hidden
+                    let visible = (0..dense.cols).filter(|&c| dense.get(row, c)).count();
+                    let parts = (0..seq_len).filter(|&c| ctx.get(row, c)).count()
+                        + (0..block).filter(|&c| own.get(row, c)).count();
+                    assert_eq!(visible, parts);
                 }
             }
         }

@@ -80,6 +80,21 @@ pub fn generate_packed(
     if target.is_hybrid() {
         bail!("packed decoding needs an attention-only target: the linear-attention layers of this hybrid target keep one sequence's state (use a batch size of 1)");
     }
+    let mut ph = dflash_model::profile::Phases::new(&target.device);
+    let result = run(target, requests, slots, &mut done, &mut ph);
+    if ph.enabled() {
+        eprintln!("packed decoding, time per phase:\n{}", ph.report());
+    }
+    result
+}
+
+fn run(
+    target: &Target,
+    requests: &[Request],
+    slots: usize,
+    done: &mut impl FnMut(usize, Result<PackedOutput>) -> Result<Flow>,
+    ph: &mut dflash_model::profile::Phases,
+) -> Result<()> {
     let mut cache = target.new_cache();
     // owner[r]: the request whose sequence cache row r belongs to
     let mut owner: Vec<usize> = Vec::new();
@@ -110,6 +125,7 @@ pub fn generate_packed(
             owner.extend(std::iter::repeat_n(i, n));
             let mut sampler = Sampler::new(req.sampling);
             let first = sampler.sample(&out.logits.unwrap().get(0)?.to_vec1::<f32>()?);
+            ph.mark("prefill");
             let l = Live {
                 index: i,
                 sampler,
@@ -139,16 +155,13 @@ pub fn generate_packed(
         let tokens: Vec<u32> = live.iter().map(|l| l.next).collect();
         let positions: Vec<usize> = live.iter().map(|l| l.pos).collect();
         let ids: Vec<usize> = live.iter().map(|l| l.index).collect();
-        let out = target.forward(
-            &tokens,
-            &positions,
-            &packed(&owner, &ids),
-            &mut cache,
-            &[],
-            &Rows::All,
-        )?;
+        let mask = packed(&owner, &ids);
+        ph.mark("step mask");
+        let out = target.forward(&tokens, &positions, &mask, &mut cache, &[], &Rows::All)?;
         owner.extend_from_slice(&ids);
+        ph.mark("step forward");
         let logits = out.logits.unwrap().to_vec2::<f32>()?;
+        ph.mark("logits to host");
         // 3. sample, retire the finished sequences
         let mut still = Vec::with_capacity(live.len());
         for (mut l, row) in live.into_iter().zip(&logits) {
@@ -172,6 +185,7 @@ pub fn generate_packed(
             }
         }
         live = still;
+        ph.mark("sample");
         // 4. drop finished sequences' rows once they are half the cache
         if dead_rows > 0 && 2 * dead_rows >= owner.len() {
             let alive: std::collections::HashSet<usize> = live.iter().map(|l| l.index).collect();
@@ -185,6 +199,7 @@ pub fn generate_packed(
             }
             owner = keep.iter().map(|&r| owner[r]).collect();
             dead_rows = 0;
+            ph.mark("compact");
         }
     }
 }

@@ -38,7 +38,12 @@ fn packed_equals_sequential_on_smollm2_at_t0() {
         .enumerate()
         .map(|(i, p)| {
             let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
-            req(&ids, 6 + 5 * i, SamplingParams::default(), &lt.tokenizer.stop_ids)
+            req(
+                &ids,
+                6 + 5 * i,
+                SamplingParams::default(),
+                &lt.tokenizer.stop_ids,
+            )
         })
         .collect();
     let packed = run_packed(&lt.target, &reqs, 3);
@@ -72,7 +77,10 @@ fn packed_equals_sequential_on_tiny_target_with_sampling() {
     reqs.push(req(&base, ctx, SamplingParams::default(), &[]));
     for slots in [1, 2, 4, 16] {
         let packed = run_packed(&t, &reqs, slots);
-        assert!(packed.last().unwrap().is_none(), "the oversized request is refused");
+        assert!(
+            packed.last().unwrap().is_none(),
+            "the oversized request is refused"
+        );
         for (i, r) in reqs.iter().enumerate().take(reqs.len() - 1) {
             let ar = generate(&t, None, Mode::Ar, r).unwrap();
             let p = packed[i].as_ref().unwrap();
@@ -80,10 +88,12 @@ fn packed_equals_sequential_on_tiny_target_with_sampling() {
             assert_eq!(p.stopped_by_token, ar.stopped_by_token, "request {i}");
         }
     }
-    assert!(run_packed(&t, &reqs[..1], 1)[0]
-        .as_ref()
-        .unwrap()
-        .stopped_by_token);
+    assert!(
+        run_packed(&t, &reqs[..1], 1)[0]
+            .as_ref()
+            .unwrap()
+            .stopped_by_token
+    );
 }
 
 #[test]
@@ -103,7 +113,11 @@ fn stop_ends_the_run_at_once() {
     let mut seen = 0;
     generate_packed(&t, &reqs, 2, |_, _| {
         seen += 1;
-        Ok(if seen == 2 { Flow::Stop } else { Flow::Continue })
+        Ok(if seen == 2 {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        })
     })
     .unwrap();
     assert_eq!(seen, 2);

@@ -35,13 +35,7 @@ fn path_of(home: &Path, name: &str) -> PathBuf {
 }
 
 fn jsonl_values(text: &str, path: &Path) -> Result<Vec<Value>> {
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), i + 1))
-        })
-        .collect()
+    dflash_train::data::parse_jsonl(text, path)
 }
 
 fn field<'a>(v: &'a Value, k: &str, path: &Path) -> Result<&'a str> {

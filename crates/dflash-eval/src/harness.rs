@@ -9,7 +9,6 @@ use dflash_engine::{generate, Mode, Request};
 use dflash_model::drafter::Drafter;
 use dflash_model::loader::LoadedTarget;
 use dflash_model::tokenizer::ChatMessage;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
 use crate::datasets::EvalItem;
@@ -123,13 +122,7 @@ pub fn run(
     opts: &EvalOptions,
 ) -> Result<Vec<Run>> {
     let total: usize = items.iter().map(|i| i.turns.len()).sum::<usize>() * specs.len();
-    let pb = ProgressBar::new(total as u64);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} generations [{elapsed_precise} < {eta_precise}] {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let mut pb = dflash_train::progress::Progress::new(total, "eval", "generations");
     let ctx = lt.target.config.max_position_embeddings;
     let mut runs = Vec::new();
     for (ii, item) in items.iter().enumerate() {
@@ -170,8 +163,7 @@ pub fn run(
                     content: answer,
                 });
                 let tau = dflash_core::stats::summarize(&[&g.rounds]).tau_pooled;
-                pb.set_message(format!("{} τ {tau:.2}", spec.label));
-                pb.inc(1);
+                pb.inc(1, format!("{} {} τ {tau:.2}", item.id, spec.label));
                 runs.push(Run {
                     mode: spec.label.clone(),
                     item: item.id.clone(),
@@ -186,6 +178,6 @@ pub fn run(
             }
         }
     }
-    pb.finish_and_clear();
+    pb.finish();
     Ok(runs)
 }

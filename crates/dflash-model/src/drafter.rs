@@ -22,9 +22,11 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, D};
 use candle_nn::{Linear, Module};
 use dflash_core::config::DrafterConfig;
-use dflash_core::visibility::{draft_inference, draft_training, DraftRule, Visibility};
+use dflash_core::visibility::{
+    draft_inference, draft_training, draft_training_parts, DraftRule, Visibility,
+};
 
-use crate::attention::{attend, mask_tensor};
+use crate::attention::{attend, attend_blocks, mask_tensor};
 use crate::kv_cache::KvCache;
 use crate::mlp::{load_linear, Mlp};
 use crate::norm::RmsNorm;
@@ -66,6 +68,16 @@ impl DraftLayout<'_> {
             }
         }
     }
+}
+
+/// A layer's attention mask: the whole `[keys]` mask, or (training) the two visible parts.
+enum LayerMask {
+    Dense(Tensor),
+    Parts {
+        context: Tensor,
+        own_block: Tensor,
+        block: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -274,11 +286,29 @@ impl Drafter {
         all_pos.extend_from_slice(&block_positions);
         let rope_kv = self.rope.tables(&all_pos, dtype, device)?;
         let rope_q = rope_kv.narrow(m, nb)?;
-        // masks per distinct rule, from the shared visibility rule
-        let mut masks: Vec<(DraftRule, Tensor)> = Vec::new();
+        // masks per distinct rule, from the shared visibility rule: training uses the two
+        // visible parts (context, own block), inference the whole [cache | block] mask
+        let mut masks: Vec<(DraftRule, LayerMask)> = Vec::new();
         for l in &self.layers {
             if !masks.iter().any(|(r, _)| *r == l.rule) {
-                masks.push((l.rule, mask_tensor(&layout.mask(l.rule), dtype, device)?));
+                let lm = match layout {
+                    DraftLayout::Training {
+                        seq_len,
+                        anchors,
+                        block,
+                    } => {
+                        let (c, o) = draft_training_parts(l.rule, seq_len, anchors, block);
+                        LayerMask::Parts {
+                            context: mask_tensor(&c, dtype, device)?,
+                            own_block: mask_tensor(&o, dtype, device)?,
+                            block,
+                        }
+                    }
+                    DraftLayout::Inference { .. } => {
+                        LayerMask::Dense(mask_tensor(&layout.mask(l.rule), dtype, device)?)
+                    }
+                };
+                masks.push((l.rule, lm));
             }
         }
         // 1. context feature (none at anchor 0 with an empty cache)
@@ -321,8 +351,25 @@ impl Drafter {
                 Some(c) => c.append(i, &k, &v)?,
                 None => (k, v),
             };
-            let mask = &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1;
-            let o = attend(&q, &k, &v, mask, 1.0 / (a.head_dim as f64).sqrt())?;
+            let scale = 1.0 / (a.head_dim as f64).sqrt();
+            let o = match &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1 {
+                LayerMask::Dense(mask) => attend(&q, &k, &v, mask, scale)?,
+                LayerMask::Parts {
+                    context,
+                    own_block,
+                    block,
+                } => attend_blocks(
+                    &q,
+                    &k.narrow(2, 0, m)?,
+                    &v.narrow(2, 0, m)?,
+                    &k.narrow(2, m, nb)?,
+                    &v.narrow(2, m, nb)?,
+                    context,
+                    own_block,
+                    *block,
+                    scale,
+                )?,
+            };
             x = (x + a.o_proj.forward(&o)?)?;
             x = (&x
                 + layer

@@ -13,6 +13,7 @@ pub mod kv_cache;
 pub mod loader;
 pub mod mlp;
 pub mod norm;
+pub mod profile;
 pub mod rope;
 pub mod target;
 pub mod tokenizer;

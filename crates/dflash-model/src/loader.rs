@@ -42,6 +42,18 @@ pub fn dflash_home() -> PathBuf {
     PathBuf::from(home).join(".cache/dflash-rs")
 }
 
+/// The drafter that ships for a target alias: `$DFLASH_HOME/drafters/<alias>-b16`, else the
+/// repository's `assets/drafters/<alias>-b16` (a build from a clone). Example:
+/// `bundled_drafter("smollm2-135m")` → `…/assets/drafters/smollm2-135m-b16`.
+pub fn bundled_drafter(alias: &str) -> Option<PathBuf> {
+    let name = format!("{alias}-b16");
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/drafters");
+    [dflash_home().join("drafters"), repo]
+        .into_iter()
+        .map(|d| d.join(&name))
+        .find(|d| d.join("config.json").is_file() && d.join("model.safetensors").is_file())
+}
+
 /// An alias or a path → the path to load.
 pub fn resolve(spec: &str) -> Result<PathBuf> {
     if let Some((_, rel, asset)) = ALIASES.iter().find(|(a, _, _)| *a == spec) {

@@ -25,6 +25,10 @@ pub struct TrainConfig {
     pub target_layer_ids: Option<Vec<usize>>,
     /// Seed of the drafter's initial weights.
     pub init_seed: u64,
+    /// Start from this drafter's weights (a drafter directory, e.g. an earlier run's export)
+    /// instead of random ones; the optimizer state starts fresh. Its shape must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<String>,
     // the objective
     pub num_anchors: usize,
     /// Position decay: row k (k ≥ 1) of a block weighs exp(-(k-1)/gamma).
@@ -66,6 +70,7 @@ impl Default for TrainConfig {
             mask_token_id: None,
             target_layer_ids: None,
             init_seed: 0,
+            init_from: None,
             num_anchors: 512,
             gamma: 7.0,
             loss: LossKind::Ce,

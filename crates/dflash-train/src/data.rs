@@ -59,6 +59,17 @@ impl Manifest {
     }
 }
 
+/// Parse JSON Lines (blank lines skipped), naming the file and line of a bad record.
+pub fn parse_jsonl<T: serde::de::DeserializeOwned>(text: &str, path: &Path) -> Result<Vec<T>> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), i + 1))
+        })
+        .collect()
+}
+
 /// Write `bytes` to `path` atomically: a temporary sibling, fsync, rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path

@@ -4,10 +4,12 @@
 pub mod anchors;
 pub mod checkpoint;
 pub mod config;
+pub mod curves;
 pub mod data;
 pub mod fingerprint;
 pub mod loss;
 pub mod optim;
+pub mod progress;
 pub mod prompts;
 pub mod regen;
 pub mod trainer;

@@ -13,12 +13,12 @@ use dflash_core::sampling::SamplingParams;
 use dflash_engine::packed::{generate_packed, Flow};
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::loader::{identity_hash, LoadedTarget};
-use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 
 use crate::data::{
     read_manifest, shard_name, write_manifest, write_shard, Manifest, Sequence, ShardInfo, FORMAT,
 };
+use crate::progress::Progress;
 use crate::prompts::Prompt;
 
 pub struct RegenOptions {
@@ -176,14 +176,8 @@ pub fn regenerate(
     let n_shards = prompts.len().div_ceil(pps);
     let done: usize = manifest.shards.len();
     let first = (done * pps).min(prompts.len());
-    let pb = ProgressBar::new(prompts.len() as u64);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} prompts [{elapsed_precise} < {eta_precise}] {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    pb.set_position(first as u64);
+    let mut pb = Progress::new(prompts.len(), "data generate", "prompts");
+    pb.set_position(first);
     let t0 = std::time::Instant::now();
     let mut writer = ShardWriter {
         out,
@@ -195,12 +189,15 @@ pub fn regenerate(
         tokens_done: 0,
     };
     let mut finish = |idx: usize, seq: Option<Sequence>| -> Result<Flow> {
-        pb.inc(1);
         writer.finish(idx, seq)?;
-        pb.set_message(format!(
-            "{:.1} tok/s",
-            writer.tokens_done as f64 / t0.elapsed().as_secs_f64()
-        ));
+        pb.inc(
+            1,
+            format!(
+                "{} shards written, {:.1} supervised tok/s",
+                writer.next_shard,
+                writer.tokens_done as f64 / t0.elapsed().as_secs_f64()
+            ),
+        );
         Ok(match opts.time_limit {
             Some(l) if t0.elapsed() >= l => Flow::Stop,
             _ => Flow::Continue,
@@ -250,6 +247,6 @@ pub fn regenerate(
             writer.next_shard
         );
     }
-    pb.finish_and_clear();
+    pb.finish();
     Ok(manifest)
 }

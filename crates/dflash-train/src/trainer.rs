@@ -20,8 +20,8 @@ use dflash_model::drafter_init::{
     default_mask_token, drafter_config, random_weights, DrafterShape,
 };
 use dflash_model::loader::{identity_hash, LoadedTarget};
+use dflash_model::profile::Phases;
 use dflash_model::weights::TensorStore;
-use indicatif::{ProgressBar, ProgressStyle};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -38,6 +38,7 @@ use crate::data::{read_sequences, write_atomic, Sequence};
 use crate::fingerprint::fingerprint;
 use crate::loss::{block_loss, target_features, AcceptCounts};
 use crate::optim::{clip_grad_norm, AdamW};
+use crate::progress::Progress;
 
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -175,6 +176,7 @@ pub fn sequence_loss(
     cfg: &TrainConfig,
     s: &Sequence,
     anchor_seed: u64,
+    ph: &mut Phases,
 ) -> Result<crate::loss::LossOutput> {
     let feats = target_features(
         &lt.target,
@@ -182,6 +184,7 @@ pub fn sequence_loss(
         &s.ids,
         cfg.loss == LossKind::Kl,
     )?;
+    ph.mark("target features");
     let a = anchors::sample(&s.loss_mask, cfg.num_anchors, anchor_seed);
     block_loss(
         &td.drafter,
@@ -211,12 +214,54 @@ pub fn evaluate(
             cfg,
             s,
             anchors::seed_for(cfg.seed, usize::MAX - 1, i),
+            &mut Phases::with(false, &lt.target.device),
         )?;
         num += out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * out.weight_sum;
         den += out.weight_sum;
         counts.merge(&out.counts);
     }
     Ok((num / den.max(1e-12), counts))
+}
+
+/// The weights of an existing drafter directory, checked against the run's drafter config
+/// (same shape, taps, block size and mask token), as f32.
+fn init_weights_from(dir: &Path, dcfg: &DrafterConfig) -> Result<HashMap<String, Tensor>> {
+    let text = std::fs::read_to_string(dir.join("config.json"))
+        .with_context(|| format!("init_from: reading {}/config.json", dir.display()))?;
+    let theirs: DrafterConfig = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "init_from: {}/config.json is not a drafter config",
+            dir.display()
+        )
+    })?;
+    let same = theirs.hidden_size == dcfg.hidden_size
+        && theirs.intermediate_size == dcfg.intermediate_size
+        && theirs.num_hidden_layers == dcfg.num_hidden_layers
+        && theirs.num_attention_heads == dcfg.num_attention_heads
+        && theirs.num_kv_heads() == dcfg.num_kv_heads()
+        && theirs.head_dim() == dcfg.head_dim()
+        && theirs.block_size == dcfg.block_size
+        && theirs.mask_token_id() == dcfg.mask_token_id()
+        && theirs.resolve_target_layer_ids()?.0 == dcfg.resolve_target_layer_ids()?.0;
+    if !same {
+        bail!(
+            "init_from: the drafter in {} has another shape, block size, mask token or taps than this run's config",
+            dir.display()
+        );
+    }
+    let w =
+        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
+            .with_context(|| format!("init_from: reading {}/model.safetensors", dir.display()))?;
+    w.into_iter()
+        .map(|(n, t)| Ok((n, t.to_dtype(DType::F32)?)))
+        .collect()
+}
+
+/// The lines of a run's `metrics.jsonl`.
+pub fn read_metrics(path: &Path) -> Result<Vec<StepMetrics>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    crate::data::parse_jsonl(&text, path)
 }
 
 fn sha256_file(p: &Path) -> Result<String> {
@@ -324,7 +369,10 @@ pub fn train_with_limits(
             dir.join("drafter/model.safetensors"),
             &lt.target.device,
         )?,
-        None => random_weights(&dcfg, cfg.init_seed)?,
+        None => match &cfg.init_from {
+            Some(dir) => init_weights_from(Path::new(dir), &dcfg)?,
+            None => random_weights(&dcfg, cfg.init_seed)?,
+        },
     };
     let mut td = TrainableDrafter::new(dcfg.clone(), &weights, lt)?;
     let names: Vec<String> = td.params.iter().map(|(n, _)| n.clone()).collect();
@@ -368,19 +416,14 @@ pub fn train_with_limits(
 
     let fp = fingerprint(lt, &td.drafter.target_layer_ids)?;
     let manifest_sha = sha256_file(&data_dir.join("manifest.json"))?;
-    let pb = ProgressBar::new(total as u64);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{bar:30} step {pos}/{len} [{elapsed_precise} < {eta_precise}] {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    pb.set_position(state.steps_done as u64);
+    let mut pb = Progress::new(total, "train", "steps");
+    pb.set_position(state.steps_done);
     let mut order = permutation(train_seqs.len(), cfg.seed, state.epoch);
     let mut last: Option<StepMetrics> = None;
     let mut latest_ckpt = latest.clone();
     let t0 = Instant::now();
     let mut tokens_total = 0usize;
+    let mut ph = Phases::new(&lt.target.device);
     while state.steps_done < total {
         // one optimizer step over grad_accum sequences
         let mut grads: Vec<Option<Tensor>> = vec![None; td.params.len()];
@@ -402,7 +445,9 @@ pub fn train_with_limits(
                 &cfg,
                 s,
                 anchors::seed_for(cfg.seed, state.epoch, si),
+                &mut ph,
             )?;
+            ph.mark("drafter forward+loss");
             let l = out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             if !l.is_finite() {
                 bail!(
@@ -415,6 +460,7 @@ pub fn train_with_limits(
                 );
             }
             let g = (out.loss / cfg.grad_accum as f64)?.backward()?;
+            ph.mark("backward");
             for (i, (_, p)) in td.params.iter().enumerate() {
                 if let Some(gi) = g.get(p.as_tensor()) {
                     grads[i] = Some(match grads[i].take() {
@@ -423,6 +469,7 @@ pub fn train_with_limits(
                     });
                 }
             }
+            ph.mark("accumulate grads");
             loss_num += l * out.weight_sum;
             loss_den += out.weight_sum;
             counts.merge(&out.counts);
@@ -444,8 +491,11 @@ pub fn train_with_limits(
             );
         }
         let lr = cfg.lr_at(state.steps_done, total);
+        ph.mark("clip");
         opt.update(&td.params, &grads, lr)?;
+        ph.mark("optimizer");
         td.refresh(lt)?;
+        ph.mark("refresh bf16 copies");
         state.steps_done += 1;
         state.adam_step = opt.step;
         tokens_total += sup;
@@ -462,8 +512,8 @@ pub fn train_with_limits(
             val_loss: None,
             val_simulated_tau: None,
         };
-        let out_of_time = state.steps_done < total
-            && limits.time_limit.is_some_and(|l| started.elapsed() >= l);
+        let out_of_time =
+            state.steps_done < total && limits.time_limit.is_some_and(|l| started.elapsed() >= l);
         let save = state.steps_done.is_multiple_of(cfg.save_every)
             || state.steps_done == total
             || out_of_time;
@@ -471,7 +521,9 @@ pub fn train_with_limits(
         if !val_seqs.is_empty()
             && (state.steps_done.is_multiple_of(cfg.val_every) || state.steps_done == total)
         {
+            ph.skip();
             let (vl, vc) = evaluate(&td, lt, &cfg, val_seqs)?;
+            ph.mark("validation");
             m.val_loss = Some(vl);
             m.val_simulated_tau = Some(vc.simulated_tau());
             val = Some((vl, vc));
@@ -480,11 +532,19 @@ pub fn train_with_limits(
         use std::io::Write;
         metrics_file.write_all(line.as_bytes())?;
         metrics_file.flush()?;
-        pb.set_position(state.steps_done as u64);
-        pb.set_message(format!(
-            "loss {:.4} sim-τ {:.2} {:.0} tok/s",
-            m.loss, m.simulated_tau, m.tokens_per_sec
-        ));
+        pb.inc(
+            1,
+            format!(
+                "loss {:.4} sim-τ {:.2} {:.0} tok/s{}",
+                m.loss,
+                m.simulated_tau,
+                m.tokens_per_sec,
+                m.val_loss
+                    .map(|v| format!(", val loss {v:.4}"))
+                    .unwrap_or_default()
+            ),
+        );
+        ph.skip();
         if save {
             let is_best = match (&val, state.best_val_loss) {
                 (Some((vl, _)), Some(b)) => *vl < b,
@@ -524,10 +584,18 @@ pub fn train_with_limits(
             }
             paths.prune(cfg.keep_last)?;
             latest_ckpt = Some(dir);
+            write_atomic(
+                &out.join("curves.svg"),
+                crate::curves::svg(&read_metrics(&metrics_path)?).as_bytes(),
+            )?;
+            ph.mark("checkpoint");
         }
         last = Some(m);
         if out_of_time {
-            pb.finish_and_clear();
+            pb.finish();
+            if ph.enabled() {
+                eprintln!("training, time per phase:\n{}", ph.report());
+            }
             eprintln!(
                 "time limit reached after step {}/{total}: checkpoint saved, continue with --resume",
                 state.steps_done
@@ -540,7 +608,10 @@ pub fn train_with_limits(
             });
         }
     }
-    pb.finish_and_clear();
+    pb.finish();
+    if ph.enabled() {
+        eprintln!("training, time per phase:\n{}", ph.report());
+    }
     Ok(TrainSummary {
         steps: state.steps_done,
         last,
