@@ -3,7 +3,8 @@
 # SmolLM2 GGUF, unpacks the CUDA binary, then runs the device checks, the benchmarks with the
 # PyTorch reference beside them, and a short bf16 training run. Logs go to $OUT.
 # Expects: .device/dflash-rs.xz, .device/whl/*.whl, /root/stage/smollm2.gguf/part* (device-stage).
-# Usage: scripts/device-session.sh [check] [bench] [reference] [train]   (default: all four)
+# Usage: scripts/device-session.sh [check] [bench] [reference] [train] [shape]   (default: the first four)
+#   shape: bench-shape --shape qwen3-8b (random Qwen3-8B-shaped target + 5-layer drafter, bf16)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export DFLASH_HOME=/root/dh
@@ -31,6 +32,10 @@ fi
 if want reference; then
 step reference
 timeout 300 python3 bench/zlab_reference.py "$G" 256 2>&1 | grep -v -i warn | tail -5 | tee "$OUT/reference.txt"
+fi
+if want shape && [[ " ${*:-} " == *" shape "* ]]; then
+step bench-shape qwen3-8b
+$B bench-shape --shape qwen3-8b --device cuda --dtype bf16 2>&1 | tee "$OUT/bench-shape.md"
 fi
 if want train; then
 step train

@@ -2,6 +2,7 @@
 
 mod args;
 mod bench_cmd;
+mod bench_shape;
 mod check_cmd;
 mod drafter_cmd;
 mod eval_cmd;
@@ -40,6 +41,8 @@ enum Command {
     DeviceCheck(check_cmd::DeviceCheckArgs),
     /// Time per output token per mode, and one target forward against its floor.
     Bench(bench_cmd::BenchArgs),
+    /// Costs of a model shape without weights (random, e.g. Qwen3-8B) and the speed-up model.
+    BenchShape(bench_shape::BenchShapeArgs),
     /// Drafter checkpoints.
     #[command(subcommand)]
     Drafter(drafter_cmd::DrafterCommand),
@@ -62,6 +65,7 @@ fn main() {
         Command::Eval(a) => eval_cmd::run_eval(a),
         Command::DeviceCheck(a) => check_cmd::run(a),
         Command::Bench(a) => bench_cmd::run(a),
+        Command::BenchShape(a) => bench_shape::run(a),
         Command::Doctor(a) => eval_cmd::run_doctor(a),
     };
     if let Err(e) = result {

@@ -11,6 +11,8 @@ use candle_core::{DType, Device, Tensor};
 pub struct TensorStore {
     tensors: HashMap<String, Tensor>,
     used: RefCell<BTreeSet<String>>,
+    /// Synthesize missing tensors (benchmarks of shapes we have no weights for).
+    random: bool,
     pub dtype: DType,
     pub device: Device,
 }
@@ -20,9 +22,24 @@ impl TensorStore {
         Self {
             tensors,
             used: RefCell::new(BTreeSet::new()),
+            random: false,
             dtype,
             device,
         }
+    }
+
+    /// A store that makes up every tensor a model asks for, on the device: norm weights are
+    /// ones, everything else N(0, 0.02²) from the device RNG seeded with `seed`; optional
+    /// tensors (biases, an untied LM head) are absent. For timing model shapes without weights
+    /// (e.g. a Qwen3-8B-shaped target); never for anything whose numbers matter. (candle's CPU
+    /// RNG cannot be seeded: on the CPU the values differ between runs; timings do not.)
+    pub fn random(dtype: DType, device: &Device, seed: u64) -> Result<Self> {
+        if !device.is_cpu() {
+            device.set_seed(seed)?;
+        }
+        let mut s = Self::new(HashMap::new(), dtype, device.clone());
+        s.random = true;
+        Ok(s)
     }
 
     /// Load every tensor of one or several safetensors files.
@@ -53,6 +70,15 @@ impl TensorStore {
 
     /// The tensor `name`, in the store's dtype and on its device, checked against `shape`.
     pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        if self.random && !self.tensors.contains_key(name) {
+            self.used.borrow_mut().insert(name.to_string());
+            let t = if name.contains("norm") {
+                Tensor::ones(shape, DType::F32, &self.device)?
+            } else {
+                Tensor::randn(0f32, 0.02f32, shape, &self.device)?
+            };
+            return Ok(t.to_dtype(self.dtype)?);
+        }
         let t = self
             .tensors
             .get(name)

@@ -1,0 +1,266 @@
+//! `dflash-rs bench-shape`: the costs of a target shape we have no weights for (random weights,
+//! e.g. Qwen3-8B), and the speed-up they imply: one AR step, one chain verify of B rows, one
+//! DDTree verify per budget, one draft block of a random drafter, against the memory floor.
+//! Cost model: speed-up(τ) = τ · T_AR / (T_draft + T_verify).
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use clap::Args;
+use dflash_core::config::TargetConfig;
+use dflash_core::tree::DraftTree;
+use dflash_core::visibility::causal;
+use dflash_model::drafter::Drafter;
+use dflash_model::drafter_init::{drafter_config, DrafterShape};
+use dflash_model::weights::TensorStore;
+use dflash_model::{Rows, Target};
+
+/// Qwen/Qwen3-8B's config.json (the fields the model reads).
+const QWEN3_8B: &str = r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+ "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+ "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+ "rms_norm_eps": 1e-06, "rope_theta": 1000000, "max_position_embeddings": 40960,
+ "vocab_size": 151936, "tie_word_embeddings": false, "attention_bias": false,
+ "torch_dtype": "bfloat16"}"#;
+
+#[derive(Args, Debug)]
+pub struct BenchShapeArgs {
+    /// `qwen3-8b`, or a config.json of any supported family.
+    #[arg(long, default_value = "qwen3-8b")]
+    pub shape: String,
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Committed rows in the cache when timing.
+    #[arg(long, default_value_t = 512)]
+    pub cache: usize,
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    #[arg(long, default_value_t = 5)]
+    pub draft_layers: usize,
+    /// DDTree budgets (non-root nodes), comma-separated.
+    #[arg(long, default_value = "8,16,32,64,128,256,512")]
+    pub budgets: String,
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median wall time of `f` over `reps` runs after one warm-up, device synchronised.
+fn time(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut v = Vec::new();
+    for i in 0..=reps {
+        dev.synchronize()?;
+        let t = Instant::now();
+        f()?;
+        dev.synchronize()?;
+        if i > 0 {
+            v.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(v))
+}
+
+/// A best-first tree of `budget` nodes over `depth` positions from fixed, decaying scores
+/// (the shape of a confident drafter's tree: deep along rank 0, bushy near the root).
+fn synthetic_tree(budget: usize, depth: usize, vocab: u32) -> DraftTree {
+    let top: Vec<Vec<(u32, f32)>> = (0..depth)
+        .map(|d| {
+            (0..budget.min(vocab as usize))
+                .map(|r| {
+                    (
+                        (1000 + 7 * r as u32 + d as u32) % vocab,
+                        -0.3 - 1.2 * r as f32,
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    DraftTree::build(1, &top, budget)
+}
+
+pub fn run(a: BenchShapeArgs) -> Result<()> {
+    let dev = dflash_model::device(&a.device)?;
+    let dtype = dflash_model::dtype(&a.dtype)?;
+    let text = if a.shape == "qwen3-8b" {
+        QWEN3_8B.to_string()
+    } else {
+        std::fs::read_to_string(&a.shape).with_context(|| {
+            format!(
+                "--shape: '{}' is neither qwen3-8b nor a readable config.json",
+                a.shape
+            )
+        })?
+    };
+    let cfg: TargetConfig = serde_json::from_str(&text)
+        .with_context(|| format!("--shape {}: not a model config", a.shape))?;
+    if a.block_size < 2 || a.cache == 0 || a.repeats == 0 {
+        anyhow::bail!("--block-size must be >= 2, --cache and --repeats >= 1");
+    }
+    let budgets: Vec<usize> = a
+        .budgets
+        .split(',')
+        .map(|b| b.trim().parse::<usize>().ok().filter(|&n| n > 0))
+        .collect::<Option<_>>()
+        .context("--budgets: comma-separated positive integers")?;
+    let t0 = Instant::now();
+    let target = Target::load(cfg.clone(), &TensorStore::random(dtype, &dev, 0)?)?;
+    let dcfg = drafter_config(
+        &target,
+        &DrafterShape {
+            layers: a.draft_layers,
+            block_size: a.block_size,
+            mask_token_id: 0,
+            intermediate_size: None,
+            target_layer_ids: None,
+        },
+    )?;
+    let drafter = Drafter::load(dcfg, &TensorStore::random(dtype, &dev, 1)?, &target)?;
+    dev.synchronize()?;
+    eprintln!(
+        "random {} target ({} layers, hidden {}) and {}-layer drafter built in {:.1} s",
+        a.shape,
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        a.draft_layers,
+        t0.elapsed().as_secs_f64()
+    );
+    let vocab = target.vocab_size() as u32;
+    let n = a.cache;
+    let ctx: Vec<u32> = (0..n as u32).map(|i| (17 + i * 7919) % vocab).collect();
+    let taps = drafter.target_layer_ids.clone();
+    let mut cache = target.new_cache();
+    let out = target.forward(
+        &ctx,
+        &(0..n).collect::<Vec<_>>(),
+        &causal(0, n),
+        &mut cache,
+        &taps,
+        &Rows::None,
+    )?;
+    let ctx_feats = Target::concat_taps(&out.taps)?.unsqueeze(0)?;
+    // the drafter's cache holds the context before the last row
+    let mut dcache = drafter.new_cache();
+    drafter.draft(
+        &target,
+        &mut dcache,
+        &ctx_feats.narrow(1, 0, n - 1)?,
+        5,
+        n - 1,
+        a.block_size,
+    )?;
+
+    let verify = |cache: &mut dflash_model::KvCache, tree: &DraftTree| -> Result<()> {
+        let o = target.forward(
+            &tree.tokens,
+            &tree.positions(n),
+            &tree.visibility(n),
+            cache,
+            &taps,
+            &Rows::All,
+        )?;
+        // what the loop reads back: the logits of every row
+        let _ = o.logits.unwrap().to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        cache.truncate(n)?;
+        Ok(())
+    };
+    let t_ar = time(&dev, a.repeats, || {
+        verify(&mut cache, &DraftTree::chain(1, &[]))
+    })?;
+    let chain = DraftTree::chain(1, &vec![2u32; a.block_size - 1]);
+    let t_chain = time(&dev, a.repeats, || verify(&mut cache, &chain))?;
+    let last_row = ctx_feats.narrow(1, n - 1, 1)?;
+    let t_draft = time(&dev, a.repeats, || {
+        dcache.truncate(n - 1)?;
+        let l = drafter.draft(&target, &mut dcache, &last_row, 5, n, a.block_size)?;
+        let _ = Drafter::argmax_rows(&l)?;
+        Ok(())
+    })?;
+    let mut tree_rows = Vec::new();
+    for &b in &budgets {
+        let tree = synthetic_tree(b, a.block_size - 1, vocab);
+        let t = time(&dev, a.repeats, || verify(&mut cache, &tree))?;
+        tree_rows.push((b, tree.len(), t));
+    }
+    // the floor: weight bytes at the measured copy bandwidth
+    let bw = copy_bandwidth(&dev)?;
+    let params = param_count(&cfg);
+    let floor = params as f64 * dtype.size_in_bytes() as f64 / bw;
+
+    println!(
+        "random {}-shaped target on {} ({}), {}-row cache, median of {}; {:.2} B parameters, floor {:.3} ms per forward ({:.0} GB/s copy bandwidth)\n",
+        a.shape, a.device, a.dtype, n, a.repeats, params as f64 / 1e9, floor * 1e3, bw / 1e9
+    );
+    println!("| forward | rows | ms | × floor |\n|---|---|---|---|");
+    let row = |name: &str, rows: usize, t: f64| {
+        println!("| {name} | {rows} | {:.3} | {:.1} |", t * 1e3, t / floor)
+    };
+    row("AR step", 1, t_ar);
+    row(
+        &format!("chain verify (B = {})", a.block_size),
+        a.block_size,
+        t_chain,
+    );
+    for (b, rows, t) in &tree_rows {
+        row(&format!("DDTree-{b} verify"), *rows, *t);
+    }
+    println!(
+        "| draft block ({} layers, B = {}) | {} | {:.3} | |",
+        a.draft_layers,
+        a.block_size,
+        a.block_size,
+        t_draft * 1e3
+    );
+    println!("\nCost model, speed-up = τ · T_AR / (T_draft + T_verify):\n");
+    let taus = [2.0, 3.0, 4.0, 5.0, 6.0, 7.0];
+    print!("| τ |");
+    for t in taus {
+        print!(" {t} |");
+    }
+    println!("\n|---|{}", "---|".repeat(taus.len()));
+    let line = |name: &str, verify: f64| {
+        print!("| {name} |");
+        for t in taus {
+            print!(" {:.2}× |", t * t_ar / (t_draft + verify));
+        }
+        println!();
+    };
+    line("DFlash chain", t_chain);
+    for (b, _, t) in &tree_rows {
+        line(&format!("DDTree-{b}"), *t);
+    }
+    Ok(())
+}
+
+fn copy_bandwidth(dev: &Device) -> Result<f64> {
+    let bytes = if dev.is_cpu() {
+        1usize << 27
+    } else {
+        1usize << 30
+    };
+    let big = Tensor::zeros(bytes / 4, DType::F32, dev)?;
+    let t = time(dev, 3, || {
+        let _c = big.copy()?;
+        Ok(())
+    })?;
+    Ok(2.0 * bytes as f64 / t)
+}
+
+/// Parameters read by one forward (embedding rows aside, every matrix once).
+fn param_count(c: &TargetConfig) -> usize {
+    let (h, l, i, v) = (
+        c.hidden_size,
+        c.num_hidden_layers,
+        c.intermediate_size,
+        c.vocab_size,
+    );
+    let (nh, nkv, hd) = (c.num_attention_heads, c.num_kv_heads(), c.head_dim());
+    let per_layer = h * nh * hd * 2 + 2 * h * nkv * hd + 3 * h * i + 2 * h;
+    l * per_layer + v * h + h
+}
