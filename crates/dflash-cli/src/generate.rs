@@ -46,6 +46,10 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also decode with AR and report the speed-up over it (decode time per token) and, at
+    /// T = 0, whether the output is the same.
+    #[arg(long)]
+    pub compare_ar: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -130,6 +134,19 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let text = loaded.tokenizer.decode(&g.new_tokens)?;
     let stats = summarize(&[&g.rounds]);
     let mode_name = engine_mode.name();
+    // the AR baseline: the same request, the same loop with block 1
+    let vs_ar = if a.compare_ar && mode != Mode::Ar {
+        let ar = generate(&loaded.target, None, EngineMode::Ar, &req)?;
+        let per_token = |x: &dflash_engine::Generation| {
+            x.decode_secs / (x.new_tokens.len().saturating_sub(1)).max(1) as f64
+        };
+        Some((
+            per_token(&ar) / per_token(&g),
+            (req.sampling.is_greedy()).then_some(ar.new_tokens == g.new_tokens),
+        ))
+    } else {
+        None
+    };
     if a.json {
         let v = serde_json::json!({
             "text": text,
@@ -144,6 +161,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             "block_size": block,
             "budget": (mode == Mode::Ddtree).then_some(a.budget),
             "stopped_by_token": g.stopped_by_token,
+            "speedup_vs_ar": vs_ar.map(|v| v.0),
+            "equals_ar": vs_ar.and_then(|v| v.1),
             "stats": {
                 "tau_pooled": stats.tau_pooled,
                 "tau_mean_of_means": stats.tau_mean_of_means,
@@ -169,6 +188,16 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             stats.rounds,
             stats.tau_pooled
         );
+        if let Some((speedup, same)) = vs_ar {
+            eprintln!(
+                "[{mode_name}] speed-up over AR {speedup:.2}× (decode time per token){}",
+                match same {
+                    Some(true) => ", output identical to AR",
+                    Some(false) => ", OUTPUT DIFFERS FROM AR",
+                    None => "",
+                }
+            );
+        }
     }
     Ok(())
 }

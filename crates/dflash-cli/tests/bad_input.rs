@@ -233,3 +233,39 @@ fn generate_json_has_the_promised_fields() {
     assert_eq!(v["text"], "The capital of France is Paris.");
     assert_eq!(v["mode"], "ar");
 }
+
+#[test]
+fn speculative_generate_uses_the_bundled_drafter_and_compares_with_ar() {
+    let out = bin()
+        .args(["generate", "--target", "smollm2-135m", "--mode", "dflash"])
+        .args(["--prompt", "What is the capital of France?", "--chat"])
+        .args(["--max-new-tokens", "8", "--json", "--compare-ar"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("using the bundled drafter"));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mode"], "dflash");
+    assert_eq!(v["text"], "The capital of France is Paris.");
+    assert_eq!(v["equals_ar"], true);
+    assert!(v["speedup_vs_ar"].as_f64().unwrap() > 0.0);
+    // a target without a shipped drafter needs --drafter, and says so
+    let out = bin()
+        .args([
+            "generate",
+            "--target",
+            "qwen2.5-coder-0.5b",
+            "--mode",
+            "ddtree",
+            "--prompt",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --drafter"));
+}
