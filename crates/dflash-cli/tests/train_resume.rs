@@ -87,6 +87,10 @@ fn killed_run_resumes_bit_for_bit() {
     assert_eq!(m["shards"].as_array().unwrap().len(), 3);
     // a second run finds every shard done and changes nothing
     ok(&mut gen(&[]));
+    // other generation options would mix two data sets: refused, nothing written
+    let o = gen(&["--temperature", "0.7"]).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("mix two data sets"));
     assert_eq!(
         std::fs::read_to_string(data.join("manifest.json")).unwrap(),
         manifest

@@ -158,6 +158,16 @@ pub fn regenerate(
                     out.display()
                 );
             }
+            if m.max_new_tokens != opts.max_new_tokens || m.sampling != opts.sampling {
+                bail!(
+                    "{} was written with --max-new-tokens {} and sampling {:?}, not {} and {:?}: continuing would mix two data sets; use the same options or a new --out",
+                    out.display(),
+                    m.max_new_tokens,
+                    m.sampling,
+                    opts.max_new_tokens,
+                    opts.sampling
+                );
+            }
             m
         }
         Err(_) => Manifest {
