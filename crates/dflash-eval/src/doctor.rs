@@ -357,6 +357,11 @@ pub fn parity_diff(lt: &LoadedTarget, d: &Drafter, ids: &[u32]) -> Result<f32> {
 /// the simulated τ describes uncut rounds.
 pub fn measured_tau(lt: &LoadedTarget, d: &Drafter, seqs: Vec<(Vec<u32>, Vec<u8>)>) -> Result<f64> {
     let mut rounds = Vec::new();
+    let mut pb = dflash_train::progress::Progress::new(
+        seqs.len(),
+        "doctor: decoding",
+        "validation sequences",
+    );
     for (ids, mask) in seqs {
         let p = mask
             .iter()
@@ -377,8 +382,16 @@ pub fn measured_tau(lt: &LoadedTarget, d: &Drafter, seqs: Vec<(Vec<u32>, Vec<u8>
             },
             &req,
         )?;
+        pb.inc(
+            1,
+            format!(
+                "τ {:.2}",
+                dflash_core::stats::summarize(&[&g.rounds]).tau_pooled
+            ),
+        );
         rounds.push(g.rounds);
     }
+    pb.finish();
     let r: Vec<&[dflash_core::stats::RoundOutcome]> = rounds.iter().map(|x| x.as_slice()).collect();
     Ok(dflash_core::stats::summarize(&r).tau_pooled)
 }
