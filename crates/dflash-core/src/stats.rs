@@ -118,6 +118,21 @@ pub fn simulated_chain_tau(per_position_acceptance: &[f64]) -> f64 {
     tau
 }
 
+/// The pooled τ that decoding would measure, from per-anchor τ at uniformly sampled anchors
+/// (τ_anchor = 1 + drafts accepted there): their **harmonic** mean, `n / Σ 1/τ_anchor`.
+/// Decoding does not visit uniform positions: each round starts right after the previous one
+/// ended, so a stretch of positions with τ = t costs one round per t tokens. Pooled τ = tokens /
+/// rounds is then `1 / E_p[1/τ(p)]`, while [`simulated_chain_tau`] of the per-position rates
+/// is the arithmetic mean `E_p[τ(p)]`, which overstates τ when acceptance is uneven.
+/// Example: τ 16 at half the positions and 1 at the other half → arithmetic 8.5, decoding
+/// 1 / (0.5/16 + 0.5/1) = 1.88 (the 16-token stretches take one round each, the rest one per token).
+pub fn simulated_decoding_tau(inverse_tau_sum: f64, anchors: u64) -> f64 {
+    if anchors == 0 || inverse_tau_sum <= 0.0 {
+        return 1.0;
+    }
+    anchors as f64 / inverse_tau_sum
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +159,40 @@ mod tests {
         // position 1: offered 3, accepted 2; position 2: offered 2 (acc>=1), accepted 1; 3: 1/1
         assert_eq!(s.per_position_acceptance, vec![2.0 / 3.0, 0.5, 1.0]);
         assert!((simulated_chain_tau(&[0.5, 0.5]) - 1.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn decoding_tau_is_the_harmonic_mean_and_matches_a_replayed_walk() {
+        // half the positions accept everything (τ 16), half nothing (τ 1)
+        assert!(
+            (simulated_decoding_tau(0.5 * 100.0 / 16.0 + 0.5 * 100.0, 100)
+                - 1.0 / (0.5 / 16.0 + 0.5))
+                .abs()
+                < 1e-12
+        );
+        assert_eq!(simulated_decoding_tau(0.0, 0), 1.0);
+        // replay decoding over a sequence made of regions of constant τ: rounds jump by τ(p)
+        let regions = [(160usize, 16usize), (40, 1), (96, 4), (30, 1), (64, 16)];
+        let tau_at: Vec<usize> = regions
+            .iter()
+            .flat_map(|&(len, t)| std::iter::repeat_n(t, len))
+            .collect();
+        let (mut p, mut rounds) = (0usize, 0usize);
+        while p < tau_at.len() {
+            p += tau_at[p];
+            rounds += 1;
+        }
+        let measured = tau_at.len() as f64 / rounds as f64;
+        let inv: f64 = tau_at.iter().map(|&t| 1.0 / t as f64).sum();
+        let harmonic = simulated_decoding_tau(inv, tau_at.len() as u64);
+        let arithmetic = tau_at.iter().sum::<usize>() as f64 / tau_at.len() as f64;
+        assert!(
+            (harmonic - measured).abs() < 1e-9,
+            "harmonic {harmonic} vs replay {measured}"
+        );
+        assert!(
+            arithmetic > 2.0 * measured,
+            "arithmetic {arithmetic} overstates {measured}"
+        );
     }
 }

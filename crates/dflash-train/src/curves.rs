@@ -1,5 +1,5 @@
 //! Training curves as a self-contained SVG: loss (train and validation) and simulated τ
-//! (train and validation) against the optimizer step, from `metrics.jsonl`. Written beside
+//! (train, validation, and validation as decoding would measure it) against the optimizer step, from `metrics.jsonl`. Written beside
 //! every checkpoint (`OUT/curves.svg`) and by `dflash-rs train-curves` for any run.
 //!
 //! Train curves are smoothed with a centred moving average over `max(1, steps / 50)` steps
@@ -116,6 +116,7 @@ pub fn svg(metrics: &[StepMetrics]) -> String {
     let val_loss = pick(&|m| m.val_loss);
     let tau = smooth(&pick(&|m| Some(m.simulated_tau)));
     let val_tau = pick(&|m| m.val_simulated_tau);
+    let val_dec = pick(&|m| m.val_simulated_decoding_tau);
     let mut s = String::from(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="760" height="300" font-family="sans-serif" font-size="11">"#,
     );
@@ -134,6 +135,7 @@ pub fn svg(metrics: &[StepMetrics]) -> String {
         &[
             ("train (smoothed)", "#1f77b4", tau),
             ("validation", "#d62728", val_tau),
+            ("validation, as decoding", "#2ca02c", val_dec),
         ],
         (380.0, 0.0, 380.0, 300.0),
     );
@@ -155,9 +157,11 @@ mod tests {
             supervised_tokens: 10,
             acceptance: vec![],
             simulated_tau: 1.0 + 1.0 / loss,
+            simulated_decoding_tau: 1.0,
             tokens_per_sec: 1.0,
             val_loss: val,
             val_simulated_tau: val.map(|v| 1.0 + 1.0 / v),
+            val_simulated_decoding_tau: None,
         }
     }
 

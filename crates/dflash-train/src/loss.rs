@@ -11,7 +11,7 @@
 
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
-use dflash_core::stats::simulated_chain_tau;
+use dflash_core::stats::{simulated_chain_tau, simulated_decoding_tau};
 use dflash_core::visibility::causal;
 use dflash_model::drafter::{DraftLayout, Drafter};
 use dflash_model::{Rows, Target};
@@ -51,6 +51,11 @@ pub fn target_features(
 pub struct AcceptCounts {
     pub offered: Vec<u64>,
     pub reached: Vec<u64>,
+    /// Anchors walked, and Σ 1/τ_anchor over them (τ_anchor = 1 + drafts accepted).
+    #[serde(default)]
+    pub anchors: u64,
+    #[serde(default)]
+    pub inverse_tau_sum: f64,
 }
 
 impl AcceptCounts {
@@ -58,6 +63,8 @@ impl AcceptCounts {
         Self {
             offered: vec![0; positions],
             reached: vec![0; positions],
+            anchors: 0,
+            inverse_tau_sum: 0.0,
         }
     }
     pub fn merge(&mut self, o: &AcceptCounts) {
@@ -69,6 +76,8 @@ impl AcceptCounts {
             self.offered[i] += a;
             self.reached[i] += b;
         }
+        self.anchors += o.anchors;
+        self.inverse_tau_sum += o.inverse_tau_sum;
     }
     pub fn rates(&self) -> Vec<f64> {
         self.offered
@@ -78,9 +87,15 @@ impl AcceptCounts {
             .map(|(o, r)| *r as f64 / *o as f64)
             .collect()
     }
-    /// The chain τ evaluation would measure from these rates (`dflash_core::stats`).
+    /// The chain τ these per-position rates imply at uniform anchors (arithmetic mean of
+    /// τ_anchor; `dflash_core::stats::simulated_chain_tau`).
     pub fn simulated_tau(&self) -> f64 {
         simulated_chain_tau(&self.rates())
+    }
+    /// The pooled τ decoding would measure (harmonic mean of τ_anchor;
+    /// `dflash_core::stats::simulated_decoding_tau`).
+    pub fn simulated_decoding_tau(&self) -> f64 {
+        simulated_decoding_tau(self.inverse_tau_sum, self.anchors)
     }
 }
 
@@ -183,6 +198,7 @@ pub fn block_loss(
     let pred: Vec<u32> = logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1()?;
     let mut counts = AcceptCounts::new(block - 1);
     for j in 0..anchors.len() {
+        let mut accepted = 0;
         for k in 1..block {
             let r = j * (block - 1) + (k - 1);
             if weights[r] == 0.0 {
@@ -193,7 +209,10 @@ pub fn block_loss(
                 break;
             }
             counts.reached[k - 1] += 1;
+            accepted += 1;
         }
+        counts.anchors += 1;
+        counts.inverse_tau_sum += 1.0 / (1 + accepted) as f64;
     }
     Ok(LossOutput {
         loss,

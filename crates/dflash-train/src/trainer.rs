@@ -51,11 +51,16 @@ pub struct StepMetrics {
     pub supervised_tokens: usize,
     pub acceptance: Vec<f64>,
     pub simulated_tau: f64,
+    /// The pooled τ decoding would measure (harmonic mean over anchors).
+    #[serde(default)]
+    pub simulated_decoding_tau: f64,
     pub tokens_per_sec: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_simulated_tau: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_simulated_decoding_tau: Option<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -508,9 +513,11 @@ pub fn train_with_limits(
             supervised_tokens: sup,
             acceptance: counts.rates(),
             simulated_tau: counts.simulated_tau(),
+            simulated_decoding_tau: counts.simulated_decoding_tau(),
             tokens_per_sec: tokens_total as f64 / t0.elapsed().as_secs_f64(),
             val_loss: None,
             val_simulated_tau: None,
+            val_simulated_decoding_tau: None,
         };
         let out_of_time =
             state.steps_done < total && limits.time_limit.is_some_and(|l| started.elapsed() >= l);
@@ -526,6 +533,7 @@ pub fn train_with_limits(
             ph.mark("validation");
             m.val_loss = Some(vl);
             m.val_simulated_tau = Some(vc.simulated_tau());
+            m.val_simulated_decoding_tau = Some(vc.simulated_decoding_tau());
             val = Some((vl, vc));
         }
         let line = serde_json::to_string(&m)? + "\n";
