@@ -1,10 +1,10 @@
 //! `dflash-rs bench`: time per output token per mode, the round's time split, and one target
 //! forward against its physical floor (weight bytes / measured memory bandwidth).
 
-use std::time::Instant;
+use crate::timing::{copy_bandwidth, median, time};
 
 use anyhow::Result;
-use candle_core::{DType, Device, Tensor};
+use candle_core::DType;
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::summarize;
@@ -40,16 +40,6 @@ const PROMPTS: &[&str] = &[
     "What are three tips for staying focused while studying?",
     "Summarise the plot of Romeo and Juliet.",
 ];
-
-fn sync(d: &Device) -> Result<()> {
-    d.synchronize()?;
-    Ok(())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let dev = dflash_model::device(&a.device)?;
@@ -91,9 +81,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     sampling: SamplingParams::default(),
                     stop_ids: vec![],
                 };
-                sync(&dev)?;
+                dev.synchronize()?;
                 let g = generate(&lt.target, d, spec.mode, &req)?;
-                sync(&dev)?;
+                dev.synchronize()?;
                 secs += g.decode_secs;
                 toks += g.new_tokens.len() - 1;
                 rounds.push(g.rounds);
@@ -136,10 +126,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     for n in [1usize, 16] {
         let toks: Vec<u32> = (0..n as u32).map(|i| 300 + i).collect();
         let pos: Vec<usize> = (512..512 + n).collect();
-        let mut v = Vec::new();
-        for i in 0..12 {
-            sync(&dev)?;
-            let s = Instant::now();
+        let secs = time(&dev, 10, || {
             let o = t.forward(&toks, &pos, &causal(512, n), &mut cache, &[], &Rows::All)?;
             let _ = o
                 .logits
@@ -147,28 +134,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 .to_dtype(DType::F32)?
                 .sum_all()?
                 .to_scalar::<f32>()?;
-            sync(&dev)?;
-            if i >= 2 {
-                v.push(s.elapsed().as_secs_f64());
-            }
             cache.truncate(512)?;
-        }
-        rows.push((n, median(v)));
+            Ok(())
+        })?;
+        rows.push((n, secs));
     }
-    // measured bandwidth: a 1 GiB device copy (read + write)
-    let bytes = 1usize << 30;
-    let big = Tensor::zeros(bytes / 4, DType::F32, &dev)?;
-    let mut bw = Vec::new();
-    for _ in 0..5 {
-        sync(&dev)?;
-        let s = Instant::now();
-        let c = big.copy()?;
-        sync(&dev)?;
-        bw.push(2.0 * bytes as f64 / s.elapsed().as_secs_f64());
-        drop(c);
-    }
-    let bw = median(bw);
-    let weight_bytes = weight_bytes(&lt)?;
+    let bw = copy_bandwidth(&dev)?;
+    let weight_bytes = lt.target.config.forward_weight_params() * dtype.size_in_bytes();
     let floor = weight_bytes as f64 / bw;
     println!("\nmeasured copy bandwidth {:.1} GB/s; weights {:.1} MB in {:?} → floor {:.3} ms per forward", bw / 1e9, weight_bytes as f64 / 1e6, dtype, floor * 1e3);
     for (n, s) in rows {
@@ -179,19 +151,4 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn weight_bytes(lt: &dflash_model::loader::LoadedTarget) -> Result<usize> {
-    let c = &lt.target.config;
-    let (h, l, i, v) = (
-        c.hidden_size,
-        c.num_hidden_layers,
-        c.intermediate_size,
-        c.vocab_size,
-    );
-    let (nh, nkv, hd) = (c.num_attention_heads, c.num_kv_heads(), c.head_dim());
-    let per_layer = h * nh * hd * 2 + 2 * h * nkv * hd + 3 * h * i + 2 * h;
-    let head = if c.tie_word_embeddings { 0 } else { v * h };
-    let params = l * per_layer + v * h + head + h;
-    Ok(params * lt.target.dtype.size_in_bytes())
 }

@@ -5,8 +5,10 @@
 
 use std::time::Instant;
 
+use crate::timing::{copy_bandwidth, time};
+
 use anyhow::{Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::DType;
 use clap::Args;
 use dflash_core::config::TargetConfig;
 use dflash_core::tree::DraftTree;
@@ -45,26 +47,6 @@ pub struct BenchShapeArgs {
     pub budgets: String,
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Median wall time of `f` over `reps` runs after one warm-up, device synchronised.
-fn time(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    let mut v = Vec::new();
-    for i in 0..=reps {
-        dev.synchronize()?;
-        let t = Instant::now();
-        f()?;
-        dev.synchronize()?;
-        if i > 0 {
-            v.push(t.elapsed().as_secs_f64());
-        }
-    }
-    Ok(median(v))
 }
 
 /// A best-first tree of `budget` nodes over `depth` positions from fixed, decaying scores
@@ -190,7 +172,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     }
     // the floor: weight bytes at the measured copy bandwidth
     let bw = copy_bandwidth(&dev)?;
-    let params = param_count(&cfg);
+    let params = cfg.forward_weight_params();
     let floor = params as f64 * dtype.size_in_bytes() as f64 / bw;
 
     println!(
@@ -236,31 +218,4 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         line(&format!("DDTree-{b}"), *t);
     }
     Ok(())
-}
-
-fn copy_bandwidth(dev: &Device) -> Result<f64> {
-    let bytes = if dev.is_cpu() {
-        1usize << 27
-    } else {
-        1usize << 30
-    };
-    let big = Tensor::zeros(bytes / 4, DType::F32, dev)?;
-    let t = time(dev, 3, || {
-        let _c = big.copy()?;
-        Ok(())
-    })?;
-    Ok(2.0 * bytes as f64 / t)
-}
-
-/// Parameters read by one forward (embedding rows aside, every matrix once).
-fn param_count(c: &TargetConfig) -> usize {
-    let (h, l, i, v) = (
-        c.hidden_size,
-        c.num_hidden_layers,
-        c.intermediate_size,
-        c.vocab_size,
-    );
-    let (nh, nkv, hd) = (c.num_attention_heads, c.num_kv_heads(), c.head_dim());
-    let per_layer = h * nh * hd * 2 + 2 * h * nkv * hd + 3 * h * i + 2 * h;
-    l * per_layer + v * h + h
 }

@@ -11,14 +11,15 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::visibility::causal;
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::drafter::Drafter;
 use dflash_model::loader::{load_target, LoadedTarget};
-use dflash_model::Rows;
+use dflash_model::compare::rel_err;
+use dflash_model::{Rows, TargetOutput};
 
 #[derive(Args, Debug)]
 pub struct DeviceCheckArgs {
@@ -36,18 +37,14 @@ pub struct DeviceCheckArgs {
     pub bf16_tolerance: f64,
 }
 
-fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
-    let a = a
-        .to_dtype(DType::F32)?
-        .to_device(&Device::Cpu)?
-        .flatten_all()?;
-    let b = b
-        .to_dtype(DType::F32)?
-        .to_device(&Device::Cpu)?
-        .flatten_all()?;
-    let d = (a - &b)?.abs()?.max(0)?.to_scalar::<f32>()? as f64;
-    let s = b.abs()?.max(0)?.to_scalar::<f32>()? as f64;
-    Ok(d / s.max(1e-12))
+/// Relative error of a device forward against the CPU one: (logits, worst tap).
+fn rel_logits_taps(got: &TargetOutput, cpu: &TargetOutput) -> Result<(f64, f64)> {
+    let logits = rel_err(got.logits.as_ref().unwrap(), cpu.logits.as_ref().unwrap())? as f64;
+    let mut taps = 0.0f64;
+    for (g, c) in got.taps.iter().zip(&cpu.taps) {
+        taps = taps.max(rel_err(g, c)? as f64);
+    }
+    Ok((logits, taps))
 }
 
 fn drafter_for(lt: &LoadedTarget, dir: &Option<PathBuf>) -> Result<Drafter> {
@@ -77,29 +74,13 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
     };
     let (oc, o32, o16) = (fwd(&cpu)?, fwd(&gpu32)?, fwd(&gpu16)?);
     let mut rows: Vec<(String, bool, String)> = Vec::new();
-    let l32 = rel(o32.logits.as_ref().unwrap(), oc.logits.as_ref().unwrap())?;
-    let t32 = oc
-        .taps
-        .iter()
-        .zip(&o32.taps)
-        .map(|(c, g)| rel(g, c))
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        .fold(0.0, f64::max);
+    let (l32, t32) = rel_logits_taps(&o32, &oc)?;
     rows.push((
         "f32 logits and taps vs CPU".into(),
         l32 <= 1e-4 && t32 <= 1e-4,
         format!("logits {l32:.1e}, taps {t32:.1e} (≤ 1e-4)"),
     ));
-    let l16 = rel(o16.logits.as_ref().unwrap(), oc.logits.as_ref().unwrap())?;
-    let t16 = oc
-        .taps
-        .iter()
-        .zip(&o16.taps)
-        .map(|(c, g)| rel(g, c))
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        .fold(0.0, f64::max);
+    let (l16, t16) = rel_logits_taps(&o16, &oc)?;
     rows.push((
         "bf16 logits and taps vs CPU f32".into(),
         l16 <= a.bf16_tolerance && t16 <= a.bf16_tolerance,

@@ -7,6 +7,7 @@ mod check_cmd;
 mod drafter_cmd;
 mod eval_cmd;
 mod generate;
+mod timing;
 mod train_cmd;
 
 use clap::{Parser, Subcommand};

@@ -129,6 +129,21 @@ fn check_rope_scaling(
 }
 
 impl TargetConfig {
+    /// Parameters one forward reads: every layer's attention and MLP matrices and norms, the
+    /// final norm and the LM head (the embedding only row by row: not counted). The memory
+    /// floor of a forward is this × bytes per parameter / bandwidth. Softmax-attention layers
+    /// are assumed (a hybrid's linear-attention layers are counted as attention layers).
+    pub fn forward_weight_params(&self) -> usize {
+        let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let (nh, nkv, hd) = (
+            self.num_attention_heads,
+            self.num_kv_heads(),
+            self.head_dim(),
+        );
+        let per_layer = 2 * h * nh * hd + 2 * h * nkv * hd + 3 * h * i + 2 * h;
+        self.num_hidden_layers * per_layer + v * h + h
+    }
+
     pub fn num_kv_heads(&self) -> usize {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }

@@ -10,7 +10,6 @@
 use std::path::Path;
 
 use anyhow::Result;
-use candle_core::DType;
 use dflash_core::config::DrafterConfig;
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::{generate, Mode, Request};
@@ -344,12 +343,7 @@ pub fn parity_diff(lt: &LoadedTarget, d: &Drafter, ids: &[u32]) -> Result<f32> {
         let ctx = feats.taps.narrow(1, 0, a)?;
         let inf = d.draft(&lt.target, &mut cache, &ctx, ids[a], a, b)?;
         let tr = train.narrow(0, j * (b - 1), b - 1)?;
-        let diff = (inf.to_dtype(DType::F32)? - tr.to_dtype(DType::F32)?)?
-            .abs()?
-            .flatten_all()?
-            .max(0)?
-            .to_scalar::<f32>()?;
-        worst = worst.max(diff);
+        worst = worst.max(dflash_model::compare::max_abs(&inf, &tr)?);
     }
     Ok(worst)
 }

@@ -186,14 +186,7 @@ mod tests {
                     0.35,
                 )
                 .unwrap();
-                let (w, g) = (
-                    want.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-                    got.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-                );
-                let err = w
-                    .iter()
-                    .zip(&g)
-                    .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                let err = crate::compare::max_abs(&want, &got).unwrap();
                 assert!(err < 1e-6, "seq {seq_len} {rule:?}: max diff {err}");
             }
         }

@@ -4,6 +4,7 @@
 //! (llama, qwen2, qwen3), the DFlash drafter, loaders (GGUF, safetensors) and the tokenizer.
 
 pub mod attention;
+pub mod compare;
 pub mod drafter;
 pub mod drafter_init;
 pub mod families;

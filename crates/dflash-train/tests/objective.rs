@@ -7,6 +7,7 @@ mod common;
 use candle_core::{DType, Tensor, Var};
 use common::*;
 use dflash_core::visibility::{draft_training, DraftRule};
+use dflash_model::compare::max_abs;
 use dflash_model::drafter_init::{drafter_config, random_weights, DrafterShape};
 use dflash_train::config::LossKind;
 use dflash_train::loss::{block_loss, target_features};
@@ -202,24 +203,12 @@ fn nothing_at_or_after_the_anchor_leaks() {
         target_logits: None,
     };
     let out = block_loss(&td.drafter, &lt.target, &s, &f2, &[a], 4, 7.0, LossKind::Ce).unwrap();
-    let d = (out.draft_logits - &base.draft_logits)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let d = max_abs(&out.draft_logits, &base.draft_logits).unwrap();
     assert!(
         d <= 1e-6,
         "features at/after the anchor changed the block logits by {d}"
     );
-    let dl = (out.loss - &base.loss)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let dl = max_abs(&out.loss, &base.loss).unwrap();
     assert!(dl <= 1e-6, "…and the loss by {dl}");
     // (2) different tokens after the anchor (features recomputed from them): same logits
     let mut s3 = s.clone();
@@ -238,14 +227,7 @@ fn nothing_at_or_after_the_anchor_leaks() {
         LossKind::Ce,
     )
     .unwrap();
-    let d = (out3.draft_logits - &base.draft_logits)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let d = max_abs(&out3.draft_logits, &base.draft_logits).unwrap();
     assert!(
         d <= 1e-6,
         "tokens after the anchor changed the block logits by {d}"
@@ -265,13 +247,6 @@ fn nothing_at_or_after_the_anchor_leaks() {
         target_logits: None,
     };
     let out4 = block_loss(&td.drafter, &lt.target, &s, &f4, &[a], 4, 7.0, LossKind::Ce).unwrap();
-    let d = (out4.draft_logits - &base.draft_logits)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let d = max_abs(&out4.draft_logits, &base.draft_logits).unwrap();
     assert!(d <= 1e-6, "the anchor's own feature leaked by {d}");
 }

@@ -7,7 +7,26 @@ use candle_core::DType;
 use common::*;
 use dflash_train::config::TrainConfig;
 use dflash_train::data::Sequence;
-use dflash_train::trainer::train;
+use dflash_train::trainer::{read_metrics, train};
+
+/// A tiny target and a data directory of four sequences (seeds `first..first+4`, prompt 4,
+/// response `resp`) written by it.
+fn four_sequences(name: &str, first: u32, resp: usize) -> (std::path::PathBuf, std::path::PathBuf) {
+    let td = tiny_target_dir(name);
+    let data = tmp(&format!("{name}-data"));
+    let seqs: Vec<Sequence> = (0..4).map(|i| sequence(first + i, 4, resp)).collect();
+    write_data(&data, &td, &seqs);
+    (td, data)
+}
+
+/// The loss of every step of a run.
+fn losses(out: &std::path::Path) -> Vec<f64> {
+    read_metrics(&out.join("metrics.jsonl"))
+        .unwrap()
+        .iter()
+        .map(|m| m.loss)
+        .collect()
+}
 
 fn small_config() -> TrainConfig {
     TrainConfig {
@@ -32,22 +51,12 @@ fn small_config() -> TrainConfig {
 
 #[test]
 fn overfits_four_sequences() {
-    let td = tiny_target_dir("overfit");
+    let (td, data) = four_sequences("overfit", 10, 20);
     let lt = load(&td, DType::F32);
-    let data = tmp("overfit-data");
-    let seqs: Vec<Sequence> = (0..4).map(|i| sequence(10 + i, 4, 20)).collect();
-    write_data(&data, &td, &seqs);
     let out = tmp("overfit-out");
     let s = train(&lt, &data, &out, small_config(), false).unwrap();
     let last = s.last.unwrap();
-    let first: dflash_train::trainer::StepMetrics = serde_json::from_str(
-        std::fs::read_to_string(out.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
+    let first = read_metrics(&out.join("metrics.jsonl")).unwrap().remove(0);
     // the tiny target's LM head has a small logit range: the loss falls by 40 % while the argmax memorises
     assert!(
         last.loss < first.loss * 0.6,
@@ -115,14 +124,8 @@ fn empty_and_unusable_data_are_refused() {
 
 #[test]
 fn nan_loss_stops_and_keeps_the_last_good_checkpoint() {
-    let td = tiny_target_dir("nan");
+    let (td, data) = four_sequences("nan", 0, 12);
     let lt = load(&td, DType::F32);
-    let data = tmp("nan-data");
-    write_data(
-        &data,
-        &td,
-        &(0..4).map(|i| sequence(i, 4, 12)).collect::<Vec<_>>(),
-    );
     let out = tmp("nan-out");
     // step 1 is finite and checkpointed; its absurd update makes step 2's loss non-finite
     let mut cfg = small_config();
@@ -157,13 +160,7 @@ fn nan_loss_stops_and_keeps_the_last_good_checkpoint() {
 fn bf16_training_follows_f32() {
     // bf16 compute with f32 master weights: the bf16 copies must be refreshed after every step
     // (a stale copy leaves the loss flat while the master weights move)
-    let td = tiny_target_dir("bf16");
-    let data = tmp("bf16-data");
-    write_data(
-        &data,
-        &td,
-        &(0..4).map(|i| sequence(20 + i, 4, 20)).collect::<Vec<_>>(),
-    );
+    let (td, data) = four_sequences("bf16", 20, 20);
     let mut curves = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
         let lt = load(&td, dtype);
@@ -177,16 +174,7 @@ fn bf16_training_follows_f32() {
         };
         let out = tmp(&format!("bf16-out-{dtype:?}"));
         train(&lt, &data, &out, cfg, false).unwrap();
-        let losses: Vec<f64> = std::fs::read_to_string(out.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                    .as_f64()
-                    .unwrap()
-            })
-            .collect();
-        curves.push(losses);
+        curves.push(losses(&out));
     }
     let (f, b) = (&curves[0], &curves[1]);
     assert!(
@@ -206,14 +194,8 @@ fn bf16_training_follows_f32() {
 #[test]
 fn time_limit_stops_with_a_checkpoint_and_resume_finishes_the_same_run() {
     use dflash_train::trainer::{train_with_limits, RunLimits};
-    let td = tiny_target_dir("limit");
+    let (td, data) = four_sequences("limit", 30, 20);
     let lt = load(&td, DType::F32);
-    let data = tmp("limit-data");
-    write_data(
-        &data,
-        &td,
-        &(0..4).map(|i| sequence(30 + i, 4, 20)).collect::<Vec<_>>(),
-    );
     let mut cfg = small_config();
     cfg.max_steps = Some(6);
     cfg.save_every = 100; // only the limit and the last step save
@@ -241,37 +223,14 @@ fn time_limit_stops_with_a_checkpoint_and_resume_finishes_the_same_run() {
         std::fs::read(d.join("checkpoints/step-000006/drafter/model.safetensors")).unwrap()
     };
     assert!(w(&whole) == w(&split), "the split run's weights differ");
-    let lines = |d: &std::path::Path| {
-        std::fs::read_to_string(d.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].clone())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(lines(&whole), lines(&split));
+    // the same loss curve, bit for bit (f64 equality)
+    assert_eq!(losses(&whole), losses(&split));
 }
 
 #[test]
 fn init_from_starts_where_another_drafter_ended() {
-    let td = tiny_target_dir("init-from");
+    let (td, data) = four_sequences("init-from", 40, 20);
     let lt = load(&td, DType::F32);
-    let data = tmp("init-from-data");
-    write_data(
-        &data,
-        &td,
-        &(0..4).map(|i| sequence(40 + i, 4, 20)).collect::<Vec<_>>(),
-    );
-    let losses = |out: &std::path::Path| -> Vec<f64> {
-        std::fs::read_to_string(out.join("metrics.jsonl"))
-            .unwrap()
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
-                    .as_f64()
-                    .unwrap()
-            })
-            .collect()
-    };
     let mut cfg = small_config();
     cfg.max_steps = Some(60);
     cfg.save_every = 60;

@@ -141,28 +141,11 @@ pub fn chi_square_p(a: &[usize], b: &[usize]) -> f64 {
     gamma_q(df / 2.0, stat / 2.0)
 }
 
-/// max |a - b| / max |b|
+/// max |a - b| / max |b| (`dflash_model::compare`)
 pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let scale = b
-        .to_dtype(DType::F32)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap();
-    max_abs(a, b) / scale.to_scalar::<f32>().unwrap().max(1e-12)
+    dflash_model::compare::rel_err(a, b).unwrap()
 }
+/// max |a - b| (`dflash_model::compare`)
 pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
+    dflash_model::compare::max_abs(a, b).unwrap()
 }

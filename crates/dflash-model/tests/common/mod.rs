@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
@@ -30,31 +30,13 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
-/// max |a - b| / max |b|
+/// max |a - b| / max |b| (`dflash_model::compare`)
 pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    let scale = b
-        .to_dtype(DType::F32)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap();
-    max_abs(a, b) / scale.to_scalar::<f32>().unwrap().max(1e-12)
+    dflash_model::compare::rel_err(a, b).unwrap()
 }
-
+/// max |a - b| (`dflash_model::compare`)
 pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    let a = a.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
-    let b = b.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
+    dflash_model::compare::max_abs(a, b).unwrap()
 }
 
 /// A cached asset, or a panic that says how to fetch it.

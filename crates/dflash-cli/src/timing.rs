@@ -1,0 +1,44 @@
+//! Timing helpers shared by the benchmarks: medians of device-synchronised wall times, and the
+//! memory floor's bandwidth.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median wall time of `f` over `reps` runs after one warm-up run, the device synchronised
+/// before and after each.
+pub fn time(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut v = Vec::new();
+    for i in 0..=reps.max(1) {
+        dev.synchronize()?;
+        let t = Instant::now();
+        f()?;
+        dev.synchronize()?;
+        if i > 0 {
+            v.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(v))
+}
+
+/// Measured memory bandwidth in bytes/s: a device copy (read + write) of 1 GiB on a GPU,
+/// 128 MiB on the CPU, median of 5.
+pub fn copy_bandwidth(dev: &Device) -> Result<f64> {
+    let bytes = if dev.is_cpu() {
+        1usize << 27
+    } else {
+        1usize << 30
+    };
+    let big = Tensor::zeros(bytes / 4, DType::F32, dev)?;
+    let t = time(dev, 5, || {
+        let _c = big.copy()?;
+        Ok(())
+    })?;
+    Ok(2.0 * bytes as f64 / t)
+}
