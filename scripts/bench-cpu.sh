@@ -9,7 +9,7 @@ scripts/fetch-assets.sh smollm2 >&2
 cargo build --release --quiet -p dflash-cli
 prompt=$(python3 -c "print(' '.join(['The history of the printing press begins in the fifteenth century.']*24))")
 for i in $(seq 1 "$reps"); do
-  RAYON_NUM_THREADS=$threads target/release/dflash-rs generate --target smollm2-135m --dtype f32 \
+  RAYON_NUM_THREADS=$threads "${CARGO_TARGET_DIR:-target}/release/dflash-rs" generate --target smollm2-135m --dtype f32 \
     --prompt "$prompt" --max-new-tokens "$new" --json 2>/dev/null
 done | python3 -c '
 import json, statistics, sys

@@ -9,7 +9,7 @@
 # 3. builds `--features cuda` for compute capability 9.0 (H100/H200) into target/ (or
 #    $CARGO_TARGET_DIR), cold in about 7–10 minutes on 2 cores.
 #
-# Usage: scripts/cuda-build.sh [extra cargo build args]   → target/release/dflash-rs (CUDA)
+# Usage: scripts/cuda-build.sh [extra cargo build args]   → target/cuda/release/dflash-rs (CUDA)
 # On the device: LD_LIBRARY_PATH must hold torch's venv nvidia/cu13/lib and nvidia/nccl/lib
 # (see docs/GPU.md); the first run JIT-compiles PTX (about 20 s).
 set -euo pipefail

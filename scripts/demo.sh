@@ -8,4 +8,4 @@ cargo build --release --quiet -p dflash-cli
 if [ $# -eq 0 ]; then
   set -- --prompt "Explain in two sentences why the sky is blue." --chat --max-new-tokens 64
 fi
-exec target/release/dflash-rs generate --target smollm2-135m "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/dflash-rs" generate --target smollm2-135m "$@"
