@@ -7,9 +7,10 @@
 #   scripts/device-train.sh PHASE...
 # Phases, in order:
 #   setup   assemble the staged GGUF (/root/stage/smollm2.gguf/part*), unpack .device/dflash-rs.xz
+#           and .device/datasets.tar.xz (evaluation datasets) when carried
 #   restore unpack the shards of earlier leases (DATA_TAR, default the committed
 #           assets/data/smollm2-135m-regen-384.tar.xz) into $ROOT/data
-#   data    regenerate responses for .device/prompts.jsonl.xz (greedy, f32, packed batches),
+#   data    regenerate responses for .device/prompts.jsonl.xz (greedy, f32, batched decoding),
 #           stopped after DATA_SECS (finished shards are kept; the manifest lists them);
 #           continues an existing $ROOT/data
 #   profile the same with DFLASH_PROFILE=1 for PROFILE_SECS, then a profiled 8-step training
@@ -19,7 +20,9 @@
 #   export  the latest checkpoint as bf16 + the run's records → $OUT
 #   eval    the exported drafter: `dflash-rs eval` on the four datasets, in parallel processes
 # Environment: DATA_SECS (240), TRAIN_SECS (900), UNTIL (560), BATCH (128), SHARD (64),
-#   DATA_TOKENS (1024), ANCHORS (256, profile probe), EVAL_LIMIT (32), EVAL_TOKENS (256),
+#   DATA_TOKENS (1024), ANCHORS (anchors per training row, 256), PACK (pack training sequences
+#   into rows of this many tokens; unset: one sequence per row), ACCUM (rows per step, 4),
+#   EVAL_LIMIT (32), EVAL_TOKENS (256),
 #   EVAL_SECS (300), INIT_FROM (a drafter directory to continue from, e.g. the committed
 #   assets/drafters/smollm2-135m-b16: fresh optimizer, same weights).
 # The run of 2026-11-30 (docs/BENCHMARKS.md): PROFILE_SECS=60 DATA_SECS=120 DATA_TOKENS=384
@@ -49,6 +52,8 @@ setup() {
   [ -f "$g" ] || cat /root/stage/smollm2.gguf/part* > "$g"
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $g" | sha256sum -c --quiet || { log "GGUF checksum failed"; exit 1; }
   if [ -f .device/dflash-rs.xz ]; then xz -d -c .device/dflash-rs.xz > $B && chmod +x $B; fi
+  # the evaluation datasets (tar of $DFLASH_HOME/datasets/{gsm8k,humaneval,math500,mt-bench})
+  if [ -f .device/datasets.tar.xz ]; then tar -C $DFLASH_HOME -xJf .device/datasets.tar.xz; fi
   [ -x $B ] || { log "no binary at $B"; exit 1; }
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/log.txt"
 }
@@ -63,7 +68,7 @@ profile() {
     --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" --device $DEV --dtype f32 \
     > "$OUT/profile-data.log" 2>&1
   rm -rf $ROOT/pprobe
-  config 8 | sed 's/"num_anchors": 256/"num_anchors": '"${ANCHORS:-256}"'/' > $ROOT/pprobe.json
+  config 8 > $ROOT/pprobe.json
   DFLASH_PROFILE=1 $B train --data $D --out $ROOT/pprobe --config $ROOT/pprobe.json > "$OUT/profile-train.log" 2>&1
   log "profile: $(grep -c . "$OUT/profile-train.log") lines"
 }
@@ -87,10 +92,11 @@ config() { # $1 max_steps → the run's training config
   local n=$1
   local INIT=""
   [ -n "${INIT_FROM:-}" ] && INIT=", \"init_from\": \"$INIT_FROM\""
+  [ -n "${PACK:-}" ] && INIT="$INIT, \"pack_length\": $PACK"
   local every=$(( n / 8 > 25 ? n / 8 : 25 ))
   cat <<EOF
-{"num_draft_layers": 5, "block_size": 16, "num_anchors": 256, "max_length": 2048,
- "lr": 6e-4, "warmup_ratio": 0.04, "grad_accum": 4, "max_steps": $n,
+{"num_draft_layers": 5, "block_size": 16, "num_anchors": ${ANCHORS:-256}, "max_length": 2048,
+ "lr": 6e-4, "warmup_ratio": 0.04, "grad_accum": ${ACCUM:-4}, "max_steps": $n,
  "save_every": $every, "val_every": $every, "val_sequences": 32, "keep_last": 2,
  "seed": 0, "init_seed": 0, "dtype": "$TRAIN_DTYPE", "device": "$DEV"$INIT}
 EOF

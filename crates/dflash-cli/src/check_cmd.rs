@@ -16,9 +16,9 @@ use clap::Args;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::visibility::causal;
 use dflash_engine::{generate, Mode, Request};
+use dflash_model::compare::rel_err;
 use dflash_model::drafter::Drafter;
 use dflash_model::loader::{load_target, LoadedTarget};
-use dflash_model::compare::rel_err;
 use dflash_model::{Rows, TargetOutput};
 
 #[derive(Args, Debug)]

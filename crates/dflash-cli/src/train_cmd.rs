@@ -104,7 +104,7 @@ pub struct GenerateDataArgs {
     /// At most this many prompts from each file of a directory source (evals registry).
     #[arg(long, default_value_t = 50)]
     pub cap_per_file: usize,
-    /// Prompts decoded together, packed into one target forward per step (same tokens as one
+    /// Prompts decoded together, in one batched target forward per step (same tokens as one
     /// at a time; attention-only targets, a hybrid target decodes one at a time).
     #[arg(long, default_value_t = 1)]
     pub batch_size: usize,

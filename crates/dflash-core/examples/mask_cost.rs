@@ -4,7 +4,8 @@
 
 use std::time::Instant;
 
-use dflash_core::visibility::{draft_training, packed, DraftRule};
+use dflash_core::segments::Segments;
+use dflash_core::visibility::{draft_training, packed, right_aligned, DraftRule};
 
 fn time<T>(label: &str, reps: usize, mut f: impl FnMut() -> T) {
     let t = Instant::now();
@@ -18,25 +19,29 @@ fn time<T>(label: &str, reps: usize, mut f: impl FnMut() -> T) {
 }
 
 fn main() {
-    for (slots, per_seq) in [(64usize, 400usize), (128, 400)] {
-        let owners: Vec<usize> = (0..slots * per_seq).map(|r| r % slots).collect();
-        let ids: Vec<usize> = (0..slots).collect();
+    for (slots, cache) in [(128usize, 1600usize), (512, 1600)] {
         time(
-            &format!("packed step: {slots} rows x {} cache", owners.len()),
+            &format!("batched step: {slots} sequences x {cache} cache"),
             5,
-            || packed(&owners, &ids),
+            || {
+                (0..slots)
+                    .map(|s| right_aligned(s * cache / slots, cache, 1, 1).additive())
+                    .collect::<Vec<_>>()
+            },
         );
-        let v = packed(&owners, &ids);
-        time("  + additive", 5, || v.additive());
     }
+    let segs = Segments::from_lengths(&[400; 5]);
+    time("packed target mask: 5 x 400 rows, + additive", 3, || {
+        packed(&[], &segs.owners()).additive()
+    });
     for (anchors, seq) in [(64usize, 400usize), (256, 400), (256, 2048)] {
         let a: Vec<usize> = (0..anchors).map(|i| i * seq / anchors).collect();
         time(
             &format!("training mask: {anchors} anchors x 16, seq {seq}"),
             3,
-            || draft_training(DraftRule::FULL, seq, &a, 16),
+            || draft_training(DraftRule::FULL, &Segments::single(seq), &a, 16),
         );
-        let v = draft_training(DraftRule::FULL, seq, &a, 16);
+        let v = draft_training(DraftRule::FULL, &Segments::single(seq), &a, 16);
         time("  + additive", 3, || v.additive());
     }
 }

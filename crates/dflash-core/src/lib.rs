@@ -4,10 +4,12 @@
 //! - [`taps`]: the tap convention (tap i = output of layer i = transformers' `hidden_states[i+1]`);
 //! - [`visibility`]: which keys each query sees (target, draft, tree), written once;
 //! - [`sampling`]: sampling parameters and the seeded sampler;
-//! - [`stats`]: τ and acceptance statistics, defined once.
+//! - [`stats`]: τ and acceptance statistics, defined once;
+//! - [`segments`]: packed training rows (several sequences side by side).
 
 pub mod config;
 pub mod sampling;
+pub mod segments;
 pub mod stats;
 pub mod taps;
 pub mod tree;

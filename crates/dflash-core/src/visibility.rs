@@ -12,9 +12,13 @@
 //! - **tree**: a tree node sees every committed cache row and its ancestors (itself included),
 //!   nothing else; see [`tree`].
 //! - **packed**: the target rule applied per sequence when several independent sequences
-//!   share one cache and one forward (batched data regeneration); see [`packed`].
+//!   share one cache row and one forward (packed training sequences); see [`packed`].
+//! - **right-aligned**: the target rule for one sequence of a batched cache (batched data
+//!   regeneration); see [`right_aligned`].
 //!
 //! Masks are boolean matrices here; the model turns them into additive masks (0 / -inf).
+
+use crate::segments::Segments;
 
 /// A boolean visibility matrix, row-major `[rows, cols]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +114,38 @@ pub fn packed(cache_owner: &[usize], new_owner: &[usize]) -> Visibility {
     v
 }
 
+/// Batched rule, for one sequence of a batched cache whose sequences are right-aligned (each
+/// sequence's rows end at the last column; the columns before them are padding or an earlier
+/// sequence's leftovers): the sequence holds the last `held` of the `cache_len` cache columns,
+/// and its new rows are the last `fresh` of the `new_len` new rows (the first
+/// `new_len - fresh` are padding). A sequence row sees its sequence's earlier rows and itself,
+/// i.e. the target rule [`causal`] on its own rows; a padding row sees only itself (its
+/// softmax stays finite, nothing reads it).
+/// Examples: held 2, cache 5, fresh 1 of 1 → row 0 sees cols 3, 4, 5.
+/// Prefill of a 2-token prompt padded to 4: held 0, cache 0, fresh 2 of 4 → rows 0 and 1 see
+/// only themselves, row 2 sees col 2, row 3 sees cols 2, 3.
+pub fn right_aligned(held: usize, cache_len: usize, fresh: usize, new_len: usize) -> Visibility {
+    assert!(
+        held <= cache_len && fresh <= new_len,
+        "right_aligned: held {held} of {cache_len}, fresh {fresh} of {new_len}"
+    );
+    let mut v = Visibility::new(new_len, cache_len + new_len);
+    let first_new = new_len - fresh;
+    for r in 0..new_len {
+        if r < first_new {
+            v.set(r, cache_len + r, true);
+            continue;
+        }
+        for c in cache_len - held..cache_len {
+            v.set(r, c, true);
+        }
+        for j in first_new..=r {
+            v.set(r, cache_len + j, true);
+        }
+    }
+    v
+}
+
 /// A key as a drafter query sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DraftKey {
@@ -184,22 +220,25 @@ pub fn draft_inference(rule: DraftRule, anchor: usize, block: usize) -> Visibili
     v
 }
 
-/// Training mask for many blocks of one sequence of `seq_len` tokens: columns are the
-/// `seq_len` context features (positions `0 .. seq_len`), then the blocks' rows in order
-/// (block `j`'s row `r` at column `seq_len + j * block + r`). Rows are the blocks' rows in
-/// the same order. Blocks never see each other; context follows [`DraftRule::sees`].
-/// Example: anchors [3, 5], B = 2, seq_len 8 → row 0 (block 0, pos 3) sees context 0..=2 and
-/// columns 8, 9; row 2 (block 1, pos 5) sees context 0..=4 and columns 10, 11.
+/// Training mask for many blocks of one training row of `seq_len = segs.len()` tokens:
+/// columns are the `seq_len` context features, then the blocks' rows in order (block `j`'s row
+/// `r` at column `seq_len + j * block + r`). Rows are the blocks' rows in the same order.
+/// Blocks never see each other; context follows [`DraftRule::sees`], from the anchor's own
+/// segment only (a packed row holds several sequences, see [`crate::segments`]).
+/// Example: anchors [3, 5], B = 2, one segment of 8 → row 0 (block 0, pos 3) sees context
+/// 0..=2 and columns 8, 9; row 2 (block 1, pos 5) sees context 0..=4 and columns 10, 11.
+/// Packed as segments [0..4, 4..8], row 2 (anchor 5 in segment 1) sees context 4 only.
 pub fn draft_training(
     rule: DraftRule,
-    seq_len: usize,
+    segs: &Segments,
     anchors: &[usize],
     block: usize,
 ) -> Visibility {
+    let seq_len = segs.len();
     // other blocks' columns stay hidden (`sees(.., OtherBlock)` is false by the rule); the
     // visible cells are exactly the two parts, placed block-diagonally
     debug_assert!(!rule.sees(0, 0, DraftKey::OtherBlock));
-    let (ctx, own) = draft_training_parts(rule, seq_len, anchors, block);
+    let (ctx, own) = draft_training_parts(rule, segs, anchors, block);
     let n = anchors.len() * block;
     let mut v = Visibility::new(n, seq_len + n);
     for row in 0..n {
@@ -220,18 +259,21 @@ pub fn draft_training(
 /// own_block row 2 sees columns 0 and 1 (positions 5 and 6).
 pub fn draft_training_parts(
     rule: DraftRule,
-    seq_len: usize,
+    segs: &Segments,
     anchors: &[usize],
     block: usize,
 ) -> (Visibility, Visibility) {
+    let seq_len = segs.len();
     let n = anchors.len() * block;
     let mut ctx = Visibility::new(n, seq_len);
     let mut own = Visibility::new(n, block);
     for (j, &a) in anchors.iter().enumerate() {
+        // positions are translation-invariant for the rule: row indices inside the segment
+        let (start, _) = segs.bounds(a);
         for r in 0..block {
             let row = j * block + r;
             let q = a + r;
-            for c in 0..seq_len {
+            for c in start..seq_len {
                 ctx.set(row, c, rule.sees(a, q, DraftKey::Context(c)));
             }
             for c in 0..block {
@@ -261,12 +303,37 @@ mod tests {
 
     #[test]
     fn training_blocks_are_isolated() {
-        let v = draft_training(DraftRule::FULL, 8, &[3, 5], 2);
+        let v = draft_training(DraftRule::FULL, &Segments::single(8), &[3, 5], 2);
         assert_eq!((v.rows, v.cols), (4, 12));
         let row0: Vec<usize> = (0..12).filter(|&c| v.get(0, c)).collect();
         assert_eq!(row0, vec![0, 1, 2, 8, 9]);
         let row3: Vec<usize> = (0..12).filter(|&c| v.get(3, c)).collect();
         assert_eq!(row3, vec![0, 1, 2, 3, 4, 10, 11]);
+    }
+
+    #[test]
+    fn packed_training_rows_see_their_own_segment_only() {
+        // the docs' example: segments [0..4, 4..8], anchors [3, 5], B = 2
+        let segs = Segments::from_lengths(&[4, 4]);
+        let v = draft_training(DraftRule::FULL, &segs, &[3, 5], 2);
+        let row = |r: usize| (0..12).filter(|&c| v.get(r, c)).collect::<Vec<_>>();
+        assert_eq!(row(0), vec![0, 1, 2, 8, 9]);
+        assert_eq!(row(2), vec![4, 10, 11]);
+        assert_eq!(row(3), vec![4, 10, 11]);
+        // a segment's blocks see exactly what they see when the segment is alone, shifted
+        for rule in [DraftRule::FULL, DraftRule::for_layer(Some(3))] {
+            let packed = draft_training(rule, &segs, &[5], 2);
+            let alone = draft_training(rule, &Segments::single(4), &[1], 2);
+            for r in 0..2 {
+                for c in 0..4 {
+                    assert!(!packed.get(r, c), "segment 0 is hidden from segment 1");
+                    assert_eq!(packed.get(r, 4 + c), alone.get(r, c));
+                }
+                for c in 0..2 {
+                    assert_eq!(packed.get(r, 8 + c), alone.get(r, 4 + c));
+                }
+            }
+        }
     }
 
     #[test]
@@ -283,7 +350,7 @@ mod tests {
         // the fast fill must equal asking the rule about every cell, other blocks included
         for rule in [DraftRule::FULL, DraftRule::for_layer(Some(3))] {
             let (seq_len, anchors, block) = (12, [2usize, 5, 9], 3);
-            let v = draft_training(rule, seq_len, &anchors, block);
+            let v = draft_training(rule, &Segments::single(seq_len), &anchors, block);
             for (j, &a) in anchors.iter().enumerate() {
                 for r in 0..block {
                     let row = j * block + r;
@@ -314,8 +381,9 @@ mod tests {
     fn training_parts_are_the_visible_cells_of_the_dense_mask() {
         for rule in [DraftRule::FULL, DraftRule::for_layer(Some(3))] {
             let (seq_len, anchors, block) = (12, [0usize, 2, 5, 9], 3);
-            let dense = draft_training(rule, seq_len, &anchors, block);
-            let (ctx, own) = draft_training_parts(rule, seq_len, &anchors, block);
+            let dense = draft_training(rule, &Segments::single(seq_len), &anchors, block);
+            let (ctx, own) =
+                draft_training_parts(rule, &Segments::single(seq_len), &anchors, block);
             for j in 0..anchors.len() {
                 for r in 0..block {
                     let row = j * block + r;
@@ -350,6 +418,24 @@ mod tests {
             let cols: Vec<usize> = (0..6).filter(|&c| p.get(r, c)).collect();
             assert_eq!(cols, (3..=3 + r).collect::<Vec<_>>());
         }
+    }
+
+    #[test]
+    fn right_aligned_is_causal_on_the_sequence_rows() {
+        // the docs' examples
+        let v = right_aligned(2, 5, 1, 1);
+        assert_eq!(
+            (0..6).filter(|&c| v.get(0, c)).collect::<Vec<_>>(),
+            vec![3, 4, 5]
+        );
+        let v = right_aligned(0, 0, 2, 4);
+        let seen = |r: usize| (0..4).filter(|&c| v.get(r, c)).collect::<Vec<_>>();
+        assert_eq!(
+            (0..4).map(seen).collect::<Vec<_>>(),
+            vec![vec![0], vec![1], vec![2], vec![2, 3]]
+        );
+        // with no padding and the whole cache held it is exactly the target rule
+        assert_eq!(right_aligned(7, 7, 3, 3), causal(7, 3));
     }
 
     #[test]

@@ -225,7 +225,7 @@ fn training_path_equals_inference_path() {
                 &taps.unsqueeze(0).unwrap(),
                 &emb,
                 DraftLayout::Training {
-                    seq_len: seq.len(),
+                    segs: &dflash_core::segments::Segments::single(seq.len()),
                     anchors: &anchors,
                     block: b,
                 },

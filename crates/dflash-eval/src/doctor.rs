@@ -315,11 +315,11 @@ fn finish(checks: Vec<Check>) -> DoctorReport {
 /// inference path (one block at a time on the draft cache) on `ids`.
 pub fn parity_diff(lt: &LoadedTarget, d: &Drafter, ids: &[u32]) -> Result<f32> {
     let b = d.block_size;
-    let seq = dflash_train::data::Sequence {
+    let row = dflash_train::pack::TrainingRow::single(dflash_train::data::Sequence {
         ids: ids.to_vec(),
         loss_mask: vec![1; ids.len()],
-    };
-    let feats = target_features(&lt.target, &d.target_layer_ids, ids, false)?;
+    });
+    let feats = target_features(&lt.target, &d.target_layer_ids, &row, false)?;
     let anchors: Vec<usize> = [0, ids.len() / 3, ids.len() / 2]
         .into_iter()
         .filter(|&a| a + 1 < ids.len())
@@ -329,7 +329,7 @@ pub fn parity_diff(lt: &LoadedTarget, d: &Drafter, ids: &[u32]) -> Result<f32> {
     let train = block_loss(
         d,
         &lt.target,
-        &seq,
+        &row,
         &feats,
         &anchors_sorted,
         b,

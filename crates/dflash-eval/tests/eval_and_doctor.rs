@@ -171,7 +171,7 @@ fn trained_pair(name: &str) -> (PathBuf, PathBuf, PathBuf) {
         max_new_tokens: 24,
         sampling: SamplingParams::default(),
         prompts_per_shard: 5,
-        // packed (attention-only) / falls back to one at a time (hybrid)
+        // batched (attention-only) / falls back to one at a time (hybrid)
         batch_size: 4,
         time_limit: None,
         source: "test".into(),

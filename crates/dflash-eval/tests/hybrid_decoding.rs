@@ -42,7 +42,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
         max_new_tokens: 32,
         sampling: SamplingParams::default(),
         prompts_per_shard: 6,
-        // packed (attention-only) / falls back to one at a time (hybrid)
+        // batched (attention-only) / falls back to one at a time (hybrid)
         batch_size: 4,
         time_limit: None,
         source: "test".into(),

@@ -136,6 +136,7 @@ pub fn attend_blocks(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dflash_core::segments::Segments;
     use dflash_core::visibility::{draft_training, draft_training_parts, DraftRule};
 
     fn randn(shape: &[usize], seed: u64) -> Tensor {
@@ -153,7 +154,14 @@ mod tests {
     #[test]
     fn block_attention_equals_dense_masked_attention() {
         let (hq, hkv, d, block) = (4, 2, 8, 3);
-        for (seq_len, anchors) in [(10usize, vec![0usize, 3, 6]), (0, vec![])] {
+        // one sequence, two packed ones, no context at all
+        let cases = [
+            (Segments::single(10), vec![0usize, 3, 6]),
+            (Segments::from_lengths(&[5, 5]), vec![0, 3, 6]),
+            (Segments::single(0), vec![]),
+        ];
+        for (segs, anchors) in cases {
+            let seq_len = segs.len();
             for rule in [DraftRule::FULL, DraftRule::for_layer(Some(2))] {
                 let anchors: Vec<usize> = if seq_len == 0 {
                     vec![0, 0]
@@ -164,7 +172,7 @@ mod tests {
                 let q = randn(&[1, hq, r, d], 1);
                 let k = randn(&[1, hkv, seq_len + r, d], 2);
                 let v = randn(&[1, hkv, seq_len + r, d], 3);
-                let dense = draft_training(rule, seq_len, &anchors, block);
+                let dense = draft_training(rule, &segs, &anchors, block);
                 let want = attend(
                     &q,
                     &k,
@@ -173,7 +181,7 @@ mod tests {
                     0.35,
                 )
                 .unwrap();
-                let (c, o) = draft_training_parts(rule, seq_len, &anchors, block);
+                let (c, o) = draft_training_parts(rule, &segs, &anchors, block);
                 let got = attend_blocks(
                     &q,
                     &k.narrow(2, 0, seq_len).unwrap(),

@@ -13,8 +13,8 @@
 //!
 //! [`DraftLayout::Inference`]: one block on top of a draft KV cache of committed context
 //! (after `k_norm` and RoPE); the caller truncates the cache back to the anchor afterwards.
-//! [`DraftLayout::Training`]: many blocks of one sequence at once, every context row given,
-//! blocks isolated by the mask. Both masks come from the same rule.
+//! [`DraftLayout::Training`]: many blocks of one training row (one sequence, or several packed
+//! side by side) at once, every context row given, blocks isolated by the mask. Both masks come from the same rule.
 
 use std::path::Path;
 
@@ -22,6 +22,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, D};
 use candle_nn::{Linear, Module};
 use dflash_core::config::DrafterConfig;
+use dflash_core::segments::Segments;
 use dflash_core::visibility::{
     draft_inference, draft_training, draft_training_parts, DraftRule, Visibility,
 };
@@ -40,10 +41,13 @@ pub enum DraftLayout<'a> {
     /// One block anchored at `anchor`. The new context rows are positions
     /// `cache.len() .. anchor`; the block rows `anchor .. anchor + block`.
     Inference { anchor: usize, block: usize },
-    /// Blocks anchored at `anchors` over a sequence of `seq_len` context rows (positions
-    /// `0 .. seq_len`); block j's rows at `anchors[j] .. anchors[j] + block`.
+    /// Blocks anchored at `anchors` (row indices) over a training row of `segs.len()` context
+    /// rows: one sequence, or several packed side by side, each at its own positions
+    /// ([`Segments`]). Block j's rows sit at the positions of rows `anchors[j] .. anchors[j] +
+    /// block` of the anchor's sequence. Example: segments [0..5, 5..8], anchor 6 → block rows
+    /// at positions 1, 2, …; context rows 5..8 at positions 0..3.
     Training {
-        seq_len: usize,
+        segs: &'a Segments,
         anchors: &'a [usize],
         block: usize,
     },
@@ -54,18 +58,26 @@ impl DraftLayout<'_> {
         match *self {
             DraftLayout::Inference { anchor, block } => draft_inference(rule, anchor, block),
             DraftLayout::Training {
-                seq_len,
+                segs,
                 anchors,
                 block,
-            } => draft_training(rule, seq_len, anchors, block),
+            } => draft_training(rule, segs, anchors, block),
         }
     }
     fn block_positions(&self) -> Vec<usize> {
         match *self {
             DraftLayout::Inference { anchor, block } => (anchor..anchor + block).collect(),
-            DraftLayout::Training { anchors, block, .. } => {
-                anchors.iter().flat_map(|&a| a..a + block).collect()
-            }
+            DraftLayout::Training {
+                segs,
+                anchors,
+                block,
+            } => anchors
+                .iter()
+                .flat_map(|&a| {
+                    let p = segs.position(a);
+                    p..p + block
+                })
+                .collect(),
         }
     }
 }
@@ -269,14 +281,18 @@ impl Drafter {
                 (cache_len..anchor).collect()
             }
             DraftLayout::Training {
-                seq_len,
+                segs,
                 anchors,
                 block,
             } => {
-                if cache.is_some() || m != seq_len || nb != anchors.len() * block {
-                    bail!("draft training: no cache, {seq_len} context rows and {} block rows expected", anchors.len() * block);
+                if cache.is_some() || m != segs.len() || nb != anchors.len() * block {
+                    bail!(
+                        "draft training: no cache, {} context rows and {} block rows expected",
+                        segs.len(),
+                        anchors.len() * block
+                    );
                 }
-                (0..seq_len).collect()
+                segs.positions()
             }
         };
         let block_positions = layout.block_positions();
@@ -293,11 +309,11 @@ impl Drafter {
             if !masks.iter().any(|(r, _)| *r == l.rule) {
                 let lm = match layout {
                     DraftLayout::Training {
-                        seq_len,
+                        segs,
                         anchors,
                         block,
                     } => {
-                        let (c, o) = draft_training_parts(l.rule, seq_len, anchors, block);
+                        let (c, o) = draft_training_parts(l.rule, segs, anchors, block);
                         LayerMask::Parts {
                             context: mask_tensor(&c, dtype, device)?,
                             own_block: mask_tensor(&o, dtype, device)?,

@@ -189,6 +189,89 @@ impl KvCache {
         Ok(())
     }
 
+    /// Batched caches (`[b, hkv, len, d]`, right-aligned sequences): drop the first `k` columns
+    /// of every sequence. Example: len 10, k 4 → old columns 4..10 are now 0..6.
+    pub fn drop_front(&mut self, k: usize) -> Result<()> {
+        self.refuse_gdn("drop_front")?;
+        let k = k.min(self.len);
+        let keep = self.len - k;
+        for s in self.layers.iter_mut().flatten() {
+            if keep > 0 {
+                let kk = s.k.narrow(2, k, keep)?.contiguous()?;
+                let vv = s.v.narrow(2, k, keep)?.contiguous()?;
+                s.k.slice_set(&kk, 2, 0)?;
+                s.v.slice_set(&vv, 2, 0)?;
+            }
+        }
+        self.len = keep;
+        self.pending = 0;
+        Ok(())
+    }
+
+    /// Batched caches: insert `k` zero columns before the current ones (room for a prompt
+    /// longer than the cache). Example: len 3, k 2 → old columns 0..3 are now 2..5.
+    pub fn grow_front(&mut self, k: usize) -> Result<()> {
+        self.refuse_gdn("grow_front")?;
+        let len = self.len;
+        for s in self.layers.iter_mut().flatten() {
+            let cap = s.k.dim(2)?.max(len + k);
+            let fresh = |old: &Tensor| -> Result<Tensor> {
+                let (b, h, _, d) = old.dims4()?;
+                let t = Tensor::zeros((b, h, cap, d), old.dtype(), old.device())?;
+                if len > 0 {
+                    t.slice_set(&old.narrow(2, 0, len)?.contiguous()?, 2, k)?;
+                }
+                Ok(t)
+            };
+            s.k = fresh(&s.k)?;
+            s.v = fresh(&s.v)?;
+        }
+        self.len += k;
+        self.pending = 0;
+        Ok(())
+    }
+
+    /// Batched caches: copy `n` committed columns of sequence `src_seq` of `src`, starting at
+    /// column `src_col`, into sequence `seq` of this cache at columns `col .. col + n` (a prompt
+    /// prefilled on its own moves into a freed batch slot).
+    pub fn copy_sequence(
+        &mut self,
+        seq: usize,
+        col: usize,
+        src: &KvCache,
+        src_seq: usize,
+        src_col: usize,
+        n: usize,
+    ) -> Result<()> {
+        self.refuse_gdn("copy_sequence")?;
+        if col + n > self.len || src_col + n > src.len {
+            candle_core::bail!(
+                "copy_sequence: columns {col}..{} of {} / {src_col}..{} of {}",
+                col + n,
+                self.len,
+                src_col + n,
+                src.len
+            );
+        }
+        for (dst, from) in self.layers.iter().zip(&src.layers) {
+            if let (Some(d), Some(f)) = (dst, from) {
+                let part = |t: &Tensor| -> Result<Tensor> {
+                    t.narrow(0, src_seq, 1)?.narrow(2, src_col, n)?.contiguous()
+                };
+                d.k.narrow(0, seq, 1)?.slice_set(&part(&f.k)?, 2, col)?;
+                d.v.narrow(0, seq, 1)?.slice_set(&part(&f.v)?, 2, col)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn refuse_gdn(&self, op: &str) -> Result<()> {
+        if self.has_gdn() {
+            candle_core::bail!("{op}: a cache with linear-attention state holds one sequence");
+        }
+        Ok(())
+    }
+
     /// K and V of `layer`, committed rows only (tests and diagnostics).
     pub fn layer(&self, layer: usize) -> Result<Option<(Tensor, Tensor)>> {
         match &self.layers[layer] {
@@ -198,5 +281,56 @@ impl KvCache {
                 s.v.narrow(2, 0, self.len)?,
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// A 2-sequence, 1-head, d = 1 cache whose value at (sequence s, column c) is 10·s + c.
+    fn filled(cols: usize) -> KvCache {
+        let mut c = KvCache::new(1);
+        let data: Vec<f32> = (0..2)
+            .flat_map(|s| (0..cols).map(move |i| (10 * s + i) as f32))
+            .collect();
+        let t = Tensor::from_vec(data, (2, 1, cols, 1), &Device::Cpu).unwrap();
+        c.append(0, &t, &t).unwrap();
+        c.commit(cols);
+        c
+    }
+    fn values(c: &KvCache) -> Vec<Vec<f32>> {
+        let (k, v) = c.layer(0).unwrap().unwrap();
+        assert_eq!(
+            k.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            v.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
+        k.squeeze(3)
+            .unwrap()
+            .squeeze(1)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap()
+    }
+
+    #[test]
+    fn front_moves_keep_every_sequence_right_aligned() {
+        let mut c = filled(4);
+        c.drop_front(1).unwrap();
+        assert_eq!(values(&c), vec![vec![1., 2., 3.], vec![11., 12., 13.]]);
+        c.grow_front(2).unwrap();
+        assert_eq!(
+            values(&c),
+            vec![vec![0., 0., 1., 2., 3.], vec![0., 0., 11., 12., 13.]]
+        );
+        // a sequence prefilled elsewhere moves into slot 0, ending at the last column
+        let src = filled(3);
+        c.copy_sequence(0, 3, &src, 1, 1, 2).unwrap();
+        assert_eq!(
+            values(&c),
+            vec![vec![0., 0., 1., 11., 12.], vec![0., 0., 11., 12., 13.]]
+        );
+        assert!(c.copy_sequence(0, 4, &src, 1, 1, 2).is_err());
     }
 }

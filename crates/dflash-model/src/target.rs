@@ -41,9 +41,10 @@ pub enum Rows {
 }
 
 pub struct TargetOutput {
-    /// `[rows, vocab]`, f32.
+    /// `[rows, vocab]`, f32 (`[b, rows, vocab]` from [`Target::forward_batch`]).
     pub logits: Option<Tensor>,
-    /// One `[n, hidden]` tensor per requested tap, in request order.
+    /// One `[n, hidden]` tensor per requested tap, in request order (`[b, n, hidden]` from
+    /// [`Target::forward_batch`]).
     pub taps: Vec<Tensor>,
 }
 
@@ -303,6 +304,8 @@ impl Target {
         &self.embed_tokens
     }
 
+    /// One forward of one sequence: `tokens` at `positions`, `mask` over `[cache | new rows]`.
+    /// Logits are `[rows, vocab]`, taps `[n, hidden]`.
     pub fn forward(
         &self,
         tokens: &[u32],
@@ -312,15 +315,53 @@ impl Target {
         taps: &[usize],
         rows: &Rows,
     ) -> Result<TargetOutput> {
-        let n = tokens.len();
-        if n == 0 || positions.len() != n {
+        let out = self.forward_batch(
+            tokens,
+            positions,
+            std::slice::from_ref(mask),
+            cache,
+            taps,
+            rows,
+        )?;
+        Ok(TargetOutput {
+            logits: out.logits.map(|l| l.squeeze(0)).transpose()?,
+            taps: out
+                .taps
+                .into_iter()
+                .map(|t| t.squeeze(0))
+                .collect::<candle_core::Result<_>>()?,
+        })
+    }
+
+    /// One forward of `b = masks.len()` sequences that each feed `n` new rows on top of their
+    /// own row of a batched cache (`[b, hkv, len, d]`): `tokens` and `positions` are `b · n`,
+    /// sequence-major; `masks[s]` is sequence `s`'s `[n, cache | n]` visibility. Logits are
+    /// `[b, rows, vocab]`, taps `[b, n, hidden]`. Batches of more than one sequence need an
+    /// attention-only target (a linear-attention state is one sequence's).
+    /// Example: 2 sequences, one new token each at positions [7, 3] over a 9-column cache:
+    /// `tokens = [t0, t1]`, `masks[0]` shows columns 2..=9, `masks[1]` columns 6..=9.
+    pub fn forward_batch(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        masks: &[Visibility],
+        cache: &mut KvCache,
+        taps: &[usize],
+        rows: &Rows,
+    ) -> Result<TargetOutput> {
+        let b = masks.len();
+        if b == 0 || tokens.is_empty() || tokens.len() % b != 0 || positions.len() != tokens.len() {
             bail!(
-                "forward needs one position per token (got {} tokens, {} positions)",
-                n,
+                "forward needs one position per token and the same number of tokens per sequence (got {} tokens, {} positions, {b} sequences)",
+                tokens.len(),
                 positions.len()
             );
         }
-        if mask.rows != n || mask.cols != cache.len() + n {
+        let n = tokens.len() / b;
+        if let Some(mask) = masks
+            .iter()
+            .find(|m| m.rows != n || m.cols != cache.len() + n)
+        {
             bail!(
                 "mask is {}x{}, expected {}x{} (new rows x [cache {} | new {}])",
                 mask.rows,
@@ -330,6 +371,9 @@ impl Target {
                 cache.len(),
                 n
             );
+        }
+        if b > 1 && self.is_hybrid() {
+            bail!("a batch of {b} sequences needs an attention-only target: the linear-attention layers of this hybrid target keep one sequence's state");
         }
         if let Some(&bad) = taps.iter().find(|&&t| t >= self.layers.len()) {
             bail!(
@@ -344,14 +388,32 @@ impl Target {
                 self.config.max_position_embeddings
             );
         }
-        let rope = self.rope.tables(positions, self.dtype, &self.device)?;
+        let mut rope = self.rope.tables(positions, self.dtype, &self.device)?;
+        if b > 1 {
+            // [b·n, half] → [b, 1, n, half]: each sequence's rows at their own positions
+            let half = rope.cos.dim(1)?;
+            rope.cos = rope.cos.reshape((b, 1, n, half))?;
+            rope.sin = rope.sin.reshape((b, 1, n, half))?;
+        }
         let parents = if self.is_hybrid() {
-            parents_from_mask(mask, cache.len())
+            parents_from_mask(&masks[0], cache.len())
         } else {
             Vec::new()
         };
-        let mask = mask_tensor(mask, self.dtype, &self.device)?;
-        let mut x = self.embed(tokens)?;
+        let mask = if b == 1 {
+            mask_tensor(&masks[0], self.dtype, &self.device)?
+        } else {
+            let t = cache.len() + n;
+            let mut data = Vec::with_capacity(b * n * t);
+            for m in masks {
+                data.extend(m.additive());
+            }
+            // [b, 1, 1, n, t]: broadcast over K/V heads and grouped query heads
+            Tensor::from_vec(data, (b, 1, 1, n, t), &self.device)?.to_dtype(self.dtype)?
+        };
+        let mut x = self
+            .embed(tokens)?
+            .reshape((b, n, self.config.hidden_size))?;
         let mut tap_out = vec![None; taps.len()];
         for (i, layer) in self.layers.iter().enumerate() {
             let hn = layer.input_layernorm.forward(&x)?;
@@ -367,7 +429,7 @@ impl Target {
                 .forward(&layer.post_attention_layernorm.forward(&x1)?)?;
             x = (x1 + m)?;
             for (slot, _) in taps.iter().enumerate().filter(|(_, &t)| t == i) {
-                tap_out[slot] = Some(x.squeeze(0)?);
+                tap_out[slot] = Some(x.clone());
             }
         }
         cache.commit(n);
@@ -388,7 +450,7 @@ impl Target {
             }
         };
         let logits = match sel {
-            Some(s) => Some(self.lm_head(&self.norm.forward(&s)?)?.squeeze(0)?),
+            Some(s) => Some(self.lm_head(&self.norm.forward(&s)?)?),
             None => None,
         };
         Ok(TargetOutput {

@@ -120,7 +120,7 @@ fn cached_multi_token_forward_and_decode_match() {
 #[test]
 fn chunked_and_recurrent_paths_agree_on_a_long_sequence() {
     let toks: Vec<u32> = (0..150u32)
-        .map(|i| ((i * 2654435761u32) >> 7) % 256)
+        .map(|i| (i.wrapping_mul(2654435761u32) >> 7) % 256)
         .collect();
     let (a, _) = prefill(&hybrid(1), &toks, &[1]);
     let (b, _) = prefill(&hybrid(100_000), &toks, &[1]);

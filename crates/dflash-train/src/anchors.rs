@@ -13,7 +13,11 @@ pub fn candidates(loss_mask: &[u8]) -> Vec<usize> {
 
 /// Up to `n` anchors, sorted, drawn with a ChaCha8 seeded by `seed`.
 pub fn sample(loss_mask: &[u8], n: usize, seed: u64) -> Vec<usize> {
-    let mut c = candidates(loss_mask);
+    sample_from(candidates(loss_mask), n, seed)
+}
+
+/// Up to `n` of these candidates, sorted, drawn with a ChaCha8 seeded by `seed`.
+pub fn sample_from(mut c: Vec<usize>, n: usize, seed: u64) -> Vec<usize> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let k = n.min(c.len());
     for i in 0..k {

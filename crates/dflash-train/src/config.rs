@@ -35,6 +35,11 @@ pub struct TrainConfig {
     pub gamma: f64,
     pub loss: LossKind,
     pub max_length: usize,
+    /// Pack training sequences side by side into rows of at most this many tokens (one
+    /// target and one drafter forward per row; `num_anchors` then counts per row). Unset:
+    /// one sequence per row. Validation rows are never packed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack_length: Option<usize>,
     // the optimizer
     pub lr: f64,
     pub beta1: f64,
@@ -44,7 +49,7 @@ pub struct TrainConfig {
     pub warmup_ratio: f64,
     pub min_lr_ratio: f64,
     pub grad_clip: f64,
-    /// Sequences per optimizer step.
+    /// Training rows (sequences, or packs of them) per optimizer step.
     pub grad_accum: usize,
     pub epochs: usize,
     /// Stop after this many optimizer steps (the schedule spans `max_steps` when set).
@@ -75,6 +80,7 @@ impl Default for TrainConfig {
             gamma: 7.0,
             loss: LossKind::Ce,
             max_length: 3072,
+            pack_length: None,
             lr: 6e-4,
             beta1: 0.9,
             beta2: 0.95,
@@ -117,6 +123,9 @@ impl TrainConfig {
         }
         if !(0.0..1.0).contains(&self.warmup_ratio) {
             return bad("warmup_ratio must be in [0, 1)");
+        }
+        if self.pack_length.is_some_and(|p| p < self.max_length) {
+            return bad("pack_length must be >= max_length (a sequence must fit one row)");
         }
         if self.save_every == 0 || self.val_every == 0 {
             return bad("save_every and val_every must be >= 1");

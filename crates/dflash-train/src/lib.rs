@@ -9,6 +9,7 @@ pub mod data;
 pub mod fingerprint;
 pub mod loss;
 pub mod optim;
+pub mod pack;
 pub mod progress;
 pub mod prompts;
 pub mod regen;

@@ -1,7 +1,8 @@
 //! The block-masked drafter objective, on the one drafter forward.
 //!
-//! For a sequence and its anchors: context features = the target's taps of every position
-//! (one clean causal forward, no gradient); blocks `[token at a, mask × (B-1)]` at positions
+//! For a training row (one sequence, or several packed: [`crate::pack`]) and its anchors:
+//! context features = the target's taps of every position (one clean causal forward per
+//! sequence, no gradient); blocks `[token at a, mask × (B-1)]` at positions
 //! `a … a+B-1`, all in one drafter forward with the training mask from the shared rule
 //! (`DraftLayout::Training`); block row k ≥ 1 predicts the token at `a + k` with weight
 //! `exp(-(k-1)/γ) · loss_mask[a+k] · [a+k < L]`; row 0 is not trained;
@@ -12,13 +13,13 @@
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
 use dflash_core::stats::{simulated_chain_tau, simulated_decoding_tau};
-use dflash_core::visibility::causal;
+use dflash_core::visibility::{causal, packed};
 use dflash_model::drafter::{DraftLayout, Drafter};
 use dflash_model::{Rows, Target};
 use serde::{Deserialize, Serialize};
 
 use crate::config::LossKind;
-use crate::data::Sequence;
+use crate::pack::TrainingRow;
 
 /// What the target says about a sequence: concatenated taps `[1, L, n_taps·h]` and, for
 /// the KL loss, its logits `[L, vocab]`.
@@ -27,18 +28,24 @@ pub struct Features {
     pub target_logits: Option<Tensor>,
 }
 
-/// The clean target forward (no gradient flows into the target: its weights are plain tensors).
+/// The clean target forward (no gradient flows into the target: its weights are plain tensors)
+/// over a training row: each packed sequence at its own positions, seeing only itself.
 pub fn target_features(
     target: &Target,
     taps: &[usize],
-    ids: &[u32],
+    row: &TrainingRow,
     with_logits: bool,
 ) -> Result<Features> {
-    let n = ids.len();
-    let pos: Vec<usize> = (0..n).collect();
+    let n = row.len();
+    let pos = row.segs.positions();
+    let mask = if row.segs.count() == 1 {
+        causal(0, n)
+    } else {
+        packed(&[], &row.segs.owners())
+    };
     let mut cache = target.new_cache();
     let rows = if with_logits { Rows::All } else { Rows::None };
-    let out = target.forward(ids, &pos, &causal(0, n), &mut cache, taps, &rows)?;
+    let out = target.forward(&row.seq.ids, &pos, &mask, &mut cache, taps, &rows)?;
     Ok(Features {
         taps: Target::concat_taps(&out.taps)?.unsqueeze(0)?.detach(),
         target_logits: out.logits.map(|l| l.detach()),
@@ -107,20 +114,22 @@ pub struct LossOutput {
     pub draft_logits: Tensor,
 }
 
-/// Labels and weights of every trained row, in block order.
+/// Labels and weights of every trained row, in block order; a label past the end of the
+/// anchor's own sequence has weight 0.
 pub fn labels_and_weights(
-    seq: &Sequence,
+    row: &TrainingRow,
     anchors: &[usize],
     block: usize,
     gamma: f64,
 ) -> (Vec<u32>, Vec<f32>) {
-    let n = seq.ids.len();
+    let seq = &row.seq;
     let mut labels = Vec::with_capacity(anchors.len() * (block - 1));
     let mut weights = Vec::with_capacity(labels.capacity());
     for &a in anchors {
+        let (_, end) = row.segs.bounds(a);
         for k in 1..block {
             let p = a + k;
-            let inside = p < n;
+            let inside = p < end;
             labels.push(if inside { seq.ids[p] } else { 0 });
             let m = if inside { seq.loss_mask[p] as f64 } else { 0.0 };
             weights.push((m * (-((k - 1) as f64) / gamma).exp()) as f32);
@@ -133,7 +142,7 @@ pub fn labels_and_weights(
 pub fn block_loss(
     drafter: &Drafter,
     target: &Target,
-    seq: &Sequence,
+    row: &TrainingRow,
     feats: &Features,
     anchors: &[usize],
     block: usize,
@@ -146,11 +155,11 @@ pub fn block_loss(
     let dev = feats.taps.device().clone();
     let block_tokens: Vec<u32> = anchors
         .iter()
-        .flat_map(|&a| drafter.block_tokens(seq.ids[a], block))
+        .flat_map(|&a| drafter.block_tokens(row.seq.ids[a], block))
         .collect();
     let emb = drafter.embed_block(target, &block_tokens)?;
     let layout = DraftLayout::Training {
-        seq_len: seq.ids.len(),
+        segs: &row.segs,
         anchors,
         block,
     };
@@ -162,7 +171,7 @@ pub fn block_loss(
     let logits = drafter
         .logits(target, &hidden.index_select(&idx, 1)?)?
         .squeeze(0)?; // [R, V]
-    let (labels, weights) = labels_and_weights(seq, anchors, block, gamma);
+    let (labels, weights) = labels_and_weights(row, anchors, block, gamma);
     let wsum: f64 = weights.iter().map(|&w| w as f64).sum();
     if wsum <= 0.0 {
         bail!("no supervised label in any block");
@@ -183,7 +192,7 @@ pub fn block_loss(
             // the target's prediction of token a+k is its logits at position a+k-1
             let pos: Vec<u32> = anchors
                 .iter()
-                .flat_map(|&a| (1..block).map(move |k| (a + k - 1).min(seq.ids.len() - 1) as u32))
+                .flat_map(|&a| (1..block).map(move |k| (a + k - 1).min(row.len() - 1) as u32))
                 .collect();
             let tl = tl
                 .index_select(&Tensor::from_vec(pos, rows.len(), &dev)?, 0)?

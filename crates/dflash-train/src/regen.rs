@@ -10,7 +10,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::packed::{generate_packed, Flow};
+use dflash_engine::batched::{generate_batched, Flow};
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::loader::{identity_hash, LoadedTarget};
 use sha2::{Digest, Sha256};
@@ -25,7 +25,7 @@ pub struct RegenOptions {
     pub max_new_tokens: usize,
     pub sampling: SamplingParams,
     pub prompts_per_shard: usize,
-    /// Sequences decoded together (packed into one forward); 1: one at a time.
+    /// Sequences decoded together (one batched forward per step); 1: one at a time.
     pub batch_size: usize,
     /// Stop (keeping the finished shards) once this much wall time has passed.
     pub time_limit: Option<std::time::Duration>,
@@ -130,8 +130,8 @@ impl ShardWriter<'_> {
 }
 
 /// Regenerate responses for `prompts` into `out` (resumable: finished shards are skipped).
-/// With `batch_size > 1` on an attention-only target the prompts are decoded packed
-/// ([`dflash_engine::packed`]), continuously across shard boundaries; a prompt's tokens do not
+/// With `batch_size > 1` on an attention-only target the prompts are decoded batched
+/// ([`dflash_engine::batched`]), continuously across shard boundaries; a prompt's tokens do not
 /// depend on the batch size (its sampler is seeded by its index). With a time limit, decoding
 /// stops at the first prompt that finishes past it; unwritten shards are redone next time.
 pub fn regenerate(
@@ -241,7 +241,7 @@ pub fn regenerate(
             }
         }
         if !stop {
-            generate_packed(&lt.target, &reqs, opts.batch_size, |j, r| {
+            generate_batched(&lt.target, &reqs, opts.batch_size, |j, r| {
                 let i = index_of[j];
                 let seq = r
                     .map(|g| to_sequence(&reqs[j].prompt_ids, &g.new_tokens))

@@ -38,6 +38,7 @@ use crate::data::{read_sequences, write_atomic, Sequence};
 use crate::fingerprint::fingerprint;
 use crate::loss::{block_loss, target_features, AcceptCounts};
 use crate::optim::{clip_grad_norm, AdamW};
+use crate::pack::{pack, TrainingRow};
 use crate::progress::Progress;
 
 /// One line of `metrics.jsonl`.
@@ -173,28 +174,28 @@ fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     p
 }
 
-/// One sequence's objective: the clean target forward for its features, anchors drawn with
-/// `anchor_seed`, the block loss. Training and validation both go through here.
-pub fn sequence_loss(
+/// One training row's objective: the clean target forward for its features, anchors drawn
+/// with `anchor_seed`, the block loss. Training and validation both go through here.
+pub fn row_loss(
     td: &TrainableDrafter,
     lt: &LoadedTarget,
     cfg: &TrainConfig,
-    s: &Sequence,
+    row: &TrainingRow,
     anchor_seed: u64,
     ph: &mut Phases,
 ) -> Result<crate::loss::LossOutput> {
     let feats = target_features(
         &lt.target,
         &td.drafter.target_layer_ids,
-        &s.ids,
+        row,
         cfg.loss == LossKind::Kl,
     )?;
     ph.mark("target features");
-    let a = anchors::sample(&s.loss_mask, cfg.num_anchors, anchor_seed);
+    let a = anchors::sample_from(row.anchor_candidates(), cfg.num_anchors, anchor_seed);
     block_loss(
         &td.drafter,
         &lt.target,
-        s,
+        row,
         &feats,
         &a,
         cfg.block_size,
@@ -213,11 +214,11 @@ pub fn evaluate(
     let mut counts = AcceptCounts::new(cfg.block_size - 1);
     let (mut num, mut den) = (0.0, 0.0);
     for (i, s) in seqs.iter().enumerate() {
-        let out = sequence_loss(
+        let out = row_loss(
             td,
             lt,
             cfg,
-            s,
+            &TrainingRow::single(s.clone()),
             anchors::seed_for(cfg.seed, usize::MAX - 1, i),
             &mut Phases::with(false, &lt.target.device),
         )?;
@@ -320,7 +321,27 @@ pub fn train_with_limits(
     }
     let n_val = cfg.val_sequences.min(seqs.len() - 1);
     let (train_seqs, val_seqs) = seqs.split_at(seqs.len() - n_val);
-    let steps_per_epoch = train_seqs.len().div_ceil(cfg.grad_accum);
+    // training rows: packed once in a seeded order (their order is then shuffled per epoch)
+    let train_rows: Vec<TrainingRow> = match cfg.pack_length {
+        Some(len) => pack(
+            train_seqs,
+            &permutation(train_seqs.len(), cfg.seed, usize::MAX),
+            len,
+        ),
+        None => train_seqs
+            .iter()
+            .cloned()
+            .map(TrainingRow::single)
+            .collect(),
+    };
+    if cfg.pack_length.is_some() {
+        eprintln!(
+            "packed {} training sequences into {} rows",
+            train_seqs.len(),
+            train_rows.len()
+        );
+    }
+    let steps_per_epoch = train_rows.len().div_ceil(cfg.grad_accum);
     let total = cfg.max_steps.unwrap_or(cfg.epochs * steps_per_epoch);
 
     // the drafter
@@ -423,7 +444,7 @@ pub fn train_with_limits(
     let manifest_sha = sha256_file(&data_dir.join("manifest.json"))?;
     let mut pb = Progress::new(total, "train", "steps");
     pb.set_position(state.steps_done);
-    let mut order = permutation(train_seqs.len(), cfg.seed, state.epoch);
+    let mut order = permutation(train_rows.len(), cfg.seed, state.epoch);
     let mut last: Option<StepMetrics> = None;
     let mut latest_ckpt = latest.clone();
     let t0 = Instant::now();
@@ -439,16 +460,16 @@ pub fn train_with_limits(
             if state.position >= order.len() {
                 state.epoch += 1;
                 state.position = 0;
-                order = permutation(train_seqs.len(), cfg.seed, state.epoch);
+                order = permutation(train_rows.len(), cfg.seed, state.epoch);
             }
             let si = order[state.position];
             state.position += 1;
-            let s = &train_seqs[si];
-            let out = sequence_loss(
+            let row = &train_rows[si];
+            let out = row_loss(
                 &td,
                 lt,
                 &cfg,
-                s,
+                row,
                 anchors::seed_for(cfg.seed, state.epoch, si),
                 &mut ph,
             )?;
@@ -478,7 +499,7 @@ pub fn train_with_limits(
             loss_num += l * out.weight_sum;
             loss_den += out.weight_sum;
             counts.merge(&out.counts);
-            sup += s.supervised();
+            sup += row.seq.supervised();
         }
         let mut grads: Vec<Tensor> = grads
             .into_iter()

@@ -6,11 +6,13 @@ mod common;
 
 use candle_core::{DType, Tensor, Var};
 use common::*;
+use dflash_core::segments::Segments;
 use dflash_core::visibility::{draft_training, DraftRule};
 use dflash_model::compare::max_abs;
 use dflash_model::drafter_init::{drafter_config, random_weights, DrafterShape};
 use dflash_train::config::LossKind;
 use dflash_train::loss::{block_loss, target_features};
+use dflash_train::pack::{pack, TrainingRow};
 use dflash_train::trainer::TrainableDrafter;
 
 fn setup(dtype: DType) -> (dflash_model::loader::LoadedTarget, TrainableDrafter) {
@@ -40,12 +42,12 @@ fn setup(dtype: DType) -> (dflash_model::loader::LoadedTarget, TrainableDrafter)
 #[test]
 fn gradients_reach_trainable_parameters_only() {
     let (lt, td) = setup(DType::F32);
-    let s = sequence(1, 6, 20);
+    let s = TrainingRow::single(sequence(1, 6, 20));
     for kind in [LossKind::Ce, LossKind::Kl] {
         let f = target_features(
             &lt.target,
             &td.drafter.target_layer_ids,
-            &s.ids,
+            &s,
             kind == LossKind::Kl,
         )
         .unwrap();
@@ -78,8 +80,8 @@ fn gradients_reach_trainable_parameters_only() {
 #[test]
 fn gradient_matches_finite_differences_at_f64() {
     let (lt, td) = setup(DType::F64);
-    let s = sequence(2, 5, 16);
-    let f = target_features(&lt.target, &td.drafter.target_layer_ids, &s.ids, false).unwrap();
+    let s = TrainingRow::single(sequence(2, 5, 16));
+    let f = target_features(&lt.target, &td.drafter.target_layer_ids, &s, false).unwrap();
     let anchors = [5usize, 8, 12];
     let loss = || -> f64 {
         block_loss(
@@ -161,7 +163,7 @@ fn training_mask_is_the_rule_written_out() {
     // bidirectional, other blocks invisible"
     let (seq_len, b) = (30usize, 5usize);
     let anchors = [0usize, 4, 6, 22, 28];
-    let v = draft_training(DraftRule::FULL, seq_len, &anchors, b);
+    let v = draft_training(DraftRule::FULL, &Segments::single(seq_len), &anchors, b);
     let n = anchors.len() * b;
     assert_eq!((v.rows, v.cols), (n, seq_len + n));
     for (j, &a) in anchors.iter().enumerate() {
@@ -182,9 +184,9 @@ fn training_mask_is_the_rule_written_out() {
 #[test]
 fn nothing_at_or_after_the_anchor_leaks() {
     let (lt, td) = setup(DType::F32);
-    let s = sequence(3, 4, 24);
+    let s = TrainingRow::single(sequence(3, 4, 24));
     let a = 12usize;
-    let f = target_features(&lt.target, &td.drafter.target_layer_ids, &s.ids, false).unwrap();
+    let f = target_features(&lt.target, &td.drafter.target_layer_ids, &s, false).unwrap();
     let base = block_loss(&td.drafter, &lt.target, &s, &f, &[a], 4, 7.0, LossKind::Ce).unwrap();
     // (1) noise on the context features at positions >= a
     let taps = f.taps.squeeze(0).unwrap();
@@ -212,10 +214,10 @@ fn nothing_at_or_after_the_anchor_leaks() {
     assert!(dl <= 1e-6, "…and the loss by {dl}");
     // (2) different tokens after the anchor (features recomputed from them): same logits
     let mut s3 = s.clone();
-    for t in s3.ids.iter_mut().skip(a + 1) {
+    for t in s3.seq.ids.iter_mut().skip(a + 1) {
         *t = (*t + 17) % 250 + 1;
     }
-    let f3 = target_features(&lt.target, &td.drafter.target_layer_ids, &s3.ids, false).unwrap();
+    let f3 = target_features(&lt.target, &td.drafter.target_layer_ids, &s3, false).unwrap();
     let out3 = block_loss(
         &td.drafter,
         &lt.target,
@@ -249,4 +251,55 @@ fn nothing_at_or_after_the_anchor_leaks() {
     let out4 = block_loss(&td.drafter, &lt.target, &s, &f4, &[a], 4, 7.0, LossKind::Ce).unwrap();
     let d = max_abs(&out4.draft_logits, &base.draft_logits).unwrap();
     assert!(d <= 1e-6, "the anchor's own feature leaked by {d}");
+}
+
+/// Packing changes no number: two sequences side by side give each sequence's own target
+/// features, block logits and loss terms (the pack's loss is their weight-averaged mean).
+#[test]
+fn packed_rows_equal_their_sequences_alone() {
+    let (lt, td) = setup(DType::F32);
+    let seqs = vec![sequence(4, 5, 15), sequence(5, 3, 12)];
+    let row = &pack(&seqs, &[0, 1], 64)[0];
+    assert_eq!(row.segs.starts(), &[0, 20]);
+    let taps = &td.drafter.target_layer_ids;
+    let fp = target_features(&lt.target, taps, row, true).unwrap();
+    let (a0, a1) = (vec![5usize, 9, 17], vec![3usize, 8, 12]);
+    let packed_anchors: Vec<usize> = a0
+        .iter()
+        .copied()
+        .chain(a1.iter().map(|a| a + 20))
+        .collect();
+    let outp = block_loss(
+        &td.drafter,
+        &lt.target,
+        row,
+        &fp,
+        &packed_anchors,
+        4,
+        7.0,
+        LossKind::Kl,
+    )
+    .unwrap();
+    let (mut num, mut den) = (0.0, 0.0);
+    let mut logits = Vec::new();
+    for (s, (a, off)) in seqs.iter().zip([(&a0, 0usize), (&a1, 20)]) {
+        let alone = TrainingRow::single(s.clone());
+        let f = target_features(&lt.target, taps, &alone, true).unwrap();
+        let n = s.ids.len();
+        let d = max_abs(&f.taps, &fp.taps.narrow(1, off, n).unwrap()).unwrap();
+        assert!(d < 1e-4, "target features differ by {d}");
+        let out = block_loss(&td.drafter, &lt.target, &alone, &f, a, 4, 7.0, LossKind::Kl).unwrap();
+        num += out.loss.to_scalar::<f32>().unwrap() as f64 * out.weight_sum;
+        den += out.weight_sum;
+        logits.push(out.draft_logits);
+    }
+    let d = max_abs(&Tensor::cat(&logits, 0).unwrap(), &outp.draft_logits).unwrap();
+    assert!(d < 1e-4, "block logits differ by {d}");
+    let want = num / den;
+    let got = outp.loss.to_scalar::<f32>().unwrap() as f64;
+    assert!(
+        (got - want).abs() < 1e-5 * want.abs().max(1.0),
+        "loss {got} vs {want}"
+    );
+    assert!((outp.weight_sum - den).abs() < 1e-9);
 }

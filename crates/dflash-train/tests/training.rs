@@ -80,6 +80,45 @@ fn overfits_four_sequences() {
     assert!(out.join("train_config.json").exists());
 }
 
+/// Packed rows train the same objective: two 24-token sequences per row, both rows per step.
+#[test]
+fn packed_rows_overfit_four_sequences() {
+    let (td, data) = four_sequences("overfit-packed", 10, 20);
+    let lt = load(&td, DType::F32);
+    let out = tmp("overfit-packed-out");
+    let cfg = TrainConfig {
+        pack_length: Some(48),
+        max_length: 48,
+        grad_accum: 2,
+        num_anchors: 128,
+        ..small_config()
+    };
+    let s = train(&lt, &data, &out, cfg.clone(), false).unwrap();
+    let ms = read_metrics(&out.join("metrics.jsonl")).unwrap();
+    // every step sees the four sequences' 80 supervised tokens, as the unpacked run does
+    assert!(ms.iter().all(|m| m.supervised_tokens == 80), "{:?}", ms[0]);
+    let last = s.last.unwrap();
+    assert!(
+        last.loss < ms[0].loss * 0.6,
+        "loss {} → {}",
+        ms[0].loss,
+        last.loss
+    );
+    assert!(
+        last.simulated_tau >= 0.9 * 4.0,
+        "simulated τ {}",
+        last.simulated_tau
+    );
+    // a row shorter than a sequence is refused
+    let bad = TrainConfig {
+        pack_length: Some(16),
+        max_length: 48,
+        ..cfg
+    };
+    let e = train(&lt, &data, &tmp("packed-bad"), bad, false).unwrap_err();
+    assert!(e.to_string().contains("pack_length"), "{e}");
+}
+
 #[test]
 fn data_from_another_target_is_refused() {
     let td = tiny_target_dir("hash");

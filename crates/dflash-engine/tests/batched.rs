@@ -1,4 +1,4 @@
-//! Packed batch decoding equals one-at-a-time AR: the same tokens at T = 0 (SmolLM2 and the
+//! Batched decoding equals one-at-a-time AR: the same tokens at T = 0 (SmolLM2 and the
 //! tiny Qwen3) and at T > 0 with the same seeds (tiny Qwen3), with fewer slots than requests
 //! (continuous refill and cache compaction are exercised), stop tokens and a request that
 //! does not fit the context.
@@ -7,13 +7,13 @@ mod common;
 
 use common::*;
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::packed::{generate_packed, Flow, PackedOutput};
+use dflash_engine::batched::{generate_batched, BatchedOutput, Flow};
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::Target;
 
-fn run_packed(t: &Target, reqs: &[Request], slots: usize) -> Vec<Option<PackedOutput>> {
+fn run_batched(t: &Target, reqs: &[Request], slots: usize) -> Vec<Option<BatchedOutput>> {
     let mut out = vec![None; reqs.len()];
-    generate_packed(t, reqs, slots, |i, r| {
+    generate_batched(t, reqs, slots, |i, r| {
         assert!(out[i].is_none(), "request {i} reported twice");
         out[i] = r.ok();
         Ok(Flow::Continue)
@@ -23,7 +23,7 @@ fn run_packed(t: &Target, reqs: &[Request], slots: usize) -> Vec<Option<PackedOu
 }
 
 #[test]
-fn packed_equals_sequential_on_smollm2_at_t0() {
+fn batched_equals_sequential_on_smollm2_at_t0() {
     let lt = smollm2();
     let prompts = [
         "What is 2 + 2?",
@@ -46,17 +46,17 @@ fn packed_equals_sequential_on_smollm2_at_t0() {
             )
         })
         .collect();
-    let packed = run_packed(&lt.target, &reqs, 3);
+    let batched = run_batched(&lt.target, &reqs, 3);
     for (i, r) in reqs.iter().enumerate() {
         let ar = generate(&lt.target, None, Mode::Ar, r).unwrap();
-        let p = packed[i].as_ref().unwrap();
+        let p = batched[i].as_ref().unwrap();
         assert_eq!(p.new_tokens, ar.new_tokens, "prompt {i}");
         assert_eq!(p.stopped_by_token, ar.stopped_by_token, "prompt {i}");
     }
 }
 
 #[test]
-fn packed_equals_sequential_on_tiny_target_with_sampling() {
+fn batched_equals_sequential_on_tiny_target_with_sampling() {
     let t = tiny();
     let base = tiny_prompt();
     let mut reqs = Vec::new();
@@ -76,31 +76,59 @@ fn packed_equals_sequential_on_tiny_target_with_sampling() {
     let ctx = t.config.max_position_embeddings;
     reqs.push(req(&base, ctx, SamplingParams::default(), &[]));
     for slots in [1, 2, 4, 16] {
-        let packed = run_packed(&t, &reqs, slots);
+        let batched = run_batched(&t, &reqs, slots);
         assert!(
-            packed.last().unwrap().is_none(),
+            batched.last().unwrap().is_none(),
             "the oversized request is refused"
         );
         for (i, r) in reqs.iter().enumerate().take(reqs.len() - 1) {
             let ar = generate(&t, None, Mode::Ar, r).unwrap();
-            let p = packed[i].as_ref().unwrap();
+            let p = batched[i].as_ref().unwrap();
             assert_eq!(p.new_tokens, ar.new_tokens, "request {i}, {slots} slots");
             assert_eq!(p.stopped_by_token, ar.stopped_by_token, "request {i}");
         }
     }
     assert!(
-        run_packed(&t, &reqs[..1], 1)[0]
+        run_batched(&t, &reqs[..1], 1)[0]
             .as_ref()
             .unwrap()
             .stopped_by_token
     );
 }
 
+/// The cache's front moves: a prompt longer than the cache (it grows at the front) and a
+/// long generation followed by short ones (the unused front columns are dropped).
 #[test]
-fn packed_refuses_zero_slots() {
+fn batched_survives_front_growth_and_compaction() {
+    let t = tiny();
+    let base = tiny_prompt();
+    let long: Vec<u32> = [base.clone(), base.clone(), base.clone()].concat();
+    let g = SamplingParams::default();
+    let reqs = vec![
+        req(&base[..3], 1, g, &[]), // done at the first fill: its slot is free at once
+        req(&base[..4], 90, g, &[]), // long generation: the cache passes 64 columns
+        req(&long, 20, g, &[]),     // 36 > 4 + 1 columns: the cache grows at the front
+        req(&base[..2], 30, g, &[]), // short, after the long ones: the front is dropped
+        req(&base[..5], 12, g, &[]),
+    ];
+    for slots in [1, 2] {
+        let batched = run_batched(&t, &reqs, slots);
+        for (i, r) in reqs.iter().enumerate() {
+            let ar = generate(&t, None, Mode::Ar, r).unwrap();
+            assert_eq!(
+                batched[i].as_ref().unwrap().new_tokens,
+                ar.new_tokens,
+                "request {i}, {slots} slots"
+            );
+        }
+    }
+}
+
+#[test]
+fn batched_refuses_zero_slots() {
     let t = tiny();
     let r = req(&tiny_prompt(), 4, SamplingParams::default(), &[]);
-    let e = generate_packed(&t, &[r], 0, |_, _| Ok(Flow::Continue)).unwrap_err();
+    let e = generate_batched(&t, &[r], 0, |_, _| Ok(Flow::Continue)).unwrap_err();
     assert!(e.to_string().contains("slot"), "{e}");
 }
 
@@ -111,7 +139,7 @@ fn stop_ends_the_run_at_once() {
         .map(|i| req(&tiny_prompt(), 4 + i, SamplingParams::default(), &[]))
         .collect();
     let mut seen = 0;
-    generate_packed(&t, &reqs, 2, |_, _| {
+    generate_batched(&t, &reqs, 2, |_, _| {
         seen += 1;
         Ok(if seen == 2 {
             Flow::Stop

@@ -1,0 +1,317 @@
+//! Batched decoding: many independent AR generations, one target forward per step over a
+//! batched cache `[slots, hkv, len, d]` (data regeneration, where throughput matters and no
+//! drafter is involved).
+//!
+//! Every slot holds one sequence, right-aligned: its rows are the last columns of its cache
+//! row, and each forward shows it only those ([`dflash_core::visibility::right_aligned`]), at
+//! its own positions. Each sequence therefore computes exactly what [`crate::generate`] in
+//! [`crate::Mode::Ar`] computes for it alone (up to float summation order) and samples with its
+//! own seeded [`Sampler`], so at T = 0 the tokens are the same.
+//!
+//! Scheduling is continuous: when sequences finish (stop token or `max_new_tokens`), the next
+//! prompts are prefilled together in a left-padded batch of their own and their K/V rows are
+//! copied into the freed slots, ending at the current last column (the cache grows at the
+//! front when a prompt is longer than it). Columns no live sequence holds are dropped from
+//! the front once they are half the cache.
+//!
+//! Example, 2 slots, requests A (prompt 3 tokens), B (prompt 2), C (prompt 4): the first fill
+//! prefills [A A A] and [_ B B] (B left-padded) → cache length 3; a step adds a column to
+//! both; B stops after 1 token → C is prefilled alone and grows the cache at the front by 0
+//! (length 4 ≥ 4): slot 1 now holds C in columns 0..4, and A keeps columns 0..4 of slot 0.
+
+use anyhow::{bail, Result};
+use candle_core::{DType, D};
+use dflash_core::sampling::Sampler;
+use dflash_core::visibility::right_aligned;
+use dflash_model::profile::Phases;
+use dflash_model::{KvCache, Rows, Target};
+
+use crate::decode::check_request;
+use crate::Request;
+
+/// What the caller wants after a request finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// Return now; live sequences are abandoned (e.g. a time limit).
+    Stop,
+}
+
+/// One finished request of a batched run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchedOutput {
+    pub new_tokens: Vec<u32>,
+    pub stopped_by_token: bool,
+}
+
+struct Live {
+    index: usize,
+    sampler: Sampler,
+    /// The last sampled token: not in the cache yet, the next step's input.
+    next: u32,
+    /// Rows of this sequence in the cache = the position of `next`.
+    held: usize,
+    new_tokens: Vec<u32>,
+}
+
+impl Live {
+    fn finished(&self, req: &Request) -> Option<bool> {
+        if req.stop_ids.contains(&self.next) {
+            Some(true)
+        } else if self.new_tokens.len() >= req.max_new_tokens {
+            Some(false)
+        } else {
+            None
+        }
+    }
+    fn output(self, stopped: bool) -> BatchedOutput {
+        BatchedOutput {
+            new_tokens: self.new_tokens,
+            stopped_by_token: stopped,
+        }
+    }
+}
+
+/// Decode `requests` with up to `slots` of them in each target forward, calling
+/// `done(i, result)` as request `i` finishes (in finishing order; a request the target cannot
+/// take, e.g. too long for its context, gets its error); `done` returning [`Flow::Stop`] ends
+/// the run at once. Attention-only targets: the linear-attention state of a hybrid target is
+/// one sequence's.
+pub fn generate_batched(
+    target: &Target,
+    requests: &[Request],
+    slots: usize,
+    mut done: impl FnMut(usize, Result<BatchedOutput>) -> Result<Flow>,
+) -> Result<()> {
+    if slots == 0 {
+        bail!("batched decoding needs at least one slot");
+    }
+    if target.is_hybrid() {
+        bail!("batched decoding needs an attention-only target: the linear-attention layers of this hybrid target keep one sequence's state (use a batch size of 1)");
+    }
+    let mut ph = Phases::new(&target.device);
+    let result = Run {
+        target,
+        requests,
+        done: &mut done,
+        queue: 0..requests.len(),
+        ph: &mut ph,
+    }
+    .run(slots);
+    if ph.enabled() {
+        eprintln!("batched decoding, time per phase:\n{}", ph.report());
+    }
+    result
+}
+
+struct Run<'a, F> {
+    target: &'a Target,
+    requests: &'a [Request],
+    done: &'a mut F,
+    queue: std::ops::Range<usize>,
+    ph: &'a mut Phases,
+}
+
+/// Stop signal: `Err` carries real errors; `Ok(true)` means the caller asked to stop.
+type Stopped = Result<bool>;
+
+impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
+    /// The next `n` requests the target can take (refused ones are reported on the way).
+    fn take(&mut self, n: usize) -> Result<Option<Vec<usize>>> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            let Some(i) = self.queue.next() else { break };
+            match check_request(self.target, &self.requests[i]) {
+                Ok(()) => out.push(i),
+                Err(e) => {
+                    if (self.done)(i, Err(e))? == Flow::Stop {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Prefill `idx` together (left-padded, right-aligned) into a fresh batched cache; the
+    /// sequences with their first token sampled.
+    fn prefill(&mut self, idx: &[usize]) -> Result<(KvCache, Vec<Live>)> {
+        let p = idx
+            .iter()
+            .map(|&i| self.requests[i].prompt_ids.len())
+            .max()
+            .unwrap_or(0);
+        let (mut tokens, mut positions, mut masks) = (Vec::new(), Vec::new(), Vec::new());
+        for &i in idx {
+            let ids = &self.requests[i].prompt_ids;
+            let pad = p - ids.len();
+            tokens.extend(std::iter::repeat_n(ids[0], pad).chain(ids.iter().copied()));
+            positions.extend(std::iter::repeat_n(0, pad).chain(0..ids.len()));
+            masks.push(right_aligned(0, 0, ids.len(), p));
+        }
+        let mut cache = self.target.new_cache();
+        let out =
+            self.target
+                .forward_batch(&tokens, &positions, &masks, &mut cache, &[], &Rows::Last)?;
+        let logits = out.logits.unwrap().squeeze(1)?.to_vec2::<f32>()?;
+        let live = idx
+            .iter()
+            .zip(&logits)
+            .map(|(&i, row)| {
+                let req = &self.requests[i];
+                let mut sampler = Sampler::new(req.sampling);
+                let first = sampler.sample(row);
+                Live {
+                    index: i,
+                    sampler,
+                    next: first,
+                    held: req.prompt_ids.len(),
+                    new_tokens: vec![first],
+                }
+            })
+            .collect();
+        self.ph.mark("prefill");
+        Ok((cache, live))
+    }
+
+    /// Report `l` if it is finished; `Some(l)` back when it goes on.
+    fn settle(&mut self, l: Live) -> Result<(Option<Live>, bool)> {
+        match l.finished(&self.requests[l.index]) {
+            Some(stopped) => {
+                let i = l.index;
+                let stop = (self.done)(i, Ok(l.output(stopped)))? == Flow::Stop;
+                Ok((None, stop))
+            }
+            None => Ok((Some(l), false)),
+        }
+    }
+
+    fn run(mut self, slots: usize) -> Result<()> {
+        // 1. the first fill is one batched prefill; its cache is the batch's
+        let Some(first) = self.take(slots)? else {
+            return Ok(());
+        };
+        if first.is_empty() {
+            return Ok(());
+        }
+        let (mut cache, live) = self.prefill(&first)?;
+        let mut slot: Vec<Option<Live>> = Vec::with_capacity(first.len());
+        for l in live {
+            let (l, stop) = self.settle(l)?;
+            if stop {
+                return Ok(());
+            }
+            slot.push(l);
+        }
+        let n_slots = slot.len();
+        loop {
+            // 2. refill once an eighth of the slots (or all live ones) are free
+            let free: Vec<usize> = (0..n_slots).filter(|&s| slot[s].is_none()).collect();
+            let live_n = n_slots - free.len();
+            if !free.is_empty() && (free.len() * 8 >= n_slots || live_n == 0) {
+                if self.refill(&mut cache, &mut slot, &free)? {
+                    return Ok(());
+                }
+            }
+            if slot.iter().all(|s| s.is_none()) {
+                if self.queue.is_empty() {
+                    return Ok(());
+                }
+                continue;
+            }
+            if self.step(&mut cache, &mut slot)? {
+                return Ok(());
+            }
+            // 3. drop the columns no live sequence holds once they are half the cache
+            let held = slot.iter().flatten().map(|l| l.held).max().unwrap_or(0);
+            if cache.len() >= 64 && cache.len() >= 2 * held {
+                cache.drop_front(cache.len() - held)?;
+                self.ph.mark("compact");
+            }
+        }
+    }
+
+    /// Prefill the next requests into the `free` slots. `Ok(true)`: stop.
+    fn refill(
+        &mut self,
+        cache: &mut KvCache,
+        slot: &mut [Option<Live>],
+        free: &[usize],
+    ) -> Stopped {
+        let Some(idx) = self.take(free.len())? else {
+            return Ok(true);
+        };
+        if idx.is_empty() {
+            return Ok(false);
+        }
+        let (fresh, live) = self.prefill(&idx)?;
+        let longest = idx
+            .iter()
+            .map(|&i| self.requests[i].prompt_ids.len())
+            .max()
+            .unwrap_or(0);
+        if cache.len() < longest {
+            cache.grow_front(longest - cache.len())?;
+        }
+        let t = cache.len();
+        for (l, &s) in live.into_iter().zip(free) {
+            let n = l.held;
+            cache.copy_sequence(s, t - n, &fresh, slot_of(&idx, l.index), fresh.len() - n, n)?;
+            let (l, stop) = self.settle(l)?;
+            if stop {
+                return Ok(true);
+            }
+            slot[s] = l;
+        }
+        self.ph.mark("refill");
+        Ok(false)
+    }
+
+    /// One forward: every slot feeds one token (a free slot a dummy that sees only itself).
+    /// `Ok(true)`: stop.
+    fn step(&mut self, cache: &mut KvCache, slot: &mut [Option<Live>]) -> Stopped {
+        let t = cache.len();
+        let (mut tokens, mut positions, mut masks) = (Vec::new(), Vec::new(), Vec::new());
+        for s in slot.iter() {
+            let (tok, held) = s.as_ref().map_or((0, 0), |l| (l.next, l.held));
+            tokens.push(tok);
+            positions.push(held);
+            masks.push(right_aligned(held, t, 1, 1));
+        }
+        self.ph.mark("step mask");
+        let out =
+            self.target
+                .forward_batch(&tokens, &positions, &masks, cache, &[], &Rows::Last)?;
+        let logits = out.logits.unwrap().squeeze(1)?; // [slots, vocab]
+        self.ph.mark("step forward");
+        let greedy = slot.iter().flatten().all(|l| l.sampler.params.is_greedy());
+        let next: Vec<u32> = if greedy {
+            // argmax on the device: one token per slot comes back, not the logits
+            logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1()?
+        } else {
+            let rows = logits.to_vec2::<f32>()?;
+            slot.iter_mut()
+                .zip(&rows)
+                .map(|(s, row)| s.as_mut().map_or(0, |l| l.sampler.sample(row)))
+                .collect()
+        };
+        self.ph.mark("sample");
+        for (s, tok) in slot.iter_mut().zip(next) {
+            if let Some(mut l) = s.take() {
+                l.new_tokens.push(tok);
+                l.next = tok;
+                l.held += 1;
+                let (l, stop) = self.settle(l)?;
+                if stop {
+                    return Ok(true);
+                }
+                *s = l;
+            }
+        }
+        Ok(false)
+    }
+}
+
+fn slot_of(idx: &[usize], request: usize) -> usize {
+    idx.iter().position(|&i| i == request).unwrap()
+}
