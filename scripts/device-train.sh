@@ -9,7 +9,8 @@
 #   setup   assemble the staged GGUF (/root/stage/smollm2.gguf/part*), unpack .device/dflash-rs.xz
 #           and .device/datasets.tar.xz (evaluation datasets) when carried
 #   restore unpack the shards of earlier leases (DATA_TAR, default the committed
-#           assets/data/smollm2-135m-regen-384.tar.xz) into $ROOT/data
+#           assets/data/smollm2-135m-regen-1024.tar.xz, 1,024-token cap: continue it with DATA_TOKENS=1024
+#           and the same prompts file) into $ROOT/data
 #   data    regenerate responses for .device/prompts.jsonl.xz (greedy, f32, batched decoding),
 #           stopped after DATA_SECS (finished shards are kept; the manifest lists them);
 #           continues an existing $ROOT/data
@@ -59,7 +60,7 @@ setup() {
 }
 
 restore() {
-  mkdir -p $ROOT && tar -C $ROOT -xJf "${DATA_TAR:-assets/data/smollm2-135m-regen-384.tar.xz}" && log "restore: $(ls $D | wc -l) files in $D"
+  mkdir -p $ROOT && tar -C $ROOT -xJf "${DATA_TAR:-assets/data/smollm2-135m-regen-1024.tar.xz}" && log "restore: $(ls $D | wc -l) files in $D"
 }
 
 profile() {

@@ -18,6 +18,8 @@
 //!
 //! Masks are boolean matrices here; the model turns them into additive masks (0 / -inf).
 
+use std::ops::Range;
+
 use crate::segments::Segments;
 
 /// A boolean visibility matrix, row-major `[rows, cols]`.
@@ -197,6 +199,20 @@ impl DraftRule {
         };
         base && self.sliding_window.is_none_or(|w| query_pos < k + w)
     }
+
+    /// The context keys [`DraftRule::sees`] shows the query at `query_pos` in the block
+    /// anchored at `anchor`, as one interval ending at the anchor (every rule here is one:
+    /// strictly before the anchor, inside the window), cut to keys at or after `from` (the
+    /// first row of the query's own sequence in a packed row). Lets a device build the
+    /// training mask from two numbers per row. Example: W = 4, anchor 10, query 12, from 0 →
+    /// 9..10; full attention, anchor 10, from 4 → 4..10.
+    pub fn context_range(&self, anchor: usize, query_pos: usize, from: usize) -> Range<usize> {
+        let lo = match self.sliding_window {
+            Some(w) => (query_pos + 1).saturating_sub(w),
+            None => 0,
+        };
+        lo.max(from).min(anchor)..anchor
+    }
 }
 
 /// Inference mask for one block anchored at `anchor`: columns are the `anchor` context keys
@@ -241,10 +257,11 @@ pub fn draft_training(
     let (ctx, own) = draft_training_parts(rule, segs, anchors, block);
     let n = anchors.len() * block;
     let mut v = Visibility::new(n, seq_len + n);
-    for row in 0..n {
+    for (row, range) in ctx.into_iter().enumerate() {
         let j = row / block;
-        v.data[row * v.cols..row * v.cols + seq_len]
-            .copy_from_slice(&ctx.data[row * seq_len..(row + 1) * seq_len]);
+        for c in range {
+            v.set(row, c, true);
+        }
         v.data[row * v.cols + seq_len + j * block..row * v.cols + seq_len + (j + 1) * block]
             .copy_from_slice(&own.data[row * block..(row + 1) * block]);
     }
@@ -252,20 +269,20 @@ pub fn draft_training(
 }
 
 /// The training mask in the two parts that can be visible, for an attention that never
-/// computes the always-hidden other-block cells: `context` is `[rows, seq_len]` (the first
-/// `seq_len` columns of [`draft_training`]) and `own_block` is `[rows, block]`, row `j·B + r`
-/// column `c` = may block j's row r see block j's row c. Both from [`DraftRule::sees`].
-/// Example: anchors [3, 5], B = 2, seq_len 8 → context row 2 (block 1, pos 5) sees 0..=4;
+/// computes the always-hidden other-block cells: `context[row]` is the interval of context
+/// keys row `j·B + r` sees (the first `seq_len` columns of [`draft_training`], see
+/// [`DraftRule::context_range`]) and `own_block` is `[rows, block]`, row `j·B + r` column `c`
+/// = may block j's row r see block j's row c. Both from the rule.
+/// Example: anchors [3, 5], B = 2, one segment of 8 → context[2] (block 1, pos 5) = 0..5;
 /// own_block row 2 sees columns 0 and 1 (positions 5 and 6).
 pub fn draft_training_parts(
     rule: DraftRule,
     segs: &Segments,
     anchors: &[usize],
     block: usize,
-) -> (Visibility, Visibility) {
-    let seq_len = segs.len();
+) -> (Vec<Range<usize>>, Visibility) {
     let n = anchors.len() * block;
-    let mut ctx = Visibility::new(n, seq_len);
+    let mut ctx = Vec::with_capacity(n);
     let mut own = Visibility::new(n, block);
     for (j, &a) in anchors.iter().enumerate() {
         // positions are translation-invariant for the rule: row indices inside the segment
@@ -273,9 +290,7 @@ pub fn draft_training_parts(
         for r in 0..block {
             let row = j * block + r;
             let q = a + r;
-            for c in start..seq_len {
-                ctx.set(row, c, rule.sees(a, q, DraftKey::Context(c)));
-            }
+            ctx.push(rule.context_range(a, q, start));
             for c in 0..block {
                 own.set(row, c, rule.sees(a, q, DraftKey::OwnBlock(a + c)));
             }
@@ -337,6 +352,36 @@ mod tests {
     }
 
     #[test]
+    fn context_range_is_the_rule_cell_by_cell() {
+        for rule in [
+            DraftRule::FULL,
+            DraftRule::for_layer(Some(1)),
+            DraftRule::for_layer(Some(4)),
+        ] {
+            for anchor in 0..12 {
+                for q in anchor..anchor + 5 {
+                    for from in 0..=anchor {
+                        let r = rule.context_range(anchor, q, from);
+                        for c in 0..20 {
+                            let want = c >= from && rule.sees(anchor, q, DraftKey::Context(c));
+                            assert_eq!(
+                                r.contains(&c),
+                                want,
+                                "{rule:?} a {anchor} q {q} from {from} c {c}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            DraftRule::for_layer(Some(4)).context_range(10, 12, 0),
+            9..10
+        );
+        assert_eq!(DraftRule::FULL.context_range(10, 10, 4), 4..10);
+    }
+
+    #[test]
     fn sliding_rule_matches_zlab_example() {
         let rule = DraftRule::for_layer(Some(4));
         assert!(rule.sees(10, 12, DraftKey::Context(9)));
@@ -388,15 +433,14 @@ mod tests {
                 for r in 0..block {
                     let row = j * block + r;
                     for c in 0..seq_len {
-                        assert_eq!(ctx.get(row, c), dense.get(row, c));
+                        assert_eq!(ctx[row].contains(&c), dense.get(row, c));
                     }
                     for c in 0..block {
                         assert_eq!(own.get(row, c), dense.get(row, seq_len + j * block + c));
                     }
                     // everything else in the dense row is hidden
                     let visible = (0..dense.cols).filter(|&c| dense.get(row, c)).count();
-                    let parts = (0..seq_len).filter(|&c| ctx.get(row, c)).count()
-                        + (0..block).filter(|&c| own.get(row, c)).count();
+                    let parts = ctx[row].len() + (0..block).filter(|&c| own.get(row, c)).count();
                     assert_eq!(visible, parts);
                 }
             }

@@ -8,16 +8,17 @@
 //! [`crate::Mode::Ar`] computes for it alone (up to float summation order) and samples with its
 //! own seeded [`Sampler`], so at T = 0 the tokens are the same.
 //!
-//! Scheduling is continuous: when sequences finish (stop token or `max_new_tokens`), the next
-//! prompts are prefilled together in a left-padded batch of their own and their K/V rows are
-//! copied into the freed slots, ending at the current last column (the cache grows at the
-//! front when a prompt is longer than it). Columns no live sequence holds are dropped from
-//! the front once they are half the cache.
+//! Scheduling is continuous: whenever an eighth of the slots are free (at the start: all),
+//! the next prompts are prefilled, up to 16 per forward in a left-padded batch of their own,
+//! and their K/V rows are copied into the free slots, ending at the cache's current last
+//! column (the cache grows at the front when a prompt is longer than it). Columns no live
+//! sequence holds are dropped from the front once they are half the cache.
 //!
 //! Example, 2 slots, requests A (prompt 3 tokens), B (prompt 2), C (prompt 4): the first fill
-//! prefills [A A A] and [_ B B] (B left-padded) → cache length 3; a step adds a column to
-//! both; B stops after 1 token → C is prefilled alone and grows the cache at the front by 0
-//! (length 4 ≥ 4): slot 1 now holds C in columns 0..4, and A keeps columns 0..4 of slot 0.
+//! prefills [A A A] and [_ B B] (B left-padded), the cache grows to 3 columns, A is copied to
+//! columns 0..3 of slot 0 and B to 1..3 of slot 1; a step adds column 3 to both; B stops →
+//! C is prefilled alone: the cache (4 columns) is long enough, C goes to columns 0..4 of
+//! slot 1, and A keeps columns 0..4 of slot 0.
 
 use anyhow::{bail, Result};
 use candle_core::{DType, D};
@@ -43,6 +44,10 @@ pub struct BatchedOutput {
     pub new_tokens: Vec<u32>,
     pub stopped_by_token: bool,
 }
+
+/// Prompts prefilled in one forward: bounds the prefill's attention scores (`chunk · heads ·
+/// P²`) and its host-built masks, whatever the number of slots.
+const PREFILL_CHUNK: usize = 16;
 
 struct Live {
     index: usize,
@@ -187,31 +192,20 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
     }
 
     fn run(mut self, slots: usize) -> Result<()> {
-        // 1. the first fill is one batched prefill; its cache is the batch's
-        let Some(first) = self.take(slots)? else {
-            return Ok(());
-        };
-        if first.is_empty() {
+        let n_slots = slots.min(self.requests.len());
+        if n_slots == 0 {
             return Ok(());
         }
-        let (mut cache, live) = self.prefill(&first)?;
-        let mut slot: Vec<Option<Live>> = Vec::with_capacity(first.len());
-        for l in live {
-            let (l, stop) = self.settle(l)?;
-            if stop {
-                return Ok(());
-            }
-            slot.push(l);
-        }
-        let n_slots = slot.len();
+        let mut cache = self.target.new_batched_cache(n_slots, 64)?;
+        let mut slot: Vec<Option<Live>> = (0..n_slots).map(|_| None).collect();
         loop {
-            // 2. refill once an eighth of the slots (or all live ones) are free
+            // 1. refill once an eighth of the slots (or all of them) are free
             let free: Vec<usize> = (0..n_slots).filter(|&s| slot[s].is_none()).collect();
-            let live_n = n_slots - free.len();
-            if !free.is_empty() && (free.len() * 8 >= n_slots || live_n == 0) {
-                if self.refill(&mut cache, &mut slot, &free)? {
-                    return Ok(());
-                }
+            if !free.is_empty()
+                && (free.len() * 8 >= n_slots || free.len() == n_slots)
+                && self.refill(&mut cache, &mut slot, &free)?
+            {
+                return Ok(());
             }
             if slot.iter().all(|s| s.is_none()) {
                 if self.queue.is_empty() {
@@ -219,6 +213,7 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
                 }
                 continue;
             }
+            // 2. one step
             if self.step(&mut cache, &mut slot)? {
                 return Ok(());
             }
@@ -231,7 +226,8 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         }
     }
 
-    /// Prefill the next requests into the `free` slots. `Ok(true)`: stop.
+    /// Prefill the next requests into the `free` slots, [`PREFILL_CHUNK`] prompts per forward.
+    /// `Ok(true)`: stop.
     fn refill(
         &mut self,
         cache: &mut KvCache,
@@ -241,29 +237,26 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         let Some(idx) = self.take(free.len())? else {
             return Ok(true);
         };
-        if idx.is_empty() {
-            return Ok(false);
-        }
-        let (fresh, live) = self.prefill(&idx)?;
-        let longest = idx
-            .iter()
-            .map(|&i| self.requests[i].prompt_ids.len())
-            .max()
-            .unwrap_or(0);
-        if cache.len() < longest {
-            cache.grow_front(longest - cache.len())?;
-        }
-        let t = cache.len();
-        for (l, &s) in live.into_iter().zip(free) {
-            let n = l.held;
-            cache.copy_sequence(s, t - n, &fresh, slot_of(&idx, l.index), fresh.len() - n, n)?;
-            let (l, stop) = self.settle(l)?;
-            if stop {
-                return Ok(true);
+        let mut free = free.iter();
+        for chunk in idx.chunks(PREFILL_CHUNK) {
+            let (fresh, live) = self.prefill(chunk)?;
+            // the chunk's rows end at its last column; the batch's end at the cache's
+            if cache.len() < fresh.len() {
+                cache.grow_front(fresh.len() - cache.len())?;
             }
-            slot[s] = l;
+            let t = cache.len();
+            for (j, l) in live.into_iter().enumerate() {
+                let s = *free.next().expect("no more requests than free slots");
+                let n = l.held;
+                cache.copy_sequence(s, t - n, &fresh, j, fresh.len() - n, n)?;
+                let (l, stop) = self.settle(l)?;
+                if stop {
+                    return Ok(true);
+                }
+                slot[s] = l;
+            }
+            self.ph.mark("refill");
         }
-        self.ph.mark("refill");
         Ok(false)
     }
 
@@ -310,8 +303,4 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         }
         Ok(false)
     }
-}
-
-fn slot_of(idx: &[usize], request: usize) -> usize {
-    idx.iter().position(|&i| i == request).unwrap()
 }

@@ -124,6 +124,28 @@ fn batched_survives_front_growth_and_compaction() {
     }
 }
 
+/// More prompts per fill than one prefill forward takes (16): the fill is chunked.
+#[test]
+fn batched_fills_many_slots_in_chunks() {
+    let t = tiny();
+    let base = tiny_prompt();
+    let reqs: Vec<Request> = (0..40)
+        .map(|i| {
+            let prompt: Vec<u32> = base.iter().skip(i % 7).copied().collect();
+            req(&prompt, 3 + i % 5, SamplingParams::default(), &[])
+        })
+        .collect();
+    let batched = run_batched(&t, &reqs, 34);
+    for (i, r) in reqs.iter().enumerate() {
+        let ar = generate(&t, None, Mode::Ar, r).unwrap();
+        assert_eq!(
+            batched[i].as_ref().unwrap().new_tokens,
+            ar.new_tokens,
+            "request {i}"
+        );
+    }
+}
+
 #[test]
 fn batched_refuses_zero_slots() {
     let t = tiny();

@@ -14,6 +14,33 @@ pub fn mask_tensor(v: &Visibility, dtype: DType, device: &Device) -> Result<Tens
     Tensor::from_vec(v.additive(), (v.rows, v.cols), device)?.to_dtype(dtype)
 }
 
+/// The additive mask `[rows, cols]` of one visible interval per row (`ranges[r]`: 0 inside,
+/// -inf outside), built on the device from two numbers per row: the draft training context
+/// mask ([`dflash_core::visibility::draft_training_parts`]) without building or moving
+/// `rows × cols` cells on the host. Example: ranges [0..2, 1..3], cols 4 → rows
+/// [0 0 -inf -inf], [-inf 0 0 -inf].
+pub fn range_mask(
+    ranges: &[std::ops::Range<usize>],
+    cols: usize,
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
+    let rows = ranges.len();
+    let bound = |f: fn(&std::ops::Range<usize>) -> usize| {
+        Tensor::from_vec(
+            ranges.iter().map(|r| f(r) as u32).collect::<Vec<_>>(),
+            (rows, 1),
+            device,
+        )
+    };
+    let (lo, hi) = (bound(|r| r.start)?, bound(|r| r.end)?);
+    let c = Tensor::arange(0u32, cols as u32, device)?.reshape((1, cols))?;
+    let inside = (c.broadcast_ge(&lo)? * c.broadcast_lt(&hi)?)?;
+    let zeros = Tensor::zeros((rows, cols), dtype, device)?;
+    let hidden = Tensor::full(f32::NEG_INFINITY, (rows, cols), device)?.to_dtype(dtype)?;
+    inside.where_cond(&zeros, &hidden)
+}
+
 /// Numerically stable softmax over the last axis, from differentiable ops.
 pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
     let max = x.max_keepdim(D::Minus1)?;
@@ -182,13 +209,23 @@ mod tests {
                 )
                 .unwrap();
                 let (c, o) = draft_training_parts(rule, &segs, &anchors, block);
+                let ctx_mask = range_mask(&c, seq_len, DType::F32, &Device::Cpu).unwrap();
+                // the device-built context mask is the dense mask's first seq_len columns
+                let dense_ctx = mask_tensor(&dense, DType::F32, &Device::Cpu)
+                    .unwrap()
+                    .narrow(1, 0, seq_len)
+                    .unwrap();
+                assert_eq!(
+                    ctx_mask.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                    dense_ctx.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+                );
                 let got = attend_blocks(
                     &q,
                     &k.narrow(2, 0, seq_len).unwrap(),
                     &v.narrow(2, 0, seq_len).unwrap(),
                     &k.narrow(2, seq_len, r).unwrap(),
                     &v.narrow(2, seq_len, r).unwrap(),
-                    &mask_tensor(&c, DType::F32, &Device::Cpu).unwrap(),
+                    &ctx_mask,
                     &mask_tensor(&o, DType::F32, &Device::Cpu).unwrap(),
                     block,
                     0.35,

@@ -27,7 +27,7 @@ use dflash_core::visibility::{
     draft_inference, draft_training, draft_training_parts, DraftRule, Visibility,
 };
 
-use crate::attention::{attend, attend_blocks, mask_tensor};
+use crate::attention::{attend, attend_blocks, mask_tensor, range_mask};
 use crate::kv_cache::KvCache;
 use crate::mlp::{load_linear, Mlp};
 use crate::norm::RmsNorm;
@@ -315,7 +315,7 @@ impl Drafter {
                     } => {
                         let (c, o) = draft_training_parts(l.rule, segs, anchors, block);
                         LayerMask::Parts {
-                            context: mask_tensor(&c, dtype, device)?,
+                            context: range_mask(&c, segs.len(), dtype, device)?,
                             own_block: mask_tensor(&o, dtype, device)?,
                             block,
                         }

@@ -57,6 +57,26 @@ impl KvCache {
         }
     }
 
+    /// An empty batched cache of `b` sequences: every layer given as `Some((hkv, d))` gets
+    /// zero K/V buffers `[b, hkv, cap, d]` (length 0), so that sequences can be copied in
+    /// ([`KvCache::grow_front`], [`KvCache::copy_sequence`]) before any forward.
+    pub fn batched(
+        layers: &[Option<(usize, usize)>],
+        b: usize,
+        cap: usize,
+        dtype: candle_core::DType,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let mut c = Self::new(layers.len());
+        for (slot, shape) in c.layers.iter_mut().zip(layers) {
+            if let Some((h, d)) = *shape {
+                let z = || Tensor::zeros((b, h, cap.max(1), d), dtype, device);
+                *slot = Some(LayerKv { k: z()?, v: z()? });
+            }
+        }
+        Ok(c)
+    }
+
     /// Make `layer` a linear-attention layer with this (empty) state.
     pub fn set_gdn(&mut self, layer: usize, c: GdnCache) {
         self.gdn[layer] = Some(c);

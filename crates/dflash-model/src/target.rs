@@ -261,6 +261,19 @@ impl Target {
         }
         c
     }
+    /// An empty batched cache of `b` sequences with room for `cap` rows (attention-only
+    /// targets; see [`KvCache::batched`]).
+    pub fn new_batched_cache(&self, b: usize, cap: usize) -> Result<KvCache> {
+        if self.is_hybrid() {
+            bail!("a batched cache needs an attention-only target: the linear-attention layers of this hybrid target keep one sequence's state");
+        }
+        let shapes: Vec<Option<(usize, usize)>> = self
+            .layers
+            .iter()
+            .map(|_| Some((self.config.num_kv_heads(), self.config.head_dim())))
+            .collect();
+        Ok(KvCache::batched(&shapes, b, cap, self.dtype, &self.device)?)
+    }
     /// True when some layers are linear attention (their state is not a K/V row per token).
     pub fn is_hybrid(&self) -> bool {
         self.layers
@@ -350,7 +363,11 @@ impl Target {
         rows: &Rows,
     ) -> Result<TargetOutput> {
         let b = masks.len();
-        if b == 0 || tokens.is_empty() || tokens.len() % b != 0 || positions.len() != tokens.len() {
+        if b == 0
+            || tokens.is_empty()
+            || !tokens.len().is_multiple_of(b)
+            || positions.len() != tokens.len()
+        {
             bail!(
                 "forward needs one position per token and the same number of tokens per sequence (got {} tokens, {} positions, {b} sequences)",
                 tokens.len(),
