@@ -273,3 +273,77 @@ fn vision_language_wrapper_loads_the_text_model_and_reports_the_rest() {
         .unwrap();
     assert_eq!(max_abs(&a.logits.unwrap(), &b.logits.unwrap()), 0.0);
 }
+
+/// A batched forward (two right-aligned sequences of different lengths in one batched cache,
+/// then one step each) gives each sequence the logits and taps it gets alone; the batch
+/// anchors to the transformers reference through `logits_and_taps_match_transformers`.
+#[test]
+fn batched_forward_equals_each_sequence_alone() {
+    use dflash_core::visibility::right_aligned;
+    let t = tiny();
+    let (meta, _) = reference();
+    let toks = ids(&meta["ids"]);
+    let seqs = [toks[..9].to_vec(), toks[3..8].to_vec()];
+    let p = 9;
+    // prefill: sequence 1 left-padded by 4
+    let mut tokens = Vec::new();
+    let mut positions = Vec::new();
+    let mut masks = Vec::new();
+    for s in &seqs {
+        let pad = p - s.len();
+        tokens.extend(std::iter::repeat_n(s[0], pad).chain(s.iter().copied()));
+        positions.extend(std::iter::repeat_n(0, pad).chain(0..s.len()));
+        masks.push(right_aligned(0, 0, s.len(), p));
+    }
+    let mut cache = t.new_cache();
+    let pre = t
+        .forward_batch(&tokens, &positions, &masks, &mut cache, &[1], &Rows::Last)
+        .unwrap();
+    // one step: each sequence feeds one more token at its own position
+    let next = [17u32, 99];
+    let masks: Vec<Visibility> = seqs
+        .iter()
+        .map(|s| right_aligned(s.len(), p, 1, 1))
+        .collect();
+    let positions: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
+    let step = t
+        .forward_batch(&next, &positions, &masks, &mut cache, &[1], &Rows::Last)
+        .unwrap();
+    for (i, s) in seqs.iter().enumerate() {
+        let mut c = t.new_cache();
+        let pos: Vec<usize> = (0..s.len()).collect();
+        let a = t
+            .forward(s, &pos, &causal(0, s.len()), &mut c, &[1], &Rows::Last)
+            .unwrap();
+        let b = t
+            .forward(
+                &[next[i]],
+                &[s.len()],
+                &causal(s.len(), 1),
+                &mut c,
+                &[1],
+                &Rows::Last,
+            )
+            .unwrap();
+        let pick = |x: &Tensor| x.get(i).unwrap();
+        let pad = p - s.len();
+        for (got, want) in [
+            (
+                pick(pre.logits.as_ref().unwrap()),
+                a.logits.clone().unwrap(),
+            ),
+            (
+                pick(step.logits.as_ref().unwrap()),
+                b.logits.clone().unwrap(),
+            ),
+            (
+                pick(&pre.taps[0]).narrow(0, pad, s.len()).unwrap(),
+                a.taps[0].clone(),
+            ),
+            (pick(&step.taps[0]), b.taps[0].clone()),
+        ] {
+            let e = rel_err(&got, &want);
+            assert!(e <= 1e-5, "sequence {i}: rel err {e}");
+        }
+    }
+}
