@@ -22,6 +22,22 @@ fn run_batched(t: &Target, reqs: &[Request], slots: usize) -> Vec<Option<Batched
     out
 }
 
+/// Every request of a batched run with `slots` slots gets the tokens AR gives it alone, and
+/// one that AR refuses is refused.
+fn assert_equals_ar(t: &Target, reqs: &[Request], slots: usize) {
+    let batched = run_batched(t, reqs, slots);
+    for (i, r) in reqs.iter().enumerate() {
+        match generate(t, None, Mode::Ar, r) {
+            Ok(ar) => {
+                let b = batched[i].as_ref().unwrap();
+                assert_eq!(b.new_tokens, ar.new_tokens, "request {i}, {slots} slots");
+                assert_eq!(b.stopped_by_token, ar.stopped_by_token, "request {i}");
+            }
+            Err(_) => assert!(batched[i].is_none(), "request {i} is refused"),
+        }
+    }
+}
+
 #[test]
 fn batched_equals_sequential_on_smollm2_at_t0() {
     let lt = smollm2();
@@ -46,13 +62,7 @@ fn batched_equals_sequential_on_smollm2_at_t0() {
             )
         })
         .collect();
-    let batched = run_batched(&lt.target, &reqs, 3);
-    for (i, r) in reqs.iter().enumerate() {
-        let ar = generate(&lt.target, None, Mode::Ar, r).unwrap();
-        let p = batched[i].as_ref().unwrap();
-        assert_eq!(p.new_tokens, ar.new_tokens, "prompt {i}");
-        assert_eq!(p.stopped_by_token, ar.stopped_by_token, "prompt {i}");
-    }
+    assert_equals_ar(&lt.target, &reqs, 3);
 }
 
 #[test]
@@ -75,18 +85,9 @@ fn batched_equals_sequential_on_tiny_target_with_sampling() {
     // one request that cannot fit the context: reported as an error, others unaffected
     let ctx = t.config.max_position_embeddings;
     reqs.push(req(&base, ctx, SamplingParams::default(), &[]));
+    assert!(generate(&t, None, Mode::Ar, reqs.last().unwrap()).is_err());
     for slots in [1, 2, 4, 16] {
-        let batched = run_batched(&t, &reqs, slots);
-        assert!(
-            batched.last().unwrap().is_none(),
-            "the oversized request is refused"
-        );
-        for (i, r) in reqs.iter().enumerate().take(reqs.len() - 1) {
-            let ar = generate(&t, None, Mode::Ar, r).unwrap();
-            let p = batched[i].as_ref().unwrap();
-            assert_eq!(p.new_tokens, ar.new_tokens, "request {i}, {slots} slots");
-            assert_eq!(p.stopped_by_token, ar.stopped_by_token, "request {i}");
-        }
+        assert_equals_ar(&t, &reqs, slots);
     }
     assert!(
         run_batched(&t, &reqs[..1], 1)[0]
@@ -112,15 +113,7 @@ fn batched_survives_front_growth_and_compaction() {
         req(&base[..5], 12, g, &[]),
     ];
     for slots in [1, 2] {
-        let batched = run_batched(&t, &reqs, slots);
-        for (i, r) in reqs.iter().enumerate() {
-            let ar = generate(&t, None, Mode::Ar, r).unwrap();
-            assert_eq!(
-                batched[i].as_ref().unwrap().new_tokens,
-                ar.new_tokens,
-                "request {i}, {slots} slots"
-            );
-        }
+        assert_equals_ar(&t, &reqs, slots);
     }
 }
 
@@ -135,15 +128,7 @@ fn batched_fills_many_slots_in_chunks() {
             req(&prompt, 3 + i % 5, SamplingParams::default(), &[])
         })
         .collect();
-    let batched = run_batched(&t, &reqs, 34);
-    for (i, r) in reqs.iter().enumerate() {
-        let ar = generate(&t, None, Mode::Ar, r).unwrap();
-        assert_eq!(
-            batched[i].as_ref().unwrap().new_tokens,
-            ar.new_tokens,
-            "request {i}"
-        );
-    }
+    assert_equals_ar(&t, &reqs, 34);
 }
 
 #[test]
