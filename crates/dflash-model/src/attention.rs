@@ -49,8 +49,34 @@ pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
     e.broadcast_div(&s)
 }
 
-/// `q: [b, hq, n, d]`, `k, v: [b, hkv, t, d]`, `mask: [n, t]` additive → `[b, n, hq * d]`.
+/// `q: [b, hq, n, d]`, `k, v: [b, hkv, t, d]`, `mask: [n, t]` (or `[b, 1, 1, n, t]`)
+/// additive → `[b, n, hq * d]`.
 pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
+    attend_with(q, k, v, mask, scale, softmax_last)
+}
+
+/// [`attend`] with candle-nn's fused softmax (one launch instead of five, no backward): for
+/// the frozen target.
+pub fn attend_frozen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    scale: f64,
+) -> Result<Tensor> {
+    attend_with(q, k, v, mask, scale, |s| {
+        candle_nn::ops::softmax_last_dim(&s.contiguous()?)
+    })
+}
+
+fn attend_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: &Tensor,
+    scale: f64,
+    softmax: impl Fn(&Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
     let (b, hq, n, d) = q.dims4()?;
     let (_, hkv, t, _) = k.dims4()?;
     let g = hq / hkv;
@@ -63,7 +89,7 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> 
     let scores = scores
         .reshape((b, hkv, g, n, t))?
         .broadcast_add(&mask.to_dtype(cd)?)?;
-    let probs = softmax_last(&scores)?
+    let probs = softmax(&scores)?
         .to_dtype(dtype)?
         .reshape((b, hkv, g * n, t))?;
     let out = probs.matmul(&v)?; // [b, hkv, g*n, d]

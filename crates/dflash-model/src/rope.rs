@@ -12,7 +12,8 @@ pub struct Rope {
     inv_freq: Vec<f32>,
 }
 
-/// cos/sin tables for a list of positions: each `[n, head_dim / 2]`.
+/// cos/sin tables for a list of positions: each `[n, head_dim / 2]`, or `[b, n, head_dim / 2]`
+/// for a batch of `b` sequences of `n` rows each.
 #[derive(Debug, Clone)]
 pub struct RopeTables {
     pub cos: Tensor,
@@ -58,7 +59,12 @@ impl RopeTables {
         let rot = 2 * half;
         let x1 = x.narrow(D::Minus1, 0, half)?;
         let x2 = x.narrow(D::Minus1, half, half)?;
-        let (cos, sin) = (&self.cos, &self.sin);
+        // batched tables [b, n, half] broadcast over the heads of [b, heads, n, half]
+        let (cos, sin) = if self.cos.rank() == 3 {
+            (&self.cos.unsqueeze(1)?, &self.sin.unsqueeze(1)?)
+        } else {
+            (&self.cos, &self.sin)
+        };
         let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
         let b = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
         if rot == d {
@@ -66,6 +72,15 @@ impl RopeTables {
         } else {
             Tensor::cat(&[a, b, x.narrow(D::Minus1, rot, d - rot)?], D::Minus1)
         }
+    }
+
+    /// [`RopeTables::apply`] through candle-nn's fused kernel (no backward: the frozen
+    /// target), when every feature rotates; partial RoPE takes [`RopeTables::apply`].
+    pub fn apply_frozen(&self, x: &Tensor) -> Result<Tensor> {
+        if 2 * self.cos.dim(D::Minus1)? != x.dim(D::Minus1)? {
+            return self.apply(x);
+        }
+        candle_nn::rotary_emb::rope(&x.contiguous()?, &self.cos, &self.sin)
     }
 
     /// The tables of rows `start .. start + len`.

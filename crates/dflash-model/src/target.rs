@@ -13,7 +13,7 @@ use candle_nn::{Linear, Module};
 use dflash_core::config::TargetConfig;
 use dflash_core::visibility::Visibility;
 
-use crate::attention::{attend, mask_tensor};
+use crate::attention::{attend_frozen, mask_tensor};
 use crate::families::{spec_for, FamilySpec};
 use crate::gdn::{GatedDeltaNet, GdnCache, GdnDims};
 use crate::kv_cache::KvCache;
@@ -75,7 +75,7 @@ impl Attention {
         let split = |t: Tensor, h: usize, norm: &Option<RmsNorm>| -> Result<Tensor> {
             let t = t.reshape((b, n, h, self.head_dim))?;
             let t = match norm {
-                Some(nm) => nm.forward(&t)?,
+                Some(nm) => nm.forward_frozen(&t)?,
                 None => t,
             };
             Ok(t.transpose(1, 2)?)
@@ -107,12 +107,12 @@ impl Attention {
         let k = split(self.k_proj.forward(x)?, self.kv_heads, &self.k_norm)?;
         let v = split(self.v_proj.forward(x)?, self.kv_heads, &None)?;
         // 2. RoPE at each row's own position
-        let q = rope.apply(&q)?;
-        let k = rope.apply(&k)?;
+        let q = rope.apply_frozen(&q)?;
+        let k = rope.apply_frozen(&k)?;
         // 3. cache: [cache rows | new rows]
         let (k, v) = cache.append(layer, &k, &v)?;
         // 4. masked attention, grouped K/V
-        let o = attend(&q, &k, &v, mask, 1.0 / (self.head_dim as f64).sqrt())?;
+        let o = attend_frozen(&q, &k, &v, mask, 1.0 / (self.head_dim as f64).sqrt())?;
         let o = match gate {
             Some(g) => (o * candle_nn::ops::sigmoid(&g)?)?,
             None => o,
@@ -407,10 +407,10 @@ impl Target {
         }
         let mut rope = self.rope.tables(positions, self.dtype, &self.device)?;
         if b > 1 {
-            // [b·n, half] → [b, 1, n, half]: each sequence's rows at their own positions
+            // [b·n, half] → [b, n, half]: each sequence's rows at their own positions
             let half = rope.cos.dim(1)?;
-            rope.cos = rope.cos.reshape((b, 1, n, half))?;
-            rope.sin = rope.sin.reshape((b, 1, n, half))?;
+            rope.cos = rope.cos.reshape((b, n, half))?;
+            rope.sin = rope.sin.reshape((b, n, half))?;
         }
         let parents = if self.is_hybrid() {
             parents_from_mask(&masks[0], cache.len())
@@ -433,7 +433,7 @@ impl Target {
             .reshape((b, n, self.config.hidden_size))?;
         let mut tap_out = vec![None; taps.len()];
         for (i, layer) in self.layers.iter().enumerate() {
-            let hn = layer.input_layernorm.forward(&x)?;
+            let hn = layer.input_layernorm.forward_frozen(&x)?;
             let h = match &layer.mixer {
                 Mixer::Attention(a) => a.forward(&hn, &rope, &mask, cache, i)?,
                 Mixer::GatedDeltaNet(g) => {
@@ -443,7 +443,7 @@ impl Target {
             let x1 = (x + h)?;
             let m = layer
                 .mlp
-                .forward(&layer.post_attention_layernorm.forward(&x1)?)?;
+                .forward(&layer.post_attention_layernorm.forward_frozen(&x1)?)?;
             x = (x1 + m)?;
             for (slot, _) in taps.iter().enumerate().filter(|(_, &t)| t == i) {
                 tap_out[slot] = Some(x.clone());
@@ -467,7 +467,7 @@ impl Target {
             }
         };
         let logits = match sel {
-            Some(s) => Some(self.lm_head(&self.norm.forward(&s)?)?),
+            Some(s) => Some(self.lm_head(&self.norm.forward_frozen(&s)?)?),
             None => None,
         };
         Ok(TargetOutput {
