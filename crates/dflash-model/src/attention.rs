@@ -4,6 +4,8 @@
 //! along the row axis, so each K/V head is read once (`transformers.repeat_kv` semantics:
 //! query head h uses K/V head h / (hq / hkv)).
 
+use std::ops::Range;
+
 use candle_core::{DType, Device, Result, Tensor, D};
 use dflash_core::visibility::Visibility;
 
@@ -98,14 +100,133 @@ fn attend_with(
         .reshape((b, n, hq * d))
 }
 
+/// One window of the training layout: the block rows `rows` (whole blocks) score only the
+/// context keys `keys`, which hold every context key any of those rows may see; `mask`
+/// (`[rows.len(), keys.len()]`, additive) is the rule inside the window. Example: a packed row
+/// with segments [0..400, 400..900] and anchors in both → the first segment's blocks get keys
+/// 0..(its last anchor), the second's 400..(its last anchor): no row scores the other
+/// sequence or keys at or after its anchor group's end.
+pub struct ContextWindow {
+    pub rows: Range<usize>,
+    pub keys: Range<usize>,
+    pub mask: Tensor,
+}
+
+/// The rows and keys of the windows of a training layout: blocks grouped by `group_of_block`
+/// (their sequence in a packed row), at most `max_blocks` blocks per window, each window's keys
+/// the union of its rows' context ranges (`ranges[row]`, from the draft rule). Example: B = 2,
+/// ranges [0..3, 0..3, 0..5, 0..5, 6..9, 6..9], groups [0, 0, 1] → windows rows 0..4 keys 0..5,
+/// rows 4..6 keys 6..9.
+pub fn window_bounds(
+    ranges: &[Range<usize>],
+    block: usize,
+    group_of_block: &[usize],
+    max_blocks: usize,
+) -> Vec<(Range<usize>, Range<usize>)> {
+    let mut out = Vec::new();
+    let mut j = 0;
+    while j < group_of_block.len() {
+        let mut e = j + 1;
+        while e < group_of_block.len()
+            && group_of_block[e] == group_of_block[j]
+            && e - j < max_blocks.max(1)
+        {
+            e += 1;
+        }
+        let rows = j * block..e * block;
+        let rs = &ranges[rows.clone()];
+        let lo = rs.iter().filter(|r| !r.is_empty()).map(|r| r.start).min();
+        let hi = rs.iter().map(|r| r.end).max().unwrap_or(0);
+        let keys = match lo {
+            Some(lo) => lo..hi,
+            None => 0..0,
+        };
+        out.push((rows, keys));
+        j = e;
+    }
+    out
+}
+
+/// The [`ContextWindow`]s of a training layout ([`window_bounds`]), each with the rule's mask
+/// on its keys ([`range_mask`]).
+pub fn context_windows(
+    ranges: &[Range<usize>],
+    block: usize,
+    group_of_block: &[usize],
+    max_blocks: usize,
+    dtype: DType,
+    device: &Device,
+) -> Result<Vec<ContextWindow>> {
+    window_bounds(ranges, block, group_of_block, max_blocks)
+        .into_iter()
+        .map(|(rows, keys)| {
+            let local: Vec<Range<usize>> = ranges[rows.clone()]
+                .iter()
+                .map(|r| {
+                    if r.is_empty() {
+                        0..0
+                    } else {
+                        r.start - keys.start..r.end - keys.start
+                    }
+                })
+                .collect();
+            let mask = range_mask(&local, keys.len(), dtype, device)?;
+            Ok(ContextWindow { rows, keys, mask })
+        })
+        .collect()
+}
+
 /// Masked attention for the training layout, without the always-hidden cells: each of the
-/// `R = nb · block` query rows sees the `m` context keys (`mask_ctx` `[R, m]`) and the `block`
-/// keys of its own block (`mask_blk` `[R, block]`), one softmax over both. Equal to [`attend`]
-/// over `[context | all blocks]` with the dense training mask, at `O(R · (m + block))` instead
-/// of `O(R · (m + R))` memory and work.
+/// `R = nb · block` query rows sees context keys (through its [`ContextWindow`]) and the
+/// `block` keys of its own block (`mask_blk` `[R, block]`), one softmax over both. Equal to
+/// [`attend`] over `[context | all blocks]` with the dense training mask, at
+/// `O(Σ window rows · window keys + R · block)` instead of `O(R · (m + R))` memory and work.
 /// `q: [1, hq, R, d]`, `k_ctx, v_ctx: [1, hkv, m, d]`, `k_blk, v_blk: [1, hkv, R, d]` → `[1, R, hq·d]`.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_blocks(
+    q: &Tensor,
+    k_ctx: &Tensor,
+    v_ctx: &Tensor,
+    k_blk: &Tensor,
+    v_blk: &Tensor,
+    windows: &[ContextWindow],
+    mask_blk: &Tensor,
+    block: usize,
+    scale: f64,
+) -> Result<Tensor> {
+    let r = q.dim(2)?;
+    let covered: usize = windows.iter().map(|w| w.rows.len()).sum();
+    if covered != r || windows.iter().any(|w| w.rows.len() % block != 0) {
+        candle_core::bail!("attend_blocks: the windows must cover the {r} rows in whole blocks");
+    }
+    let outs = windows
+        .iter()
+        .map(|w| {
+            let (r0, rn) = (w.rows.start, w.rows.len());
+            let (k0, kn) = (w.keys.start, w.keys.len());
+            attend_window(
+                &q.narrow(2, r0, rn)?,
+                &k_ctx.narrow(2, k0, kn)?,
+                &v_ctx.narrow(2, k0, kn)?,
+                &k_blk.narrow(2, r0, rn)?,
+                &v_blk.narrow(2, r0, rn)?,
+                &w.mask,
+                &mask_blk.narrow(0, r0, rn)?,
+                block,
+                scale,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if outs.len() == 1 {
+        return Ok(outs.into_iter().next().unwrap());
+    }
+    Tensor::cat(&outs, 1)
+}
+
+/// [`attend_blocks`] for one window: every row scores all `m` keys of `k_ctx` (`mask_ctx`
+/// `[R, m]`) and its own block.
+#[allow(clippy::too_many_arguments)]
+fn attend_window(
     q: &Tensor,
     k_ctx: &Tensor,
     v_ctx: &Tensor,
@@ -205,6 +326,22 @@ mod tests {
     }
 
     #[test]
+    fn windows_cover_every_visible_key() {
+        // the docs' example
+        let ranges = [0..3, 0..3, 0..5, 0..5, 6..9, 6..9];
+        assert_eq!(
+            window_bounds(&ranges, 2, &[0, 0, 1], 64),
+            vec![(0..4, 0..5), (4..6, 6..9)]
+        );
+        assert_eq!(
+            window_bounds(&ranges, 2, &[0, 0, 1], 1),
+            vec![(0..2, 0..3), (2..4, 0..5), (4..6, 6..9)]
+        );
+        // a block with no context at all gets no keys
+        assert_eq!(window_bounds(&[0..0, 0..0], 2, &[0], 8), vec![(0..2, 0..0)]);
+    }
+
+    #[test]
     fn block_attention_equals_dense_masked_attention() {
         let (hq, hkv, d, block) = (4, 2, 8, 3);
         // one sequence, two packed ones, no context at all
@@ -245,20 +382,30 @@ mod tests {
                     ctx_mask.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
                     dense_ctx.flatten_all().unwrap().to_vec1::<f32>().unwrap()
                 );
-                let got = attend_blocks(
-                    &q,
-                    &k.narrow(2, 0, seq_len).unwrap(),
-                    &v.narrow(2, 0, seq_len).unwrap(),
-                    &k.narrow(2, seq_len, r).unwrap(),
-                    &v.narrow(2, seq_len, r).unwrap(),
-                    &ctx_mask,
-                    &mask_tensor(&o, DType::F32, &Device::Cpu).unwrap(),
-                    block,
-                    0.35,
-                )
-                .unwrap();
-                let err = crate::compare::max_abs(&want, &got).unwrap();
-                assert!(err < 1e-6, "seq {seq_len} {rule:?}: max diff {err}");
+                // one window per sequence, or windows of one block each
+                let group: Vec<usize> = anchors.iter().map(|&a| segs.segment_of(a)).collect();
+                for max_blocks in [64, 1] {
+                    let windows =
+                        context_windows(&c, block, &group, max_blocks, DType::F32, &Device::Cpu)
+                            .unwrap();
+                    let got = attend_blocks(
+                        &q,
+                        &k.narrow(2, 0, seq_len).unwrap(),
+                        &v.narrow(2, 0, seq_len).unwrap(),
+                        &k.narrow(2, seq_len, r).unwrap(),
+                        &v.narrow(2, seq_len, r).unwrap(),
+                        &windows,
+                        &mask_tensor(&o, DType::F32, &Device::Cpu).unwrap(),
+                        block,
+                        0.35,
+                    )
+                    .unwrap();
+                    let err = crate::compare::max_abs(&want, &got).unwrap();
+                    assert!(
+                        err < 1e-6,
+                        "seq {seq_len} {rule:?} windows of {max_blocks}: max diff {err}"
+                    );
+                }
             }
         }
     }

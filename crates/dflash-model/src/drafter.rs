@@ -27,7 +27,7 @@ use dflash_core::visibility::{
     draft_inference, draft_training, draft_training_parts, DraftRule, Visibility,
 };
 
-use crate::attention::{attend, attend_blocks, mask_tensor, range_mask};
+use crate::attention::{attend, attend_blocks, context_windows, mask_tensor, ContextWindow};
 use crate::kv_cache::KvCache;
 use crate::mlp::{load_linear, Mlp};
 use crate::norm::RmsNorm;
@@ -82,11 +82,15 @@ impl DraftLayout<'_> {
     }
 }
 
+/// Blocks per training attention window: more windows skip more hidden context cells (keys at
+/// or after a window's last anchor) but launch more, smaller kernels.
+const WINDOW_BLOCKS: usize = 64;
+
 /// A layer's attention mask: the whole `[keys]` mask, or (training) the two visible parts.
 enum LayerMask {
     Dense(Tensor),
     Parts {
-        context: Tensor,
+        context: Vec<ContextWindow>,
         own_block: Tensor,
         block: usize,
     },
@@ -314,8 +318,14 @@ impl Drafter {
                         block,
                     } => {
                         let (c, o) = draft_training_parts(l.rule, segs, anchors, block);
+                        // windows: the blocks of one sequence, WINDOW_BLOCKS at a time,
+                        // score only the context keys their rows may see
+                        let group: Vec<usize> =
+                            anchors.iter().map(|&a| segs.segment_of(a)).collect();
+                        let context =
+                            context_windows(&c, block, &group, WINDOW_BLOCKS, dtype, device)?;
                         LayerMask::Parts {
-                            context: range_mask(&c, segs.len(), dtype, device)?,
+                            context,
                             own_block: mask_tensor(&o, dtype, device)?,
                             block,
                         }
