@@ -38,11 +38,21 @@ pub fn top_k_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
             .map(|&x| ((x - max) as f64).exp())
             .sum::<f64>()
             .ln() as f32;
-    let k = k.min(logits.len());
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    top_k_sorted(logits, k)
+        .into_iter()
+        .map(|(i, x)| (i, x - lse))
+        .collect()
+}
+
+/// The top `k` (token, value) pairs of one row, sorted by value descending, ties by token id
+/// ascending: [`top_k_logprobs`] of a row that is already log-probabilities (e.g. a device's
+/// log-softmax). Example: [1, 3, 2, 3], k 3 → tokens [1, 3, 2].
+pub fn top_k_sorted(values: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let k = k.min(values.len());
+    let mut idx: Vec<u32> = (0..values.len() as u32).collect();
     let cmp = |a: &u32, b: &u32| {
-        logits[*b as usize]
-            .total_cmp(&logits[*a as usize])
+        values[*b as usize]
+            .total_cmp(&values[*a as usize])
             .then(a.cmp(b))
     };
     if k < idx.len() && k > 0 {
@@ -50,9 +60,7 @@ pub fn top_k_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
         idx.truncate(k);
     }
     idx.sort_by(cmp);
-    idx.into_iter()
-        .map(|i| (i, logits[i as usize] - lse))
-        .collect()
+    idx.into_iter().map(|i| (i, values[i as usize])).collect()
 }
 
 #[derive(Debug)]
@@ -302,5 +310,10 @@ mod tests {
         assert_eq!(t.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 2]);
         let total: f64 = l.iter().map(|&x| (x as f64).exp()).sum();
         assert!((t[0].1 as f64 - (3.0 - total.ln())).abs() < 1e-6);
+        // already-normalised rows give the same tokens and values
+        let lp: Vec<f32> = l.iter().map(|&x| x - total.ln() as f32).collect();
+        let u = top_k_sorted(&lp, 3);
+        assert_eq!(u.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+        assert!(t.iter().zip(&u).all(|(a, b)| (a.1 - b.1).abs() < 1e-6));
     }
 }

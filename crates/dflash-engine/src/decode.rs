@@ -38,7 +38,7 @@ use anyhow::{bail, Result};
 use candle_core::Tensor;
 use dflash_core::sampling::{Sampler, SamplingParams};
 use dflash_core::stats::RoundOutcome;
-use dflash_core::tree::{top_k_logprobs, DraftTree};
+use dflash_core::tree::{top_k_sorted, DraftTree};
 use dflash_core::visibility::causal;
 use dflash_model::drafter::Drafter;
 use dflash_model::{KvCache, Rows, Target};
@@ -213,9 +213,9 @@ pub fn generate(
                 match mode {
                     Mode::Tree { budget, top_k, .. } => {
                         let k = if top_k == 0 { budget } else { top_k };
-                        let rows = logits.to_vec2::<f32>()?;
+                        let rows = Drafter::log_probs(&logits)?.to_vec2::<f32>()?;
                         let top: Vec<Vec<(u32, f32)>> =
-                            rows.iter().map(|r| top_k_logprobs(r, k)).collect();
+                            rows.iter().map(|r| top_k_sorted(r, k)).collect();
                         DraftTree::build(anchor, &top, budget)
                     }
                     _ => DraftTree::chain(anchor, &Drafter::argmax_rows(&logits)?),

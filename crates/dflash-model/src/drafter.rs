@@ -451,6 +451,16 @@ impl Drafter {
         self.layers.len()
     }
 
+    /// Row-wise log-softmax of `[n, vocab]` logits on their device (in f32): DDTree's
+    /// per-position distributions, so that only the log-probabilities leave the device and the
+    /// host picks the top K without an exp over the vocabulary.
+    pub fn log_probs(logits: &Tensor) -> Result<Tensor> {
+        let l = logits.to_dtype(DType::F32)?;
+        let m = l.max_keepdim(D::Minus1)?;
+        let lse = (l.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?.log()? + m)?;
+        Ok(l.broadcast_sub(&lse)?)
+    }
+
     /// Row-wise argmax of `[n, vocab]` logits.
     pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
         Ok(logits
