@@ -8,7 +8,6 @@ use candle_core::DType;
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::summarize;
-use dflash_core::visibility::causal;
 use dflash_engine::{generate, Request};
 use dflash_eval::harness::{mode_specs, parse_modes, EvalDrafter};
 use dflash_model::drafter::Drafter;
@@ -114,20 +113,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .map(|i| 200 + (i * 7919) % 20000 % t.vocab_size() as u32)
         .collect();
     let mut cache = t.new_cache();
-    t.forward(
-        &ctx,
-        &(0..512).collect::<Vec<_>>(),
-        &causal(0, 512),
-        &mut cache,
-        &[],
-        &Rows::None,
-    )?;
+    t.forward_causal(&ctx, &mut cache, &[], &Rows::None)?;
     let mut rows = Vec::new();
     for n in [1usize, 16] {
         let toks: Vec<u32> = (0..n as u32).map(|i| 300 + i).collect();
-        let pos: Vec<usize> = (512..512 + n).collect();
         let secs = time(&dev, 10, || {
-            let o = t.forward(&toks, &pos, &causal(512, n), &mut cache, &[], &Rows::All)?;
+            let o = t.forward_causal(&toks, &mut cache, &[], &Rows::All)?;
             let _ = o
                 .logits
                 .unwrap()

@@ -12,7 +12,6 @@ use candle_core::DType;
 use clap::Args;
 use dflash_core::config::TargetConfig;
 use dflash_core::tree::DraftTree;
-use dflash_core::visibility::causal;
 use dflash_model::drafter::Drafter;
 use dflash_model::drafter_init::{drafter_config, DrafterShape};
 use dflash_model::weights::TensorStore;
@@ -118,14 +117,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     let ctx: Vec<u32> = (0..n as u32).map(|i| (17 + i * 7919) % vocab).collect();
     let taps = drafter.target_layer_ids.clone();
     let mut cache = target.new_cache();
-    let out = target.forward(
-        &ctx,
-        &(0..n).collect::<Vec<_>>(),
-        &causal(0, n),
-        &mut cache,
-        &taps,
-        &Rows::None,
-    )?;
+    let out = target.forward_causal(&ctx, &mut cache, &taps, &Rows::None)?;
     let ctx_feats = Target::concat_taps(&out.taps)?.unsqueeze(0)?;
     // the drafter's cache holds the context before the last row
     let mut dcache = drafter.new_cache();

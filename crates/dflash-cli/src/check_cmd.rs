@@ -14,7 +14,6 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
-use dflash_core::visibility::causal;
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::compare::rel_err;
 use dflash_model::drafter::Drafter;
@@ -65,12 +64,9 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
     let prompt = cpu
         .tokenizer
         .prompt_ids("Explain in two sentences why the sky is blue.", true)?;
-    let n = prompt.len();
-    let pos: Vec<usize> = (0..n).collect();
     let fwd = |lt: &LoadedTarget| {
         let mut c = lt.target.new_cache();
-        lt.target
-            .forward(&prompt, &pos, &causal(0, n), &mut c, &taps, &Rows::All)
+        lt.target.forward_causal(&prompt, &mut c, &taps, &Rows::All)
     };
     let (oc, o32, o16) = (fwd(&cpu)?, fwd(&gpu32)?, fwd(&gpu16)?);
     let mut rows: Vec<(String, bool, String)> = Vec::new();

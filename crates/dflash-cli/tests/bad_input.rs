@@ -38,6 +38,13 @@ fn fails_with(args: &[&str], needle: &str) {
     );
     assert!(!err.contains("panicked"), "panic for {args:?}:\n{err}");
 }
+/// Run `generate` with `args`; it must succeed. Returns (stdout as JSON, stderr).
+fn succeeds_json(args: &[&str]) -> (serde_json::Value, String) {
+    let out = bin().arg("generate").args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{err}");
+    (serde_json::from_slice(&out.stdout).unwrap(), err)
+}
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
@@ -200,23 +207,17 @@ fn drafter_that_does_not_fit() {
 
 #[test]
 fn generate_json_has_the_promised_fields() {
-    let out = bin()
-        .args([
-            "generate",
-            "--target",
-            smollm2().to_str().unwrap(),
-            "--prompt",
-            "What is the capital of France?",
-        ])
-        .args(["--chat", "--max-new-tokens", "8", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let target = smollm2();
+    let (v, _) = succeeds_json(&[
+        "--target",
+        target.to_str().unwrap(),
+        "--prompt",
+        "What is the capital of France?",
+        "--chat",
+        "--max-new-tokens",
+        "8",
+        "--json",
+    ]);
     for k in [
         "text",
         "token_ids",
@@ -236,36 +237,34 @@ fn generate_json_has_the_promised_fields() {
 
 #[test]
 fn speculative_generate_uses_the_bundled_drafter_and_compares_with_ar() {
-    let out = bin()
-        .args(["generate", "--target", "smollm2-135m", "--mode", "dflash"])
-        .args(["--prompt", "What is the capital of France?", "--chat"])
-        .args(["--max-new-tokens", "8", "--json", "--compare-ar"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("using the bundled drafter"));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (v, err) = succeeds_json(&[
+        "--target",
+        "smollm2-135m",
+        "--mode",
+        "dflash",
+        "--prompt",
+        "What is the capital of France?",
+        "--chat",
+        "--max-new-tokens",
+        "8",
+        "--json",
+        "--compare-ar",
+    ]);
+    assert!(err.contains("using the bundled drafter"));
     assert_eq!(v["mode"], "dflash");
     assert_eq!(v["text"], "The capital of France is Paris.");
     assert_eq!(v["equals_ar"], true);
     assert!(v["speedup_vs_ar"].as_f64().unwrap() > 0.0);
     // a target without a shipped drafter needs --drafter, and says so
-    let out = bin()
-        .args([
-            "generate",
+    fails_with(
+        &[
             "--target",
             "qwen2.5-coder-0.5b",
             "--mode",
             "ddtree",
             "--prompt",
             "x",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --drafter"));
+        ],
+        "needs --drafter",
+    );
 }

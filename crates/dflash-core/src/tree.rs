@@ -28,25 +28,9 @@ pub struct DraftTree {
     pub depths: Vec<usize>,
 }
 
-/// The top `k` (token, log-probability) pairs of one row of raw logits: log-softmax without
-/// temperature, sorted by log-probability descending, ties by token id ascending.
-pub fn top_k_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max
-        + logits
-            .iter()
-            .map(|&x| ((x - max) as f64).exp())
-            .sum::<f64>()
-            .ln() as f32;
-    top_k_sorted(logits, k)
-        .into_iter()
-        .map(|(i, x)| (i, x - lse))
-        .collect()
-}
-
 /// The top `k` (token, value) pairs of one row, sorted by value descending, ties by token id
-/// ascending: [`top_k_logprobs`] of a row that is already log-probabilities (e.g. a device's
-/// log-softmax). Example: [1, 3, 2, 3], k 3 → tokens [1, 3, 2].
+/// ascending: DDTree's per-position candidates from a row of log-probabilities (the drafter's
+/// log-softmax, computed on its device). Example: [1, 3, 2, 3], k 3 → tokens [1, 3, 2].
 pub fn top_k_sorted(values: &[f32], k: usize) -> Vec<(u32, f32)> {
     let k = k.min(values.len());
     let mut idx: Vec<u32> = (0..values.len() as u32).collect();
@@ -55,7 +39,10 @@ pub fn top_k_sorted(values: &[f32], k: usize) -> Vec<(u32, f32)> {
             .total_cmp(&values[*a as usize])
             .then(a.cmp(b))
     };
-    if k < idx.len() && k > 0 {
+    if k == 0 {
+        return Vec::new();
+    }
+    if k < idx.len() {
         idx.select_nth_unstable_by(k - 1, cmp);
         idx.truncate(k);
     }
@@ -103,7 +90,7 @@ impl DraftTree {
     }
 
     /// DDTree's best-first tree of at most `budget` non-root nodes. `top[d]` holds the
-    /// sorted top-K (token, log-prob) of depth d+1 (see [`top_k_logprobs`]).
+    /// sorted top-K (token, log-prob) of depth d+1 (see [`top_k_sorted`]).
     pub fn build(anchor: u32, top: &[Vec<(u32, f32)>], budget: usize) -> Self {
         let mut t = Self {
             tokens: vec![anchor],
@@ -211,7 +198,9 @@ mod tests {
         (0..depth)
             .map(|_| {
                 let logits: Vec<f32> = (0..vocab).map(|_| rng.random::<f32>() * 4.0).collect();
-                top_k_logprobs(&logits, vocab)
+                let lse = logits.iter().map(|&x| x.exp()).sum::<f32>().ln();
+                let logprobs: Vec<f32> = logits.iter().map(|&x| x - lse).collect();
+                top_k_sorted(&logprobs, vocab)
             })
             .collect()
     }
@@ -304,16 +293,11 @@ mod tests {
     }
 
     #[test]
-    fn top_k_is_log_softmax_sorted() {
+    fn top_k_is_sorted_with_ties_by_token() {
         let l = [1.0f32, 3.0, 2.0, 3.0];
-        let t = top_k_logprobs(&l, 3);
-        assert_eq!(t.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 2]);
-        let total: f64 = l.iter().map(|&x| (x as f64).exp()).sum();
-        assert!((t[0].1 as f64 - (3.0 - total.ln())).abs() < 1e-6);
-        // already-normalised rows give the same tokens and values
-        let lp: Vec<f32> = l.iter().map(|&x| x - total.ln() as f32).collect();
-        let u = top_k_sorted(&lp, 3);
-        assert_eq!(u.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3, 2]);
-        assert!(t.iter().zip(&u).all(|(a, b)| (a.1 - b.1).abs() < 1e-6));
+        let t = top_k_sorted(&l, 3);
+        assert_eq!(t, vec![(1, 3.0), (3, 3.0), (2, 2.0)]);
+        assert_eq!(top_k_sorted(&l, 9).len(), 4);
+        assert!(top_k_sorted(&l, 0).is_empty());
     }
 }

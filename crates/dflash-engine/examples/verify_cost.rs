@@ -7,7 +7,6 @@ use std::time::Instant;
 use anyhow::Result;
 use candle_core::{DType, Device};
 use dflash_core::tree::DraftTree;
-use dflash_core::visibility::causal;
 use dflash_model::loader::load_target;
 use dflash_model::Rows;
 
@@ -22,15 +21,7 @@ fn main() -> Result<()> {
         .map(|i| 200 + (i * 7919) % 20000)
         .collect();
     let mut cache = t.new_cache();
-    let pos: Vec<usize> = (0..cache_len).collect();
-    t.forward(
-        &prompt,
-        &pos,
-        &causal(0, cache_len),
-        &mut cache,
-        &[],
-        &Rows::None,
-    )?;
+    t.forward_causal(&prompt, &mut cache, &[], &Rows::None)?;
     let taps = [1usize, 8, 14, 20, 27].map(|x| x.min(t.num_layers() - 1));
     let mut cases: Vec<(String, DraftTree)> = vec![
         ("ar (1 row)".into(), DraftTree::chain(5, &[])),

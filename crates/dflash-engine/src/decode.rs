@@ -39,7 +39,6 @@ use candle_core::Tensor;
 use dflash_core::sampling::{Sampler, SamplingParams};
 use dflash_core::stats::RoundOutcome;
 use dflash_core::tree::{top_k_sorted, DraftTree};
-use dflash_core::visibility::causal;
 use dflash_model::drafter::Drafter;
 use dflash_model::{KvCache, Rows, Target};
 
@@ -172,15 +171,7 @@ pub fn generate(
     // prefill: the whole prompt, causal, taps of every prompt row
     let t0 = Instant::now();
     let mut cache = target.new_cache();
-    let positions: Vec<usize> = (0..n).collect();
-    let out = target.forward(
-        &req.prompt_ids,
-        &positions,
-        &causal(0, n),
-        &mut cache,
-        &taps,
-        &Rows::Last,
-    )?;
+    let out = target.forward_causal(&req.prompt_ids, &mut cache, &taps, &Rows::Last)?;
     let first = sampler.sample(&row(out.logits.as_ref().unwrap(), 0)?);
     let mut ctx = if drafter.is_some() {
         Some(Target::concat_taps(&out.taps)?.unsqueeze(0)?)

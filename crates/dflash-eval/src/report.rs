@@ -11,7 +11,6 @@ use std::path::Path;
 use anyhow::Result;
 use candle_core::D;
 use dflash_core::stats::{summarize, TauSummary};
-use dflash_core::visibility::causal;
 use dflash_model::loader::LoadedTarget;
 use dflash_model::Rows;
 use serde::Serialize;
@@ -151,12 +150,8 @@ pub fn lossless_check(lt: &LoadedTarget, runs: &[Run], greedy: bool) -> Result<L
 
 /// The target's top-2 logit gap after `prefix`.
 pub fn top2_gap(lt: &LoadedTarget, prefix: &[u32]) -> Result<f32> {
-    let n = prefix.len();
-    let pos: Vec<usize> = (0..n).collect();
     let mut c = lt.target.new_cache();
-    let o = lt
-        .target
-        .forward(prefix, &pos, &causal(0, n), &mut c, &[], &Rows::Last)?;
+    let o = lt.target.forward_causal(prefix, &mut c, &[], &Rows::Last)?;
     let l = o.logits.unwrap().squeeze(0)?;
     let top = l
         .sort_last_dim(false)?

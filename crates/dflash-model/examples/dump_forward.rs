@@ -6,7 +6,6 @@ use std::collections::HashMap;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
-use dflash_core::visibility::causal;
 use dflash_model::loader::load_hf_weights;
 use dflash_model::{Rows, Target};
 
@@ -16,17 +15,9 @@ fn main() -> Result<()> {
     let (cfg, store) = load_hf_weights(std::path::Path::new(&a[0]), dtype, &Device::Cpu)?;
     let t = Target::load(cfg, &store)?;
     let ids: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(&a[1])?)?;
-    let n = ids.len();
     let taps: Vec<usize> = (0..t.num_layers() - 1).collect();
     let mut c = t.new_cache();
-    let o = t.forward(
-        &ids,
-        &(0..n).collect::<Vec<_>>(),
-        &causal(0, n),
-        &mut c,
-        &taps,
-        &Rows::All,
-    )?;
+    let o = t.forward_causal(&ids, &mut c, &taps, &Rows::All)?;
     let mut m = HashMap::new();
     m.insert(
         "logits".to_string(),

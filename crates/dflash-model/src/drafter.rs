@@ -455,10 +455,10 @@ impl Drafter {
     /// per-position distributions, so that only the log-probabilities leave the device and the
     /// host picks the top K without an exp over the vocabulary.
     pub fn log_probs(logits: &Tensor) -> Result<Tensor> {
-        let l = logits.to_dtype(DType::F32)?;
-        let m = l.max_keepdim(D::Minus1)?;
-        let lse = (l.broadcast_sub(&m)?.exp()?.sum_keepdim(D::Minus1)?.log()? + m)?;
-        Ok(l.broadcast_sub(&lse)?)
+        Ok(candle_nn::ops::log_softmax(
+            &logits.to_dtype(DType::F32)?,
+            D::Minus1,
+        )?)
     }
 
     /// Row-wise argmax of `[n, vocab]` logits.

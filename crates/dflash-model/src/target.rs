@@ -346,6 +346,29 @@ impl Target {
         })
     }
 
+    /// The target rule in its plain form: `tokens` follow the cache's rows, at positions
+    /// `cache.len() ..`, causal ([`dflash_core::visibility::causal`]). A prompt's prefill on an
+    /// empty cache, or one AR step. Example: cache 3, tokens [a, b] → positions 3, 4; b sees
+    /// rows 0..=4.
+    pub fn forward_causal(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        taps: &[usize],
+        rows: &Rows,
+    ) -> Result<TargetOutput> {
+        let (c, n) = (cache.len(), tokens.len());
+        let positions: Vec<usize> = (c..c + n).collect();
+        self.forward(
+            tokens,
+            &positions,
+            &dflash_core::visibility::causal(c, n),
+            cache,
+            taps,
+            rows,
+        )
+    }
+
     /// One forward of `b = masks.len()` sequences that each feed `n` new rows on top of their
     /// own row of a batched cache (`[b, hkv, len, d]`): `tokens` and `positions` are `b · n`,
     /// sequence-major; `masks[s]` is sequence `s`'s `[n, cache | n]` visibility. Logits are

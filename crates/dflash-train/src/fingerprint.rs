@@ -5,7 +5,6 @@
 
 use anyhow::Result;
 use candle_core::{DType, D};
-use dflash_core::visibility::causal;
 use dflash_model::loader::{identity_hash, LoadedTarget};
 use dflash_model::Rows;
 use serde::{Deserialize, Serialize};
@@ -40,16 +39,8 @@ pub fn fingerprint(lt: &LoadedTarget, taps: &[usize]) -> Result<Fingerprint> {
     let mut heads = vec![Vec::new(); taps.len()];
     for (pi, p) in CANARY_PROMPTS.iter().enumerate() {
         let ids = lt.tokenizer.encode(p, false)?;
-        let pos: Vec<usize> = (0..ids.len()).collect();
         let mut cache = t.new_cache();
-        let out = t.forward(
-            &ids,
-            &pos,
-            &causal(0, ids.len()),
-            &mut cache,
-            taps,
-            &Rows::None,
-        )?;
+        let out = t.forward_causal(&ids, &mut cache, taps, &Rows::None)?;
         for (i, h) in out.taps.iter().enumerate() {
             let h = h.to_dtype(DType::F32)?;
             per_tap[i].extend(h.flatten_all()?.to_vec1::<f32>()?);

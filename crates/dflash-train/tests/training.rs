@@ -237,8 +237,9 @@ fn time_limit_stops_with_a_checkpoint_and_resume_finishes_the_same_run() {
     let lt = load(&td, DType::F32);
     let mut cfg = small_config();
     cfg.max_steps = Some(6);
-    cfg.save_every = 100; // only the limit and the last step save
-                          // uninterrupted
+    // only the time limit and the last step save
+    cfg.save_every = 100;
+    // uninterrupted
     let whole = tmp("limit-whole");
     train(&lt, &data, &whole, cfg.clone(), false).unwrap();
     // a zero limit: stops after the first step, with its checkpoint
