@@ -7,7 +7,7 @@ use anyhow::Result;
 use candle_core::DType;
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
-use dflash_core::stats::summarize;
+use dflash_core::stats::{decode_secs_per_token, summarize};
 use dflash_engine::{generate, Request};
 use dflash_eval::harness::{mode_specs, parse_modes, EvalDrafter};
 use dflash_model::drafter::Drafter;
@@ -71,7 +71,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let mut tpot = Vec::new();
         let mut last = None;
         for rep in 0..=a.repeats {
-            let (mut secs, mut toks, mut rounds) = (0.0, 0usize, Vec::new());
+            let (mut tpots, mut rounds) = (Vec::new(), Vec::new());
             for p in PROMPTS {
                 let ids = lt.tokenizer.prompt_ids(p, true)?;
                 let req = Request {
@@ -83,12 +83,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 dev.synchronize()?;
                 let g = generate(&lt.target, d, spec.mode, &req)?;
                 dev.synchronize()?;
-                secs += g.decode_secs;
-                toks += g.new_tokens.len() - 1;
+                tpots.push(decode_secs_per_token(g.decode_secs, g.new_tokens.len()));
                 rounds.push(g.rounds);
             }
             if rep > 0 {
-                tpot.push(secs / toks as f64); // rep 0 is the warm-up (PTX JIT, allocations)
+                // mean over the prompts; rep 0 is the warm-up (PTX JIT, allocations)
+                tpot.push(tpots.iter().sum::<f64>() / tpots.len() as f64);
                 last = Some(rounds);
             }
         }

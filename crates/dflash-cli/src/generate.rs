@@ -138,7 +138,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let vs_ar = if a.compare_ar && mode != Mode::Ar {
         let ar = generate(&loaded.target, None, EngineMode::Ar, &req)?;
         let per_token = |x: &dflash_engine::Generation| {
-            x.decode_secs / (x.new_tokens.len().saturating_sub(1)).max(1) as f64
+            dflash_core::stats::decode_secs_per_token(x.decode_secs, x.new_tokens.len())
         };
         Some((
             per_token(&ar) / per_token(&g),

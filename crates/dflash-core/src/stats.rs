@@ -118,6 +118,14 @@ pub fn simulated_chain_tau(per_position_acceptance: &[f64]) -> f64 {
     tau
 }
 
+/// Decode time per output token: the decoding loop's time over the tokens it produced (the
+/// first new token comes from the prefill's logits, so it is not one of them). The one
+/// definition behind `generate --compare-ar`, `bench` and the eval reports' TPOT and speed-up.
+/// Example: 64 new tokens decoded in 0.63 s → 10 ms per token.
+pub fn decode_secs_per_token(decode_secs: f64, new_tokens: usize) -> f64 {
+    decode_secs / new_tokens.saturating_sub(1).max(1) as f64
+}
+
 /// The pooled τ that decoding would measure, from per-anchor τ at uniformly sampled anchors
 /// (τ_anchor = 1 + drafts accepted there): their **harmonic** mean, `n / Σ 1/τ_anchor`.
 /// Decoding does not visit uniform positions: each round starts right after the previous one
@@ -159,6 +167,14 @@ mod tests {
         // position 1: offered 3, accepted 2; position 2: offered 2 (acc>=1), accepted 1; 3: 1/1
         assert_eq!(s.per_position_acceptance, vec![2.0 / 3.0, 0.5, 1.0]);
         assert!((simulated_chain_tau(&[0.5, 0.5]) - 1.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn time_per_token_counts_the_decoded_tokens_only() {
+        assert!((decode_secs_per_token(0.63, 64) - 0.01).abs() < 1e-12);
+        // one new token: it came from the prefill; no division by zero
+        assert_eq!(decode_secs_per_token(0.5, 1), 0.5);
+        assert_eq!(decode_secs_per_token(0.5, 0), 0.5);
     }
 
     #[test]

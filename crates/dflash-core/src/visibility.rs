@@ -190,28 +190,30 @@ impl DraftRule {
     }
 
     /// Does the query at absolute position `query_pos`, in the block anchored at `anchor`,
-    /// see `key`?
+    /// see `key`? Context keys: exactly [`DraftRule::context_range`] of a lone sequence.
     pub fn sees(&self, anchor: usize, query_pos: usize, key: DraftKey) -> bool {
-        let (k, base) = match key {
-            DraftKey::Context(k) => (k, k < anchor),
-            DraftKey::OwnBlock(k) => (k, !self.causal || k <= query_pos),
-            DraftKey::OtherBlock => return false,
-        };
-        base && self.sliding_window.is_none_or(|w| query_pos < k + w)
+        match key {
+            DraftKey::Context(k) => self.context_range(anchor, query_pos, 0).contains(&k),
+            DraftKey::OwnBlock(k) => {
+                (!self.causal || k <= query_pos) && k >= self.window_start(query_pos)
+            }
+            DraftKey::OtherBlock => false,
+        }
     }
 
-    /// The context keys [`DraftRule::sees`] shows the query at `query_pos` in the block
-    /// anchored at `anchor`, as one interval ending at the anchor (every rule here is one:
-    /// strictly before the anchor, inside the window), cut to keys at or after `from` (the
-    /// first row of the query's own sequence in a packed row). Lets a device build the
-    /// training mask from two numbers per row. Example: W = 4, anchor 10, query 12, from 0 →
-    /// 9..10; full attention, anchor 10, from 4 → 4..10.
+    /// The context keys the query at `query_pos` in the block anchored at `anchor` sees: one
+    /// interval ending at the anchor (strictly before it, inside the window), cut to keys at
+    /// or after `from` (the first row of the query's own sequence in a packed row). The
+    /// training masks are built from it with two numbers per row. Example: W = 4, anchor 10,
+    /// query 12, from 0 → 9..10; full attention, anchor 10, from 4 → 4..10.
     pub fn context_range(&self, anchor: usize, query_pos: usize, from: usize) -> Range<usize> {
-        let lo = match self.sliding_window {
-            Some(w) => (query_pos + 1).saturating_sub(w),
-            None => 0,
-        };
-        lo.max(from).min(anchor)..anchor
+        self.window_start(query_pos).max(from).min(anchor)..anchor
+    }
+
+    /// The first key position inside the query's window (`q - k < W`), 0 without a window.
+    fn window_start(&self, query_pos: usize) -> usize {
+        self.sliding_window
+            .map_or(0, |w| (query_pos + 1).saturating_sub(w))
     }
 }
 
@@ -352,7 +354,7 @@ mod tests {
     }
 
     #[test]
-    fn context_range_is_the_rule_cell_by_cell() {
+    fn context_range_is_the_rule_written_out() {
         for rule in [
             DraftRule::FULL,
             DraftRule::for_layer(Some(1)),
@@ -363,7 +365,13 @@ mod tests {
                     for from in 0..=anchor {
                         let r = rule.context_range(anchor, q, from);
                         for c in 0..20 {
-                            let want = c >= from && rule.sees(anchor, q, DraftKey::Context(c));
+                            // z-lab's rule written out: before the anchor, inside the window
+                            let in_window = rule.sliding_window.is_none_or(|w| q < c + w);
+                            let want = from <= c && c < anchor && in_window;
+                            assert_eq!(
+                                rule.sees(anchor, q, DraftKey::Context(c)),
+                                c < anchor && in_window
+                            );
                             assert_eq!(
                                 r.contains(&c),
                                 want,
@@ -456,6 +464,7 @@ mod tests {
         assert_eq!(row1, vec![2, 4]);
         // one sequence alone is the target rule
         assert_eq!(packed(&[7, 7, 7], &[7, 7]), causal(3, 2));
+        assert_eq!(packed(&[], &[0; 5]), causal(0, 5));
         // a prefill of sequence 2 after two others: causal among its own rows only
         let p = packed(&[0, 1, 0], &[2, 2, 2]);
         for r in 0..3 {

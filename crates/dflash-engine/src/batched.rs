@@ -199,10 +199,10 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         let mut cache = self.target.new_batched_cache(n_slots, 64)?;
         let mut slot: Vec<Option<Live>> = (0..n_slots).map(|_| None).collect();
         loop {
-            // 1. refill once an eighth of the slots (or all of them) are free
+            // 1. refill once an eighth of the slots (at the start: all of them) are free
             let free: Vec<usize> = (0..n_slots).filter(|&s| slot[s].is_none()).collect();
             if !free.is_empty()
-                && (free.len() * 8 >= n_slots || free.len() == n_slots)
+                && free.len() * 8 >= n_slots
                 && self.refill(&mut cache, &mut slot, &free)?
             {
                 return Ok(());

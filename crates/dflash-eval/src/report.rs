@@ -70,7 +70,7 @@ fn mean(v: &[f64]) -> f64 {
 }
 
 pub fn mode_reports(specs: &[ModeSpec], runs: &[Run]) -> Vec<ModeReport> {
-    let tpot = |r: &Run| r.decode_secs / r.tokens.len().max(1) as f64;
+    let tpot = |r: &Run| dflash_core::stats::decode_secs_per_token(r.decode_secs, r.tokens.len());
     let ar_tpot = mean(
         &runs
             .iter()

@@ -43,6 +43,18 @@ pub fn range_mask(
     inside.where_cond(&zeros, &hidden)
 }
 
+/// The additive masks of `b` sequences' visibility matrices (each `[n, t]`), as one
+/// `[b, 1, 1, n, t]` tensor that [`attend`] broadcasts over K/V heads and grouped query heads
+/// (one sequence: `[n, t]`).
+pub fn mask_tensors(masks: &[Visibility], dtype: DType, device: &Device) -> Result<Tensor> {
+    if let [one] = masks {
+        return mask_tensor(one, dtype, device);
+    }
+    let (n, t) = (masks[0].rows, masks[0].cols);
+    let data: Vec<f32> = masks.iter().flat_map(|m| m.additive()).collect();
+    Tensor::from_vec(data, (masks.len(), 1, 1, n, t), device)?.to_dtype(dtype)
+}
+
 /// Numerically stable softmax over the last axis, from differentiable ops.
 pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
     let max = x.max_keepdim(D::Minus1)?;

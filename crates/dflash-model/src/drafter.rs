@@ -23,9 +23,7 @@ use candle_core::{DType, Tensor, D};
 use candle_nn::{Linear, Module};
 use dflash_core::config::DrafterConfig;
 use dflash_core::segments::Segments;
-use dflash_core::visibility::{
-    draft_inference, draft_training, draft_training_parts, DraftRule, Visibility,
-};
+use dflash_core::visibility::{draft_inference, draft_training_parts, DraftRule};
 
 use crate::attention::{attend, attend_blocks, context_windows, mask_tensor, ContextWindow};
 use crate::kv_cache::KvCache;
@@ -54,16 +52,6 @@ pub enum DraftLayout<'a> {
 }
 
 impl DraftLayout<'_> {
-    fn mask(&self, rule: DraftRule) -> Visibility {
-        match *self {
-            DraftLayout::Inference { anchor, block } => draft_inference(rule, anchor, block),
-            DraftLayout::Training {
-                segs,
-                anchors,
-                block,
-            } => draft_training(rule, segs, anchors, block),
-        }
-    }
     fn block_positions(&self) -> Vec<usize> {
         match *self {
             DraftLayout::Inference { anchor, block } => (anchor..anchor + block).collect(),
@@ -330,9 +318,11 @@ impl Drafter {
                             block,
                         }
                     }
-                    DraftLayout::Inference { .. } => {
-                        LayerMask::Dense(mask_tensor(&layout.mask(l.rule), dtype, device)?)
-                    }
+                    DraftLayout::Inference { anchor, block } => LayerMask::Dense(mask_tensor(
+                        &draft_inference(l.rule, anchor, block),
+                        dtype,
+                        device,
+                    )?),
                 };
                 masks.push((l.rule, lm));
             }

@@ -13,7 +13,7 @@ use candle_nn::{Linear, Module};
 use dflash_core::config::TargetConfig;
 use dflash_core::visibility::Visibility;
 
-use crate::attention::{attend_frozen, mask_tensor};
+use crate::attention::{attend_frozen, mask_tensors};
 use crate::families::{spec_for, FamilySpec};
 use crate::gdn::{GatedDeltaNet, GdnCache, GdnDims};
 use crate::kv_cache::KvCache;
@@ -440,17 +440,7 @@ impl Target {
         } else {
             Vec::new()
         };
-        let mask = if b == 1 {
-            mask_tensor(&masks[0], self.dtype, &self.device)?
-        } else {
-            let t = cache.len() + n;
-            let mut data = Vec::with_capacity(b * n * t);
-            for m in masks {
-                data.extend(m.additive());
-            }
-            // [b, 1, 1, n, t]: broadcast over K/V heads and grouped query heads
-            Tensor::from_vec(data, (b, 1, 1, n, t), &self.device)?.to_dtype(self.dtype)?
-        };
+        let mask = mask_tensors(masks, self.dtype, &self.device)?;
         let mut x = self
             .embed(tokens)?
             .reshape((b, n, self.config.hidden_size))?;

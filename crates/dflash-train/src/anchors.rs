@@ -11,13 +11,8 @@ pub fn candidates(loss_mask: &[u8]) -> Vec<usize> {
         .collect()
 }
 
-/// Up to `n` anchors, sorted, drawn with a ChaCha8 seeded by `seed`.
-pub fn sample(loss_mask: &[u8], n: usize, seed: u64) -> Vec<usize> {
-    sample_from(candidates(loss_mask), n, seed)
-}
-
-/// Up to `n` of these candidates, sorted, drawn with a ChaCha8 seeded by `seed`.
-pub fn sample_from(mut c: Vec<usize>, n: usize, seed: u64) -> Vec<usize> {
+/// Up to `n` of these candidates as anchors, sorted, drawn with a ChaCha8 seeded by `seed`.
+pub fn sample(mut c: Vec<usize>, n: usize, seed: u64) -> Vec<usize> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let k = n.min(c.len());
     for i in 0..k {
@@ -47,10 +42,11 @@ mod tests {
     #[test]
     fn candidates_need_two_supervised_tokens() {
         assert_eq!(candidates(&[0, 0, 1, 1, 1, 0]), vec![2, 3]);
-        let a = sample(&[1; 100], 10, 3);
+        let all = || candidates(&[1; 100]);
+        let a = sample(all(), 10, 3);
         assert_eq!(a.len(), 10);
-        assert_eq!(a, sample(&[1; 100], 10, 3));
-        assert_ne!(a, sample(&[1; 100], 10, 4));
+        assert_eq!(a, sample(all(), 10, 3));
+        assert_ne!(a, sample(all(), 10, 4));
         assert!(a.windows(2).all(|w| w[0] < w[1]));
     }
 }

@@ -13,7 +13,7 @@
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
 use dflash_core::stats::{simulated_chain_tau, simulated_decoding_tau};
-use dflash_core::visibility::{causal, packed};
+use dflash_core::visibility::packed;
 use dflash_model::drafter::{DraftLayout, Drafter};
 use dflash_model::{Rows, Target};
 use serde::{Deserialize, Serialize};
@@ -36,13 +36,9 @@ pub fn target_features(
     row: &TrainingRow,
     with_logits: bool,
 ) -> Result<Features> {
-    let n = row.len();
     let pos = row.segs.positions();
-    let mask = if row.segs.count() == 1 {
-        causal(0, n)
-    } else {
-        packed(&[], &row.segs.owners())
-    };
+    // the target rule per sequence (one sequence: exactly `causal(0, len)`)
+    let mask = packed(&[], &row.segs.owners());
     let mut cache = target.new_cache();
     let rows = if with_logits { Rows::All } else { Rows::None };
     let out = target.forward(&row.seq.ids, &pos, &mask, &mut cache, taps, &rows)?;

@@ -191,7 +191,7 @@ pub fn row_loss(
         cfg.loss == LossKind::Kl,
     )?;
     ph.mark("target features");
-    let a = anchors::sample_from(row.anchor_candidates(), cfg.num_anchors, anchor_seed);
+    let a = anchors::sample(row.anchor_candidates(), cfg.num_anchors, anchor_seed);
     block_loss(
         &td.drafter,
         &lt.target,
