@@ -38,6 +38,16 @@ fn fails_with(args: &[&str], needle: &str) {
     );
     assert!(!err.contains("panicked"), "panic for {args:?}:\n{err}");
 }
+/// A chat prompt whose greedy answer transformers computed (tests/fixtures/smollm2.json), 8
+/// tokens, JSON out.
+const FRANCE_JSON: &[&str] = &[
+    "--prompt",
+    "What is the capital of France?",
+    "--chat",
+    "--max-new-tokens",
+    "8",
+    "--json",
+];
 /// Run `generate` with `args`; it must succeed. Returns (stdout as JSON, stderr).
 fn succeeds_json(args: &[&str]) -> (serde_json::Value, String) {
     let out = bin().arg("generate").args(args).output().unwrap();
@@ -208,16 +218,7 @@ fn drafter_that_does_not_fit() {
 #[test]
 fn generate_json_has_the_promised_fields() {
     let target = smollm2();
-    let (v, _) = succeeds_json(&[
-        "--target",
-        target.to_str().unwrap(),
-        "--prompt",
-        "What is the capital of France?",
-        "--chat",
-        "--max-new-tokens",
-        "8",
-        "--json",
-    ]);
+    let (v, _) = succeeds_json(&[&["--target", target.to_str().unwrap()], FRANCE_JSON].concat());
     for k in [
         "text",
         "token_ids",
@@ -237,19 +238,19 @@ fn generate_json_has_the_promised_fields() {
 
 #[test]
 fn speculative_generate_uses_the_bundled_drafter_and_compares_with_ar() {
-    let (v, err) = succeeds_json(&[
-        "--target",
-        "smollm2-135m",
-        "--mode",
-        "dflash",
-        "--prompt",
-        "What is the capital of France?",
-        "--chat",
-        "--max-new-tokens",
-        "8",
-        "--json",
-        "--compare-ar",
-    ]);
+    let (v, err) = succeeds_json(
+        &[
+            &[
+                "--target",
+                "smollm2-135m",
+                "--mode",
+                "dflash",
+                "--compare-ar",
+            ],
+            FRANCE_JSON,
+        ]
+        .concat(),
+    );
     assert!(err.contains("using the bundled drafter"));
     assert_eq!(v["mode"], "dflash");
     assert_eq!(v["text"], "The capital of France is Paris.");
