@@ -9,18 +9,21 @@
 #   setup   assemble the staged GGUF (/root/stage/smollm2.gguf/part*), unpack .device/dflash-rs.xz
 #           and .device/datasets.tar.xz (evaluation datasets) when carried
 #   restore unpack the shards of earlier leases (DATA_TAR, default the committed
-#           assets/data/smollm2-135m-regen-1024.tar.xz, 1,024-token cap: continue it with DATA_TOKENS=1024
-#           and the same prompts file) into $ROOT/data
+#           assets/data/smollm2-135m-regen-1024.tar.xz, 1,936 sequences, 1,024-token cap, shards of
+#           16: continue it with DATA_TOKENS=1024 SHARD=16 and the same prompts file) into $ROOT/data
 #   data    regenerate responses for .device/prompts.jsonl.xz (greedy, f32, batched decoding),
 #           stopped after DATA_SECS (finished shards are kept; the manifest lists them);
 #           continues an existing $ROOT/data
 #   profile the same with DFLASH_PROFILE=1 for PROFILE_SECS, then a profiled 8-step training
 #           probe: time per phase of decoding and of a training step → $OUT
+#   check   `dflash-rs device-check` (CPU vs GPU parity, losslessness) → $OUT/device-check.md
+#   probes  8 profiled training steps for each PROBES="PACK:ANCHORS:ACCUM …" → $OUT/probe-*.log
 #   plan    a short probe run times one optimizer step; the run's max_steps = TRAIN_SECS / step
 #   train   train (or --resume) until UNTIL seconds after this call started, with a checkpoint
+#   savedata the data directory → $OUT/data.tar.xz
 #   export  the latest checkpoint as bf16 + the run's records → $OUT
 #   eval    the exported drafter: `dflash-rs eval` on the four datasets, in parallel processes
-# Environment: DATA_SECS (240), TRAIN_SECS (900), UNTIL (560), BATCH (128), SHARD (64),
+# Environment: DATA_SECS (240; DATA_UNTIL: until that many seconds after this call started), TRAIN_SECS (900), UNTIL (560), BATCH (128), SHARD (64),
 #   DATA_TOKENS (1024), ANCHORS (anchors per training row, 256), PACK (pack training sequences
 #   into rows of this many tokens; unset: one sequence per row), ACCUM (rows per step, 4),
 #   EVAL_LIMIT (32), EVAL_TOKENS (256),
@@ -76,6 +79,8 @@ profile() {
 
 data() {
   [ -f $ROOT/prompts.jsonl ] || xz -d -c .device/prompts.jsonl.xz > $ROOT/prompts.jsonl
+  [ -n "${DATA_UNTIL:-}" ] && DATA_SECS=$(( DATA_UNTIL - $(elapsed) ))
+  if [ "${DATA_SECS:-240}" -lt 20 ]; then log "data: skipped, ${DATA_SECS} s left"; return; fi
   log "data: $(wc -l < $ROOT/prompts.jsonl) prompts, ${DATA_SECS:-240} s"
   $B data generate --prompts $ROOT/prompts.jsonl --out $D --time-limit "${DATA_SECS:-240}" \
     --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" --device $DEV --dtype f32 \
@@ -101,6 +106,17 @@ config() { # $1 max_steps → the run's training config
  "save_every": $every, "val_every": $every, "val_sequences": 32, "keep_last": 2,
  "seed": 0, "init_seed": 0, "dtype": "$TRAIN_DTYPE", "device": "$DEV"$INIT}
 EOF
+}
+
+probes() { # PROBES="PACK:ANCHORS:ACCUM …" (PACK 0 = one sequence per row): 8 profiled steps each
+  for c in ${PROBES:-0:256:4 2048:512:2}; do
+    IFS=: read -r pk an ac <<< "$c"
+    local p=""; [ "$pk" != 0 ] && p=$pk
+    rm -rf $ROOT/pp
+    PACK=$p ANCHORS=$an ACCUM=$ac config 8 > $ROOT/pp.json
+    DFLASH_PROFILE=1 $B train --data $D --out $ROOT/pp --config $ROOT/pp.json > "$OUT/probe-$pk-$an-$ac.log" 2>&1
+    log "probe pack $pk anchors $an accum $ac: $(tail -n 1 $ROOT/pp/metrics.jsonl | cut -c1-200)"
+  done
 }
 
 plan() {
@@ -151,7 +167,9 @@ eval_() {
   mkdir -p $ROOT/eval
   for ds in gsm8k humaneval mt-bench math500; do
     for t in 0 1; do
+      # --time-limit stops between items and reports the finished ones; timeout is the backstop
       timeout "${EVAL_SECS:-300}" $B eval --dataset $ds --limit "$lim" --drafter smollm2-135m-b16=$E \
+        --time-limit $(( ${EVAL_SECS:-300} * 2 / 3 )) \
         --modes ar,dflash,ddtree:8,ddtree:32 --max-new-tokens "$tok" --temperature $t \
         --device $DEV --dtype $TRAIN_DTYPE --out $ROOT/eval/$ds-t$t > $ROOT/eval/$ds-t$t.log 2>&1 &
     done
@@ -166,10 +184,13 @@ for p in "$@"; do
     setup) setup ;;
     restore) restore ;;
     profile) profile ;;
+    probes) probes ;;
+    check) $B device-check --device $DEV > "$OUT/device-check.md" 2>&1; log "check: exit $?, $(grep -ci fail "$OUT/device-check.md") lines mention a failure" ;;
     data) data ;;
     plan) plan ;;
     train) train ;;
     export) export_ ;;
+    savedata) tar -C $ROOT -cJf "$OUT/data.tar.xz" data && log "savedata: $(du -b $OUT/data.tar.xz | cut -f1) bytes" ;;
     eval) eval_ ;;
     *) log "unknown phase $p"; exit 2 ;;
   esac

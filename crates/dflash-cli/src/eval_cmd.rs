@@ -33,6 +33,9 @@ pub struct EvalArgs {
     pub max_new_tokens: usize,
     #[arg(long)]
     pub out: PathBuf,
+    /// Start no new item after this many seconds; the report covers the items finished.
+    #[arg(long)]
+    pub time_limit: Option<f64>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -42,6 +45,11 @@ pub struct EvalArgs {
 pub fn run_eval(a: EvalArgs) -> Result<()> {
     let sampling = a.sampling.params()?;
     let modes = parse_modes(&a.modes)?;
+    let time_limit = match a.time_limit {
+        Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t)),
+        Some(t) => bail!("--time-limit must be a number of seconds >= 0 (got {t})"),
+        None => None,
+    };
     let (dtype, device) = a.run_on.parse()?;
     let items = datasets::load(&a.dataset, &dflash_home(), a.limit)?;
     let lt = load_target(&a.target, dtype, &device)?;
@@ -81,8 +89,14 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         &EvalOptions {
             sampling,
             max_new_tokens: a.max_new_tokens,
+            time_limit,
         },
     )?;
+    let items_done = {
+        let mut seen: Vec<&str> = runs.iter().map(|r| r.item.as_str()).collect();
+        seen.dedup();
+        seen.len()
+    };
     let modes_r = mode_reports(&specs, &runs);
     let lossless = lossless_check(&lt, &runs, sampling.is_greedy())?;
     let report = Report {
@@ -95,6 +109,8 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         versions: serde_json::json!({"dflash-rs": env!("CARGO_PKG_VERSION"), "candle": "0.11.1"}),
         temperature: sampling.temperature,
         max_new_tokens: a.max_new_tokens,
+        items_done,
+        items_asked: items.len(),
         modes: modes_r,
         lossless,
         runs,

@@ -111,6 +111,10 @@ pub struct Run {
 pub struct EvalOptions {
     pub sampling: SamplingParams,
     pub max_new_tokens: usize,
+    /// Start no new item after this much wall time (the first always runs): the items
+    /// finished (every mode on every turn, so modes stay comparable) make the report (e.g. a
+    /// 10-minute GPU lease).
+    pub time_limit: Option<std::time::Duration>,
 }
 
 /// Run every mode on every item (every turn, each mode feeding back its own answers).
@@ -125,7 +129,16 @@ pub fn run(
     let mut pb = dflash_train::progress::Progress::new(total, "eval", "generations");
     let ctx = lt.target.config.max_position_embeddings;
     let mut runs = Vec::new();
+    let started = std::time::Instant::now();
     for (ii, item) in items.iter().enumerate() {
+        if ii > 0 && opts.time_limit.is_some_and(|l| started.elapsed() >= l) {
+            pb.finish();
+            eprintln!(
+                "time limit reached: {ii} of {} items done, the report covers them",
+                items.len()
+            );
+            return Ok(runs);
+        }
         for spec in specs {
             let mut history: Vec<ChatMessage> = Vec::new();
             for (turn, text) in item.turns.iter().enumerate() {

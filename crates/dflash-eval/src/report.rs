@@ -56,6 +56,9 @@ pub struct Report {
     pub versions: serde_json::Value,
     pub temperature: f32,
     pub max_new_tokens: usize,
+    /// Items evaluated, and in the dataset slice asked for (fewer when a time limit stopped it).
+    pub items_done: usize,
+    pub items_asked: usize,
     pub modes: Vec<ModeReport>,
     pub lossless: Lossless,
     pub runs: Vec<Run>,
@@ -321,7 +324,15 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
         "- device {}, dtype {}, temperature {}, max new tokens {}",
         report.device, report.dtype, report.temperature, report.max_new_tokens
     );
-    let _ = writeln!(md, "- versions: {}\n", report.versions);
+    let _ = writeln!(md, "- versions: {}", report.versions);
+    if report.items_done < report.items_asked {
+        let _ = writeln!(
+            md,
+            "- **stopped at the time limit: {} of {} items** (every mode on the same items)",
+            report.items_done, report.items_asked
+        );
+    }
+    let _ = writeln!(md);
     let _ = writeln!(md, "| mode | requests | τ pooled | τ mean of means | rounds | new tokens | tok/s | TPOT ms | speed-up vs AR | draft s | verify s | other s |");
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for m in &report.modes {

@@ -49,6 +49,7 @@ fn reports_are_consistent_and_lossless_on_every_dataset() {
         let opts = EvalOptions {
             sampling: SamplingParams::default(),
             max_new_tokens: 10,
+            time_limit: None,
         };
         let runs = run(&lt, &drafters, &specs, &items, &opts).unwrap();
         let turns: usize = items.iter().map(|i| i.turns.len()).sum();
@@ -87,6 +88,8 @@ fn reports_are_consistent_and_lossless_on_every_dataset() {
             versions: serde_json::json!({}),
             temperature: 0.0,
             max_new_tokens: 10,
+            items_done: items.len(),
+            items_asked: items.len(),
             modes,
             lossless,
             runs,
@@ -136,10 +139,31 @@ fn two_drafters_side_by_side() {
         &EvalOptions {
             sampling: SamplingParams::default(),
             max_new_tokens: 6,
+            time_limit: None,
         },
     )
     .unwrap();
     assert_eq!(runs.len(), 3);
+    // a time limit stops between items, never inside one: every mode on the same first item
+    let two = datasets::load("gsm8k", &dflash_home(), Some(2)).unwrap();
+    let limited = |limit| {
+        run(
+            &lt,
+            &drafters,
+            &specs,
+            &two,
+            &EvalOptions {
+                sampling: SamplingParams::default(),
+                max_new_tokens: 2,
+                time_limit: limit,
+            },
+        )
+        .unwrap()
+    };
+    let cut = limited(Some(std::time::Duration::ZERO));
+    assert_eq!(cut.len(), 3);
+    assert!(cut.iter().all(|r| r.item == two[0].id));
+    assert_eq!(limited(Some(std::time::Duration::from_secs(3600))).len(), 6);
     assert!(runs[1].tokens == runs[0].tokens && runs[2].tokens == runs[0].tokens);
     assert!(parse_modes("ar,ddtree:0").is_err() && parse_modes("beam").is_err());
 }

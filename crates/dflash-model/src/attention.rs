@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{DType, Device, Result, Tensor};
 use dflash_core::visibility::Visibility;
 
 use crate::norm::compute_dtype;
@@ -55,42 +55,13 @@ pub fn mask_tensors(masks: &[Visibility], dtype: DType, device: &Device) -> Resu
     Tensor::from_vec(data, (masks.len(), 1, 1, n, t), device)?.to_dtype(dtype)
 }
 
-/// Numerically stable softmax over the last axis, from differentiable ops.
-pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?;
-    let e = x.broadcast_sub(&max)?.exp()?;
-    let s = e.sum_keepdim(D::Minus1)?;
-    e.broadcast_div(&s)
-}
+/// The drafter's softmax (fused forward, closed-form backward): [`crate::softmax`].
+pub use crate::softmax::softmax_last;
 
 /// `q: [b, hq, n, d]`, `k, v: [b, hkv, t, d]`, `mask: [n, t]` (or `[b, 1, 1, n, t]`)
-/// additive → `[b, n, hq * d]`.
+/// additive → `[b, n, hq * d]`. The target and the drafter both attend through here (one
+/// fused softmax launch; a backward only where the inputs carry a graph: the drafter's).
 pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
-    attend_with(q, k, v, mask, scale, softmax_last)
-}
-
-/// [`attend`] with candle-nn's fused softmax (one launch instead of five, no backward): for
-/// the frozen target.
-pub fn attend_frozen(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: &Tensor,
-    scale: f64,
-) -> Result<Tensor> {
-    attend_with(q, k, v, mask, scale, |s| {
-        candle_nn::ops::softmax_last_dim(&s.contiguous()?)
-    })
-}
-
-fn attend_with(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    mask: &Tensor,
-    scale: f64,
-    softmax: impl Fn(&Tensor) -> Result<Tensor>,
-) -> Result<Tensor> {
     let (b, hq, n, d) = q.dims4()?;
     let (_, hkv, t, _) = k.dims4()?;
     let g = hq / hkv;
@@ -103,7 +74,7 @@ fn attend_with(
     let scores = scores
         .reshape((b, hkv, g, n, t))?
         .broadcast_add(&mask.to_dtype(cd)?)?;
-    let probs = softmax(&scores)?
+    let probs = softmax_last(&scores)?
         .to_dtype(dtype)?
         .reshape((b, hkv, g * n, t))?;
     let out = probs.matmul(&v)?; // [b, hkv, g*n, d]
@@ -125,35 +96,42 @@ pub struct ContextWindow {
 }
 
 /// The rows and keys of the windows of a training layout: blocks grouped by `group_of_block`
-/// (their sequence in a packed row), at most `max_blocks` blocks per window, each window's keys
-/// the union of its rows' context ranges (`ranges[row]`, from the draft rule). Example: B = 2,
-/// ranges [0..3, 0..3, 0..5, 0..5, 6..9, 6..9], groups [0, 0, 1] → windows rows 0..4 keys 0..5,
-/// rows 4..6 keys 6..9.
+/// (their sequence in a packed row), each window's keys the union of its rows' context ranges
+/// (`ranges[row]`, from the draft rule), a window grown block by block while its rows × keys
+/// stay within `max_cells` (at least one block). Few large windows launch few kernels (the GPU's
+/// cost); many small ones skip more hidden cells (keys at or after a window's last anchor).
+/// Example: B = 2, ranges [0..3, 0..3, 0..5, 0..5, 6..9, 6..9], groups [0, 0, 1]: unbounded →
+/// windows rows 0..4 keys 0..5, rows 4..6 keys 6..9; `max_cells` 0 → one block per window.
 pub fn window_bounds(
     ranges: &[Range<usize>],
     block: usize,
     group_of_block: &[usize],
-    max_blocks: usize,
+    max_cells: usize,
 ) -> Vec<(Range<usize>, Range<usize>)> {
+    // the key span of some rows: (min start of the non-empty ranges, max end)
+    let grow = |(lo, hi): (usize, usize), rows: Range<usize>| {
+        ranges[rows].iter().fold((lo, hi), |(lo, hi), r| {
+            (
+                if r.is_empty() { lo } else { lo.min(r.start) },
+                hi.max(r.end),
+            )
+        })
+    };
+    let keys = |(lo, hi): (usize, usize)| if lo < hi { lo..hi } else { 0..0 };
     let mut out = Vec::new();
     let mut j = 0;
     while j < group_of_block.len() {
+        let mut span = grow((usize::MAX, 0), j * block..(j + 1) * block);
         let mut e = j + 1;
-        while e < group_of_block.len()
-            && group_of_block[e] == group_of_block[j]
-            && e - j < max_blocks.max(1)
-        {
+        while e < group_of_block.len() && group_of_block[e] == group_of_block[j] {
+            let wider = grow(span, e * block..(e + 1) * block);
+            if ((e + 1 - j) * block).saturating_mul(keys(wider).len()) > max_cells {
+                break;
+            }
+            span = wider;
             e += 1;
         }
-        let rows = j * block..e * block;
-        let rs = &ranges[rows.clone()];
-        let lo = rs.iter().filter(|r| !r.is_empty()).map(|r| r.start).min();
-        let hi = rs.iter().map(|r| r.end).max().unwrap_or(0);
-        let keys = match lo {
-            Some(lo) => lo..hi,
-            None => 0..0,
-        };
-        out.push((rows, keys));
+        out.push((j * block..e * block, keys(span)));
         j = e;
     }
     out
@@ -165,11 +143,11 @@ pub fn context_windows(
     ranges: &[Range<usize>],
     block: usize,
     group_of_block: &[usize],
-    max_blocks: usize,
+    max_cells: usize,
     dtype: DType,
     device: &Device,
 ) -> Result<Vec<ContextWindow>> {
-    window_bounds(ranges, block, group_of_block, max_blocks)
+    window_bounds(ranges, block, group_of_block, max_cells)
         .into_iter()
         .map(|(rows, keys)| {
             let local: Vec<Range<usize>> = ranges[rows.clone()]
@@ -342,13 +320,16 @@ mod tests {
         // the docs' example
         let ranges = [0..3, 0..3, 0..5, 0..5, 6..9, 6..9];
         assert_eq!(
-            window_bounds(&ranges, 2, &[0, 0, 1], 64),
+            window_bounds(&ranges, 2, &[0, 0, 1], usize::MAX),
             vec![(0..4, 0..5), (4..6, 6..9)]
         );
         assert_eq!(
-            window_bounds(&ranges, 2, &[0, 0, 1], 1),
+            window_bounds(&ranges, 2, &[0, 0, 1], 0),
             vec![(0..2, 0..3), (2..4, 0..5), (4..6, 6..9)]
         );
+        // 4 rows × 5 keys = 20 cells: a budget of 19 splits the first sequence's blocks
+        assert_eq!(window_bounds(&ranges, 2, &[0, 0, 1], 20).len(), 2);
+        assert_eq!(window_bounds(&ranges, 2, &[0, 0, 1], 19).len(), 3);
         // a block with no context at all gets no keys
         assert_eq!(window_bounds(&[0..0, 0..0], 2, &[0], 8), vec![(0..2, 0..0)]);
     }
@@ -396,9 +377,9 @@ mod tests {
                 );
                 // one window per sequence, or windows of one block each
                 let group: Vec<usize> = anchors.iter().map(|&a| segs.segment_of(a)).collect();
-                for max_blocks in [64, 1] {
+                for max_cells in [usize::MAX, 0] {
                     let windows =
-                        context_windows(&c, block, &group, max_blocks, DType::F32, &Device::Cpu)
+                        context_windows(&c, block, &group, max_cells, DType::F32, &Device::Cpu)
                             .unwrap();
                     let got = attend_blocks(
                         &q,
@@ -415,7 +396,7 @@ mod tests {
                     let err = crate::compare::max_abs(&want, &got).unwrap();
                     assert!(
                         err < 1e-6,
-                        "seq {seq_len} {rule:?} windows of {max_blocks}: max diff {err}"
+                        "seq {seq_len} {rule:?} windows of ≤ {max_cells} cells: max diff {err}"
                     );
                 }
             }

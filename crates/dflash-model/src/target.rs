@@ -13,7 +13,7 @@ use candle_nn::{Linear, Module};
 use dflash_core::config::TargetConfig;
 use dflash_core::visibility::Visibility;
 
-use crate::attention::{attend_frozen, mask_tensors};
+use crate::attention::{attend, mask_tensors};
 use crate::families::{spec_for, FamilySpec};
 use crate::gdn::{GatedDeltaNet, GdnCache, GdnDims};
 use crate::kv_cache::KvCache;
@@ -112,7 +112,7 @@ impl Attention {
         // 3. cache: [cache rows | new rows]
         let (k, v) = cache.append(layer, &k, &v)?;
         // 4. masked attention, grouped K/V
-        let o = attend_frozen(&q, &k, &v, mask, 1.0 / (self.head_dim as f64).sqrt())?;
+        let o = attend(&q, &k, &v, mask, 1.0 / (self.head_dim as f64).sqrt())?;
         let o = match gate {
             Some(g) => (o * candle_nn::ops::sigmoid(&g)?)?,
             None => o,

@@ -15,6 +15,7 @@ use candle_core::{DType, Tensor, D};
 use dflash_core::stats::{simulated_chain_tau, simulated_decoding_tau};
 use dflash_core::visibility::packed;
 use dflash_model::drafter::{DraftLayout, Drafter};
+use dflash_model::profile::Phases;
 use dflash_model::{Rows, Target};
 use serde::{Deserialize, Serialize};
 
@@ -23,9 +24,18 @@ use crate::pack::TrainingRow;
 
 /// What the target says about a sequence: concatenated taps `[1, L, n_taps·h]` and, for
 /// the KL loss, its logits `[L, vocab]`.
+#[derive(Clone)]
 pub struct Features {
     pub taps: Tensor,
     pub target_logits: Option<Tensor>,
+}
+
+impl Features {
+    /// Device bytes held.
+    pub fn bytes(&self) -> usize {
+        let b = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        b(&self.taps) + self.target_logits.as_ref().map(b).unwrap_or(0)
+    }
 }
 
 /// The clean target forward (no gradient flows into the target: its weights are plain tensors)
@@ -145,6 +155,25 @@ pub fn block_loss(
     gamma: f64,
     kind: LossKind,
 ) -> Result<LossOutput> {
+    let mut ph = Phases::with(false, feats.taps.device());
+    block_loss_profiled(
+        drafter, target, row, feats, anchors, block, gamma, kind, &mut ph,
+    )
+}
+
+/// [`block_loss`], marking its phases in `ph` (drafter layers, LM head, loss, acceptance).
+#[allow(clippy::too_many_arguments)]
+pub fn block_loss_profiled(
+    drafter: &Drafter,
+    target: &Target,
+    row: &TrainingRow,
+    feats: &Features,
+    anchors: &[usize],
+    block: usize,
+    gamma: f64,
+    kind: LossKind,
+    ph: &mut Phases,
+) -> Result<LossOutput> {
     if anchors.is_empty() {
         bail!("no anchors: the sequence needs two consecutive supervised tokens");
     }
@@ -160,6 +189,7 @@ pub fn block_loss(
         block,
     };
     let hidden = drafter.forward(&feats.taps, &emb, layout, None)?;
+    ph.mark("drafter layers");
     let rows: Vec<u32> = (0..anchors.len())
         .flat_map(|j| (1..block).map(move |k| (j * block + k) as u32))
         .collect();
@@ -167,6 +197,7 @@ pub fn block_loss(
     let logits = drafter
         .logits(target, &hidden.index_select(&idx, 1)?)?
         .squeeze(0)?; // [R, V]
+    ph.mark("LM head");
     let (labels, weights) = labels_and_weights(row, anchors, block, gamma);
     let wsum: f64 = weights.iter().map(|&w| w as f64).sum();
     if wsum <= 0.0 {
@@ -199,6 +230,7 @@ pub fn block_loss(
         }
     };
     let loss = ((per_row * w)?.sum_all()? / wsum)?;
+    ph.mark("loss");
     // acceptance counts from the argmax
     let pred: Vec<u32> = logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1()?;
     let mut counts = AcceptCounts::new(block - 1);
@@ -219,6 +251,7 @@ pub fn block_loss(
         counts.anchors += 1;
         counts.inverse_tau_sum += 1.0 / (1 + accepted) as f64;
     }
+    ph.mark("acceptance counts");
     Ok(LossOutput {
         loss,
         weight_sum: wsum,

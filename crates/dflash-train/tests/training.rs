@@ -246,6 +246,7 @@ fn time_limit_stops_with_a_checkpoint_and_resume_finishes_the_same_run() {
     let split = tmp("limit-split");
     let zero = RunLimits {
         time_limit: Some(std::time::Duration::ZERO),
+        ..Default::default()
     };
     let s = train_with_limits(&lt, &data, &split, cfg.clone(), false, zero).unwrap();
     assert!(s.stopped_at_time_limit);
@@ -299,4 +300,39 @@ fn init_from_starts_where_another_drafter_ended() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("init_from"), "{e}");
+}
+
+#[test]
+fn kept_features_give_the_run_recomputed_ones_give() {
+    // the feature cache only skips target forwards: with it (default budget) and without it
+    // (budget 0), the same run has the same loss and validation at every step, bit for bit
+    use dflash_train::trainer::{train_with_limits, RunLimits};
+    let (td, data) = four_sequences("fcache", 50, 20);
+    let lt = load(&td, DType::F32);
+    let mut cfg = small_config();
+    cfg.max_steps = Some(6);
+    cfg.grad_accum = 1; // 3 training rows: each is visited twice
+    cfg.val_sequences = 1;
+    cfg.val_every = 3;
+    let runs: Vec<_> = [RunLimits::default().feature_cache_bytes, 0]
+        .into_iter()
+        .map(|bytes| {
+            let out = tmp(&format!("fcache-{bytes}"));
+            let limits = RunLimits {
+                feature_cache_bytes: bytes,
+                ..Default::default()
+            };
+            let s = train_with_limits(&lt, &data, &out, cfg.clone(), false, limits).unwrap();
+            let m: Vec<_> = read_metrics(&out.join("metrics.jsonl"))
+                .unwrap()
+                .into_iter()
+                .map(|m| (m.loss, m.val_loss, m.grad_norm))
+                .collect();
+            (s.feature_cache_hits, m)
+        })
+        .collect();
+    // 6 visits of 3 rows (3 from the cache) + 2 validations of 1 sequence (1 from the cache)
+    assert_eq!((runs[0].0, runs[1].0), (4, 0));
+    assert_eq!(runs[0].1.len(), 6);
+    assert_eq!(runs[0].1, runs[1].1);
 }
