@@ -3,8 +3,9 @@
 # SmolLM2 GGUF, unpacks the CUDA binary, then runs the device checks, the benchmarks with the
 # PyTorch reference beside them, and a short bf16 training run. Logs go to $OUT.
 # Expects: .device/dflash-rs.xz, .device/whl/*.whl, /root/stage/smollm2.gguf/part* (device-stage).
-# Usage: scripts/device-session.sh [check] [bench] [reference] [train] [shape]   (default: the first four)
+# Usage: scripts/device-session.sh [check] [bench] [reference] [train] [shape] [mfu]   (default: the first four)
 #   shape: bench-shape --shape qwen3-8b (random Qwen3-8B-shaped target + 5-layer drafter, bf16)
+#   mfu:   bench-train on the Qwen3-8B and SmolLM2 shapes (bf16, 2,048 tokens, 512 anchors)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export DFLASH_HOME=/root/dh
@@ -36,6 +37,12 @@ fi
 if want shape && [[ " ${*:-} " == *" shape "* ]]; then
 step bench-shape qwen3-8b
 $B bench-shape --shape qwen3-8b --device cuda --dtype bf16 2>&1 | tee "$OUT/bench-shape.md"
+fi
+if want mfu && [[ " ${*:-} " == *" mfu "* ]]; then
+for sh in qwen3-8b bench/shapes/smollm2-135m.json; do
+step bench-train $sh
+$B bench-train --shape $sh --device cuda --dtype bf16 --seq-len 2048 --anchors 512 --peak-tflops 989 2>&1 | tee -a "$OUT/bench-train.md"
+done
 fi
 if want train; then
 step train

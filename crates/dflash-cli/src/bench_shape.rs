@@ -66,21 +66,22 @@ fn synthetic_tree(budget: usize, depth: usize, vocab: u32) -> DraftTree {
     DraftTree::build(1, &top, budget)
 }
 
+/// The target config of `--shape`: `qwen3-8b`, or a config.json of any supported family.
+pub fn shape_config(shape: &str) -> Result<TargetConfig> {
+    let text = if shape == "qwen3-8b" {
+        QWEN3_8B.to_string()
+    } else {
+        std::fs::read_to_string(shape).with_context(|| {
+            format!("--shape: '{shape}' is neither qwen3-8b nor a readable config.json")
+        })?
+    };
+    serde_json::from_str(&text).with_context(|| format!("--shape {shape}: not a model config"))
+}
+
 pub fn run(a: BenchShapeArgs) -> Result<()> {
     let dev = dflash_model::device(&a.device)?;
     let dtype = dflash_model::dtype(&a.dtype)?;
-    let text = if a.shape == "qwen3-8b" {
-        QWEN3_8B.to_string()
-    } else {
-        std::fs::read_to_string(&a.shape).with_context(|| {
-            format!(
-                "--shape: '{}' is neither qwen3-8b nor a readable config.json",
-                a.shape
-            )
-        })?
-    };
-    let cfg: TargetConfig = serde_json::from_str(&text)
-        .with_context(|| format!("--shape {}: not a model config", a.shape))?;
+    let cfg = shape_config(&a.shape)?;
     if a.block_size < 2 || a.cache == 0 || a.repeats == 0 {
         anyhow::bail!("--block-size must be >= 2, --cache and --repeats >= 1");
     }

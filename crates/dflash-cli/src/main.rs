@@ -3,6 +3,7 @@
 mod args;
 mod bench_cmd;
 mod bench_shape;
+mod bench_train;
 mod check_cmd;
 mod drafter_cmd;
 mod eval_cmd;
@@ -44,6 +45,8 @@ enum Command {
     Bench(bench_cmd::BenchArgs),
     /// Costs of a model shape without weights (random, e.g. Qwen3-8B) and the speed-up model.
     BenchShape(bench_shape::BenchShapeArgs),
+    /// The drafter's training step on a model shape without weights: time, tokens/s, MFU.
+    BenchTrain(bench_train::BenchTrainArgs),
     /// Drafter checkpoints.
     #[command(subcommand)]
     Drafter(drafter_cmd::DrafterCommand),
@@ -67,6 +70,7 @@ fn main() {
         Command::DeviceCheck(a) => check_cmd::run(a),
         Command::Bench(a) => bench_cmd::run(a),
         Command::BenchShape(a) => bench_shape::run(a),
+        Command::BenchTrain(a) => bench_train::run(a),
         Command::Doctor(a) => eval_cmd::run_doctor(a),
     };
     if let Err(e) = result {

@@ -1,5 +1,5 @@
-//! `bench-shape` on a small random Qwen3 shape (the Qwen3-8B shape runs on the GPU): every row
-//! of the table and the cost model is printed, and a bad shape is refused by name.
+//! `bench-shape` and `bench-train` on a small random Qwen3 shape (the Qwen3-8B shape runs on
+//! the GPU): every row of the tables and the cost model is printed, bad input is refused by name.
 
 use std::process::Command;
 
@@ -7,9 +7,9 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dflash-rs"))
 }
 
-#[test]
-fn bench_shape_reports_every_forward_and_the_cost_model() {
-    let dir = std::env::temp_dir().join(format!("dflash-bench-shape-{}", std::process::id()));
+/// A small Qwen3 config.json in a fresh directory.
+fn small_shape(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("dflash-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cfg = dir.join("config.json");
     std::fs::write(
@@ -20,6 +20,12 @@ fn bench_shape_reports_every_forward_and_the_cost_model() {
             "max_position_embeddings": 1024, "vocab_size": 500}"#,
     )
     .unwrap();
+    cfg
+}
+
+#[test]
+fn bench_shape_reports_every_forward_and_the_cost_model() {
+    let cfg = small_shape("bench-shape");
     let o = bin()
         .args(["bench-shape", "--shape", cfg.to_str().unwrap()])
         .args([
@@ -53,4 +59,45 @@ fn bench_shape_reports_every_forward_and_the_cost_model() {
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--shape"));
+}
+
+#[test]
+fn bench_train_reports_the_step_and_its_mfu() {
+    let cfg = small_shape("bench-train");
+    let run = |extra: &[&str]| {
+        bin()
+            .args(["bench-train", "--shape", cfg.to_str().unwrap()])
+            .args([
+                "--seq-len",
+                "40",
+                "--block-size",
+                "4",
+                "--draft-layers",
+                "2",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["--anchors", "6", "--steps", "1", "--peak-tflops", "1"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for row in [
+        "one row of 40 tokens, 6 anchors",
+        "| target features (forward, taps) |",
+        "| drafter step (forward, loss, backward, AdamW) |",
+        "| block rows / s (drafter step) |",
+        "| matmul FLOPs per step |",
+        "| MFU (peak 1 TFLOP/s) |",
+    ] {
+        assert!(out.contains(row), "missing {row:?} in\n{out}");
+    }
+    for (args, needle) in [
+        (&["--anchors", "0"][..], "--anchors"),
+        (&["--peak-tflops=-1"][..], "--peak-tflops"),
+    ] {
+        let o = run(args);
+        assert!(!o.status.success());
+        assert!(String::from_utf8_lossy(&o.stderr).contains(needle));
+    }
 }

@@ -50,7 +50,7 @@ fn killed_run_resumes_bit_for_bit() {
     )
     .unwrap();
     let data = d.join("data");
-    let gen = |extra: &[&str]| {
+    let gen_sharded = |shard: &str, extra: &[&str]| {
         let mut c = bin();
         c.args([
             "data",
@@ -66,13 +66,14 @@ fn killed_run_resumes_bit_for_bit() {
             "--max-new-tokens",
             "24",
             "--shard-size",
-            "2",
+            shard,
             "--batch-size",
             "2",
         ])
         .args(extra);
         c
     };
+    let gen = |extra: &[&str]| gen_sharded("2", extra);
     // a time limit stops after the first finished prompt: no complete shard yet, and says so
     let o = gen(&["--time-limit", "0"]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -91,6 +92,14 @@ fn killed_run_resumes_bit_for_bit() {
     let o = gen(&["--temperature", "0.7"]).output().unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("mix two data sets"));
+    // so would another shard size: refused, naming the one to continue with
+    let o = gen_sharded("3", &[]).output().unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("--shard-size 2, not from") && e.contains("--shard-size 3"),
+        "{e}"
+    );
     assert_eq!(
         std::fs::read_to_string(data.join("manifest.json")).unwrap(),
         manifest

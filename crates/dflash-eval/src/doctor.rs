@@ -263,7 +263,7 @@ pub fn doctor(
             drafter_dir.join("model.safetensors"),
             &lt.target.device,
         )?;
-        let td = TrainableDrafter::new(cfg.clone(), &weights, lt)?;
+        let td = TrainableDrafter::new(cfg.clone(), &weights, &lt.target)?;
         let (_, counts) = evaluate(&td, lt, &tcfg, val)?;
         let sim_now = counts.simulated_tau();
         // what decoding measures is the harmonic mean of per-anchor τ (dflash_core::stats)

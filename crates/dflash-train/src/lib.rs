@@ -7,6 +7,7 @@ pub mod config;
 pub mod curves;
 pub mod data;
 pub mod fingerprint;
+pub mod flops;
 pub mod loss;
 pub mod optim;
 pub mod pack;

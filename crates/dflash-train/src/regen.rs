@@ -154,8 +154,12 @@ pub fn regenerate(
             }
             if m.prompts_per_shard != opts.prompts_per_shard || m.source != opts.source {
                 bail!(
-                    "{} was written with another source or shard size; use a new --out",
-                    out.display()
+                    "{} was written from {} with --shard-size {}, not from {} with --shard-size {}: continue it with the same prompts and shard size, or use a new --out",
+                    out.display(),
+                    m.source,
+                    m.prompts_per_shard,
+                    opts.source,
+                    opts.prompts_per_shard
                 );
             }
             if m.max_new_tokens != opts.max_new_tokens || m.sampling != opts.sampling {

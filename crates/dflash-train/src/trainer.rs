@@ -22,6 +22,7 @@ use dflash_model::drafter_init::{
 use dflash_model::loader::{identity_hash, LoadedTarget};
 use dflash_model::profile::Phases;
 use dflash_model::weights::TensorStore;
+use dflash_model::Target;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -157,9 +158,8 @@ impl TrainableDrafter {
     pub fn new(
         config: DrafterConfig,
         weights: &HashMap<String, Tensor>,
-        lt: &LoadedTarget,
+        t: &Target,
     ) -> Result<Self> {
-        let t = &lt.target;
         let master = dflash_model::norm::compute_dtype(t.dtype);
         let mut names: Vec<&String> = weights.keys().collect();
         names.sort();
@@ -192,8 +192,7 @@ impl TrainableDrafter {
     /// After an optimizer step: when the drafter computes in another dtype than its master
     /// weights (bf16 on GPU), its weights are casts taken at build time, so cast them anew.
     /// (At the master dtype the drafter's tensors share storage with the variables.)
-    pub fn refresh(&mut self, lt: &LoadedTarget) -> Result<()> {
-        let t = &lt.target;
+    pub fn refresh(&mut self, t: &Target) -> Result<()> {
         if self
             .params
             .first()
@@ -204,6 +203,40 @@ impl TrainableDrafter {
         }
         Ok(())
     }
+}
+
+/// One optimizer update from the summed gradients of a step's rows (a parameter without one
+/// counts as 0): global-norm clipping, AdamW at `lr`, the compute-dtype copies refreshed.
+/// Returns the gradient norm before clipping; a non-finite norm leaves the weights as they
+/// were. The trainer and `bench-train` both update through here.
+#[allow(clippy::too_many_arguments)]
+pub fn apply_update(
+    td: &mut TrainableDrafter,
+    target: &Target,
+    opt: &mut AdamW,
+    grads: Vec<Option<Tensor>>,
+    grad_clip: f64,
+    lr: f64,
+    ph: &mut Phases,
+) -> Result<f64> {
+    let mut grads: Vec<Tensor> = grads
+        .into_iter()
+        .zip(&td.params)
+        .map(|(g, (_, p))| {
+            g.map(Ok)
+                .unwrap_or_else(|| Tensor::zeros(p.shape(), p.dtype(), p.device()))
+        })
+        .collect::<candle_core::Result<_>>()?;
+    let grad_norm = clip_grad_norm(&mut grads, grad_clip)?;
+    ph.mark("clip");
+    if !grad_norm.is_finite() {
+        return Ok(grad_norm);
+    }
+    opt.update(&td.params, &grads, lr)?;
+    ph.mark("optimizer");
+    td.refresh(target)?;
+    ph.mark("refresh bf16 copies");
+    Ok(grad_norm)
 }
 
 /// Sequences cut to `max_length`, and the ones without two consecutive supervised tokens
@@ -483,7 +516,7 @@ pub fn train_with_limits(
             None => random_weights(&dcfg, cfg.init_seed)?,
         },
     };
-    let mut td = TrainableDrafter::new(dcfg.clone(), &weights, lt)?;
+    let mut td = TrainableDrafter::new(dcfg.clone(), &weights, &lt.target)?;
     let names: Vec<String> = td.params.iter().map(|(n, _)| n.clone()).collect();
     let mut opt = AdamW::new(&td.params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)?;
     let mut state = TrainerState {
@@ -589,27 +622,22 @@ pub fn train_with_limits(
             counts.merge(&out.counts);
             sup += row.seq.supervised();
         }
-        let mut grads: Vec<Tensor> = grads
-            .into_iter()
-            .zip(&td.params)
-            .map(|(g, (_, p))| {
-                g.map(Ok)
-                    .unwrap_or_else(|| Tensor::zeros(p.shape(), p.dtype(), p.device()))
-            })
-            .collect::<candle_core::Result<_>>()?;
-        let grad_norm = clip_grad_norm(&mut grads, cfg.grad_clip)?;
+        let lr = cfg.lr_at(state.steps_done, total);
+        let grad_norm = apply_update(
+            &mut td,
+            &lt.target,
+            &mut opt,
+            grads,
+            cfg.grad_clip,
+            lr,
+            &mut ph,
+        )?;
         if !grad_norm.is_finite() {
             bail!(
                 "gradient norm is {grad_norm} at step {}: stopping",
                 state.steps_done + 1
             );
         }
-        let lr = cfg.lr_at(state.steps_done, total);
-        ph.mark("clip");
-        opt.update(&td.params, &grads, lr)?;
-        ph.mark("optimizer");
-        td.refresh(lt)?;
-        ph.mark("refresh bf16 copies");
         state.steps_done += 1;
         state.adam_step = opt.step;
         if !cache_reported && state.position >= order.len() {

@@ -35,7 +35,7 @@ fn setup(dtype: DType) -> (dflash_model::loader::LoadedTarget, TrainableDrafter)
             (k, v)
         })
         .collect();
-    let td = TrainableDrafter::new(cfg, &w, &lt).unwrap();
+    let td = TrainableDrafter::new(cfg, &w, &lt.target).unwrap();
     (lt, td)
 }
 

@@ -1,0 +1,173 @@
+//! `dflash-rs bench-train`: the drafter's training step on a target shape with random weights
+//! (e.g. Qwen3-8B, which we have no weights for): time of the target features and of one
+//! optimizer step, block rows and supervised tokens per second, matmul FLOPs
+//! (`dflash_train::flops`) and MFU against a stated peak. The step is the trainer's own:
+//! `target_features`, `block_loss`, backward, `apply_update`.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use candle_core::DType;
+use clap::Args;
+use dflash_model::drafter_init::{drafter_config, random_weights, DrafterShape};
+use dflash_model::profile::Phases;
+use dflash_model::weights::TensorStore;
+use dflash_model::Target;
+use dflash_train::anchors;
+use dflash_train::config::{LossKind, TrainConfig};
+use dflash_train::data::Sequence;
+use dflash_train::flops::{step_flops, RowShape};
+use dflash_train::loss::{block_loss, target_features};
+use dflash_train::optim::AdamW;
+use dflash_train::pack::TrainingRow;
+use dflash_train::trainer::{apply_update, TrainableDrafter};
+
+use crate::bench_shape::shape_config;
+use crate::timing::median;
+
+#[derive(Args, Debug)]
+pub struct BenchTrainArgs {
+    /// `qwen3-8b`, or a config.json of any supported family.
+    #[arg(long, default_value = "qwen3-8b")]
+    pub shape: String,
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Tokens of the training row (one sequence, all supervised but the first).
+    #[arg(long, default_value_t = 2048)]
+    pub seq_len: usize,
+    #[arg(long, default_value_t = 512)]
+    pub anchors: usize,
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    #[arg(long, default_value_t = 5)]
+    pub draft_layers: usize,
+    /// Timed optimizer steps (after one untimed warm-up step).
+    #[arg(long, default_value_t = 5)]
+    pub steps: usize,
+    /// Dense peak of the device in TFLOP/s at this dtype, for MFU (H200 bf16: 989).
+    #[arg(long)]
+    pub peak_tflops: Option<f64>,
+}
+
+pub fn run(a: BenchTrainArgs) -> Result<()> {
+    let dev = dflash_model::device(&a.device)?;
+    let dtype = dflash_model::dtype(&a.dtype)?;
+    let cfg = shape_config(&a.shape)?;
+    if a.block_size < 2 || a.seq_len < a.block_size + 1 || a.anchors == 0 || a.steps == 0 {
+        anyhow::bail!(
+            "--block-size must be >= 2, --seq-len > --block-size, --anchors and --steps >= 1"
+        );
+    }
+    if a.peak_tflops.is_some_and(|p| p.is_nan() || p <= 0.0) {
+        anyhow::bail!("--peak-tflops must be > 0");
+    }
+    let t0 = Instant::now();
+    let target = Target::load(cfg.clone(), &TensorStore::random(dtype, &dev, 0)?)?;
+    let dcfg = drafter_config(
+        &target,
+        &DrafterShape {
+            layers: a.draft_layers,
+            block_size: a.block_size,
+            mask_token_id: 0,
+            intermediate_size: None,
+            target_layer_ids: None,
+        },
+    )?;
+    let mut td = TrainableDrafter::new(dcfg.clone(), &random_weights(&dcfg, 0)?, &target)?;
+    let tc = TrainConfig::default();
+    let mut opt = AdamW::new(&td.params, tc.beta1, tc.beta2, tc.eps, tc.weight_decay)?;
+    dev.synchronize()?;
+    eprintln!(
+        "random {} target ({} layers, hidden {}) and {}-layer drafter built in {:.1} s",
+        a.shape,
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        a.draft_layers,
+        t0.elapsed().as_secs_f64()
+    );
+
+    // one row of pseudo-random tokens, every token but the first supervised
+    let vocab = target.vocab_size();
+    let ids: Vec<u32> = (0..a.seq_len as u64)
+        .map(|i| ((17 + i * 7919) % vocab as u64) as u32)
+        .collect();
+    let mut loss_mask = vec![1u8; a.seq_len];
+    loss_mask[0] = 0;
+    let row = TrainingRow::single(Sequence { ids, loss_mask });
+    let anchors = anchors::sample(row.anchor_candidates(), a.anchors, 0);
+    let taps = td.drafter.target_layer_ids.clone();
+    let shape = RowShape::of(&row.segs, &anchors, a.block_size);
+    let flops = step_flops(&dcfg, taps.len(), vocab, &shape);
+
+    let mut ph = Phases::with(false, &dev);
+    let (mut t_feats, mut t_step) = (Vec::new(), Vec::new());
+    for i in 0..=a.steps {
+        dev.synchronize()?;
+        let t = Instant::now();
+        let feats = target_features(&target, &taps, &row, false)?;
+        dev.synchronize()?;
+        let tf = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let out = block_loss(
+            &td.drafter,
+            &target,
+            &row,
+            &feats,
+            &anchors,
+            a.block_size,
+            tc.gamma,
+            LossKind::Ce,
+        )?;
+        let g = out.loss.backward()?;
+        let grads = td
+            .params
+            .iter()
+            .map(|(_, p)| g.get(p.as_tensor()).cloned())
+            .collect();
+        drop(g);
+        apply_update(
+            &mut td,
+            &target,
+            &mut opt,
+            grads,
+            tc.grad_clip,
+            1e-4,
+            &mut ph,
+        )?;
+        dev.synchronize()?;
+        if i > 0 {
+            t_feats.push(tf);
+            t_step.push(t.elapsed().as_secs_f64());
+        }
+        let _ = out.loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+    }
+    let (tf, ts) = (median(t_feats), median(t_step));
+    let tflops = flops / ts / 1e12;
+    println!(
+        "random {}-shaped target, {}-layer drafter (B = {}) on {} ({}): one row of {} tokens, {} anchors, median of {}\n",
+        a.shape, a.draft_layers, a.block_size, a.device, a.dtype, a.seq_len, anchors.len(), a.steps
+    );
+    println!("| quantity | value |\n|---|---|");
+    println!("| target features (forward, taps) | {:.1} ms |", tf * 1e3);
+    println!(
+        "| drafter step (forward, loss, backward, AdamW) | {:.1} ms |",
+        ts * 1e3
+    );
+    println!(
+        "| block rows / s (drafter step) | {:.0} |",
+        shape.block_rows as f64 / ts
+    );
+    println!(
+        "| supervised tokens / s (features + step) | {:.0} |",
+        (a.seq_len - 1) as f64 / (tf + ts)
+    );
+    println!("| matmul FLOPs per step | {:.3} TFLOP |", flops / 1e12);
+    println!("| achieved | {tflops:.2} TFLOP/s |");
+    match a.peak_tflops {
+        Some(p) => println!("| MFU (peak {p} TFLOP/s) | {:.2} % |", 100.0 * tflops / p),
+        None => println!("| MFU | pass --peak-tflops |"),
+    }
+    Ok(())
+}
