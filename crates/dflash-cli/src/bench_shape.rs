@@ -10,7 +10,7 @@ use crate::timing::{copy_bandwidth, time};
 use anyhow::{Context, Result};
 use candle_core::DType;
 use clap::Args;
-use dflash_core::config::TargetConfig;
+use dflash_core::config::{DrafterConfig, TargetConfig};
 use dflash_core::tree::DraftTree;
 use dflash_model::drafter::Drafter;
 use dflash_model::drafter_init::{drafter_config, DrafterShape};
@@ -78,6 +78,38 @@ pub fn shape_config(shape: &str) -> Result<TargetConfig> {
     serde_json::from_str(&text).with_context(|| format!("--shape {shape}: not a model config"))
 }
 
+/// A target of config `cfg` with random weights (seed 0) on `dev`, and the config of a
+/// `layers`-layer drafter of its width; says how long building it took.
+pub fn random_target(
+    shape: &str,
+    cfg: &TargetConfig,
+    dtype: DType,
+    dev: &candle_core::Device,
+    layers: usize,
+    block_size: usize,
+) -> Result<(Target, DrafterConfig)> {
+    let t0 = Instant::now();
+    let target = Target::load(cfg.clone(), &TensorStore::random(dtype, dev, 0)?)?;
+    let dcfg = drafter_config(
+        &target,
+        &DrafterShape {
+            layers,
+            block_size,
+            mask_token_id: 0,
+            intermediate_size: None,
+            target_layer_ids: None,
+        },
+    )?;
+    dev.synchronize()?;
+    eprintln!(
+        "random {shape} target ({} layers, hidden {}) built in {:.1} s",
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok((target, dcfg))
+}
+
 pub fn run(a: BenchShapeArgs) -> Result<()> {
     let dev = dflash_model::device(&a.device)?;
     let dtype = dflash_model::dtype(&a.dtype)?;
@@ -91,28 +123,8 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         .map(|b| b.trim().parse::<usize>().ok().filter(|&n| n > 0))
         .collect::<Option<_>>()
         .context("--budgets: comma-separated positive integers")?;
-    let t0 = Instant::now();
-    let target = Target::load(cfg.clone(), &TensorStore::random(dtype, &dev, 0)?)?;
-    let dcfg = drafter_config(
-        &target,
-        &DrafterShape {
-            layers: a.draft_layers,
-            block_size: a.block_size,
-            mask_token_id: 0,
-            intermediate_size: None,
-            target_layer_ids: None,
-        },
-    )?;
+    let (target, dcfg) = random_target(&a.shape, &cfg, dtype, &dev, a.draft_layers, a.block_size)?;
     let drafter = Drafter::load(dcfg, &TensorStore::random(dtype, &dev, 1)?, &target)?;
-    dev.synchronize()?;
-    eprintln!(
-        "random {} target ({} layers, hidden {}) and {}-layer drafter built in {:.1} s",
-        a.shape,
-        cfg.num_hidden_layers,
-        cfg.hidden_size,
-        a.draft_layers,
-        t0.elapsed().as_secs_f64()
-    );
     let vocab = target.vocab_size() as u32;
     let n = a.cache;
     let ctx: Vec<u32> = (0..n as u32).map(|i| (17 + i * 7919) % vocab).collect();

@@ -9,10 +9,8 @@ use std::time::Instant;
 use anyhow::Result;
 use candle_core::DType;
 use clap::Args;
-use dflash_model::drafter_init::{drafter_config, random_weights, DrafterShape};
+use dflash_model::drafter_init::random_weights;
 use dflash_model::profile::Phases;
-use dflash_model::weights::TensorStore;
-use dflash_model::Target;
 use dflash_train::anchors;
 use dflash_train::config::{LossKind, TrainConfig};
 use dflash_train::data::Sequence;
@@ -22,7 +20,7 @@ use dflash_train::optim::AdamW;
 use dflash_train::pack::TrainingRow;
 use dflash_train::trainer::{apply_update, TrainableDrafter};
 
-use crate::bench_shape::shape_config;
+use crate::bench_shape::{random_target, shape_config};
 use crate::timing::median;
 
 #[derive(Args, Debug)]
@@ -63,30 +61,10 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
     if a.peak_tflops.is_some_and(|p| p.is_nan() || p <= 0.0) {
         anyhow::bail!("--peak-tflops must be > 0");
     }
-    let t0 = Instant::now();
-    let target = Target::load(cfg.clone(), &TensorStore::random(dtype, &dev, 0)?)?;
-    let dcfg = drafter_config(
-        &target,
-        &DrafterShape {
-            layers: a.draft_layers,
-            block_size: a.block_size,
-            mask_token_id: 0,
-            intermediate_size: None,
-            target_layer_ids: None,
-        },
-    )?;
+    let (target, dcfg) = random_target(&a.shape, &cfg, dtype, &dev, a.draft_layers, a.block_size)?;
     let mut td = TrainableDrafter::new(dcfg.clone(), &random_weights(&dcfg, 0)?, &target)?;
     let tc = TrainConfig::default();
     let mut opt = AdamW::new(&td.params, tc.beta1, tc.beta2, tc.eps, tc.weight_decay)?;
-    dev.synchronize()?;
-    eprintln!(
-        "random {} target ({} layers, hidden {}) and {}-layer drafter built in {:.1} s",
-        a.shape,
-        cfg.num_hidden_layers,
-        cfg.hidden_size,
-        a.draft_layers,
-        t0.elapsed().as_secs_f64()
-    );
 
     // one row of pseudo-random tokens, every token but the first supervised
     let vocab = target.vocab_size();

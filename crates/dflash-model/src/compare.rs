@@ -27,6 +27,11 @@ fn max_magnitude(t: &Tensor, dt: DType) -> Result<f64> {
         .to_scalar::<f64>()
 }
 
+/// Every value of `t`, flattened, as f64 (for assertions).
+pub fn values_f64(t: &Tensor) -> Result<Vec<f64>> {
+    t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()
+}
+
 /// `max |a - b|` over all elements.
 pub fn max_abs(a: &Tensor, b: &Tensor) -> Result<f32> {
     let dt = wide(a, b);

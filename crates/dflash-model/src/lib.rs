@@ -20,6 +20,7 @@ pub mod softmax;
 pub mod target;
 pub mod tokenizer;
 pub mod weights;
+pub mod with_grad;
 
 pub use candle_core;
 pub use kv_cache::KvCache;

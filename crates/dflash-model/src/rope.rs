@@ -7,6 +7,8 @@
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
+use crate::with_grad::with_grad;
+
 #[derive(Debug, Clone)]
 pub struct Rope {
     inv_freq: Vec<f32>,
@@ -53,7 +55,27 @@ impl RopeTables {
     /// Rotate `x` of shape `[b, heads, n, head_dim]` (row j at the table's position j). With
     /// partial RoPE (tables narrower than head_dim / 2) only the first `2 · table width`
     /// features rotate and the rest pass through, as transformers' qwen3_5 does.
+    /// Through candle-nn's fused kernel (one launch) when every feature rotates and the dtype
+    /// has one, with a closed-form backward where `x` carries a graph (the drafter in
+    /// training): RoPE is a rotation, so `dx` is `g` rotated back, `rope(g, cos, −sin)`.
+    /// Example: d = 2, angle 90° (cos 0, sin 1): x = [1, 0] → [0, 1]; g = [0, 1] → dx = [1, 0].
+    /// Otherwise (partial RoPE, f64) [`RopeTables::apply_composed`].
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        if 2 * self.cos.dim(D::Minus1)? != x.dim(D::Minus1)?
+            || !matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16)
+        {
+            return self.apply_composed(x);
+        }
+        let x = x.contiguous()?;
+        let y = candle_nn::rotary_emb::rope(&x.detach(), &self.cos, &self.sin)?;
+        let (cos, sin) = (self.cos.clone(), self.sin.clone());
+        with_grad(&x, y, "rope", move |_y, g| {
+            candle_nn::rotary_emb::rope(&g.contiguous()?, &cos, &sin.neg()?)
+        })
+    }
+
+    /// [`RopeTables::apply`] from differentiable elementwise ops (any dtype, partial RoPE).
+    pub fn apply_composed(&self, x: &Tensor) -> Result<Tensor> {
         let d = x.dim(D::Minus1)?;
         let half = self.cos.dim(D::Minus1)?;
         let rot = 2 * half;
@@ -74,20 +96,65 @@ impl RopeTables {
         }
     }
 
-    /// [`RopeTables::apply`] through candle-nn's fused kernel (no backward: the frozen
-    /// target), when every feature rotates; partial RoPE takes [`RopeTables::apply`].
-    pub fn apply_frozen(&self, x: &Tensor) -> Result<Tensor> {
-        if 2 * self.cos.dim(D::Minus1)? != x.dim(D::Minus1)? {
-            return self.apply(x);
-        }
-        candle_nn::rotary_emb::rope(&x.contiguous()?, &self.cos, &self.sin)
-    }
-
     /// The tables of rows `start .. start + len`.
     pub fn narrow(&self, start: usize, len: usize) -> Result<RopeTables> {
         Ok(RopeTables {
             cos: self.cos.narrow(0, start, len)?,
             sin: self.sin.narrow(0, start, len)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod grad_tests {
+    use super::*;
+    use candle_core::Var;
+
+    fn flat(t: &Tensor) -> Vec<f64> {
+        crate::compare::values_f64(t).unwrap()
+    }
+
+    #[test]
+    fn the_docs_example() {
+        let t = RopeTables {
+            cos: Tensor::new(&[[0f32]], &Device::Cpu).unwrap(),
+            sin: Tensor::new(&[[1f32]], &Device::Cpu).unwrap(),
+        };
+        let x = Var::new(&[[[[1f32, 0.0]]]], &Device::Cpu).unwrap();
+        let y = t.apply(x.as_tensor()).unwrap();
+        assert_eq!(flat(&y), vec![0.0, 1.0]);
+        let g = Tensor::new(&[[[[0f32, 1.0]]]], &Device::Cpu).unwrap();
+        let grads = (y * g).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_eq!(flat(grads.get(x.as_tensor()).unwrap()), vec![1.0, 0.0]);
+    }
+
+    #[test]
+    fn fused_values_and_gradients_equal_the_composed_rotation() {
+        let dev = Device::Cpu;
+        let t = Rope::new(8, 10000.0)
+            .tables(&[0, 3, 3, 7, 40], DType::F32, &dev)
+            .unwrap();
+        let x0 = Tensor::arange(0f32, 2.0 * 3.0 * 5.0 * 8.0, &dev)
+            .unwrap()
+            .reshape((2, 3, 5, 8))
+            .unwrap()
+            .sin()
+            .unwrap();
+        let up = x0.cos().unwrap();
+        let run = |fused: bool| {
+            let x = Var::from_tensor(&x0).unwrap();
+            let y = if fused {
+                t.apply(x.as_tensor())
+            } else {
+                t.apply_composed(x.as_tensor())
+            }
+            .unwrap();
+            let g = (&y * &up).unwrap().sum_all().unwrap().backward().unwrap();
+            (flat(&y), flat(g.get(x.as_tensor()).unwrap()))
+        };
+        let (a, b) = (run(true), run(false));
+        for (u, v) in a.0.iter().zip(&b.0).chain(a.1.iter().zip(&b.1)) {
+            assert!((u - v).abs() < 1e-6, "{u} vs {v}");
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! Softmax over the last dimension for the drafter, the one op that training and decoding
-//! both run: candle-nn's fused kernel forward (one launch) and a closed-form backward.
+//! Softmax over the last dimension, the one op the target and the drafter run in training and
+//! decoding: candle-nn's fused kernel forward (one launch) and a closed-form backward
+//! ([`crate::with_grad`]).
 //!
 //! candle-nn's fused softmax has no backward. The softmax the drafter composed before
 //! (max, subtract, exp, sum, divide) costs five launches forward and about twenty full-size
@@ -10,69 +11,18 @@
 //! Example: x = [0, ln 3] → y = [0.25, 0.75]; for g = [1, 0]: Σ g ⊙ y = 0.25, so
 //! dx = [0.25 · 0.75, 0.75 · (0 − 0.25)] = [0.1875, −0.1875].
 
-use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, D};
+use candle_core::{Result, Tensor, D};
 
-/// `(x, y) → y` where `y = softmax(x)` was computed without a graph: the result carries `x`'s
-/// graph and the softmax gradient (none flows to `y`).
-struct WithSoftmaxGrad;
-
-/// The output is `y` itself: a fresh, contiguous tensor (checked).
-fn fresh(l: &Layout) -> Result<()> {
-    if !l.is_contiguous() || l.start_offset() != 0 {
-        candle_core::bail!("softmax: the fused result must be fresh and contiguous");
-    }
-    Ok(())
-}
-
-impl CustomOp2 for WithSoftmaxGrad {
-    fn name(&self) -> &'static str {
-        "softmax-last-dim-with-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        y: &CpuStorage,
-        ly: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        fresh(ly)?;
-        Ok((y.try_clone(ly)?, ly.shape().clone()))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        y: &candle_core::CudaStorage,
-        ly: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        fresh(ly)?;
-        Ok((y.try_clone(ly)?, ly.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        _x: &Tensor,
-        _y: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let s = (grad * res)?.sum_keepdim(D::Minus1)?;
-        Ok((Some((res * grad.broadcast_sub(&s)?)?), None))
-    }
-}
+use crate::with_grad::with_grad;
 
 /// Softmax over the last dimension, differentiable (see the module doc).
 pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
     let x = x.contiguous()?;
     let y = candle_nn::ops::softmax_last_dim(&x.detach())?;
-    if !x.track_op() {
-        return Ok(y);
-    }
-    x.apply_op2(&y, WithSoftmaxGrad)
+    with_grad(&x, y, "softmax", |y, g| {
+        let s = (g * y)?.sum_keepdim(D::Minus1)?;
+        y * g.broadcast_sub(&s)?
+    })
 }
 
 #[cfg(test)]
@@ -130,14 +80,7 @@ mod tests {
                 let x = Var::from_tensor(&x0).unwrap();
                 let y = f(x.as_tensor()).unwrap();
                 let g = (&y * &w).unwrap().sum_all().unwrap().backward().unwrap();
-                let flat = |t: &Tensor| {
-                    t.to_dtype(DType::F64)
-                        .unwrap()
-                        .flatten_all()
-                        .unwrap()
-                        .to_vec1::<f64>()
-                        .unwrap()
-                };
+                let flat = |t: &Tensor| crate::compare::values_f64(t).unwrap();
                 (flat(&y), flat(g.get(x.as_tensor()).unwrap()))
             };
             let (y_new, dx_new) = run(softmax_last);

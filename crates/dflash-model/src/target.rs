@@ -75,7 +75,7 @@ impl Attention {
         let split = |t: Tensor, h: usize, norm: &Option<RmsNorm>| -> Result<Tensor> {
             let t = t.reshape((b, n, h, self.head_dim))?;
             let t = match norm {
-                Some(nm) => nm.forward_frozen(&t)?,
+                Some(nm) => nm.forward(&t)?,
                 None => t,
             };
             Ok(t.transpose(1, 2)?)
@@ -107,8 +107,8 @@ impl Attention {
         let k = split(self.k_proj.forward(x)?, self.kv_heads, &self.k_norm)?;
         let v = split(self.v_proj.forward(x)?, self.kv_heads, &None)?;
         // 2. RoPE at each row's own position
-        let q = rope.apply_frozen(&q)?;
-        let k = rope.apply_frozen(&k)?;
+        let q = rope.apply(&q)?;
+        let k = rope.apply(&k)?;
         // 3. cache: [cache rows | new rows]
         let (k, v) = cache.append(layer, &k, &v)?;
         // 4. masked attention, grouped K/V
@@ -446,7 +446,7 @@ impl Target {
             .reshape((b, n, self.config.hidden_size))?;
         let mut tap_out = vec![None; taps.len()];
         for (i, layer) in self.layers.iter().enumerate() {
-            let hn = layer.input_layernorm.forward_frozen(&x)?;
+            let hn = layer.input_layernorm.forward(&x)?;
             let h = match &layer.mixer {
                 Mixer::Attention(a) => a.forward(&hn, &rope, &mask, cache, i)?,
                 Mixer::GatedDeltaNet(g) => {
@@ -456,7 +456,7 @@ impl Target {
             let x1 = (x + h)?;
             let m = layer
                 .mlp
-                .forward(&layer.post_attention_layernorm.forward_frozen(&x1)?)?;
+                .forward(&layer.post_attention_layernorm.forward(&x1)?)?;
             x = (x1 + m)?;
             for (slot, _) in taps.iter().enumerate().filter(|(_, &t)| t == i) {
                 tap_out[slot] = Some(x.clone());
@@ -480,7 +480,7 @@ impl Target {
             }
         };
         let logits = match sel {
-            Some(s) => Some(self.lm_head(&self.norm.forward_frozen(&s)?)?),
+            Some(s) => Some(self.lm_head(&self.norm.forward(&s)?)?),
             None => None,
         };
         Ok(TargetOutput {
