@@ -294,7 +294,10 @@ pub fn doctor(
             &mut checks,
             "simulated vs measured τ",
             true,
-            format!("stored simulated τ {stored:?}; pass --data DIR to measure τ on the validation shard"),
+            format!(
+                "stored simulated τ {}; pass --data DIR to measure τ on the validation shard",
+                stored.map_or("none".to_string(), |t| format!("{t:.3}"))
+            ),
         );
     }
     Ok(finish(checks))
