@@ -25,8 +25,9 @@ const QWEN3_8B: &str = r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": 
  "vocab_size": 151936, "tie_word_embeddings": false, "attention_bias": false,
  "torch_dtype": "bfloat16"}"#;
 
+/// The random-weight model `bench-shape` and `bench-train` build.
 #[derive(Args, Debug)]
-pub struct BenchShapeArgs {
+pub struct ShapeArgs {
     /// `qwen3-8b`, or a config.json of any supported family.
     #[arg(long, default_value = "qwen3-8b")]
     pub shape: String,
@@ -34,6 +35,23 @@ pub struct BenchShapeArgs {
     pub device: String,
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+}
+
+impl ShapeArgs {
+    /// The device, the dtype and the shape's target config.
+    pub fn parse(&self) -> Result<(candle_core::Device, DType, TargetConfig)> {
+        Ok((
+            dflash_model::device(&self.device)?,
+            dflash_model::dtype(&self.dtype)?,
+            shape_config(&self.shape)?,
+        ))
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct BenchShapeArgs {
+    #[command(flatten)]
+    pub model: ShapeArgs,
     /// Committed rows in the cache when timing.
     #[arg(long, default_value_t = 512)]
     pub cache: usize,
@@ -111,9 +129,7 @@ pub fn random_target(
 }
 
 pub fn run(a: BenchShapeArgs) -> Result<()> {
-    let dev = dflash_model::device(&a.device)?;
-    let dtype = dflash_model::dtype(&a.dtype)?;
-    let cfg = shape_config(&a.shape)?;
+    let (dev, dtype, cfg) = a.model.parse()?;
     if a.block_size < 2 || a.cache == 0 || a.repeats == 0 {
         anyhow::bail!("--block-size must be >= 2, --cache and --repeats >= 1");
     }
@@ -123,7 +139,14 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         .map(|b| b.trim().parse::<usize>().ok().filter(|&n| n > 0))
         .collect::<Option<_>>()
         .context("--budgets: comma-separated positive integers")?;
-    let (target, dcfg) = random_target(&a.shape, &cfg, dtype, &dev, a.draft_layers, a.block_size)?;
+    let (target, dcfg) = random_target(
+        &a.model.shape,
+        &cfg,
+        dtype,
+        &dev,
+        a.draft_layers,
+        a.block_size,
+    )?;
     let drafter = Drafter::load(dcfg, &TensorStore::random(dtype, &dev, 1)?, &target)?;
     let vocab = target.vocab_size() as u32;
     let n = a.cache;
@@ -182,7 +205,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
 
     println!(
         "random {}-shaped target on {} ({}), {}-row cache, median of {}; {:.2} B parameters, floor {:.3} ms per forward ({:.0} GB/s copy bandwidth)\n",
-        a.shape, a.device, a.dtype, n, a.repeats, params as f64 / 1e9, floor * 1e3, bw / 1e9
+        a.model.shape, a.model.device, a.model.dtype, n, a.repeats, params as f64 / 1e9, floor * 1e3, bw / 1e9
     );
     println!("| forward | rows | ms | × floor |\n|---|---|---|---|");
     let row = |name: &str, rows: usize, t: f64| {

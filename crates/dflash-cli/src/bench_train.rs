@@ -7,7 +7,6 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use candle_core::DType;
 use clap::Args;
 use dflash_model::drafter_init::random_weights;
 use dflash_model::profile::Phases;
@@ -20,18 +19,13 @@ use dflash_train::optim::AdamW;
 use dflash_train::pack::TrainingRow;
 use dflash_train::trainer::{apply_update, TrainableDrafter};
 
-use crate::bench_shape::{random_target, shape_config};
+use crate::bench_shape::{random_target, ShapeArgs};
 use crate::timing::median;
 
 #[derive(Args, Debug)]
 pub struct BenchTrainArgs {
-    /// `qwen3-8b`, or a config.json of any supported family.
-    #[arg(long, default_value = "qwen3-8b")]
-    pub shape: String,
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[command(flatten)]
+    pub model: ShapeArgs,
     /// Tokens of the training row (one sequence, all supervised but the first).
     #[arg(long, default_value_t = 2048)]
     pub seq_len: usize,
@@ -50,9 +44,7 @@ pub struct BenchTrainArgs {
 }
 
 pub fn run(a: BenchTrainArgs) -> Result<()> {
-    let dev = dflash_model::device(&a.device)?;
-    let dtype = dflash_model::dtype(&a.dtype)?;
-    let cfg = shape_config(&a.shape)?;
+    let (dev, dtype, cfg) = a.model.parse()?;
     if a.block_size < 2 || a.seq_len < a.block_size + 1 || a.anchors == 0 || a.steps == 0 {
         anyhow::bail!(
             "--block-size must be >= 2, --seq-len > --block-size, --anchors and --steps >= 1"
@@ -61,7 +53,14 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
     if a.peak_tflops.is_some_and(|p| p.is_nan() || p <= 0.0) {
         anyhow::bail!("--peak-tflops must be > 0");
     }
-    let (target, dcfg) = random_target(&a.shape, &cfg, dtype, &dev, a.draft_layers, a.block_size)?;
+    let (target, dcfg) = random_target(
+        &a.model.shape,
+        &cfg,
+        dtype,
+        &dev,
+        a.draft_layers,
+        a.block_size,
+    )?;
     let mut td = TrainableDrafter::new(dcfg.clone(), &random_weights(&dcfg, 0)?, &target)?;
     let tc = TrainConfig::default();
     let mut opt = AdamW::new(&td.params, tc.beta1, tc.beta2, tc.eps, tc.weight_decay)?;
@@ -98,13 +97,8 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
             tc.gamma,
             LossKind::Ce,
         )?;
-        let g = out.loss.backward()?;
-        let grads = td
-            .params
-            .iter()
-            .map(|(_, p)| g.get(p.as_tensor()).cloned())
-            .collect();
-        drop(g);
+        let mut grads = vec![None; td.params.len()];
+        td.accumulate_grads(&mut grads, &out.loss.backward()?)?;
         apply_update(
             &mut td,
             &target,
@@ -119,13 +113,12 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
             t_feats.push(tf);
             t_step.push(t.elapsed().as_secs_f64());
         }
-        let _ = out.loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
     }
     let (tf, ts) = (median(t_feats), median(t_step));
     let tflops = flops / ts / 1e12;
     println!(
         "random {}-shaped target, {}-layer drafter (B = {}) on {} ({}): one row of {} tokens, {} anchors, median of {}\n",
-        a.shape, a.draft_layers, a.block_size, a.device, a.dtype, a.seq_len, anchors.len(), a.steps
+        a.model.shape, a.draft_layers, a.block_size, a.model.device, a.model.dtype, a.seq_len, anchors.len(), a.steps
     );
     println!("| quantity | value |\n|---|---|");
     println!("| target features (forward, taps) | {:.1} ms |", tf * 1e3);

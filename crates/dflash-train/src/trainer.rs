@@ -125,6 +125,15 @@ impl FeatureCache {
         self.used
     }
 
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
     /// The features of row `key`: kept ones, or `compute()` (kept when they fit the budget).
     pub fn get(
         &mut self,
@@ -187,6 +196,24 @@ impl TrainableDrafter {
             .iter()
             .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
             .collect()
+    }
+
+    /// Add the gradients of `g` to `acc` (one slot per parameter, in `params` order; a slot
+    /// stays `None` until some row gives that parameter a gradient).
+    pub fn accumulate_grads(
+        &self,
+        acc: &mut [Option<Tensor>],
+        g: &candle_core::backprop::GradStore,
+    ) -> Result<()> {
+        for (slot, (_, p)) in acc.iter_mut().zip(&self.params) {
+            if let Some(gi) = g.get(p.as_tensor()) {
+                *slot = Some(match slot.take() {
+                    Some(a) => (a + gi)?,
+                    None => gi.clone(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// After an optimizer step: when the drafter computes in another dtype than its master
@@ -594,8 +621,8 @@ pub fn train_with_limits(
                 si,
                 &mut ph,
             )?;
-            ph.mark("loss to host");
             let l = out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            ph.mark("loss to host");
             if !l.is_finite() {
                 bail!(
                     "loss is {l} at step {}: stopping; the last good checkpoint is {}",
@@ -608,14 +635,7 @@ pub fn train_with_limits(
             }
             let g = (out.loss / cfg.grad_accum as f64)?.backward()?;
             ph.mark("backward");
-            for (i, (_, p)) in td.params.iter().enumerate() {
-                if let Some(gi) = g.get(p.as_tensor()) {
-                    grads[i] = Some(match grads[i].take() {
-                        Some(acc) => (acc + gi)?,
-                        None => gi.clone(),
-                    });
-                }
-            }
+            td.accumulate_grads(&mut grads, &g)?;
             ph.mark("accumulate grads");
             loss_num += l * out.weight_sum;
             loss_den += out.weight_sum;
@@ -645,7 +665,7 @@ pub fn train_with_limits(
             eprintln!(
                 "feature cache: {:.0} MB kept for {} rows of {} (budget {:.0} MB)",
                 cache.used() as f64 / 1e6,
-                cache.rows.len(),
+                cache.len(),
                 train_rows.len() + val_seqs.len(),
                 cache.budget as f64 / 1e6
             );
