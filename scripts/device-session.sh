@@ -5,7 +5,8 @@
 # Expects: .device/dflash-rs.xz; .device/whl/*.whl (reference only); /root/stage/smollm2.gguf/part*
 # (device-stage; check, bench, reference and train only: shape and mfu use random weights).
 # Usage: scripts/device-session.sh [check] [bench] [reference] [train] [shape] [mfu]   (default: the first four)
-#   shape: bench-shape --shape qwen3-8b (random Qwen3-8B-shaped target + 5-layer drafter, bf16)
+#   shape: bench-shape on $SHAPES (default: the Qwen3-8B and SmolLM2 shapes; random target +
+#          5-layer drafter, bf16), with the eager vs CUDA-graph forwards
 #   mfu:   bench-train on the Qwen3-8B and SmolLM2 shapes (bf16, 2,048 tokens, 512 anchors)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -44,8 +45,10 @@ step reference
 timeout 300 python3 bench/zlab_reference.py "$G" 256 2>&1 | grep -v -i warn | tail -5 | tee "$OUT/reference.txt"
 fi
 if want shape && [[ " ${*:-} " == *" shape "* ]]; then
-step bench-shape qwen3-8b
-$B bench-shape --shape qwen3-8b --device cuda --dtype bf16 2>&1 | tee "$OUT/bench-shape.md"
+for sh in ${SHAPES:-bench/shapes/smollm2-135m.json qwen3-8b}; do
+step bench-shape $sh
+$B bench-shape --shape $sh --device cuda --dtype bf16 ${SHAPE_ARGS:-} 2>&1 | tee -a "$OUT/bench-shape.md"
+done
 fi
 if want mfu && [[ " ${*:-} " == *" mfu "* ]]; then
 for sh in qwen3-8b bench/shapes/smollm2-135m.json; do

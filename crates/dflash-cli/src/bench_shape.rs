@@ -198,6 +198,23 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         let t = time(&dev, a.repeats, || verify(&mut cache, &tree))?;
         tree_rows.push((b, tree.len(), t));
     }
+    // the same forwards' device work, eager and as one CUDA graph (GPU only)
+    let graphs = if dev.is_cpu() {
+        Vec::new()
+    } else {
+        let mut g = Vec::new();
+        for (name, tree) in [
+            ("AR step".to_string(), DraftTree::chain(1, &[])),
+            (format!("chain verify (B = {})", a.block_size), chain.clone()),
+        ] {
+            g.push((
+                name,
+                tree.len(),
+                graph_costs(&target, &dev, &mut cache, &tree, n, &taps, a.repeats)?,
+            ));
+        }
+        g
+    };
     // the floor: weight bytes at the measured copy bandwidth
     let bw = copy_bandwidth(&dev)?;
     let params = cfg.forward_weight_params();
@@ -227,6 +244,31 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         a.block_size,
         t_draft * 1e3
     );
+    if !graphs.is_empty() {
+        println!("\nWhere a forward's time goes (`Target::forward_prepared`: the device part, after `prepare` copied ids, RoPE rows and mask; `dflash_model::launch_profile`), median of {}. Kernels and layout uploads counted by a CUDA-graph capture that is never launched; \"param cache\": candle's device cache of small uploads, warmed by one run; host enqueue and GPU time of the same kernels enqueued behind a GPU blocker; graph replay: the forward captured (with the param cache) and relaunched.\n", a.repeats);
+        println!("| forward | rows | kernels | uploads (no cache / cache) | allocs / frees | prepare ms | eager ms | eager, param cache ms | host enqueue ms | GPU ms | graph replay ms | replay × floor | replay vs eager logits, max abs Δ |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for (name, rows, c) in &graphs {
+            let (k, kc) = (&c.nodes, &c.nodes_cached);
+            let split = match c.split {
+                Some((h, g)) => format!("{:.3} | {:.3}", h * 1e3, g * 1e3),
+                None => "host waited | —".to_string(),
+            };
+            println!(
+                "| {name} | {rows} | {} | {} / {} | {} / {} | {:.3} | {:.3} | {:.3} | {split} | {:.3} | {:.1} | {:.2e} |",
+                kc.kernels,
+                k.memcpy,
+                kc.memcpy,
+                kc.alloc,
+                kc.free,
+                c.prepare * 1e3,
+                c.eager * 1e3,
+                c.eager_cached * 1e3,
+                c.replay * 1e3,
+                c.replay / floor,
+                c.max_diff
+            );
+        }
+    }
     println!("\nCost model, speed-up = τ · T_AR / (T_draft + T_verify):\n");
     let taus = [2.0, 3.0, 4.0, 5.0, 6.0, 7.0];
     print!("| τ |");
@@ -246,4 +288,96 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         line(&format!("DDTree-{b}"), *t);
     }
     Ok(())
+}
+
+/// Where one forward's time goes on the GPU ([`dflash_model::launch_profile`]).
+struct GraphCosts {
+    /// Nodes of the captured forward, without and with candle's param cache.
+    nodes: dflash_model::launch_profile::NodeCounts,
+    nodes_cached: dflash_model::launch_profile::NodeCounts,
+    /// Median seconds: the host part (`prepare`); the device part eager (synchronised), without
+    /// and with the param cache; behind a blocker, the host's enqueue and the GPU's time
+    /// (`None`: the host waited on the GPU); one replay of the captured graph.
+    prepare: f64,
+    eager: f64,
+    eager_cached: f64,
+    split: Option<(f64, f64)>,
+    replay: f64,
+    /// Max |Δ| between the logits of a graph replay and of the eager forward.
+    max_diff: f32,
+}
+
+/// Profile `tree`'s forward on a cache of `n` committed rows (rolled back to `n` rows after
+/// every run, so each run writes the same rows): its host part, its device part eager, its
+/// kernels and uploads (a capture that is never launched), the host's and the GPU's time for
+/// the same kernels, and the device part captured into a CUDA graph and replayed.
+fn graph_costs(
+    target: &Target,
+    dev: &candle_core::Device,
+    cache: &mut dflash_model::KvCache,
+    tree: &DraftTree,
+    n: usize,
+    taps: &[usize],
+    repeats: usize,
+) -> Result<GraphCosts> {
+    use dflash_model::launch_profile::{capture, count_launches, host_gpu_split, ParamCache};
+    let (pos, vis) = (tree.positions(n), tree.visibility(n));
+    let prepare = time(dev, repeats, || {
+        target.prepare(&tree.tokens, &pos, std::slice::from_ref(&vis), n)?;
+        Ok(())
+    })?;
+    let inputs = target.prepare(&tree.tokens, &pos, std::slice::from_ref(&vis), n)?;
+    let logits = |o: dflash_model::TargetOutput| -> Result<Vec<f32>> {
+        Ok(o.logits
+            .context("the forward returned no logits")?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
+    };
+    let run = |cache: &mut dflash_model::KvCache| -> Result<dflash_model::TargetOutput> {
+        let o = target.forward_prepared(&inputs, cache, taps, &Rows::All)?;
+        cache.truncate(n)?;
+        Ok(o)
+    };
+    let eager_logits = logits(run(cache)?)?;
+    let eager = time(dev, repeats, || run(cache).map(drop))?;
+    let nodes = count_launches(dev, || run(cache))?;
+    let _param_cache = ParamCache::enable(dev);
+    run(cache)?; // warm the param cache
+    let eager_cached = time(dev, repeats, || run(cache).map(drop))?;
+    let nodes_cached = count_launches(dev, || run(cache))?;
+    let mut splits = Vec::new();
+    for _ in 0..repeats {
+        match host_gpu_split(dev, 3.0 * eager + 0.01, || run(cache)) {
+            Ok((s, _)) => splits.push((s.host, s.gpu)),
+            Err(e) => {
+                eprintln!("host/GPU split: {e:#}");
+                break;
+            }
+        }
+    }
+    let split = (splits.len() == repeats).then(|| {
+        (
+            crate::timing::median(splits.iter().map(|s| s.0).collect()),
+            crate::timing::median(splits.iter().map(|s| s.1).collect()),
+        )
+    });
+    let (graph, out) = capture(dev, || run(cache))?;
+    let replay = time(dev, repeats, || graph.replay())?;
+    let graph_logits = logits(out)?;
+    let max_diff = eager_logits
+        .iter()
+        .zip(&graph_logits)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    Ok(GraphCosts {
+        nodes,
+        nodes_cached,
+        prepare,
+        eager,
+        eager_cached,
+        split,
+        replay,
+        max_diff,
+    })
 }

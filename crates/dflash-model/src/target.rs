@@ -40,6 +40,21 @@ pub enum Rows {
     These(Vec<usize>),
 }
 
+/// A forward's inputs on the device ([`Target::prepare`]).
+pub struct ForwardInputs {
+    /// Token ids `[b · n]`.
+    ids: Tensor,
+    rope: RopeTables,
+    /// Additive mask `[n, cache + n]` (one sequence) or `[b, 1, 1, n, cache + n]`.
+    mask: Tensor,
+    /// Linear-attention parents of the new rows (hybrid targets only).
+    parents: Vec<Option<usize>>,
+    b: usize,
+    n: usize,
+    /// The cache length the mask was built for.
+    cache_len: usize,
+}
+
 pub struct TargetOutput {
     /// `[rows, vocab]`, f32 (`[b, rows, vocab]` from [`Target::forward_batch`]).
     pub logits: Option<Tensor>,
@@ -385,6 +400,23 @@ impl Target {
         taps: &[usize],
         rows: &Rows,
     ) -> Result<TargetOutput> {
+        let inputs = self.prepare(tokens, positions, masks, cache.len())?;
+        self.forward_prepared(&inputs, cache, taps, rows)
+    }
+
+    /// The host side of a forward: token ids, RoPE rows and the additive mask copied to the
+    /// device (and, for hybrid targets, each new row's parent). Everything after it
+    /// ([`Target::forward_prepared`]) runs on device tensors, which is what a CUDA graph can
+    /// capture. Arguments as [`Target::forward_batch`], `cache_len` its cache's length.
+    /// Example: one AR step on a 512-row cache: ids `[t]`, RoPE rows of position 512, mask
+    /// `[1, 513]` all visible.
+    pub fn prepare(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        masks: &[Visibility],
+        cache_len: usize,
+    ) -> Result<ForwardInputs> {
         let b = masks.len();
         if b == 0
             || tokens.is_empty()
@@ -400,26 +432,20 @@ impl Target {
         let n = tokens.len() / b;
         if let Some(mask) = masks
             .iter()
-            .find(|m| m.rows != n || m.cols != cache.len() + n)
+            .find(|m| m.rows != n || m.cols != cache_len + n)
         {
             bail!(
                 "mask is {}x{}, expected {}x{} (new rows x [cache {} | new {}])",
                 mask.rows,
                 mask.cols,
                 n,
-                cache.len() + n,
-                cache.len(),
+                cache_len + n,
+                cache_len,
                 n
             );
         }
         if b > 1 && self.is_hybrid() {
             bail!("a batch of {b} sequences needs an attention-only target: the linear-attention layers of this hybrid target keep one sequence's state");
-        }
-        if let Some(&bad) = taps.iter().find(|&&t| t >= self.layers.len()) {
-            bail!(
-                "tap {bad} is out of range: the target has {} layers",
-                self.layers.len()
-            );
         }
         let max_pos = positions.iter().copied().max().unwrap_or(0);
         if max_pos >= self.config.max_position_embeddings {
@@ -428,6 +454,16 @@ impl Target {
                 self.config.max_position_embeddings
             );
         }
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            bail!(
+                "token id {bad} is outside the vocabulary ({})",
+                self.config.vocab_size
+            );
+        }
+        let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
         let mut rope = self.rope.tables(positions, self.dtype, &self.device)?;
         if b > 1 {
             // [b·n, half] → [b, n, half]: each sequence's rows at their own positions
@@ -436,21 +472,64 @@ impl Target {
             rope.sin = rope.sin.reshape((b, n, half))?;
         }
         let parents = if self.is_hybrid() {
-            parents_from_mask(&masks[0], cache.len())
+            parents_from_mask(&masks[0], cache_len)
         } else {
             Vec::new()
         };
-        let mask = mask_tensors(masks, self.dtype, &self.device)?;
+        Ok(ForwardInputs {
+            ids,
+            rope,
+            mask: mask_tensors(masks, self.dtype, &self.device)?,
+            parents,
+            b,
+            n,
+            cache_len,
+        })
+    }
+
+    /// The device side of [`Target::forward_batch`]: the layers, the cache writes, the taps
+    /// and the logits of `rows` from prepared inputs. Copies nothing from the host except
+    /// the row index of [`Rows::These`].
+    pub fn forward_prepared(
+        &self,
+        inputs: &ForwardInputs,
+        cache: &mut KvCache,
+        taps: &[usize],
+        rows: &Rows,
+    ) -> Result<TargetOutput> {
+        let ForwardInputs {
+            ids,
+            rope,
+            mask,
+            parents,
+            b,
+            n,
+            cache_len,
+        } = inputs;
+        let (b, n) = (*b, *n);
+        if cache.len() != *cache_len {
+            bail!(
+                "inputs prepared for a {cache_len}-row cache, the cache has {} rows",
+                cache.len()
+            );
+        }
+        if let Some(&bad) = taps.iter().find(|&&t| t >= self.layers.len()) {
+            bail!(
+                "tap {bad} is out of range: the target has {} layers",
+                self.layers.len()
+            );
+        }
         let mut x = self
-            .embed(tokens)?
+            .embed_tokens
+            .index_select(ids, 0)?
             .reshape((b, n, self.config.hidden_size))?;
         let mut tap_out = vec![None; taps.len()];
         for (i, layer) in self.layers.iter().enumerate() {
             let hn = layer.input_layernorm.forward(&x)?;
             let h = match &layer.mixer {
-                Mixer::Attention(a) => a.forward(&hn, &rope, &mask, cache, i)?,
+                Mixer::Attention(a) => a.forward(&hn, rope, mask, cache, i)?,
                 Mixer::GatedDeltaNet(g) => {
-                    g.forward(&hn, &parents, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
+                    g.forward(&hn, parents, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
                 }
             };
             let x1 = (x + h)?;

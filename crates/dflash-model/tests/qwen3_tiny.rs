@@ -220,6 +220,32 @@ fn bad_mask_shape_is_an_error() {
     assert!(err.to_string().contains("tap 9"), "{err}");
 }
 
+/// The split a CUDA graph captures: `prepare` (host copies) then `forward_prepared` (device
+/// work) gives `forward`'s logits bit for bit, and inputs prepared for another cache length
+/// are refused by name instead of attending over the wrong columns.
+#[test]
+fn prepared_forward_equals_forward_and_refuses_another_cache_length() {
+    let t = tiny();
+    let mut a = t.new_cache();
+    let mut b = t.new_cache();
+    t.forward_causal(&[3, 4, 5], &mut a, &[], &Rows::None).unwrap();
+    t.forward_causal(&[3, 4, 5], &mut b, &[], &Rows::None).unwrap();
+    let whole = t
+        .forward(&[6, 7], &[3, 4], &causal(3, 2), &mut a, &[0], &Rows::All)
+        .unwrap();
+    let inputs = t.prepare(&[6, 7], &[3, 4], &[causal(3, 2)], 3).unwrap();
+    let split = t.forward_prepared(&inputs, &mut b, &[0], &Rows::All).unwrap();
+    let v = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(v(whole.logits.as_ref().unwrap()), v(split.logits.as_ref().unwrap()));
+    assert_eq!(v(&whole.taps[0]), v(&split.taps[0]));
+    assert_eq!(b.len(), 5);
+    let err = t
+        .forward_prepared(&inputs, &mut b, &[], &Rows::All)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("prepared for a 3-row cache"), "{err}");
+}
+
 #[test]
 fn vision_language_wrapper_loads_the_text_model_and_reports_the_rest() {
     // text weights under model.language_model.*, config under text_config, a vision tower beside
