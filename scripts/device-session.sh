@@ -37,7 +37,7 @@ fi
 if want bench; then
 need_gguf
 step bench bf16
-$B bench --device cuda --dtype bf16 --modes ar,dflash,ddtree:8 --new-tokens 256 --repeats ${REPEATS:-2} 2>&1 | tee "$OUT/bench-bf16.md"
+$B bench --device cuda --dtype bf16 --modes ar,dflash,ddtree:8 --new-tokens 256 --repeats ${REPEATS:-2} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-bf16.md"
 fi
 if want reference; then
 need_gguf

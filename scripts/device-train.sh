@@ -26,7 +26,8 @@
 # Environment: DATA_SECS (240; DATA_UNTIL: until that many seconds after this call started), TRAIN_SECS (900), UNTIL (560), BATCH (128), SHARD (64),
 #   DATA_TOKENS (1024), ANCHORS (anchors per training row, 256), PACK (pack training sequences
 #   into rows of this many tokens; unset: one sequence per row), ACCUM (rows per step, 4),
-#   EVAL_LIMIT (32), EVAL_TOKENS (256),
+#   EVAL_LIMIT (32), EVAL_TOKENS (256), EVAL_DATASETS (the four), EVAL_TEMPS (0 1), EVAL_ARGS
+#   (more eval flags, e.g. --cuda-graphs), E (the drafter to evaluate: the export by default),
 #   EVAL_SECS (300), INIT_FROM (a drafter directory to continue from, e.g. the committed
 #   assets/drafters/smollm2-135m-b16: fresh optimizer, same weights).
 # The run of 2026-11-30 (docs/BENCHMARKS.md): PROFILE_SECS=60 DATA_SECS=120 DATA_TOKENS=384
@@ -44,7 +45,7 @@ DEV=${DEV:-cuda}
 TRAIN_DTYPE=${TRAIN_DTYPE:-bf16}
 D=$ROOT/data
 R=$ROOT/run
-E=$ROOT/export
+E=${E:-$ROOT/export}
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/log.txt"; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
 SP=$(python3 -c 'import site; print(site.getsitepackages()[0])')
@@ -165,13 +166,13 @@ export_() {
 eval_() {
   local lim=${EVAL_LIMIT:-32} tok=${EVAL_TOKENS:-256}
   mkdir -p $ROOT/eval
-  for ds in gsm8k humaneval mt-bench math500; do
-    for t in 0 1; do
+  for ds in ${EVAL_DATASETS:-gsm8k humaneval mt-bench math500}; do
+    for t in ${EVAL_TEMPS:-0 1}; do
       # --time-limit stops between items and reports the finished ones; timeout is the backstop
       timeout "${EVAL_SECS:-300}" $B eval --dataset $ds --limit "$lim" --drafter smollm2-135m-b16=$E \
         --time-limit $(( ${EVAL_SECS:-300} * 2 / 3 )) \
         --modes ar,dflash,ddtree:8,ddtree:32 --max-new-tokens "$tok" --temperature $t \
-        --device $DEV --dtype $TRAIN_DTYPE --out $ROOT/eval/$ds-t$t > $ROOT/eval/$ds-t$t.log 2>&1 &
+        --device $DEV --dtype $TRAIN_DTYPE ${EVAL_ARGS:-} --out $ROOT/eval/$ds-t$t > $ROOT/eval/$ds-t$t.log 2>&1 &
     done
   done
   wait

@@ -8,7 +8,7 @@ use candle_core::DType;
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::{decode_secs_per_token, summarize};
-use dflash_engine::{generate, Request};
+use dflash_engine::{generate_with, DecodeOptions, Request};
 use dflash_eval::harness::{mode_specs, parse_modes, EvalDrafter};
 use dflash_model::drafter::Drafter;
 use dflash_model::loader::load_target;
@@ -31,6 +31,10 @@ pub struct BenchArgs {
     pub new_tokens: usize,
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// Verify forwards replayed from CUDA graphs (fixed-shape cache): off, on, or both (each
+    /// mode twice, the graphed rows marked "+graphs"). Attention-only targets.
+    #[arg(long, default_value = "off", value_parser = ["off", "on", "both"])]
+    pub cuda_graphs: String,
 }
 
 const PROMPTS: &[&str] = &[
@@ -66,7 +70,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
     );
     println!("| mode | ms / output token | tok/s | τ pooled | draft ms/round | verify ms/round | other ms/round |");
     println!("|---|---|---|---|---|---|---|");
-    for spec in &specs {
+    let graph_settings: &[bool] = match a.cuda_graphs.as_str() {
+        "on" => &[true],
+        "both" => &[false, true],
+        _ => &[false],
+    };
+    let runs = specs
+        .iter()
+        .flat_map(|spec| graph_settings.iter().map(move |&g| (spec, g)));
+    for (spec, cuda_graphs) in runs {
+        let opts = DecodeOptions { cuda_graphs };
         let d = spec.drafter.map(|i| &drafters[i].drafter);
         let mut tpot = Vec::new();
         let mut last = None;
@@ -81,7 +94,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     stop_ids: vec![],
                 };
                 dev.synchronize()?;
-                let g = generate(&lt.target, d, spec.mode, &req)?;
+                let g = generate_with(&lt.target, d, spec.mode, &req, opts)?;
                 dev.synchronize()?;
                 tpots.push(decode_secs_per_token(g.decode_secs, g.new_tokens.len()));
                 rounds.push(g.rounds);
@@ -97,8 +110,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let per = |x: f64| x * 1e3 / s.rounds.max(1) as f64;
         let t = median(tpot);
         println!(
-            "| {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {}{} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} |",
             spec.label,
+            if cuda_graphs { "+graphs" } else { "" },
             t * 1e3,
             1.0 / t,
             s.tau_pooled,

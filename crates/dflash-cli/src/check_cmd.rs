@@ -14,7 +14,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, Mode, Request};
+use dflash_engine::{generate, generate_with, DecodeOptions, Mode, Request};
 use dflash_model::compare::rel_err;
 use dflash_model::drafter::Drafter;
 use dflash_model::loader::{load_target, LoadedTarget};
@@ -104,6 +104,47 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
             ));
         }
         let d = drafter_for(lt, &a.drafter)?;
+        // the same decodes with the verify forwards replayed from CUDA graphs
+        let graphs = DecodeOptions { cuda_graphs: true };
+        for (mode, drafter) in [
+            (Mode::Ar, None),
+            (
+                Mode::Chain {
+                    block: d.block_size,
+                },
+                Some(&d),
+            ),
+            (
+                Mode::Tree {
+                    block: d.block_size,
+                    budget: 8,
+                    top_k: 0,
+                },
+                Some(&d),
+            ),
+        ] {
+            let plain = match drafter {
+                None => ar.clone(),
+                Some(d) => generate(&lt.target, Some(d), mode, &req)?,
+            };
+            let g = generate_with(&lt.target, drafter, mode, &req, graphs)?;
+            let same = g.new_tokens == plain.new_tokens;
+            rows.push((
+                format!("{} with CUDA graphs = without ({name})", mode.name()),
+                same || name == "bf16",
+                format!(
+                    "{}{} rounds; {:.2} vs {:.2} ms/token decoding",
+                    if same {
+                        ""
+                    } else {
+                        "differs (bf16: attention over the fixed capacity rounds differently; reported); "
+                    },
+                    g.rounds.len(),
+                    g.decode_secs * 1e3 / g.new_tokens.len() as f64,
+                    plain.decode_secs * 1e3 / plain.new_tokens.len() as f64
+                ),
+            ));
+        }
         for mode in [
             Mode::Chain {
                 block: d.block_size,

@@ -36,6 +36,9 @@ pub struct EvalArgs {
     /// Start no new item after this many seconds; the report covers the items finished.
     #[arg(long)]
     pub time_limit: Option<f64>,
+    /// Replay the verify forwards from CUDA graphs (see `generate --cuda-graphs`).
+    #[arg(long)]
+    pub cuda_graphs: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -90,6 +93,9 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             sampling,
             max_new_tokens: a.max_new_tokens,
             time_limit,
+            decode: dflash_engine::DecodeOptions {
+                cuda_graphs: a.cuda_graphs,
+            },
         },
     )?;
     let items_done = {

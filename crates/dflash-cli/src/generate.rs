@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use dflash_core::stats::summarize;
-use dflash_engine::{generate, Mode as EngineMode, Request};
+use dflash_engine::{generate_with, Mode as EngineMode, Request};
 use dflash_model::drafter::Drafter;
 use dflash_model::loader::load_target;
 
@@ -50,6 +50,10 @@ pub struct GenerateArgs {
     /// T = 0, whether the output is the same.
     #[arg(long)]
     pub compare_ar: bool,
+    /// Replay the verify forwards from CUDA graphs (a fixed-shape cache of prompt +
+    /// max-new-tokens rows; attention-only targets). Also for the AR of --compare-ar.
+    #[arg(long)]
+    pub cuda_graphs: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -129,14 +133,17 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         stop_ids: loaded.tokenizer.stop_ids.clone(),
     };
     let t = Instant::now();
-    let g = generate(&loaded.target, drafter.as_ref(), engine_mode, &req)?;
+    let opts = dflash_engine::DecodeOptions {
+        cuda_graphs: a.cuda_graphs,
+    };
+    let g = generate_with(&loaded.target, drafter.as_ref(), engine_mode, &req, opts)?;
     let seconds = t.elapsed().as_secs_f64();
     let text = loaded.tokenizer.decode(&g.new_tokens)?;
     let stats = summarize(&[&g.rounds]);
     let mode_name = engine_mode.name();
     // the AR baseline: the same request, the same loop with block 1
     let vs_ar = if a.compare_ar && mode != Mode::Ar {
-        let ar = generate(&loaded.target, None, EngineMode::Ar, &req)?;
+        let ar = generate_with(&loaded.target, None, EngineMode::Ar, &req, opts)?;
         let per_token = |x: &dflash_engine::Generation| {
             dflash_core::stats::decode_secs_per_token(x.decode_secs, x.new_tokens.len())
         };

@@ -40,6 +40,7 @@ use dflash_core::sampling::{Sampler, SamplingParams};
 use dflash_core::stats::RoundOutcome;
 use dflash_core::tree::{top_k_sorted, DraftTree};
 use dflash_model::drafter::Drafter;
+use dflash_model::graphed::GraphedForward;
 use dflash_model::{KvCache, Rows, Target};
 
 /// One generation request.
@@ -133,6 +134,16 @@ impl Mode {
     }
 }
 
+/// How the loop runs its target forwards (not what it computes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Verify forwards through [`GraphedForward`]: the cache gets a fixed capacity of
+    /// `prompt + max_new_tokens` rows plus one verify's and each verify row count is captured into a CUDA graph
+    /// once and replayed after (on the CPU: the same fixed-shape forwards, no graphs).
+    /// Attention-only targets.
+    pub cuda_graphs: bool,
+}
+
 /// Generate. Modes other than [`Mode::Ar`] need a drafter.
 pub fn generate(
     target: &Target,
@@ -140,7 +151,21 @@ pub fn generate(
     mode: Mode,
     req: &Request,
 ) -> Result<Generation> {
+    generate_with(target, drafter, mode, req, DecodeOptions::default())
+}
+
+/// [`generate`] with [`DecodeOptions`].
+pub fn generate_with(
+    target: &Target,
+    drafter: Option<&Drafter>,
+    mode: Mode,
+    req: &Request,
+    opts: DecodeOptions,
+) -> Result<Generation> {
     check_request(target, req)?;
+    if opts.cuda_graphs && target.is_hybrid() {
+        bail!("CUDA graphs need an attention-only target: this hybrid target's linear-attention layers keep a state, not fixed-shape rows");
+    }
     let block_size = mode.block();
     if block_size == 0 {
         bail!("block size must be >= 1");
@@ -175,6 +200,16 @@ pub fn generate(
     let first = sampler.sample(&row(out.logits.as_ref().unwrap(), 0)?);
     let mut ctx = if drafter.is_some() {
         Some(Target::concat_taps(&out.taps)?.unsqueeze(0)?)
+    } else {
+        None
+    };
+    let mut graphed = if opts.cuda_graphs {
+        // a verify's rows start at the anchor (< max_len); a tree's rows outnumber its depths
+        let rows = match mode {
+            Mode::Tree { budget, .. } => budget + 1,
+            _ => block_size,
+        };
+        Some(GraphedForward::new(&mut cache, max_len + rows)?)
     } else {
         None
     };
@@ -218,14 +253,25 @@ pub fn generate(
         // 2. verify the whole proposal in one target forward
         let tv = Instant::now();
         let cache_len = cache.len();
-        let out = target.forward(
-            &tree.tokens,
-            &tree.positions(start),
-            &tree.visibility(cache_len),
-            &mut cache,
-            &taps,
-            &Rows::All,
-        )?;
+        let (positions, visibility) = (tree.positions(start), tree.visibility(cache_len));
+        let out = match graphed.as_mut() {
+            Some(g) => g.forward(
+                target,
+                &tree.tokens,
+                &positions,
+                &visibility,
+                &mut cache,
+                &taps,
+            )?,
+            None => target.forward(
+                &tree.tokens,
+                &positions,
+                &visibility,
+                &mut cache,
+                &taps,
+                &Rows::All,
+            )?,
+        };
         let logits = out.logits.unwrap();
         let verify_secs = tv.elapsed().as_secs_f64();
         // 3. walk with the target's own samples

@@ -4,4 +4,4 @@
 pub mod batched;
 pub mod decode;
 
-pub use decode::{generate, Generation, Mode, Request};
+pub use decode::{generate, generate_with, DecodeOptions, Generation, Mode, Request};

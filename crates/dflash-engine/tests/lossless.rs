@@ -8,7 +8,7 @@ mod common;
 use candle_core::{DType, Device};
 use common::*;
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, Mode};
+use dflash_engine::{generate, generate_with, DecodeOptions, Mode};
 use dflash_model::drafter::Drafter;
 use dflash_model::loader::load_target;
 use dflash_model::weights::TensorStore;
@@ -61,6 +61,39 @@ fn tiny_target_long_acceptances_are_lossless() {
         sp.rounds.iter().any(|r| r.accepted >= 5),
         "the fixture drafter must get long acceptances"
     );
+}
+
+/// The fixed-shape verify forwards that CUDA graphs replay (`DecodeOptions::cuda_graphs`; on
+/// the CPU the same fixed layout and in-place input buffers, without graphs) decode exactly
+/// what the plain loop does, in AR, chain and tree modes, and the same rounds; including
+/// generations whose last rounds are shorter than the block (another row count).
+#[test]
+fn fixed_shape_verify_decodes_like_the_plain_loop() {
+    let t = tiny();
+    let d = quiet(&t);
+    let opts = DecodeOptions { cuda_graphs: true };
+    for (mode, n) in [
+        (Mode::Ar, 20),
+        (Mode::Chain { block: 8 }, 45),
+        (
+            Mode::Tree {
+                block: 5,
+                budget: 6,
+                top_k: 0,
+            },
+            31,
+        ),
+    ] {
+        let r = req(&tiny_prompt(), n, SamplingParams::default(), &[]);
+        let d = (mode != Mode::Ar).then_some(&d);
+        let plain = generate(&t, d, mode, &r).unwrap();
+        let fixed = generate_with(&t, d, mode, &r, opts).unwrap();
+        assert_eq!(fixed.new_tokens, plain.new_tokens, "{}", mode.name());
+        let acc = |g: &dflash_engine::Generation| -> Vec<usize> {
+            g.rounds.iter().map(|r| r.accepted).collect()
+        };
+        assert_eq!(acc(&fixed), acc(&plain), "{}", mode.name());
+    }
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::RoundOutcome;
-use dflash_engine::{generate, Mode, Request};
+use dflash_engine::{generate_with, Mode, Request};
 use dflash_model::drafter::Drafter;
 use dflash_model::loader::LoadedTarget;
 use dflash_model::tokenizer::ChatMessage;
@@ -115,6 +115,8 @@ pub struct EvalOptions {
     /// finished (every mode on every turn, so modes stay comparable) make the report (e.g. a
     /// 10-minute GPU lease).
     pub time_limit: Option<std::time::Duration>,
+    /// How the decoding loop runs its target forwards (CUDA graphs); not what it computes.
+    pub decode: dflash_engine::DecodeOptions,
 }
 
 /// Run every mode on every item (every turn, each mode feeding back its own answers).
@@ -164,11 +166,12 @@ pub fn run(
                     sampling,
                     stop_ids: lt.tokenizer.stop_ids.clone(),
                 };
-                let g = generate(
+                let g = generate_with(
                     &lt.target,
                     spec.drafter.map(|d| &drafters[d].drafter),
                     spec.mode,
                     &req,
+                    opts.decode,
                 )?;
                 let answer = lt.tokenizer.decode(&g.new_tokens)?;
                 history.push(ChatMessage {

@@ -50,6 +50,7 @@ fn reports_are_consistent_and_lossless_on_every_dataset() {
             sampling: SamplingParams::default(),
             max_new_tokens: 10,
             time_limit: None,
+            decode: Default::default(),
         };
         let runs = run(&lt, &drafters, &specs, &items, &opts).unwrap();
         let turns: usize = items.iter().map(|i| i.turns.len()).sum();
@@ -140,6 +141,7 @@ fn two_drafters_side_by_side() {
             sampling: SamplingParams::default(),
             max_new_tokens: 6,
             time_limit: None,
+            decode: Default::default(),
         },
     )
     .unwrap();
@@ -156,6 +158,7 @@ fn two_drafters_side_by_side() {
                 sampling: SamplingParams::default(),
                 max_new_tokens: 2,
                 time_limit: limit,
+                decode: Default::default(),
             },
         )
         .unwrap()

@@ -144,6 +144,73 @@ impl KvCache {
         Ok((s.k.narrow(2, 0, need)?, s.v.narrow(2, 0, need)?))
     }
 
+    /// Give every attention layer's K/V buffers exactly `cap` rows (the committed rows kept),
+    /// for fixed-shape forwards ([`KvCache::write_fixed`]); layers without buffers yet get them
+    /// at their first fixed write. Example: len 20, buffers of 64 rows, cap 300 → buffers of
+    /// 300 rows, rows 0..20 copied.
+    pub fn reserve_exact(&mut self, cap: usize) -> Result<()> {
+        if cap < self.len {
+            candle_core::bail!("reserve_exact: {cap} rows is less than the {} committed", self.len);
+        }
+        let len = self.len;
+        for s in self.layers.iter_mut().flatten() {
+            let (b, h, old, d) = s.k.dims4()?;
+            if old == cap {
+                continue;
+            }
+            let resize = |t: &Tensor| -> Result<Tensor> {
+                let fresh = Tensor::zeros((b, h, cap, d), t.dtype(), t.device())?;
+                if len > 0 {
+                    fresh.slice_set(&t.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+                }
+                Ok(fresh)
+            };
+            *s = LayerKv {
+                k: resize(&s.k)?,
+                v: resize(&s.v)?,
+            };
+        }
+        Ok(())
+    }
+
+    /// The fixed-shape form of [`KvCache::append`]: write `k, v` (`[1, hkv, n, d]`) at the rows
+    /// `index` names (`[1, hkv, n, d]` u32, built by `Target::prepare_fixed`: rows `len ..
+    /// len + n`) of buffers of exactly `cap` rows, and return the whole buffers (`cap` rows;
+    /// the mask hides the rows past the new ones). No shape depends on the cache length.
+    pub fn write_fixed(
+        &mut self,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+        index: &Tensor,
+        cap: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let n = k.dim(2)?;
+        if self.len + n > cap {
+            candle_core::bail!(
+                "write_fixed: {n} rows after {} do not fit a capacity of {cap}",
+                self.len
+            );
+        }
+        let slot = &mut self.layers[layer];
+        if slot.is_none() {
+            let (b, h, _, d) = k.dims4()?;
+            let z = || Tensor::zeros((b, h, cap, d), k.dtype(), k.device());
+            *slot = Some(LayerKv { k: z()?, v: z()? });
+        }
+        let s = slot.as_ref().unwrap();
+        if s.k.dim(2)? != cap {
+            candle_core::bail!(
+                "write_fixed: the buffers of layer {layer} hold {} rows, not {cap} (reserve_exact first)",
+                s.k.dim(2)?
+            );
+        }
+        s.k.scatter_set(index, &k.contiguous()?, 2)?;
+        s.v.scatter_set(index, &v.contiguous()?, 2)?;
+        self.pending = n;
+        Ok((s.k.clone(), s.v.clone()))
+    }
+
     /// Make the `n` rows of the last forward part of the cache.
     pub fn commit(&mut self, n: usize) {
         self.len += n;

@@ -10,6 +10,7 @@ pub mod drafter_init;
 pub mod families;
 pub mod gdn;
 pub mod gguf;
+pub mod graphed;
 pub mod launch_profile;
 pub mod kv_cache;
 pub mod loader;
@@ -25,7 +26,7 @@ pub mod with_grad;
 
 pub use candle_core;
 pub use kv_cache::KvCache;
-pub use target::{ForwardInputs, Rows, Target, TargetOutput};
+pub use target::{CacheLayout, ForwardInputs, Rows, Target, TargetOutput};
 
 /// Parse a device name (`cpu`, `cuda`, `cuda:N`).
 pub fn device(name: &str) -> anyhow::Result<candle_core::Device> {

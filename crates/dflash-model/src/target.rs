@@ -7,7 +7,7 @@
 //! the positions are arguments, so the same forward serves prefill, AR decode, chain verify
 //! and tree verify.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{Linear, Module};
 use dflash_core::config::TargetConfig;
@@ -53,14 +53,86 @@ pub struct ForwardInputs {
     n: usize,
     /// The cache length the mask was built for.
     cache_len: usize,
+    layout: CacheLayout,
 }
 
+impl ForwardInputs {
+    /// Rows per sequence.
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// Copy these fixed-layout inputs into `dst`'s device buffers, in place (the buffers a
+    /// captured forward reads): same row count and capacity, another cache length.
+    /// Example: the AR step at cache 40 captured; `prepare_fixed(.., 41, cap).write_into(&mut
+    /// captured)` makes a replay compute the step at cache 41.
+    pub fn write_into(&self, dst: &mut ForwardInputs) -> Result<()> {
+        let (CacheLayout::Fixed { index: si, cap: sc }, CacheLayout::Fixed { index: di, cap: dc }) =
+            (&self.layout, &dst.layout)
+        else {
+            bail!("write_into: both inputs must have the fixed layout");
+        };
+        if sc != dc || self.n != dst.n || self.b != dst.b {
+            bail!(
+                "write_into: {} rows at capacity {sc} into buffers of {} rows at capacity {dc}",
+                self.n,
+                dst.n
+            );
+        }
+        for (src, d) in [
+            (&self.ids, &dst.ids),
+            (&self.rope.cos, &dst.rope.cos),
+            (&self.rope.sin, &dst.rope.sin),
+            (&self.mask, &dst.mask),
+            (si, di),
+        ] {
+            d.slice_set(src, 0, 0)?;
+        }
+        dst.cache_len = self.cache_len;
+        Ok(())
+    }
+}
+
+/// Where a forward writes its new rows' K/V and which cache columns it attends over.
+#[derive(Debug, Clone)]
+pub enum CacheLayout {
+    /// After the committed rows, into a cache that grows as needed; attention over
+    /// `[cache | new]`, the mask's `cache + n` columns.
+    Append,
+    /// The same rows (`cache .. cache + n`), written through a device index into a cache of
+    /// exactly `cap` rows ([`KvCache::reserve_exact`]); attention over all `cap` rows, the mask
+    /// `[n, cap]` hiding the columns past the new rows. Every shape is fixed by `n` and `cap`,
+    /// so a captured forward can be replayed at any cache length (CUDA graphs).
+    /// Example: cache 37, n 16, cap 64 → rows 37..53 written, mask columns 53..64 hidden.
+    Fixed {
+        /// `[1, hkv, n, head_dim]` u32: the row of each new K/V element.
+        index: Tensor,
+        cap: usize,
+    },
+}
+
+#[derive(Clone)]
 pub struct TargetOutput {
     /// `[rows, vocab]`, f32 (`[b, rows, vocab]` from [`Target::forward_batch`]).
     pub logits: Option<Tensor>,
     /// One `[n, hidden]` tensor per requested tap, in request order (`[b, n, hidden]` from
     /// [`Target::forward_batch`]).
     pub taps: Vec<Tensor>,
+}
+
+impl TargetOutput {
+    /// A batch of one sequence as [`Target::forward`] returns it: logits `[rows, vocab]`,
+    /// taps `[n, hidden]` (views of the batch's tensors).
+    pub fn one_sequence(self) -> Result<TargetOutput> {
+        Ok(TargetOutput {
+            logits: self.logits.map(|l| l.squeeze(0)).transpose()?,
+            taps: self
+                .taps
+                .into_iter()
+                .map(|t| t.squeeze(0))
+                .collect::<candle_core::Result<_>>()?,
+        })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -83,6 +155,7 @@ impl Attention {
         x: &Tensor,
         rope: &RopeTables,
         mask: &Tensor,
+        layout: &CacheLayout,
         cache: &mut KvCache,
         layer: usize,
     ) -> Result<Tensor> {
@@ -124,8 +197,11 @@ impl Attention {
         // 2. RoPE at each row's own position
         let q = rope.apply(&q)?;
         let k = rope.apply(&k)?;
-        // 3. cache: [cache rows | new rows]
-        let (k, v) = cache.append(layer, &k, &v)?;
+        // 3. cache: [cache rows | new rows] (fixed layout: all `cap` rows)
+        let (k, v) = match layout {
+            CacheLayout::Append => cache.append(layer, &k, &v)?,
+            CacheLayout::Fixed { index, cap } => cache.write_fixed(layer, &k, &v, index, *cap)?,
+        };
         // 4. masked attention, grouped K/V
         let o = attend(&q, &k, &v, mask, 1.0 / (self.head_dim as f64).sqrt())?;
         let o = match gate {
@@ -351,14 +427,7 @@ impl Target {
             taps,
             rows,
         )?;
-        Ok(TargetOutput {
-            logits: out.logits.map(|l| l.squeeze(0)).transpose()?,
-            taps: out
-                .taps
-                .into_iter()
-                .map(|t| t.squeeze(0))
-                .collect::<candle_core::Result<_>>()?,
-        })
+        out.one_sequence()
     }
 
     /// The target rule in its plain form: `tokens` follow the cache's rows, at positions
@@ -484,7 +553,56 @@ impl Target {
             b,
             n,
             cache_len,
+            layout: CacheLayout::Append,
         })
+    }
+
+    /// [`Target::prepare`] for the fixed layout ([`CacheLayout::Fixed`]): one sequence, its
+    /// `n` new rows at cache rows `cache_len ..`, attention over a cache of exactly `cap` rows
+    /// (the visibility `mask` is `[n, cache_len + n]` as for [`Target::forward`]; the columns
+    /// past it are hidden). Attention-only targets.
+    /// Example: cache 512, one AR step, cap 1024 → ids `[t]`, mask `[1, 1024]` with columns
+    /// 0..=512 visible, index rows all 512.
+    pub fn prepare_fixed(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        mask: &Visibility,
+        cache_len: usize,
+        cap: usize,
+    ) -> Result<ForwardInputs> {
+        if self.is_hybrid() {
+            bail!("fixed-shape forwards need an attention-only target: the linear-attention layers of this hybrid target keep a state, not rows");
+        }
+        let mut inputs = self.prepare(tokens, positions, std::slice::from_ref(mask), cache_len)?;
+        let n = inputs.n;
+        if cache_len + n > cap {
+            bail!(
+                "a fixed-shape forward of {n} rows on a {cache_len}-row cache needs more than its capacity of {cap} rows"
+            );
+        }
+        let mut additive = Vec::with_capacity(n * cap);
+        for row in mask.additive().chunks(mask.cols) {
+            additive.extend_from_slice(row);
+            additive.resize(additive.len() + cap - mask.cols, f32::NEG_INFINITY);
+        }
+        inputs.mask = Tensor::from_vec(additive, (n, cap), &self.device)?.to_dtype(self.dtype)?;
+        let (hkv, d) = self
+            .layers
+            .iter()
+            .find_map(|l| match &l.mixer {
+                Mixer::Attention(a) => Some((a.kv_heads, a.head_dim)),
+                Mixer::GatedDeltaNet(_) => None,
+            })
+            .context("the target has no attention layer")?;
+        let index: Vec<u32> = (0..hkv)
+            .flat_map(|_| (0..n).flat_map(move |j| std::iter::repeat_n((cache_len + j) as u32, d)))
+            .collect();
+        inputs.layout = CacheLayout::Fixed {
+            index: Tensor::from_vec(index, (1, hkv, n, d), &self.device)?,
+            cap,
+        };
+        Ok(inputs)
     }
 
     /// The device side of [`Target::forward_batch`]: the layers, the cache writes, the taps
@@ -505,6 +623,7 @@ impl Target {
             b,
             n,
             cache_len,
+            layout,
         } = inputs;
         let (b, n) = (*b, *n);
         if cache.len() != *cache_len {
@@ -527,7 +646,7 @@ impl Target {
         for (i, layer) in self.layers.iter().enumerate() {
             let hn = layer.input_layernorm.forward(&x)?;
             let h = match &layer.mixer {
-                Mixer::Attention(a) => a.forward(&hn, rope, mask, cache, i)?,
+                Mixer::Attention(a) => a.forward(&hn, rope, mask, layout, cache, i)?,
                 Mixer::GatedDeltaNet(g) => {
                     g.forward(&hn, parents, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
                 }

@@ -246,6 +246,87 @@ fn prepared_forward_equals_forward_and_refuses_another_cache_length() {
     assert!(err.to_string().contains("prepared for a 3-row cache"), "{err}");
 }
 
+/// The fixed layout (`prepare_fixed`: K/V written through a device index into a cache of
+/// exactly `cap` rows, attention over all of them with the extra columns masked) gives the
+/// append layout's logits, taps and cache rows; and its limits are named.
+#[test]
+fn fixed_layout_forward_equals_append_forward() {
+    let t = tiny();
+    let (meta, _) = reference();
+    let toks = ids(&meta["ids"]);
+    let (k, n) = (7, toks.len() - 7);
+    let pos: Vec<usize> = (0..toks.len()).collect();
+    let mut a = t.new_cache();
+    let mut f = t.new_cache();
+    for c in [&mut a, &mut f] {
+        t.forward_causal(&toks[..k], c, &[], &Rows::None).unwrap();
+    }
+    let cap = toks.len() + 5;
+    f.reserve_exact(cap).unwrap();
+    let want = t
+        .forward(&toks[k..], &pos[k..], &causal(k, n), &mut a, &[1], &Rows::All)
+        .unwrap();
+    let inputs = t
+        .prepare_fixed(&toks[k..], &pos[k..], &causal(k, n), k, cap)
+        .unwrap();
+    let got = t.forward_prepared(&inputs, &mut f, &[1], &Rows::All).unwrap();
+    let d = max_abs(&got.logits.unwrap(), &want.logits.unwrap());
+    assert!(d <= 1e-5, "logits differ by {d}");
+    assert!(max_abs(&got.taps[0], &want.taps[0]) <= 1e-5);
+    assert_eq!(f.len(), a.len());
+    for layer in 0..2 {
+        let (ka, va) = a.layer(layer).unwrap().unwrap();
+        let (kf, vf) = f.layer(layer).unwrap().unwrap();
+        assert!(max_abs(&ka, &kf) <= 1e-6 && max_abs(&va, &vf) <= 1e-6);
+    }
+    // past the capacity, and a cache of another capacity, are refused by name
+    let err = t
+        .prepare_fixed(&[1, 2], &[k, k + 1], &causal(k, 2), k, k + 1)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("capacity of 8 rows"), "{err}");
+    let mut small = t.new_cache();
+    t.forward_causal(&toks[..k], &mut small, &[], &Rows::None).unwrap();
+    let one = t.prepare_fixed(&[1], &[k], &causal(k, 1), k, cap).unwrap();
+    let err = t
+        .forward_prepared(&one, &mut small, &[], &Rows::All)
+        .err()
+        .unwrap();
+    assert!(format!("{err:#}").contains("reserve_exact first"), "{err:#}");
+}
+
+/// AR through `GraphedForward` (on the CPU: the fixed layout on one set of input buffers,
+/// rewritten in place every step, as a GPU graph replay reads them) equals plain greedy AR,
+/// and the buffers are reused (one slot for n = 1).
+#[test]
+fn graphed_forward_decodes_like_plain_ar() {
+    use dflash_model::graphed::GraphedForward;
+    let t = tiny();
+    let (meta, _) = reference();
+    let prompt = ids(&meta["ids"]);
+    let steps = 12;
+    let want = greedy(&t, &prompt, steps);
+    let mut cache = t.new_cache();
+    let o = t.forward_causal(&prompt, &mut cache, &[], &Rows::Last).unwrap();
+    let first = |o: &dflash_model::TargetOutput, row: usize| -> u32 {
+        let l = o.logits.as_ref().unwrap();
+        let r = l.get(l.dim(0).unwrap() - 1 - row).unwrap();
+        dflash_core::sampling::argmax(&r.to_vec1::<f32>().unwrap())
+    };
+    let mut got = vec![first(&o, 0)];
+    let mut g = GraphedForward::new(&mut cache, prompt.len() + steps).unwrap();
+    while got.len() < steps {
+        let c = cache.len();
+        let o = g
+            .forward(&t, &[*got.last().unwrap()], &[c], &causal(c, 1), &mut cache, &[])
+            .unwrap();
+        got.push(first(&o, 0));
+    }
+    assert_eq!(got, want);
+    assert_eq!(g.captured_rows(), vec![1]);
+    assert_eq!(g.eager_calls, 0);
+}
+
 #[test]
 fn vision_language_wrapper_loads_the_text_model_and_reports_the_rest() {
     // text weights under model.language_model.*, config under text_config, a vision tower beside
