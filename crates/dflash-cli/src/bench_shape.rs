@@ -205,7 +205,10 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         let mut g = Vec::new();
         for (name, tree) in [
             ("AR step".to_string(), DraftTree::chain(1, &[])),
-            (format!("chain verify (B = {})", a.block_size), chain.clone()),
+            (
+                format!("chain verify (B = {})", a.block_size),
+                chain.clone(),
+            ),
         ] {
             g.push((
                 name,

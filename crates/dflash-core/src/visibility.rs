@@ -90,6 +90,29 @@ pub fn tree(cache_len: usize, parents: &[Option<usize>]) -> Visibility {
     v
 }
 
+/// `v` (`[n, cache_len + n]`) padded to `rows` new rows: each padding row sees the cache and
+/// itself, like a tree root; no row sees a padding row. The real rows compute exactly what
+/// they compute without the padding (a fixed-shape forward pads a short verify to the shape it
+/// was captured with, then drops the padding's outputs and rows).
+/// Example: cache 2, causal 2 rows padded to 3 → rows 0, 1 as before (cols 0..=2, 0..=3), row 2
+/// sees cols 0, 1, 4.
+pub fn pad_rows(v: &Visibility, cache_len: usize, rows: usize) -> Visibility {
+    let n = v.rows;
+    let mut p = Visibility::new(rows.max(n), cache_len + rows.max(n));
+    for r in 0..n {
+        for c in 0..v.cols {
+            p.set(r, c, v.get(r, c));
+        }
+    }
+    for r in n..p.rows {
+        for c in 0..cache_len {
+            p.set(r, c, true);
+        }
+        p.set(r, cache_len + r, true);
+    }
+    p
+}
+
 /// Packed rule over `[cache | new rows]` for several independent sequences decoded in one
 /// forward (batch data regeneration): every cache row and every new row belongs to one
 /// sequence (`cache_owner`, `new_owner`); a new row sees the cache rows of its own sequence and
@@ -303,6 +326,21 @@ pub fn draft_training_parts(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn padding_rows_are_roots_no_one_sees() {
+        let p = pad_rows(&causal(2, 2), 2, 3);
+        let rows: Vec<Vec<usize>> = (0..3)
+            .map(|r| (0..5).filter(|&c| p.get(r, c)).collect())
+            .collect();
+        assert_eq!(rows, vec![vec![0, 1, 2], vec![0, 1, 2, 3], vec![0, 1, 4]]);
+        // a tree's rows keep their ancestors; nothing to pad is the same matrix
+        let t = tree(1, &[None, Some(0), Some(0)]);
+        assert_eq!(pad_rows(&t, 1, 3), t);
+        let padded = pad_rows(&t, 1, 5);
+        assert_eq!(padded, tree(1, &[None, Some(0), Some(0), None, None]));
+    }
+
     use super::*;
 
     #[test]

@@ -209,7 +209,7 @@ pub fn generate_with(
             Mode::Tree { budget, .. } => budget + 1,
             _ => block_size,
         };
-        Some(GraphedForward::new(&mut cache, max_len + rows)?)
+        Some(GraphedForward::new(&mut cache, max_len + rows, rows)?)
     } else {
         None
     };

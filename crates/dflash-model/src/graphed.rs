@@ -11,8 +11,10 @@
 //! call writes its inputs in place and replays. On the CPU there are no graphs: every call runs
 //! the fixed-layout forward on the same buffers, so the bookkeeping is tested without a GPU.
 //!
-//! Example: prompt 40 tokens, 64 new, cap 104 → call 1 (n = 1, cache 40) captures; call 2
-//! (cache 41) writes ids/RoPE/mask/index for row 41 into the buffers and replays.
+//! Example: prompt 40 tokens, 64 new, cap 105 → call 1 (n = 1, cache 40) captures; call 2
+//! (cache 41) writes ids/RoPE/mask/index for row 41 into the buffers and replays. Shorter
+//! forwards are padded to one shape (`pad_to`), so a DFlash loop captures one graph, not one
+//! per tail length.
 
 use std::collections::HashMap;
 
@@ -24,8 +26,8 @@ use crate::launch_profile::{capture, Captured, ParamCache};
 use crate::target::{ForwardInputs, Rows, Target, TargetOutput};
 use crate::KvCache;
 
-/// At most this many row counts get a graph; others run eagerly (a decoding loop uses one or
-/// two: the full block and the shorter ones near `max_new_tokens`).
+/// At most this many row counts get a graph; others run eagerly (a decoding loop pads its
+/// verifies to one row count: one graph).
 const MAX_GRAPHS: usize = 8;
 
 struct Slot {
@@ -38,6 +40,8 @@ struct Slot {
 /// Fixed-shape target forwards of one sequence over a cache of `cap` rows ([`GraphedForward::new`]).
 pub struct GraphedForward {
     cap: usize,
+    /// Forwards of fewer rows are padded to this many (one graph for a chain's tail rounds).
+    pad_to: usize,
     slots: HashMap<usize, Slot>,
     /// Forwards run eagerly for want of a slot (row counts past [`MAX_GRAPHS`]).
     pub eager_calls: usize,
@@ -45,18 +49,24 @@ pub struct GraphedForward {
 
 impl GraphedForward {
     /// Give `cache` exactly `cap` rows and start with no graphs. `cap` bounds every later
-    /// forward's last row (a generation's `prompt + max_new_tokens`).
-    pub fn new(cache: &mut KvCache, cap: usize) -> Result<Self> {
+    /// forward's last row, padding included (a generation's `prompt + max_new_tokens` plus
+    /// one verify). Forwards of fewer than `pad_to` rows are padded to `pad_to` rows
+    /// ([`dflash_core::visibility::pad_rows`]: the padding sees only the cache and itself, no
+    /// real row sees it) and their padding dropped, so a decoding loop whose verify is at
+    /// most `pad_to` rows (a chain of B, a tree of budget + 1) needs a single graph.
+    /// Example: B = 16, the last round has room for 5 rows → 16 rows replayed, 5 kept.
+    pub fn new(cache: &mut KvCache, cap: usize, pad_to: usize) -> Result<Self> {
         cache.reserve_exact(cap)?;
         Ok(Self {
             cap,
+            pad_to,
             slots: HashMap::new(),
             eager_calls: 0,
         })
     }
 
-    /// [`Target::forward`] with all logits rows (the same shapes), through the fixed layout and, on a GPU, a
-    /// graph per row count. The returned tensors are the graph's output buffers: read them
+    /// [`Target::forward`] with all logits rows (the same shapes), through the fixed layout
+    /// and, on a GPU, a graph per row count. The returned tensors are the graph's output buffers: read them
     /// before the next call (the next replay overwrites them).
     pub fn forward(
         &mut self,
@@ -68,6 +78,40 @@ impl GraphedForward {
         taps: &[usize],
     ) -> Result<TargetOutput> {
         let cache_len = cache.len();
+        let real = tokens.len();
+        if real == 0 || mask.rows != real || mask.cols != cache_len + real {
+            bail!(
+                "a forward of {real} tokens on a {cache_len}-row cache needs a {real}x{} mask (got {}x{})",
+                cache_len + real,
+                mask.rows,
+                mask.cols
+            );
+        }
+        if real < self.pad_to {
+            // the padding repeats the first row's token and position; its outputs are dropped
+            let pad = self.pad_to - real;
+            let tokens: Vec<u32> = tokens
+                .iter()
+                .copied()
+                .chain(std::iter::repeat_n(tokens[0], pad))
+                .collect();
+            let positions: Vec<usize> = positions
+                .iter()
+                .copied()
+                .chain(std::iter::repeat_n(positions[0], pad))
+                .collect();
+            let mask = dflash_core::visibility::pad_rows(mask, cache_len, self.pad_to);
+            let out = self.forward(target, &tokens, &positions, &mask, cache, taps)?;
+            cache.truncate(cache_len + real)?;
+            return Ok(TargetOutput {
+                logits: out.logits.map(|l| l.narrow(0, 0, real)).transpose()?,
+                taps: out
+                    .taps
+                    .iter()
+                    .map(|t| t.narrow(0, 0, real))
+                    .collect::<candle_core::Result<_>>()?,
+            });
+        }
         let fresh = target.prepare_fixed(tokens, positions, mask, cache_len, self.cap)?;
         let n = fresh.rows();
         if let Some(slot) = self.slots.get_mut(&n) {
@@ -107,8 +151,9 @@ impl GraphedForward {
                 // records the same forward (its launch recomputes this round, same rows)
                 target.forward_prepared(&fresh, cache, taps, &Rows::All)?;
                 cache.truncate(cache_len)?;
-                let (graph, out) =
-                    capture(&dev, || target.forward_prepared(&fresh, cache, taps, &Rows::All))?;
+                let (graph, out) = capture(&dev, || {
+                    target.forward_prepared(&fresh, cache, taps, &Rows::All)
+                })?;
                 (out.clone(), Some((graph, out)))
             }
             _ => (

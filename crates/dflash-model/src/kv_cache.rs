@@ -150,7 +150,10 @@ impl KvCache {
     /// 300 rows, rows 0..20 copied.
     pub fn reserve_exact(&mut self, cap: usize) -> Result<()> {
         if cap < self.len {
-            candle_core::bail!("reserve_exact: {cap} rows is less than the {} committed", self.len);
+            candle_core::bail!(
+                "reserve_exact: {cap} rows is less than the {} committed",
+                self.len
+            );
         }
         let len = self.len;
         for s in self.layers.iter_mut().flatten() {

@@ -220,7 +220,9 @@ mod cuda {
             }
         };
         let nodes = count_nodes(graph.cu_graph())?;
-        graph.launch().context("launching the captured CUDA graph")?;
+        graph
+            .launch()
+            .context("launching the captured CUDA graph")?;
         dev.synchronize()
             .context("running the captured CUDA graph")?;
         Ok((Captured { graph, nodes }, out))

@@ -228,22 +228,32 @@ fn prepared_forward_equals_forward_and_refuses_another_cache_length() {
     let t = tiny();
     let mut a = t.new_cache();
     let mut b = t.new_cache();
-    t.forward_causal(&[3, 4, 5], &mut a, &[], &Rows::None).unwrap();
-    t.forward_causal(&[3, 4, 5], &mut b, &[], &Rows::None).unwrap();
+    t.forward_causal(&[3, 4, 5], &mut a, &[], &Rows::None)
+        .unwrap();
+    t.forward_causal(&[3, 4, 5], &mut b, &[], &Rows::None)
+        .unwrap();
     let whole = t
         .forward(&[6, 7], &[3, 4], &causal(3, 2), &mut a, &[0], &Rows::All)
         .unwrap();
     let inputs = t.prepare(&[6, 7], &[3, 4], &[causal(3, 2)], 3).unwrap();
-    let split = t.forward_prepared(&inputs, &mut b, &[0], &Rows::All).unwrap();
+    let split = t
+        .forward_prepared(&inputs, &mut b, &[0], &Rows::All)
+        .unwrap();
     let v = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    assert_eq!(v(whole.logits.as_ref().unwrap()), v(split.logits.as_ref().unwrap()));
+    assert_eq!(
+        v(whole.logits.as_ref().unwrap()),
+        v(split.logits.as_ref().unwrap())
+    );
     assert_eq!(v(&whole.taps[0]), v(&split.taps[0]));
     assert_eq!(b.len(), 5);
     let err = t
         .forward_prepared(&inputs, &mut b, &[], &Rows::All)
         .err()
         .unwrap();
-    assert!(err.to_string().contains("prepared for a 3-row cache"), "{err}");
+    assert!(
+        err.to_string().contains("prepared for a 3-row cache"),
+        "{err}"
+    );
 }
 
 /// The fixed layout (`prepare_fixed`: K/V written through a device index into a cache of
@@ -264,12 +274,21 @@ fn fixed_layout_forward_equals_append_forward() {
     let cap = toks.len() + 5;
     f.reserve_exact(cap).unwrap();
     let want = t
-        .forward(&toks[k..], &pos[k..], &causal(k, n), &mut a, &[1], &Rows::All)
+        .forward(
+            &toks[k..],
+            &pos[k..],
+            &causal(k, n),
+            &mut a,
+            &[1],
+            &Rows::All,
+        )
         .unwrap();
     let inputs = t
         .prepare_fixed(&toks[k..], &pos[k..], &causal(k, n), k, cap)
         .unwrap();
-    let got = t.forward_prepared(&inputs, &mut f, &[1], &Rows::All).unwrap();
+    let got = t
+        .forward_prepared(&inputs, &mut f, &[1], &Rows::All)
+        .unwrap();
     let d = max_abs(&got.logits.unwrap(), &want.logits.unwrap());
     assert!(d <= 1e-5, "logits differ by {d}");
     assert!(max_abs(&got.taps[0], &want.taps[0]) <= 1e-5);
@@ -286,13 +305,17 @@ fn fixed_layout_forward_equals_append_forward() {
         .unwrap();
     assert!(err.to_string().contains("capacity of 8 rows"), "{err}");
     let mut small = t.new_cache();
-    t.forward_causal(&toks[..k], &mut small, &[], &Rows::None).unwrap();
+    t.forward_causal(&toks[..k], &mut small, &[], &Rows::None)
+        .unwrap();
     let one = t.prepare_fixed(&[1], &[k], &causal(k, 1), k, cap).unwrap();
     let err = t
         .forward_prepared(&one, &mut small, &[], &Rows::All)
         .err()
         .unwrap();
-    assert!(format!("{err:#}").contains("reserve_exact first"), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("reserve_exact first"),
+        "{err:#}"
+    );
 }
 
 /// AR through `GraphedForward` (on the CPU: the fixed layout on one set of input buffers,
@@ -307,24 +330,79 @@ fn graphed_forward_decodes_like_plain_ar() {
     let steps = 12;
     let want = greedy(&t, &prompt, steps);
     let mut cache = t.new_cache();
-    let o = t.forward_causal(&prompt, &mut cache, &[], &Rows::Last).unwrap();
+    let o = t
+        .forward_causal(&prompt, &mut cache, &[], &Rows::Last)
+        .unwrap();
     let first = |o: &dflash_model::TargetOutput, row: usize| -> u32 {
         let l = o.logits.as_ref().unwrap();
         let r = l.get(l.dim(0).unwrap() - 1 - row).unwrap();
         dflash_core::sampling::argmax(&r.to_vec1::<f32>().unwrap())
     };
     let mut got = vec![first(&o, 0)];
-    let mut g = GraphedForward::new(&mut cache, prompt.len() + steps).unwrap();
+    let mut g = GraphedForward::new(&mut cache, prompt.len() + steps, 1).unwrap();
     while got.len() < steps {
         let c = cache.len();
         let o = g
-            .forward(&t, &[*got.last().unwrap()], &[c], &causal(c, 1), &mut cache, &[])
+            .forward(
+                &t,
+                &[*got.last().unwrap()],
+                &[c],
+                &causal(c, 1),
+                &mut cache,
+                &[],
+            )
             .unwrap();
         got.push(first(&o, 0));
     }
     assert_eq!(got, want);
     assert_eq!(g.captured_rows(), vec![1]);
     assert_eq!(g.eager_calls, 0);
+}
+
+/// Forwards shorter than `pad_to` run padded to it (padding rows that only see the cache
+/// and themselves) and give the unpadded forward's logits, taps and cache length: one slot
+/// serves every verify length of a decoding loop.
+#[test]
+fn graphed_forward_pads_short_forwards_to_one_shape() {
+    use dflash_model::graphed::GraphedForward;
+    let t = tiny();
+    let (meta, _) = reference();
+    let prompt = ids(&meta["ids"]);
+    let mut plain = t.new_cache();
+    let mut fixed = t.new_cache();
+    for c in [&mut plain, &mut fixed] {
+        t.forward_causal(&prompt, c, &[], &Rows::None).unwrap();
+    }
+    let mut g = GraphedForward::new(&mut fixed, prompt.len() + 20, 6).unwrap();
+    for n in [6usize, 4, 1, 3] {
+        let c = plain.len();
+        let toks: Vec<u32> = (0..n as u32).map(|i| 7 + 11 * i).collect();
+        let pos: Vec<usize> = (c..c + n).collect();
+        let want = t
+            .forward(&toks, &pos, &causal(c, n), &mut plain, &[1], &Rows::All)
+            .unwrap();
+        let got = g
+            .forward(&t, &toks, &pos, &causal(c, n), &mut fixed, &[1])
+            .unwrap();
+        let (gl, wl) = (got.logits.unwrap(), want.logits.unwrap());
+        assert_eq!(gl.dims(), wl.dims(), "{n} rows");
+        assert!(max_abs(&gl, &wl) <= 1e-5, "{n} rows");
+        assert!(max_abs(&got.taps[0], &want.taps[0]) <= 1e-5, "{n} rows");
+        assert_eq!(fixed.len(), plain.len(), "{n} rows");
+    }
+    assert_eq!(g.captured_rows(), vec![6]);
+    // no tokens, or a mask of another shape, is an error, not a panic
+    let c = fixed.len();
+    let err = g
+        .forward(&t, &[], &[], &causal(c, 0), &mut fixed, &[1])
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("a forward of 0 tokens"), "{err}");
+    let err = g
+        .forward(&t, &[1, 2], &[c, c + 1], &causal(c, 3), &mut fixed, &[1])
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("needs a 2x"), "{err}");
 }
 
 #[test]
