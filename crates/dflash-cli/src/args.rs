@@ -40,6 +40,14 @@ pub struct DeviceArgs {
     pub dtype: String,
 }
 
+/// `--cuda-graphs` on a CPU: say that the fixed-shape forwards run without graphs (the same
+/// tokens, no speed-up).
+pub fn note_cuda_graphs(on: bool, device: &candle_core::Device) {
+    if on && device.is_cpu() {
+        eprintln!("--cuda-graphs on the CPU: fixed-shape forwards without graphs (same output, no speed-up)");
+    }
+}
+
 impl DeviceArgs {
     pub fn parse(&self) -> Result<(candle_core::DType, candle_core::Device)> {
         Ok((

@@ -46,6 +46,7 @@ const PROMPTS: &[&str] = &[
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let dev = dflash_model::device(&a.device)?;
+    crate::args::note_cuda_graphs(a.cuda_graphs != "off", &dev);
     let dtype = dflash_model::dtype(&a.dtype)?;
     let lt = load_target(&a.target, dtype, &dev)?;
     eprintln!("{lt}");

@@ -54,6 +54,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         None => None,
     };
     let (dtype, device) = a.run_on.parse()?;
+    crate::args::note_cuda_graphs(a.cuda_graphs, &device);
     let items = datasets::load(&a.dataset, &dflash_home(), a.limit)?;
     let lt = load_target(&a.target, dtype, &device)?;
     eprintln!("{lt}");

@@ -93,6 +93,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         bail!("--budget must be >= 1");
     }
     let (dtype, device) = a.run_on.parse()?;
+    crate::args::note_cuda_graphs(a.cuda_graphs, &device);
     let loaded = load_target(&a.target, dtype, &device)?;
     eprintln!("{loaded}");
     let drafter = match (&drafter_dir, mode) {

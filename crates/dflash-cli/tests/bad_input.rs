@@ -269,3 +269,26 @@ fn speculative_generate_uses_the_bundled_drafter_and_compares_with_ar() {
         "needs --drafter",
     );
 }
+
+/// `--cuda-graphs` on the CPU runs the fixed-shape forwards (no graphs), says so, and gives
+/// transformers' greedy answer like the plain loop.
+#[test]
+fn cuda_graphs_flag_on_the_cpu_keeps_the_output_and_says_no_graphs() {
+    let (v, err) = succeeds_json(
+        &[
+            &[
+                "--target",
+                "smollm2-135m",
+                "--mode",
+                "dflash",
+                "--compare-ar",
+                "--cuda-graphs",
+            ],
+            FRANCE_JSON,
+        ]
+        .concat(),
+    );
+    assert!(err.contains("--cuda-graphs on the CPU"), "{err}");
+    assert_eq!(v["text"], "The capital of France is Paris.");
+    assert_eq!(v["equals_ar"], true);
+}
