@@ -159,30 +159,41 @@ pub fn host_gpu_split<T>(
 mod cuda {
     use super::{Captured, HostGpu, NodeCounts};
     use anyhow::{bail, Context, Result};
-    use candle_core::cuda_backend::cudarc::driver::sys;
+    use candle_core::cuda_backend::cudarc::driver::{sys, CudaGraph};
     use candle_core::cuda_backend::CudaDevice;
     use candle_core::{DType, Device, Tensor};
     use std::time::Instant;
+
+    /// Run `f` on `dev`'s stream inside a capture and end it whatever `f` did (or the stream
+    /// stays in capture mode): the instantiated graph (`flags`) and `f`'s result. Tensors `f`
+    /// returns hold memory reserved for the graph, backed only once it is launched.
+    fn record<T>(
+        cd: &CudaDevice,
+        dev: &Device,
+        flags: sys::CUgraphInstantiate_flags,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<(Result<Option<CudaGraph>>, Result<T>)> {
+        dev.synchronize()?;
+        let stream = cd.cuda_stream();
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .context("starting a CUDA graph capture")?;
+        let out = f().context("the work inside the CUDA graph capture failed");
+        let graph = stream
+            .end_capture(flags)
+            .context("ending the CUDA graph capture");
+        Ok((graph, out))
+    }
 
     pub fn count_launches<T>(
         cd: &CudaDevice,
         dev: &Device,
         f: impl FnOnce() -> Result<T>,
     ) -> Result<NodeCounts> {
-        dev.synchronize()?;
-        let stream = cd.cuda_stream();
-        stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-            .context("starting a CUDA graph capture")?;
-        let out = f();
-        // the capture must end whatever `f` did, or the stream stays in capture mode
-        let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        let out = out.context("the work inside the CUDA graph capture failed")?;
+        let (graph, out) = record(cd, dev, sys::CUgraphInstantiate_flags(0), f)?;
         // never backed: must not be freed (see the docs)
-        std::mem::forget(out);
-        let graph = graph
-            .context("ending the CUDA graph capture")?
-            .context("the CUDA graph capture recorded no work")?;
+        std::mem::forget(out?);
+        let graph = graph?.context("the CUDA graph capture recorded no work")?;
         count_nodes(graph.cu_graph())
     }
 
@@ -191,32 +202,16 @@ mod cuda {
         dev: &Device,
         f: impl FnOnce() -> Result<T>,
     ) -> Result<(Captured, T)> {
-        dev.synchronize()?;
-        let stream = cd.cuda_stream();
-        stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-            .context("starting a CUDA graph capture")?;
-        let out = f();
-        let graph = stream.end_capture(
-            sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
-        );
-        let out = match out {
-            Ok(o) => o,
-            Err(e) => {
-                drop(graph);
-                return Err(e.context("the work inside the CUDA graph capture failed"));
-            }
-        };
+        let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+        let (graph, out) = record(cd, dev, flags, f)?;
+        let out = out?;
         let graph = match graph {
             Ok(Some(g)) => g,
-            Ok(None) => {
-                std::mem::forget(out);
-                anyhow::bail!("the CUDA graph capture recorded no work")
-            }
-            Err(e) => {
+            other => {
                 // the outputs' memory was never backed: never free it
                 std::mem::forget(out);
-                return Err(anyhow::Error::new(e).context("ending the CUDA graph capture"));
+                other?;
+                anyhow::bail!("the CUDA graph capture recorded no work")
             }
         };
         let nodes = count_nodes(graph.cu_graph())?;

@@ -381,8 +381,8 @@ impl Target {
         self.config.vocab_size
     }
 
-    /// Token embeddings `[1, n, hidden]` (the drafter embeds its block with these).
-    pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+    /// Every token id inside the vocabulary, or an error naming the first that is not.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         if let Some(&bad) = tokens
             .iter()
             .find(|&&t| t as usize >= self.config.vocab_size)
@@ -392,6 +392,12 @@ impl Target {
                 self.config.vocab_size
             );
         }
+        Ok(())
+    }
+
+    /// Token embeddings `[1, n, hidden]` (the drafter embeds its block with these).
+    pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        self.check_tokens(tokens)?;
         let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
         Ok(self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?)
     }
@@ -523,15 +529,7 @@ impl Target {
                 self.config.max_position_embeddings
             );
         }
-        if let Some(&bad) = tokens
-            .iter()
-            .find(|&&t| t as usize >= self.config.vocab_size)
-        {
-            bail!(
-                "token id {bad} is outside the vocabulary ({})",
-                self.config.vocab_size
-            );
-        }
+        self.check_tokens(tokens)?;
         let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
         let mut rope = self.rope.tables(positions, self.dtype, &self.device)?;
         if b > 1 {
