@@ -14,7 +14,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, generate_with, DecodeOptions, Mode, Request};
+use dflash_engine::{generate, generate_with, DecodeOptions, Generation, Mode, Request};
 use dflash_model::compare::rel_err;
 use dflash_model::drafter::Drafter;
 use dflash_model::loader::{load_target, LoadedTarget};
@@ -104,8 +104,10 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
             ));
         }
         let d = drafter_for(lt, &a.drafter)?;
-        // the same decodes with the verify forwards replayed from CUDA graphs
+        // each mode plain (speculative ones = AR), then with its verify forwards replayed
+        // from CUDA graphs (= the plain run)
         let graphs = DecodeOptions { cuda_graphs: true };
+        let ms_per_token = |g: &Generation| g.decode_secs * 1e3 / g.new_tokens.len() as f64;
         for (mode, drafter) in [
             (Mode::Ar, None),
             (
@@ -125,7 +127,25 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
         ] {
             let plain = match drafter {
                 None => ar.clone(),
-                Some(d) => generate(&lt.target, Some(d), mode, &req)?,
+                Some(d) => {
+                    let g = generate(&lt.target, Some(d), mode, &req)?;
+                    let same = g.new_tokens == ar.new_tokens;
+                    rows.push((
+                        format!("{} = AR on device ({name})", mode.name()),
+                        same || name == "bf16",
+                        format!(
+                            "{}{} rounds; AR {:.2} ms/token",
+                            if same {
+                                ""
+                            } else {
+                                "differs from AR (bf16 rounds wide and narrow forwards differently; reported); "
+                            },
+                            g.rounds.len(),
+                            ar_secs * 1e3 / ar.new_tokens.len() as f64
+                        ),
+                    ));
+                    g
+                }
             };
             let g = generate_with(&lt.target, drafter, mode, &req, graphs)?;
             let same = g.new_tokens == plain.new_tokens;
@@ -140,35 +160,8 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                         "differs (bf16: attention over the fixed capacity rounds differently; reported); "
                     },
                     g.rounds.len(),
-                    g.decode_secs * 1e3 / g.new_tokens.len() as f64,
-                    plain.decode_secs * 1e3 / plain.new_tokens.len() as f64
-                ),
-            ));
-        }
-        for mode in [
-            Mode::Chain {
-                block: d.block_size,
-            },
-            Mode::Tree {
-                block: d.block_size,
-                budget: 8,
-                top_k: 0,
-            },
-        ] {
-            let g = generate(&lt.target, Some(&d), mode, &req)?;
-            let same = g.new_tokens == ar.new_tokens;
-            rows.push((
-                format!("{} = AR on device ({name})", mode.name()),
-                same || name == "bf16",
-                format!(
-                    "{}{} rounds; AR {:.2} ms/token",
-                    if same {
-                        ""
-                    } else {
-                        "differs from AR (bf16 rounds wide and narrow forwards differently; reported); "
-                    },
-                    g.rounds.len(),
-                    ar_secs * 1e3 / ar.new_tokens.len() as f64
+                    ms_per_token(&g),
+                    ms_per_token(&plain)
                 ),
             ));
         }
