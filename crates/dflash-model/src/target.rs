@@ -45,7 +45,8 @@ pub struct ForwardInputs {
     /// Token ids `[b · n]`.
     ids: Tensor,
     rope: RopeTables,
-    /// Additive mask `[n, cache + n]` (one sequence) or `[b, 1, 1, n, cache + n]`.
+    /// Additive mask `[n, cache + n]` (one sequence) or `[b, 1, 1, n, cache + n]`, in the
+    /// compute dtype of the attention scores (f32; f64 for f64 models).
     mask: Tensor,
     /// Linear-attention parents of the new rows (hybrid targets only).
     parents: Vec<Option<usize>>,
@@ -546,7 +547,8 @@ impl Target {
         Ok(ForwardInputs {
             ids,
             rope,
-            mask: mask_tensors(masks, self.dtype, &self.device)?,
+            // in the attention scores' dtype: no cast per layer (−1 kernel per layer)
+            mask: mask_tensors(masks, crate::norm::compute_dtype(self.dtype), &self.device)?,
             parents,
             b,
             n,
@@ -584,7 +586,8 @@ impl Target {
             additive.extend_from_slice(row);
             additive.resize(additive.len() + cap - mask.cols, f32::NEG_INFINITY);
         }
-        inputs.mask = Tensor::from_vec(additive, (n, cap), &self.device)?.to_dtype(self.dtype)?;
+        inputs.mask = Tensor::from_vec(additive, (n, cap), &self.device)?
+            .to_dtype(crate::norm::compute_dtype(self.dtype))?;
         let (hkv, d) = self
             .layers
             .iter()
