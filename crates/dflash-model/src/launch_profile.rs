@@ -25,10 +25,10 @@
 //! small uploads (kept on the device, keyed by content): after one warm-up run, the same work
 //! uploads nothing, and its capture replays correctly.
 //!
-//! Example: an AR step that takes 6 ms eager, with 6 ms of host time, 0.8 ms of GPU time and
-//! 800 kernels, is host-bound at ≈ 7.5 µs per launch; removing launches or host work (fused
-//! kernels, CUDA graphs) is what speeds it up, not faster kernels. Measured numbers:
-//! `docs/BENCHMARKS.md` (`bench-shape`).
+//! Example (measured, `docs/BENCHMARKS.md`, fifth session): an AR step of SmolLM2-135M's shape
+//! on the H200 counts 814 kernels and 1,502 allocations and frees; the host needs 5.8 ms to
+//! enqueue them, the GPU 3.9 ms to run them back to back, a graph replay 2.7 ms. The step is the
+//! host's; graphs remove the host's share, and what remains is the number of kernels.
 
 use anyhow::{bail, Result};
 use candle_core::Device;
