@@ -2,6 +2,10 @@
 //! stored post-norm and post-RoPE. Preallocated with doubling growth; supports
 //! truncate-to-length (chain rollback) and keep-selected-rows (tree compaction).
 //!
+//! Fixed layout (CUDA graphs): `reserve_exact(cap)` gives the buffers exactly `cap` rows and
+//! `write_fixed` writes a forward's rows through a device index, returning the whole buffers,
+//! so no shape depends on the cache length.
+//!
 //! Example: after prefill of 10 tokens and a verify of 16 with 4 accepted, `truncate(15)`
 //! keeps rows 0..15 (prompt + anchor + 4 drafts); after a tree verify whose committed path is
 //! tree rows [0, 2, 5] starting at row 10, `keep_rows(&[0..10, 10, 12, 15])` compacts it.
