@@ -96,6 +96,13 @@ pub fn shape_config(shape: &str) -> Result<TargetConfig> {
     serde_json::from_str(&text).with_context(|| format!("--shape {shape}: not a model config"))
 }
 
+/// `n` fixed pseudo-random token ids below `vocab`: the benchmarks' input on random weights.
+pub fn bench_tokens(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n as u64)
+        .map(|i| ((17 + i * 7919) % vocab as u64) as u32)
+        .collect()
+}
+
 /// A target of config `cfg` with random weights (seed 0) on `dev`, and the config of a
 /// `layers`-layer drafter of its width; says how long building it took.
 pub fn random_target(
@@ -150,7 +157,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     let drafter = Drafter::load(dcfg, &TensorStore::random(dtype, &dev, 1)?, &target)?;
     let vocab = target.vocab_size() as u32;
     let n = a.cache;
-    let ctx: Vec<u32> = (0..n as u32).map(|i| (17 + i * 7919) % vocab).collect();
+    let ctx = bench_tokens(n, vocab as usize);
     let taps = drafter.target_layer_ids.clone();
     let mut cache = target.new_cache();
     let out = target.forward_causal(&ctx, &mut cache, &taps, &Rows::None)?;

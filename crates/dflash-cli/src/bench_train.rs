@@ -67,9 +67,7 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
 
     // one row of pseudo-random tokens, every token but the first supervised
     let vocab = target.vocab_size();
-    let ids: Vec<u32> = (0..a.seq_len as u64)
-        .map(|i| ((17 + i * 7919) % vocab as u64) as u32)
-        .collect();
+    let ids = crate::bench_shape::bench_tokens(a.seq_len, vocab);
     let mut loss_mask = vec![1u8; a.seq_len];
     loss_mask[0] = 0;
     let row = TrainingRow::single(Sequence { ids, loss_mask });

@@ -13,7 +13,31 @@ use crate::norm::compute_dtype;
 
 /// The additive mask tensor `[rows, cols]` (0 visible, -inf hidden) of a visibility matrix.
 pub fn mask_tensor(v: &Visibility, dtype: DType, device: &Device) -> Result<Tensor> {
-    Tensor::from_vec(v.additive(), (v.rows, v.cols), device)?.to_dtype(dtype)
+    mask_tensor_cols(v, v.cols, dtype, device)
+}
+
+/// [`mask_tensor`] widened to `cols ≥ v.cols` columns, the extra ones hidden (a fixed-capacity
+/// cache: rows past the new ones). Example: a 1×3 all-visible matrix at 5 columns →
+/// `[0 0 0 -inf -inf]`.
+pub fn mask_tensor_cols(
+    v: &Visibility,
+    cols: usize,
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
+    if cols < v.cols {
+        candle_core::bail!(
+            "a {}x{} mask cannot be narrowed to {cols} columns",
+            v.rows,
+            v.cols
+        );
+    }
+    let mut data = Vec::with_capacity(v.rows * cols);
+    for row in v.additive().chunks(v.cols.max(1)) {
+        data.extend_from_slice(row);
+        data.resize(data.len() + cols - v.cols, f32::NEG_INFINITY);
+    }
+    Tensor::from_vec(data, (v.rows, cols), device)?.to_dtype(dtype)
 }
 
 /// The additive mask `[rows, cols]` of one visible interval per row (`ranges[r]`: 0 inside,
@@ -301,7 +325,29 @@ fn attend_window(
 mod tests {
     use super::*;
     use dflash_core::segments::Segments;
-    use dflash_core::visibility::{draft_training, draft_training_parts, DraftRule};
+    use dflash_core::visibility::{causal, draft_training, draft_training_parts, DraftRule};
+
+    #[test]
+    fn a_widened_mask_hides_the_extra_columns() {
+        let v = causal(1, 2); // [[1 1 0], [1 1 1]]
+        let m = mask_tensor_cols(&v, 5, DType::F32, &Device::Cpu).unwrap();
+        let ninf = f32::NEG_INFINITY;
+        assert_eq!(
+            m.to_vec2::<f32>().unwrap(),
+            vec![
+                vec![0.0, 0.0, ninf, ninf, ninf],
+                vec![0.0, 0.0, 0.0, ninf, ninf]
+            ]
+        );
+        assert_eq!(
+            mask_tensor(&v, DType::F32, &Device::Cpu)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap(),
+            vec![vec![0.0, 0.0, ninf], vec![0.0, 0.0, 0.0]]
+        );
+        assert!(mask_tensor_cols(&v, 2, DType::F32, &Device::Cpu).is_err());
+    }
 
     fn randn(shape: &[usize], seed: u64) -> Tensor {
         // a fixed pseudo-random fill (no RNG state shared between tests)

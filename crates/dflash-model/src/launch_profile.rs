@@ -134,8 +134,6 @@ pub struct HostGpu {
     pub host: f64,
     /// GPU time from the first to the last of the work's kernels, run back to back.
     pub gpu: f64,
-    /// The blocker's length: the GPU was busy with it for the whole enqueue.
-    pub blocker: f64,
 }
 
 /// Enqueue `f` behind a blocker of at least `blocker_secs` of GPU work and measure the host's
@@ -300,7 +298,7 @@ mod cuda {
                 host * 1e3
             );
         }
-        Ok((HostGpu { host, gpu, blocker }, out))
+        Ok((HostGpu { host, gpu }, out))
     }
 }
 

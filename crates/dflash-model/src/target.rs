@@ -13,7 +13,7 @@ use candle_nn::{Linear, Module};
 use dflash_core::config::TargetConfig;
 use dflash_core::visibility::Visibility;
 
-use crate::attention::{attend, mask_tensors};
+use crate::attention::{attend, mask_tensor_cols, mask_tensors};
 use crate::families::{spec_for, FamilySpec};
 use crate::gdn::{GatedDeltaNet, GdnCache, GdnDims};
 use crate::kv_cache::KvCache;
@@ -493,6 +493,19 @@ impl Target {
         masks: &[Visibility],
         cache_len: usize,
     ) -> Result<ForwardInputs> {
+        self.prepare_cols(tokens, positions, masks, cache_len, None)
+    }
+
+    /// [`Target::prepare`], the mask widened to `mask_cols` columns (hidden past the
+    /// visibility's own) when given: the fixed layout's `[n, cap]` mask, built and copied once.
+    fn prepare_cols(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        masks: &[Visibility],
+        cache_len: usize,
+        mask_cols: Option<usize>,
+    ) -> Result<ForwardInputs> {
         let b = masks.len();
         if b == 0
             || tokens.is_empty()
@@ -544,11 +557,17 @@ impl Target {
         } else {
             Vec::new()
         };
+        // in the attention scores' dtype: no cast per layer (−1 kernel per layer)
+        let cd = crate::norm::compute_dtype(self.dtype);
+        let mask = match (mask_cols, masks) {
+            (Some(cols), [one]) => mask_tensor_cols(one, cols, cd, &self.device)?,
+            (Some(_), _) => bail!("a widened mask is for one sequence"),
+            (None, _) => mask_tensors(masks, cd, &self.device)?,
+        };
         Ok(ForwardInputs {
             ids,
             rope,
-            // in the attention scores' dtype: no cast per layer (−1 kernel per layer)
-            mask: mask_tensors(masks, crate::norm::compute_dtype(self.dtype), &self.device)?,
+            mask,
             parents,
             b,
             n,
@@ -574,20 +593,19 @@ impl Target {
         if self.is_hybrid() {
             bail!("fixed-shape forwards need an attention-only target: the linear-attention layers of this hybrid target keep a state, not rows");
         }
-        let mut inputs = self.prepare(tokens, positions, std::slice::from_ref(mask), cache_len)?;
-        let n = inputs.n;
+        let n = tokens.len();
         if cache_len + n > cap {
             bail!(
                 "a fixed-shape forward of {n} rows on a {cache_len}-row cache needs more than its capacity of {cap} rows"
             );
         }
-        let mut additive = Vec::with_capacity(n * cap);
-        for row in mask.additive().chunks(mask.cols) {
-            additive.extend_from_slice(row);
-            additive.resize(additive.len() + cap - mask.cols, f32::NEG_INFINITY);
-        }
-        inputs.mask = Tensor::from_vec(additive, (n, cap), &self.device)?
-            .to_dtype(crate::norm::compute_dtype(self.dtype))?;
+        let mut inputs = self.prepare_cols(
+            tokens,
+            positions,
+            std::slice::from_ref(mask),
+            cache_len,
+            Some(cap),
+        )?;
         let (hkv, d) = self
             .layers
             .iter()
