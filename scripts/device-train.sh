@@ -19,9 +19,12 @@
 #   check   `dflash-rs device-check` (CPU vs GPU parity, losslessness) → $OUT/device-check.md
 #   probes  8 profiled training steps for each PROBES="PACK:ANCHORS:ACCUM …" → $OUT/probe-*.log
 #   plan    a short probe run times one optimizer step; the run's max_steps = TRAIN_SECS / step
+#   cfg     the run's config with max_steps = STEPS (instead of plan: when the step time changes
+#           during the run, e.g. once the feature cache holds every row)
 #   train   train (or --resume) until UNTIL seconds after this call started, with a checkpoint
 #   savedata the data directory → $OUT/data.tar.xz
-#   export  the latest checkpoint as bf16 + the run's records → $OUT
+#   export  the latest checkpoint as bf16 + the run's records → $OUT (and the data with SAVE_DATA=1)
+#   bench   `dflash-rs bench` of the exported drafter (AR, DFlash, DDTree-8; CUDA graphs) → $OUT
 #   eval    the exported drafter: `dflash-rs eval` on the four datasets, in parallel processes
 # Environment: DATA_SECS (240; DATA_UNTIL: until that many seconds after this call started), TRAIN_SECS (900), UNTIL (560), BATCH (128), SHARD (64),
 #   DATA_TOKENS (1024), ANCHORS (anchors per training row, 256), PACK (pack training sequences
@@ -29,7 +32,8 @@
 #   EVAL_LIMIT (32), EVAL_TOKENS (256), EVAL_DATASETS (the four), EVAL_TEMPS (0 1), EVAL_ARGS
 #   (more eval flags, e.g. --cuda-graphs), E (the drafter to evaluate: the export by default),
 #   EVAL_SECS (300), INIT_FROM (a drafter directory to continue from, e.g. the committed
-#   assets/drafters/smollm2-135m-b16: fresh optimizer, same weights).
+#   assets/drafters/smollm2-135m-b16: fresh optimizer, same weights), STEPS (for cfg), CACHE_MB
+#   (device memory for the target features kept between epochs, 8192).
 # The run of 2026-11-30 (docs/BENCHMARKS.md): PROFILE_SECS=60 DATA_SECS=120 DATA_TOKENS=384
 #   SHARD=16 BATCH=64 TRAIN_SECS=500 UNTIL=585 … setup restore profile data plan train, then
 #   UNTIL=225 … train export. Keep SHARD well below BATCH × (time / longest response): a shard
@@ -147,7 +151,8 @@ train() {
   [ -f $R/latest ] && resume=--resume
   if [ "$left" -lt 20 ]; then log "train: skipped, $left s left"; return; fi
   log "train: $resume for at most $left s"
-  $B train --data $D --out $R --config $ROOT/cfg.json $resume --time-limit "$left" >> "$OUT/train.log" 2>&1
+  $B train --data $D --out $R --config $ROOT/cfg.json $resume --time-limit "$left" \
+    --feature-cache-mb "${CACHE_MB:-8192}" >> "$OUT/train.log" 2>&1
   log "train: exit $?, $(tail -n 1 $R/metrics.jsonl | cut -c1-300)"
 }
 
@@ -157,7 +162,7 @@ export_() {
   rm -rf $E
   $B drafter export --from "$R/checkpoints/$latest/drafter" --out $E --dtype bf16 2>&1 | tee -a "$OUT/log.txt"
   ( cd $E && split -b 15M -d -a 1 model.safetensors "$OUT/model.safetensors.part" )
-  tar -C $ROOT -cJf "$OUT/data.tar.xz" data
+  [ -n "${SAVE_DATA:-}" ] && tar -C $ROOT -cJf "$OUT/data.tar.xz" data
   tar -C "$ROOT" -cJf "$OUT/run.tar.xz" run/metrics.jsonl run/train_config.json export/config.json \
     export/training.json data/manifest.json cfg.json
   log "export: $latest → $E ($(du -b $E/model.safetensors | cut -f1) bytes)"
@@ -189,6 +194,9 @@ for p in "$@"; do
     check) $B device-check --device $DEV > "$OUT/device-check.md" 2>&1; log "check: exit $?, $(grep -ci fail "$OUT/device-check.md") lines mention a failure" ;;
     data) data ;;
     plan) plan ;;
+    cfg) config "${STEPS:?cfg needs STEPS}" > $ROOT/cfg.json && log "cfg: max_steps $STEPS" ;;
+    bench) $B bench --device $DEV --dtype bf16 --modes ar,dflash,ddtree:8 --new-tokens 256 --repeats 1 \
+             --cuda-graphs on --drafter $E > "$OUT/bench.md" 2>&1; log "bench: exit $?" ;;
     train) train ;;
     export) export_ ;;
     savedata) tar -C $ROOT -cJf "$OUT/data.tar.xz" data && log "savedata: $(du -b $OUT/data.tar.xz | cut -f1) bytes" ;;

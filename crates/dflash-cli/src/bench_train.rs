@@ -53,6 +53,10 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
     if a.peak_tflops.is_some_and(|p| p.is_nan() || p <= 0.0) {
         anyhow::bail!("--peak-tflops must be > 0");
     }
+    if !dev.is_cpu() {
+        // the fused training kernels must match their CPU twins before their speed means anything
+        crate::check_cmd::kernel_rows(&dev, true)?;
+    }
     let (target, dcfg) = random_target(
         &a.model.shape,
         &cfg,

@@ -53,8 +53,33 @@ fn drafter_for(lt: &LoadedTarget, dir: &Option<PathBuf>) -> Result<Drafter> {
     }
 }
 
+/// The fused training kernels on `dev` against the CPU ([`dflash_model::kernel_check`]), as
+/// device-check rows; `print` also prints them (with an error if one fails).
+pub fn kernel_rows(dev: &Device, print: bool) -> Result<Vec<(String, bool, String)>> {
+    let rows: Vec<(String, bool, String)> = dflash_model::kernel_check::compare_with_cpu(dev)?
+        .into_iter()
+        .map(|c| {
+            (
+                format!("fused {} vs CPU", c.name),
+                c.passed(),
+                format!("rel. err {:.1e} (≤ {:.0e})", c.rel_err, c.tolerance),
+            )
+        })
+        .collect();
+    if print {
+        for (c, ok, detail) in &rows {
+            eprintln!("{c}: {} ({detail})", if *ok { "pass" } else { "FAIL" });
+        }
+        if rows.iter().any(|r| !r.1) {
+            bail!("the fused training kernels differ from their CPU twins on this device");
+        }
+    }
+    Ok(rows)
+}
+
 pub fn run(a: DeviceCheckArgs) -> Result<()> {
     let dev = dflash_model::device(&a.device)?;
+    let kernels = kernel_rows(&dev, false)?;
     let cpu = load_target(&a.target, DType::F32, &Device::Cpu)?;
     let gpu32 = load_target(&a.target, DType::F32, &dev)?;
     let gpu16 = load_target(&a.target, DType::BF16, &dev)?;
@@ -69,7 +94,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
         lt.target.forward_causal(&prompt, &mut c, &taps, &Rows::All)
     };
     let (oc, o32, o16) = (fwd(&cpu)?, fwd(&gpu32)?, fwd(&gpu16)?);
-    let mut rows: Vec<(String, bool, String)> = Vec::new();
+    let mut rows: Vec<(String, bool, String)> = kernels;
     let (l32, t32) = rel_logits_taps(&o32, &oc)?;
     rows.push((
         "f32 logits and taps vs CPU".into(),

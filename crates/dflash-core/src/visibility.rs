@@ -51,6 +51,17 @@ impl Visibility {
             .map(|&v| if v { 0.0 } else { f32::NEG_INFINITY })
             .collect()
     }
+    /// Row `r`'s visible columns when they form one interval (`0..0` when none); `None`
+    /// otherwise. Fused kernels take a row's visibility as an interval. Example: causal(2, 2)
+    /// row 1 → `Some(0..4)`; a tree row seeing columns 0 and 2 only → `None`.
+    pub fn row_interval(&self, r: usize) -> Option<Range<usize>> {
+        let row = &self.data[r * self.cols..(r + 1) * self.cols];
+        let Some(lo) = row.iter().position(|&v| v) else {
+            return Some(0..0);
+        };
+        let hi = lo + row[lo..].iter().take_while(|&&v| v).count();
+        row[hi..].iter().all(|&v| !v).then_some(lo..hi)
+    }
     /// True when this is exactly the causal mask over `[cache | new rows]`, in which case a
     /// model may use a cheaper causal path.
     pub fn is_causal(&self) -> bool {
@@ -326,6 +337,25 @@ pub fn draft_training_parts(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn row_intervals() {
+        let c = causal(2, 2);
+        assert_eq!(c.row_interval(1), Some(0..4));
+        assert_eq!(c.row_interval(0), Some(0..3));
+        let t = tree(0, &[None, Some(0), Some(0)]); // row 2 sees 0 and 2, not 1
+        assert_eq!(t.row_interval(2), None);
+        assert_eq!(Visibility::new(1, 3).row_interval(0), Some(0..0));
+        // every training row's own-block visibility is one interval, for both rules
+        let segs = Segments::single(12);
+        for rule in [DraftRule::FULL, DraftRule::for_layer(Some(2))] {
+            let (_, own) = draft_training_parts(rule, &segs, &[0, 4, 9], 4);
+            assert!(
+                (0..own.rows).all(|r| own.row_interval(r).is_some()),
+                "{rule:?}"
+            );
+        }
+    }
 
     #[test]
     fn padding_rows_are_roots_no_one_sees() {

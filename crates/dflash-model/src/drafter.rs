@@ -25,7 +25,8 @@ use dflash_core::config::DrafterConfig;
 use dflash_core::segments::Segments;
 use dflash_core::visibility::{draft_inference, draft_training_parts, DraftRule};
 
-use crate::attention::{attend, attend_blocks, context_windows, mask_tensor, ContextWindow};
+use crate::attention::{attend, mask_tensor};
+use crate::block_attention::{attend_blocks, context_windows, ContextWindow};
 use crate::kv_cache::KvCache;
 use crate::mlp::{load_linear, Mlp};
 use crate::norm::RmsNorm;
@@ -82,7 +83,6 @@ enum LayerMask {
     Dense(Tensor),
     Parts {
         context: Vec<ContextWindow>,
-        own_block: Tensor,
         block: usize,
     },
 }
@@ -313,13 +313,8 @@ impl Drafter {
                         // score only the context keys their rows may see
                         let group: Vec<usize> =
                             anchors.iter().map(|&a| segs.segment_of(a)).collect();
-                        let context =
-                            context_windows(&c, block, &group, WINDOW_CELLS, dtype, device)?;
-                        LayerMask::Parts {
-                            context,
-                            own_block: mask_tensor(&o, dtype, device)?,
-                            block,
-                        }
+                        let context = context_windows(&c, &o, block, &group, WINDOW_CELLS, device)?;
+                        LayerMask::Parts { context, block }
                     }
                     DraftLayout::Inference { anchor, block } => LayerMask::Dense(mask_tensor(
                         &draft_inference(l.rule, anchor, block),
@@ -373,21 +368,9 @@ impl Drafter {
             let scale = 1.0 / (a.head_dim as f64).sqrt();
             let o = match &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1 {
                 LayerMask::Dense(mask) => attend(&q, &k, &v, mask, scale)?,
-                LayerMask::Parts {
-                    context,
-                    own_block,
-                    block,
-                } => attend_blocks(
-                    &q,
-                    &k.narrow(2, 0, m)?,
-                    &v.narrow(2, 0, m)?,
-                    &k.narrow(2, m, nb)?,
-                    &v.narrow(2, m, nb)?,
-                    context,
-                    own_block,
-                    *block,
-                    scale,
-                )?,
+                LayerMask::Parts { context, block } => {
+                    attend_blocks(&q, &k, &v, m, context, *block, scale)?
+                }
             };
             x = (x + a.o_proj.forward(&o)?)?;
             x = (&x
@@ -404,7 +387,11 @@ impl Drafter {
     /// Draft logits (f32) from normed hidden rows: the target's LM head, then z-lab's
     /// `output_multiplier` and `final_logit_softcapping`.
     pub fn logits(&self, target: &Target, hidden: &Tensor) -> Result<Tensor> {
-        let mut l = target.lm_head(hidden)?;
+        self.finish_logits(target.lm_head(hidden)?)
+    }
+
+    /// z-lab's `output_multiplier` and `final_logit_softcapping` on LM-head logits.
+    fn finish_logits(&self, mut l: Tensor) -> Result<Tensor> {
         let mult = self.config.output_multiplier();
         if mult != 1.0 {
             l = (l * mult)?;
@@ -413,6 +400,13 @@ impl Drafter {
             l = ((l / cap)?.tanh()? * cap)?;
         }
         Ok(l)
+    }
+
+    /// Draft logits for training, in the model's dtype (the LM head's matmul output, no f32
+    /// copy of `rows × vocab`), then z-lab's multiplier and soft-capping as [`Self::logits`].
+    /// The fused cross-entropy ([`crate::cross_entropy`]) reads them in f32.
+    pub fn training_logits(&self, target: &Target, hidden: &Tensor) -> Result<Tensor> {
+        self.finish_logits(target.lm_head_native(hidden)?)
     }
 
     /// One inference round's draft: logits `[block - 1, vocab]` for positions

@@ -4,13 +4,19 @@
 //! (llama, qwen2, qwen3), the DFlash drafter, loaders (GGUF, safetensors) and the tokenizer.
 
 pub mod attention;
+pub mod block_attention;
+pub mod block_softmax;
 pub mod compare;
+pub mod cross_entropy;
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda_kernels;
 pub mod drafter;
 pub mod drafter_init;
 pub mod families;
 pub mod gdn;
 pub mod gguf;
 pub mod graphed;
+pub mod kernel_check;
 pub mod kv_cache;
 pub mod launch_profile;
 pub mod loader;

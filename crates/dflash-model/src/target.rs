@@ -405,9 +405,15 @@ impl Target {
 
     /// The LM head on already-normalised hidden states `[.., hidden]` → f32 logits (f64 for f64 models).
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(hidden
-            .broadcast_matmul(&self.lm_head.t()?)?
+        Ok(self
+            .lm_head_native(hidden)?
             .to_dtype(crate::norm::compute_dtype(self.dtype))?)
+    }
+
+    /// The LM head in the weights' dtype (training: the drafter's fused loss reads bf16
+    /// logits; [`Self::lm_head`] is the same matmul cast to the compute dtype).
+    pub fn lm_head_native(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(hidden.broadcast_matmul(&self.lm_head.t()?)?)
     }
 
     /// The embedding table (frozen, shared with the drafter).

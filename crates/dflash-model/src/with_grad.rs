@@ -145,3 +145,84 @@ impl CustomOp3 for PassThrough2 {
         Ok((Some(dx), Some(dw), None))
     }
 }
+
+type Bwd3 = dyn Fn(&Tensor) -> Result<(Tensor, Tensor, Tensor)> + Send + Sync;
+
+/// `y` with the graphs of `a`, `b` and `c` and their gradients `bwd(g)` (the closure holds
+/// whatever it needs from the forward). `y` must be fresh and contiguous; it is copied once.
+/// User: [`crate::block_attention::attend_blocks`] (q, k, v).
+pub fn with_grad3(
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+    y: Tensor,
+    name: &'static str,
+    bwd: impl Fn(&Tensor) -> Result<(Tensor, Tensor, Tensor)> + Send + Sync + 'static,
+) -> Result<Tensor> {
+    if !a.track_op() && !b.track_op() && !c.track_op() {
+        return Ok(y);
+    }
+    a.apply_op3(
+        b,
+        c,
+        PassThrough3 {
+            name,
+            y,
+            bwd: Box::new(bwd),
+        },
+    )
+}
+
+struct PassThrough3 {
+    name: &'static str,
+    y: Tensor,
+    bwd: Box<Bwd3>,
+}
+
+impl CustomOp3 for PassThrough3 {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (s, l) = self.y.storage_and_layout();
+        match &*s {
+            candle_core::Storage::Cpu(y) => pass(self.name, y, l),
+            _ => candle_core::bail!("{}: the value is not on the CPU", self.name),
+        }
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (s, l) = self.y.storage_and_layout();
+        match &*s {
+            candle_core::Storage::Cuda(y) => pass(self.name, y, l),
+            _ => candle_core::bail!("{}: the value is not on the GPU", self.name),
+        }
+    }
+    fn bwd(
+        &self,
+        _: &Tensor,
+        _: &Tensor,
+        _: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (da, db, dc) = (self.bwd)(grad)?;
+        Ok((Some(da), Some(db), Some(dc)))
+    }
+}

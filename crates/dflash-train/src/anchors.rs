@@ -27,7 +27,7 @@ pub fn sample(mut c: Vec<usize>, n: usize, seed: u64) -> Vec<usize> {
 /// A per-(run, epoch, sequence) seed: anchors are resampled every epoch, reproducibly.
 pub fn seed_for(seed: u64, epoch: usize, sequence: usize) -> u64 {
     let mut x = seed
-        ^ 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(epoch as u64 + 1)
+        ^ 0x9E37_79B9_7F4A_7C15u64.wrapping_mul((epoch as u64).wrapping_add(1))
         ^ (sequence as u64).rotate_left(32);
     // splitmix64 finaliser
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

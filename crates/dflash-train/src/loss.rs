@@ -14,6 +14,7 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
 use dflash_core::stats::{simulated_chain_tau, simulated_decoding_tau};
 use dflash_core::visibility::packed;
+use dflash_model::cross_entropy::cross_entropy_rows;
 use dflash_model::drafter::{DraftLayout, Drafter};
 use dflash_model::profile::Phases;
 use dflash_model::{Rows, Target};
@@ -190,28 +191,30 @@ pub fn block_loss_profiled(
     };
     let hidden = drafter.forward(&feats.taps, &emb, layout, None)?;
     ph.mark("drafter layers");
-    let rows: Vec<u32> = (0..anchors.len())
-        .flat_map(|j| (1..block).map(move |k| (j * block + k) as u32))
-        .collect();
-    let idx = Tensor::from_vec(rows.clone(), rows.len(), &dev)?;
-    let logits = drafter
-        .logits(target, &hidden.index_select(&idx, 1)?)?
-        .squeeze(0)?; // [R, V]
-    ph.mark("LM head");
+    // block rows 1..B of every block (row 0, the anchor, is never trained): a narrow of
+    // [anchors, B, h], whose backward is a zero-padded copy (not an index_add)
+    let h = hidden.dim(2)?;
+    let n_rows = anchors.len() * (block - 1);
+    let hidden_rows = hidden
+        .reshape((anchors.len(), block, h))?
+        .narrow(1, 1, block - 1)?
+        .reshape((1, n_rows, h))?;
     let (labels, weights) = labels_and_weights(row, anchors, block, gamma);
     let wsum: f64 = weights.iter().map(|&w| w as f64).sum();
     if wsum <= 0.0 {
         bail!("no supervised label in any block");
     }
-    let ld = logits.dtype();
-    let w = Tensor::from_vec(weights.clone(), weights.len(), &dev)?.to_dtype(ld)?;
-    let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-    let per_row = match kind {
+    let (per_row, pred, logits) = match kind {
         LossKind::Ce => {
-            let lab = Tensor::from_vec(labels.clone(), labels.len(), &dev)?.unsqueeze(1)?;
-            logp.gather(&lab, 1)?.squeeze(1)?.neg()?
+            // logits in the model's dtype, into the fused cross-entropy (f32 inside)
+            let logits = drafter.training_logits(target, &hidden_rows)?.squeeze(0)?; // [R, V]
+            ph.mark("LM head");
+            let (per_row, pred) = cross_entropy_rows(&logits, &labels)?;
+            (per_row, pred, logits)
         }
         LossKind::Kl => {
+            let logits = drafter.logits(target, &hidden_rows)?.squeeze(0)?; // [R, V] f32
+            ph.mark("LM head");
             let tl = feats
                 .target_logits
                 .as_ref()
@@ -222,17 +225,20 @@ pub fn block_loss_profiled(
                 .flat_map(|&a| (1..block).map(move |k| (a + k - 1).min(row.len() - 1) as u32))
                 .collect();
             let tl = tl
-                .index_select(&Tensor::from_vec(pos, rows.len(), &dev)?, 0)?
-                .to_dtype(ld)?;
+                .index_select(&Tensor::from_vec(pos, n_rows, &dev)?, 0)?
+                .to_dtype(logits.dtype())?;
+            let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
             let tlogp = candle_nn::ops::log_softmax(&tl, D::Minus1)?;
             let p = tlogp.exp()?;
-            (p * (tlogp - &logp)?)?.sum(D::Minus1)?
+            let per_row = (p * (tlogp - &logp)?)?.sum(D::Minus1)?;
+            let pred: Vec<u32> = logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1()?;
+            (per_row, pred, logits)
         }
     };
+    let w = Tensor::from_vec(weights.clone(), weights.len(), &dev)?.to_dtype(per_row.dtype())?;
     let loss = ((per_row * w)?.sum_all()? / wsum)?;
     ph.mark("loss");
     // acceptance counts from the argmax
-    let pred: Vec<u32> = logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1()?;
     let mut counts = AcceptCounts::new(block - 1);
     for j in 0..anchors.len() {
         let mut accepted = 0;

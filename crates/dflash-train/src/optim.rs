@@ -69,16 +69,28 @@ impl AdamW {
 
 /// Scale `grads` so their global L2 norm is at most `max_norm` (0: no clipping). Returns the
 /// norm before clipping.
+/// The squares are summed on the device, row by row (many blocks, not one per tensor), in
+/// f32, and read back once for all tensors (one synchronisation per step, not one per tensor).
 pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
-    let mut sq = 0.0f64;
-    for g in grads.iter() {
-        sq += g
-            .to_dtype(DType::F64)?
-            .sqr()?
-            .sum_all()?
-            .to_scalar::<f64>()?;
+    if grads.is_empty() {
+        return Ok(0.0);
     }
-    let norm = sq.sqrt();
+    let per_tensor = grads
+        .iter()
+        .map(|g| {
+            let g = g.to_dtype(DType::F32)?;
+            let rows = if g.rank() >= 2 {
+                g.flatten_to(g.rank() - 2)?.sqr()?.sum(1)?
+            } else {
+                g.sqr()?
+            };
+            rows.flatten_all()?.sum_all()
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let sq: Vec<f32> = Tensor::stack(&per_tensor, 0)?
+        .to_device(&candle_core::Device::Cpu)?
+        .to_vec1()?;
+    let norm = sq.iter().map(|&x| x as f64).sum::<f64>().sqrt();
     if max_norm > 0.0 && norm > max_norm {
         let s = max_norm / (norm + 1e-6);
         for g in grads.iter_mut() {

@@ -1,0 +1,182 @@
+// dflash-rs training kernels: the block-masked softmax of the drafter's training attention and
+// the fused cross-entropy of its loss. Compiled to PTX by build.rs (feature `cuda`), loaded by
+// `crate::fused`. The CPU twins of every kernel live in the Rust modules that launch them
+// (`block_softmax.rs`, `cross_entropy.rs`); the device check compares the two.
+//
+// Every kernel: one CUDA block per row, a strided loop per thread, block reductions through
+// warp shuffles and one shared-memory slot per warp. Arithmetic in f32 whatever the storage.
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float ld(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(float* p, size_t i, float x) { p[i] = x; }
+__device__ __forceinline__ void st(__nv_bfloat16* p, size_t i, float x) { p[i] = __float2bfloat16(x); }
+
+// Block-wide reductions (blockDim.x a multiple of 32, at most 1024). `sh` holds 32 floats.
+__device__ float block_max(float x, float* sh) {
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (l == 0) sh[w] = x;
+    __syncthreads();
+    x = l < nw ? sh[l] : NEG_INF;
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
+    return x;
+}
+
+__device__ float block_sum(float x, float* sh) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (l == 0) sh[w] = x;
+    __syncthreads();
+    x = l < nw ? sh[l] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+    return x;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block softmax. A window of the drafter's training attention has `rw` query rows (whole blocks
+// of `bs` rows, `nbw` blocks), `hkv` K/V heads with `g` query heads each, `kw` context keys.
+// Scores come in two tensors, as the matmuls produce them:
+//   ctx: [hkv, g, rw, kw]          row (h, gi, r) at ((h*g + gi)*rw + r)*kw
+//   blk: [hkv, nbw, g, bs, bs]     row (h, gi, r) at (((h*nbw + r/bs)*g + gi)*bs + r%bs)*bs
+// `iv[4r .. 4r+4]` = (ctx lo, ctx hi, blk lo, blk hi): the visible columns of row r in each part
+// (the draft rule, `dflash_core::visibility::draft_training_parts`). The probabilities
+// softmax(scale * [ctx | blk]) over the visible columns (0 elsewhere) go to `p`, the ctx part
+// first (n_ctx = hkv*g*rw*kw values) then the blk part, each in its input layout.
+// ---------------------------------------------------------------------------------------------
+template <typename T>
+__device__ void block_softmax_fwd(const T* ctx, const T* blk, T* p, const uint32_t* iv, int g,
+                                  int rw, int kw, int bs, int nbw, float scale) {
+    __shared__ float sh[32];
+    size_t row = blockIdx.x;
+    int r = row % rw;
+    size_t hg = row / rw;
+    int gi = hg % g;
+    size_t h = hg / g;
+    size_t n_ctx = (size_t)gridDim.x * kw;
+    size_t a0 = row * kw;
+    size_t b0 = (((h * nbw + r / bs) * g + gi) * bs + r % bs) * bs;
+    uint32_t c_lo = iv[4 * r], c_hi = iv[4 * r + 1], k_lo = iv[4 * r + 2], k_hi = iv[4 * r + 3];
+    float m = NEG_INF;
+    for (uint32_t i = c_lo + threadIdx.x; i < c_hi; i += blockDim.x) m = fmaxf(m, ld(ctx, a0 + i) * scale);
+    for (uint32_t i = k_lo + threadIdx.x; i < k_hi; i += blockDim.x) m = fmaxf(m, ld(blk, b0 + i) * scale);
+    m = block_max(m, sh);
+    float s = 0.0f;
+    for (uint32_t i = c_lo + threadIdx.x; i < c_hi; i += blockDim.x) s += __expf(ld(ctx, a0 + i) * scale - m);
+    for (uint32_t i = k_lo + threadIdx.x; i < k_hi; i += blockDim.x) s += __expf(ld(blk, b0 + i) * scale - m);
+    s = block_sum(s, sh);
+    float inv = s > 0.0f ? 1.0f / s : 0.0f;
+    for (uint32_t i = threadIdx.x; i < (uint32_t)kw; i += blockDim.x)
+        st(p, a0 + i, (i >= c_lo && i < c_hi) ? __expf(ld(ctx, a0 + i) * scale - m) * inv : 0.0f);
+    for (uint32_t i = threadIdx.x; i < (uint32_t)bs; i += blockDim.x)
+        st(p, n_ctx + b0 + i, (i >= k_lo && i < k_hi) ? __expf(ld(blk, b0 + i) * scale - m) * inv : 0.0f);
+}
+
+// The backward: with P the probabilities (layout of `block_softmax_fwd`'s output) and dP their
+// gradient (two tensors, the scores' layouts), dS = scale * P * (dP - sum_row(P * dP)) into `ds`
+// (P's layout). Hidden columns have P = 0, hence dS = 0.
+template <typename T>
+__device__ void block_softmax_bwd(const T* p, const T* dctx, const T* dblk, T* ds, int g, int rw,
+                                  int kw, int bs, int nbw, float scale) {
+    __shared__ float sh[32];
+    size_t row = blockIdx.x;
+    int r = row % rw;
+    size_t hg = row / rw;
+    int gi = hg % g;
+    size_t h = hg / g;
+    size_t n_ctx = (size_t)gridDim.x * kw;
+    size_t a0 = row * kw;
+    size_t b0 = (((h * nbw + r / bs) * g + gi) * bs + r % bs) * bs;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < kw; i += blockDim.x) s += ld(p, a0 + i) * ld(dctx, a0 + i);
+    for (int i = threadIdx.x; i < bs; i += blockDim.x) s += ld(p, n_ctx + b0 + i) * ld(dblk, b0 + i);
+    s = block_sum(s, sh);
+    for (int i = threadIdx.x; i < kw; i += blockDim.x)
+        st(ds, a0 + i, scale * ld(p, a0 + i) * (ld(dctx, a0 + i) - s));
+    for (int i = threadIdx.x; i < bs; i += blockDim.x)
+        st(ds, n_ctx + b0 + i, scale * ld(p, n_ctx + b0 + i) * (ld(dblk, b0 + i) - s));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy over rows of logits [n, v]. Forward: for row i with label y_i, out[3i .. 3i+3] =
+// (lse_i - x_i[y_i], argmax_i, lse_i) in f32 (the argmax as an exact float: v < 2^24).
+// Backward: aux[4i .. 4i+4] = (loss, argmax, lse, g_i), dx_ij = g_i * (exp(x_ij - lse_i) - [j = y_i]).
+// ---------------------------------------------------------------------------------------------
+template <typename T>
+__device__ void ce_fwd(const T* x, const uint32_t* labels, float* out, int v) {
+    __shared__ float sh[32];
+    __shared__ float shi[32];
+    size_t row = blockIdx.x;
+    const size_t o = row * (size_t)v;
+    float m = NEG_INF;
+    int am = 0x7fffffff;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+        float t = ld(x, o + j);
+        if (t > m) { m = t; am = j; }
+    }
+    // arg-max: the largest value, the smallest index among equals
+    for (int off = 16; off > 0; off >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffff, m, off);
+        int a2 = __shfl_xor_sync(0xffffffff, am, off);
+        if (m2 > m || (m2 == m && a2 < am)) { m = m2; am = a2; }
+    }
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (l == 0) { sh[w] = m; shi[w] = __int_as_float(am); }
+    __syncthreads();
+    m = l < nw ? sh[l] : NEG_INF;
+    am = l < nw ? __float_as_int(shi[l]) : 0x7fffffff;
+    for (int off = 16; off > 0; off >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffff, m, off);
+        int a2 = __shfl_xor_sync(0xffffffff, am, off);
+        if (m2 > m || (m2 == m && a2 < am)) { m = m2; am = a2; }
+    }
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) s += __expf(ld(x, o + j) - m);
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) {
+        float lse = m + logf(s);
+        uint32_t y = labels[row];
+        out[3 * row] = lse - ld(x, o + y);
+        out[3 * row + 1] = (float)am;
+        out[3 * row + 2] = lse;
+    }
+}
+
+template <typename T>
+__device__ void ce_bwd(const T* x, const uint32_t* labels, const float* aux, T* dx, int v) {
+    size_t row = blockIdx.x;
+    const size_t o = row * (size_t)v;
+    float lse = aux[4 * row + 2], g = aux[4 * row + 3];
+    uint32_t y = labels[row];
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+        float pr = __expf(ld(x, o + j) - lse);
+        st(dx, o + j, g * (pr - (j == (int)y ? 1.0f : 0.0f)));
+    }
+}
+
+#define INSTANTIATE(NAME, T)                                                                       \
+    extern "C" __global__ void block_softmax_fwd_##NAME(const T* ctx, const T* blk, T* p,          \
+        const uint32_t* iv, int g, int rw, int kw, int bs, int nbw, float scale) {                 \
+        block_softmax_fwd<T>(ctx, blk, p, iv, g, rw, kw, bs, nbw, scale);                          \
+    }                                                                                              \
+    extern "C" __global__ void block_softmax_bwd_##NAME(const T* p, const T* dctx, const T* dblk,  \
+        T* ds, int g, int rw, int kw, int bs, int nbw, float scale) {                              \
+        block_softmax_bwd<T>(p, dctx, dblk, ds, g, rw, kw, bs, nbw, scale);                        \
+    }                                                                                              \
+    extern "C" __global__ void ce_fwd_##NAME(const T* x, const uint32_t* labels, float* out, int v) { \
+        ce_fwd<T>(x, labels, out, v);                                                              \
+    }                                                                                              \
+    extern "C" __global__ void ce_bwd_##NAME(const T* x, const uint32_t* labels, const float* aux, \
+        T* dx, int v) {                                                                            \
+        ce_bwd<T>(x, labels, aux, dx, v);                                                          \
+    }
+
+INSTANTIATE(f32, float)
+INSTANTIATE(bf16, __nv_bfloat16)
