@@ -33,7 +33,8 @@
 #   (more eval flags, e.g. --cuda-graphs), E (the drafter to evaluate: the export by default),
 #   EVAL_SECS (300), INIT_FROM (a drafter directory to continue from, e.g. the committed
 #   assets/drafters/smollm2-135m-b16: fresh optimizer, same weights), STEPS (for cfg), CACHE_MB
-#   (device memory for the target features kept between epochs, 8192).
+#   (device memory for the target features kept between epochs, 8192), DATA_DTYPE (regeneration
+#   dtype, f32; bf16 prefills 5× faster and rounds some greedy choices differently).
 # The run of 2026-11-30 (docs/BENCHMARKS.md): PROFILE_SECS=60 DATA_SECS=120 DATA_TOKENS=384
 #   SHARD=16 BATCH=64 TRAIN_SECS=500 UNTIL=585 … setup restore profile data plan train, then
 #   UNTIL=225 … train export. Keep SHARD well below BATCH × (time / longest response): a shard
@@ -74,7 +75,7 @@ restore() {
 profile() {
   [ -f $ROOT/prompts.jsonl ] || xz -d -c .device/prompts.jsonl.xz > $ROOT/prompts.jsonl
   DFLASH_PROFILE=1 $B data generate --prompts $ROOT/prompts.jsonl --out $D --time-limit "${PROFILE_SECS:-60}" \
-    --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" --device $DEV --dtype f32 \
+    --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" --device $DEV --dtype "${DATA_DTYPE:-f32}" \
     > "$OUT/profile-data.log" 2>&1
   rm -rf $ROOT/pprobe
   config 8 > $ROOT/pprobe.json
@@ -88,7 +89,7 @@ data() {
   if [ "${DATA_SECS:-240}" -lt 20 ]; then log "data: skipped, ${DATA_SECS} s left"; return; fi
   log "data: $(wc -l < $ROOT/prompts.jsonl) prompts, ${DATA_SECS:-240} s"
   $B data generate --prompts $ROOT/prompts.jsonl --out $D --time-limit "${DATA_SECS:-240}" \
-    --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" --device $DEV --dtype f32 \
+    --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" --device $DEV --dtype "${DATA_DTYPE:-f32}" \
     > "$OUT/data.log" 2>&1
   python3 - "$D/manifest.json" <<'EOF' | tee -a "$OUT/log.txt"
 import json, sys

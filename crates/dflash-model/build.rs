@@ -1,4 +1,4 @@
-//! With the `cuda` feature: compiles `src/kernels/train.cu` to PTX (`$OUT_DIR/train.ptx`) with
+//! With the `cuda` feature: compiles `src/kernels/fused.cu` to PTX (`$OUT_DIR/fused.ptx`) with
 //! the `nvcc` on `PATH` (scripts/cuda-build.sh puts the CUDA 13.0 toolchain there), for compute
 //! capability `$CUDA_COMPUTE_CAP` (default 90, the H100/H200). Without it: nothing.
 
@@ -6,25 +6,25 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-changed=src/kernels/train.cu");
+    println!("cargo:rerun-if-changed=src/kernels/fused.cu");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("train.ptx");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("fused.ptx");
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| "nvcc".into());
     let status = Command::new(&nvcc)
         .args(["--ptx", "-O3", "-std=c++17"])
         .arg(format!("-arch=compute_{cap}"))
-        .arg("src/kernels/train.cu")
+        .arg("src/kernels/fused.cu")
         .arg("-o")
         .arg(&out)
         .status()
         .unwrap_or_else(|e| {
-            panic!("the cuda feature needs nvcc ({nvcc}) to compile src/kernels/train.cu: {e}")
+            panic!("the cuda feature needs nvcc ({nvcc}) to compile src/kernels/fused.cu: {e}")
         });
     if !status.success() {
-        panic!("nvcc failed on src/kernels/train.cu ({status})");
+        panic!("nvcc failed on src/kernels/fused.cu ({status})");
     }
 }

@@ -7,6 +7,7 @@
 use candle_core::{DType, Device, Result, Tensor};
 use dflash_core::visibility::Visibility;
 
+use crate::interval_softmax::{interval_softmax, RowIntervals};
 use crate::norm::compute_dtype;
 
 /// The additive mask tensor `[rows, cols]` (0 visible, -inf hidden) of a visibility matrix.
@@ -62,8 +63,8 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> 
     let g = hq / hkv;
     let dtype = q.dtype();
     let q = q.contiguous()?.reshape((b, hkv, g * n, d))?;
-    let k = k.contiguous()?;
-    let v = v.contiguous()?;
+    let k = matmul_operand(k)?;
+    let v = matmul_operand(v)?;
     let cd = compute_dtype(dtype);
     let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(cd)?;
     let scores = scores
@@ -76,6 +77,50 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> 
     out.reshape((b, hq, n, d))?
         .transpose(1, 2)?
         .reshape((b, n, hq * d))
+}
+
+/// [`attend`] with one interval of keys per query row (`iv`, from the same visibility rule):
+/// the two matmuls and one fused pass ([`crate::interval_softmax`]) instead of scale, cast,
+/// mask add, softmax and cast. The softmax has no backward: inputs that carry a graph take
+/// [`attend`] with the rule as an additive mask.
+pub fn attend_intervals(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    iv: &RowIntervals,
+    scale: f64,
+) -> Result<Tensor> {
+    if q.track_op() || k.track_op() || v.track_op() {
+        let mask = iv.additive(compute_dtype(q.dtype()), q.device())?;
+        return attend(q, k, v, &mask, scale);
+    }
+    let (b, hq, n, d) = q.dims4()?;
+    let hkv = k.dim(1)?;
+    let g = hq / hkv;
+    let q = q.contiguous()?.reshape((b, hkv, g * n, d))?;
+    let k = matmul_operand(k)?;
+    let v = matmul_operand(v)?;
+    let probs = interval_softmax(&q.matmul(&k.t()?)?, iv, scale)?;
+    let out = probs.matmul(&v)?; // [b, hkv, g*n, d]
+    out.reshape((b, hq, n, d))?
+        .transpose(1, 2)?
+        .reshape((b, n, hq * d))
+}
+
+/// `t` (`[b, h, t, d]`) as it is when a matmul reads it in place — rows of `d` adjacent values,
+/// heads at one stride, batches at `h` times it — else a contiguous copy. A cache's K/V are a
+/// narrow of a longer buffer (`[b, h, cap, d]`, rows `0..t`): read in place, not copied whole
+/// at every layer of every step. Example: rows 0..300 of a `[256, 3, 1024, 64]` buffer have
+/// strides `[196608, 65536, 64, 1]`: in place.
+fn matmul_operand(t: &Tensor) -> Result<Tensor> {
+    let (dims, s) = (t.dims(), t.stride());
+    let in_place =
+        dims.len() == 4 && s[3] == 1 && s[2] == dims[3] && (dims[0] == 1 || s[0] == s[1] * dims[1]);
+    if in_place {
+        Ok(t.clone())
+    } else {
+        t.contiguous()
+    }
 }
 
 #[cfg(test)]
@@ -103,5 +148,42 @@ mod tests {
             vec![vec![0.0, 0.0, ninf], vec![0.0, 0.0, 0.0]]
         );
         assert!(mask_tensor_cols(&v, 2, DType::F32, &Device::Cpu).is_err());
+    }
+
+    /// A cache's narrowed K/V are read in place and give the same attention as a contiguous
+    /// copy (batched, several heads; and a transposed view, which is copied).
+    #[test]
+    fn cache_views_are_read_in_place() {
+        let dev = Device::Cpu;
+        let buf = Tensor::arange(0f32, (2 * 3 * 10 * 4) as f32, &dev)
+            .unwrap()
+            .affine(0.01, -1.0)
+            .unwrap()
+            .sin()
+            .unwrap()
+            .reshape((2, 3, 10, 4))
+            .unwrap();
+        let view = buf.narrow(2, 0, 6).unwrap();
+        assert!(!view.is_contiguous());
+        let op = matmul_operand(&view).unwrap();
+        assert_eq!(op.stride(), view.stride(), "read in place, not copied");
+        let t = buf.transpose(2, 3).unwrap();
+        assert!(
+            matmul_operand(&t).unwrap().is_contiguous(),
+            "a transposed view is copied"
+        );
+        let q = Tensor::arange(0f32, (2 * 6 * 2 * 4) as f32, &dev)
+            .unwrap()
+            .affine(0.02, 0.0)
+            .unwrap()
+            .cos()
+            .unwrap()
+            .reshape((2, 6, 2, 4))
+            .unwrap();
+        let mask = Tensor::zeros((2, 6), DType::F32, &dev).unwrap();
+        let a = attend(&q, &view, &view, &mask, 0.5).unwrap();
+        let c = view.contiguous().unwrap();
+        let b = attend(&q, &c, &c, &mask, 0.5).unwrap();
+        assert_eq!(crate::compare::max_abs(&a, &b).unwrap(), 0.0);
     }
 }

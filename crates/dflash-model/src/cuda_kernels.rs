@@ -1,4 +1,4 @@
-//! dflash-rs's own CUDA kernels (`src/kernels/train.cu`, compiled to PTX by `build.rs`): the
+//! dflash-rs's own CUDA kernels (`src/kernels/fused.cu`, compiled to PTX by `build.rs`): the
 //! block softmax of the drafter's training attention ([`crate::block_softmax`]) and the fused
 //! cross-entropy of its loss ([`crate::cross_entropy`]). Loaded once per device through candle's
 //! custom-module cache.
@@ -7,7 +7,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr,
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result};
 
-pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/train.ptx"));
+pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
 pub const MODULE: &str = "dflash_train";
 
 /// The kernel name `{name}_{f32|bf16}` for `dtype`.
@@ -33,7 +33,7 @@ macro_rules! launch {
         )?;
         let mut b = f.builder();
         $( b.arg(&$arg); )+
-        // SAFETY: the arguments follow the kernel's signature in src/kernels/train.cu.
+        // SAFETY: the arguments follow the kernel's signature in src/kernels/fused.cu.
         unsafe { b.launch($cfg) }.w()?;
     }};
 }

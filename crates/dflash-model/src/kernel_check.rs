@@ -1,16 +1,18 @@
-//! The fused training kernels on a device against their CPU twins: the block attention
+//! dflash-rs's own kernels on a device against their CPU twins: the block attention
 //! ([`crate::block_attention::attend_blocks`] with [`crate::block_softmax`]) and the cross-entropy
 //! ([`crate::cross_entropy`]), values and gradients, on fixed pseudo-random inputs of the
-//! drafter's shape (9/3 heads of 64, B = 16, several windows, two packed sequences).
+//! drafter's shape (9/3 heads of 64, B = 16, several windows, two packed sequences); and the
+//! target's interval softmax ([`crate::interval_softmax`]) on a batch of right-aligned rows.
 //! `device-check` and `bench-train` run it before trusting a GPU's numbers.
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use dflash_core::segments::Segments;
-use dflash_core::visibility::{draft_training_parts, DraftRule};
+use dflash_core::visibility::{causal, draft_training_parts, right_aligned, DraftRule};
 
 use crate::block_attention::{attend_blocks, context_windows};
 use crate::compare::rel_err;
 use crate::cross_entropy::cross_entropy_rows;
+use crate::interval_softmax::{interval_softmax, RowIntervals};
 
 /// One comparison: `max |device − CPU| / max |CPU|` against its tolerance.
 #[derive(Debug, Clone)]
@@ -38,7 +40,8 @@ fn fill(shape: &[usize], seed: u64, amp: f32) -> Result<Tensor> {
 }
 
 /// Outputs and gradients of the block attention and the cross-entropy on `dev` in `dtype`
-/// (`[out, dq, dk, dv, ce, dlogits]`, as f32 on the CPU).
+/// and the interval softmax (`[out, dq, dk, dv, ce, dlogits, interval softmax]`, as f32 on the
+/// CPU).
 fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     let (hq, hkv, d, block) = (9, 3, 64, 16);
     let segs = Segments::from_lengths(&[180, 140]);
@@ -77,6 +80,15 @@ fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
             .cloned()
             .ok_or_else(|| candle_core::Error::Msg("no gradient".into()))
     };
+    let masks = [
+        right_aligned(40, 100, 7, 7),
+        causal(100, 7),
+        right_aligned(0, 100, 3, 7),
+    ];
+    let iv = RowIntervals::from_visibilities(&masks, dev)?
+        .ok_or_else(|| candle_core::Error::Msg("right-aligned rows are intervals".into()))?;
+    let scores = on(fill(&[3, 3, 3 * 7, 107], 7, 6.0)?)?;
+    let isoft = interval_softmax(&scores, &iv, 0.125)?;
     [
         out,
         grad(&g, &q)?,
@@ -84,6 +96,7 @@ fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
         grad(&g, &v)?,
         ce,
         grad(&gce, &logits)?,
+        isoft,
     ]
     .into_iter()
     .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
@@ -101,6 +114,7 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         "attention dv",
         "cross-entropy",
         "cross-entropy dlogits",
+        "interval softmax",
     ];
     let mut checks = Vec::new();
     for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 3e-2)] {
@@ -125,7 +139,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 12);
+        assert_eq!(checks.len(), 14);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -16,6 +16,7 @@ pub mod families;
 pub mod gdn;
 pub mod gguf;
 pub mod graphed;
+pub mod interval_softmax;
 pub mod kernel_check;
 pub mod kv_cache;
 pub mod launch_profile;

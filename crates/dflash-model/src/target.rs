@@ -13,9 +13,10 @@ use candle_nn::{Linear, Module};
 use dflash_core::config::TargetConfig;
 use dflash_core::visibility::Visibility;
 
-use crate::attention::{attend, mask_tensor_cols, mask_tensors};
+use crate::attention::{attend, attend_intervals, mask_tensor_cols, mask_tensors};
 use crate::families::{spec_for, FamilySpec};
 use crate::gdn::{GatedDeltaNet, GdnCache, GdnDims};
+use crate::interval_softmax::RowIntervals;
 use crate::kv_cache::KvCache;
 use crate::mlp::{load_linear, Mlp};
 use crate::norm::RmsNorm;
@@ -45,9 +46,11 @@ pub struct ForwardInputs {
     /// Token ids `[b · n]`.
     ids: Tensor,
     rope: RopeTables,
-    /// Additive mask `[n, cache + n]` (one sequence) or `[b, 1, 1, n, cache + n]`, in the
-    /// compute dtype of the attention scores (f32; f64 for f64 models).
-    mask: Tensor,
+    /// The attention rule: one interval of keys per row where every row has one (the fused
+    /// softmax), else the additive mask `[n, cache + n]` (one sequence) or
+    /// `[b, 1, 1, n, cache + n]` in the compute dtype of the attention scores (f32; f64 for f64
+    /// models). The fixed layout always has the additive mask (the captured buffer).
+    mask: AttnMask,
     /// Linear-attention parents of the new rows (hybrid targets only).
     parents: Vec<Option<usize>>,
     b: usize,
@@ -84,13 +87,29 @@ impl ForwardInputs {
             (&self.ids, &dst.ids),
             (&self.rope.cos, &dst.rope.cos),
             (&self.rope.sin, &dst.rope.sin),
-            (&self.mask, &dst.mask),
+            (self.mask.additive()?, dst.mask.additive()?),
             (si, di),
         ] {
             d.slice_set(src, 0, 0)?;
         }
         dst.cache_len = self.cache_len;
         Ok(())
+    }
+}
+
+/// A forward's attention rule on the device ([`ForwardInputs`]).
+#[derive(Debug, Clone)]
+enum AttnMask {
+    Additive(Tensor),
+    Intervals(RowIntervals),
+}
+
+impl AttnMask {
+    fn additive(&self) -> Result<&Tensor> {
+        match self {
+            AttnMask::Additive(t) => Ok(t),
+            AttnMask::Intervals(_) => bail!("an interval mask has no additive buffer"),
+        }
     }
 }
 
@@ -155,7 +174,7 @@ impl Attention {
         &self,
         x: &Tensor,
         rope: &RopeTables,
-        mask: &Tensor,
+        mask: &AttnMask,
         layout: &CacheLayout,
         cache: &mut KvCache,
         layer: usize,
@@ -204,7 +223,11 @@ impl Attention {
             CacheLayout::Fixed { index, cap } => cache.write_fixed(layer, &k, &v, index, *cap)?,
         };
         // 4. masked attention, grouped K/V
-        let o = attend(&q, &k, &v, mask, 1.0 / (self.head_dim as f64).sqrt())?;
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let o = match mask {
+            AttnMask::Intervals(iv) => attend_intervals(&q, &k, &v, iv, scale)?,
+            AttnMask::Additive(m) => attend(&q, &k, &v, m, scale)?,
+        };
         let o = match gate {
             Some(g) => (o * candle_nn::ops::sigmoid(&g)?)?,
             None => o,
@@ -566,9 +589,14 @@ impl Target {
         // in the attention scores' dtype: no cast per layer (−1 kernel per layer)
         let cd = crate::norm::compute_dtype(self.dtype);
         let mask = match (mask_cols, masks) {
-            (Some(cols), [one]) => mask_tensor_cols(one, cols, cd, &self.device)?,
+            (Some(cols), [one]) => {
+                AttnMask::Additive(mask_tensor_cols(one, cols, cd, &self.device)?)
+            }
             (Some(_), _) => bail!("a widened mask is for one sequence"),
-            (None, _) => mask_tensors(masks, cd, &self.device)?,
+            (None, _) => match RowIntervals::from_visibilities(masks, &self.device)? {
+                Some(iv) => AttnMask::Intervals(iv),
+                None => AttnMask::Additive(mask_tensors(masks, cd, &self.device)?),
+            },
         };
         Ok(ForwardInputs {
             ids,

@@ -1,7 +1,8 @@
-// dflash-rs training kernels: the block-masked softmax of the drafter's training attention and
-// the fused cross-entropy of its loss. Compiled to PTX by build.rs (feature `cuda`), loaded by
-// `crate::fused`. The CPU twins of every kernel live in the Rust modules that launch them
-// (`block_softmax.rs`, `cross_entropy.rs`); the device check compares the two.
+// dflash-rs's own kernels: the block-masked softmax of the drafter's training attention, the
+// fused cross-entropy of its loss, and the interval-masked softmax of the target's attention.
+// Compiled to PTX by build.rs (feature `cuda`), loaded by `crate::cuda_kernels`. The CPU twins
+// of every kernel live in the Rust modules that launch them (`block_softmax.rs`,
+// `cross_entropy.rs`, `interval_softmax.rs`); `crate::kernel_check` compares the two.
 //
 // Every kernel: one CUDA block per row, a strided loop per thread, block reductions through
 // warp shuffles and one shared-memory slot per warp. Arithmetic in f32 whatever the storage.
@@ -161,6 +162,32 @@ __device__ void ce_bwd(const T* x, const uint32_t* labels, const float* aux, T* 
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Interval softmax (the target's attention). Scores [b, hkv, g * n, t] (each sequence's rows
+// `rows_per_seq` = hkv * g * n apart); row r of sequence `bi` is query row i = r % n, which sees
+// keys iv[2 (bi n + i)] .. iv[2 (bi n + i) + 1]. p = softmax(scale * s) over those keys, 0
+// elsewhere, in f32 arithmetic with the accurate expf (decoding compares f32 with the CPU).
+// ---------------------------------------------------------------------------------------------
+template <typename T>
+__device__ void interval_softmax_fwd(const T* s, T* p, const uint32_t* iv, int rows_per_seq, int n,
+                                     int t, float scale) {
+    __shared__ float sh[32];
+    size_t row = blockIdx.x;
+    size_t bi = row / rows_per_seq;
+    int i = row % n;
+    uint32_t lo = iv[2 * (bi * n + i)], hi = iv[2 * (bi * n + i) + 1];
+    size_t o = row * (size_t)t;
+    float m = NEG_INF;
+    for (uint32_t j = lo + threadIdx.x; j < hi; j += blockDim.x) m = fmaxf(m, ld(s, o + j) * scale);
+    m = block_max(m, sh);
+    float sum = 0.0f;
+    for (uint32_t j = lo + threadIdx.x; j < hi; j += blockDim.x) sum += expf(ld(s, o + j) * scale - m);
+    sum = block_sum(sum, sh);
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (uint32_t j = threadIdx.x; j < (uint32_t)t; j += blockDim.x)
+        st(p, o + j, (j >= lo && j < hi) ? expf(ld(s, o + j) * scale - m) * inv : 0.0f);
+}
+
 #define INSTANTIATE(NAME, T)                                                                       \
     extern "C" __global__ void block_softmax_fwd_##NAME(const T* ctx, const T* blk, T* p,          \
         const uint32_t* iv, int g, int rw, int kw, int bs, int nbw, float scale) {                 \
@@ -176,6 +203,10 @@ __device__ void ce_bwd(const T* x, const uint32_t* labels, const float* aux, T* 
     extern "C" __global__ void ce_bwd_##NAME(const T* x, const uint32_t* labels, const float* aux, \
         T* dx, int v) {                                                                            \
         ce_bwd<T>(x, labels, aux, dx, v);                                                          \
+    }                                                                                              \
+    extern "C" __global__ void interval_softmax_fwd_##NAME(const T* s, T* p, const uint32_t* iv,   \
+        int rows_per_seq, int n, int t, float scale) {                                             \
+        interval_softmax_fwd<T>(s, p, iv, rows_per_seq, n, t, scale);                              \
     }
 
 INSTANTIATE(f32, float)

@@ -1,0 +1,307 @@
+//! The target's attention softmax when every query row sees one interval of keys (prefill,
+//! a chain's verify, batched decoding: the causal and right-aligned rules): scale, mask and
+//! softmax in one pass over the scores as the matmul wrote them, instead of a scale, a cast to
+//! f32, a broadcast mask add, the softmax and a cast back (five full passes; a SmolLM2 prefill
+//! of 16 prompts spent two thirds of its GPU time there, `docs/BENCHMARKS.md`, sixth session).
+//! Forward only: the target has no gradient ([`crate::attention::attend_intervals`] falls back
+//! to the additive mask when its inputs carry a graph).
+//!
+//! Example: causal over [cache 2 | new 2] → row 0 sees keys 0..3, row 1 sees 0..4; scores row
+//! 0 `[1, 2, 3, 9]` at scale 1 → softmax of `[1, 2, 3]` and 0 for key 3.
+//!
+//! On the CPU the rows run in Rust (the reference); with CUDA, `src/kernels/fused.cu`.
+
+use std::ops::Range;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, WithDType};
+use dflash_core::visibility::Visibility;
+
+/// The visible keys of each query row of `b` sequences × `n` rows: `[lo, hi)` per row.
+#[derive(Debug, Clone)]
+pub struct RowIntervals {
+    host: Vec<u32>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    device: Option<Tensor>,
+    pub b: usize,
+    pub n: usize,
+    /// Key columns of the masks they came from.
+    pub cols: usize,
+}
+
+impl RowIntervals {
+    /// The intervals of `b` visibility matrices (`[n, cols]` each), or `None` when a row does
+    /// not see one interval (a tree's verify).
+    pub fn from_visibilities(masks: &[Visibility], device: &Device) -> Result<Option<Self>> {
+        let (n, cols) = match masks.first() {
+            Some(m) => (m.rows, m.cols),
+            None => return Ok(None),
+        };
+        let mut host = Vec::with_capacity(masks.len() * n * 2);
+        for m in masks {
+            if (m.rows, m.cols) != (n, cols) {
+                candle_core::bail!(
+                    "masks of different shapes: {}x{} and {n}x{cols}",
+                    m.rows,
+                    m.cols
+                );
+            }
+            for r in 0..n {
+                let Some(iv) = m.row_interval(r) else {
+                    return Ok(None);
+                };
+                host.extend([iv.start as u32, iv.end as u32]);
+            }
+        }
+        Self::new(host, masks.len(), n, cols, device).map(Some)
+    }
+
+    fn new(host: Vec<u32>, b: usize, n: usize, cols: usize, device: &Device) -> Result<Self> {
+        let device = match device {
+            Device::Cpu => None,
+            d => Some(Tensor::from_vec(host.clone(), host.len(), d)?),
+        };
+        Ok(Self {
+            host,
+            device,
+            b,
+            n,
+            cols,
+        })
+    }
+
+    /// Row `r` of sequence `s`.
+    pub fn get(&self, s: usize, r: usize) -> Range<usize> {
+        let i = 2 * (s * self.n + r);
+        self.host[i] as usize..self.host[i + 1] as usize
+    }
+
+    /// The same rule as an additive mask (`[n, cols]` for one sequence, else
+    /// `[b, 1, 1, n, cols]`), for the paths that need one (gradients).
+    pub fn additive(&self, dtype: DType, device: &Device) -> Result<Tensor> {
+        let mut data = vec![f32::NEG_INFINITY; self.b * self.n * self.cols];
+        for s in 0..self.b {
+            for r in 0..self.n {
+                let row = (s * self.n + r) * self.cols;
+                data[row..row + self.cols][self.get(s, r)].fill(0.0);
+            }
+        }
+        let t = Tensor::from_vec(data, (self.b, 1, 1, self.n, self.cols), device)?;
+        let t = if self.b == 1 {
+            t.reshape((self.n, self.cols))?
+        } else {
+            t
+        };
+        t.to_dtype(dtype)
+    }
+}
+
+/// `softmax(scale · scores)` over each row's interval, 0 elsewhere. `scores`:
+/// `[b, hkv, g · n, t]` (contiguous, as `q · kᵀ` comes out), `t == iv.cols`; same shape and
+/// dtype back.
+pub fn interval_softmax(scores: &Tensor, iv: &RowIntervals, scale: f64) -> Result<Tensor> {
+    let (b, _, gn, t) = scores.dims4()?;
+    if b != iv.b || t != iv.cols || gn % iv.n != 0 {
+        candle_core::bail!(
+            "interval softmax: scores {:?} do not fit {} sequences of {} rows over {} keys",
+            scores.dims(),
+            iv.b,
+            iv.n,
+            iv.cols
+        );
+    }
+    scores.contiguous()?.apply_op1_no_bwd(&Op { iv, scale })
+}
+
+struct Op<'a> {
+    iv: &'a RowIntervals,
+    scale: f64,
+}
+
+fn rows<T: WithDType>(
+    s: &[T],
+    iv: &RowIntervals,
+    rows_per_seq: usize,
+    t: usize,
+    scale: f64,
+) -> Vec<T> {
+    let mut p = vec![T::zero(); s.len()];
+    for (row, (x, y)) in s.chunks(t).zip(p.chunks_mut(t)).enumerate() {
+        let keys = iv.get(row / rows_per_seq, row % iv.n);
+        let m = keys
+            .clone()
+            .map(|j| x[j].to_f64() * scale)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = keys
+            .clone()
+            .map(|j| (x[j].to_f64() * scale - m).exp())
+            .sum();
+        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+        for j in keys {
+            y[j] = T::from_f64((x[j].to_f64() * scale - m).exp() * inv);
+        }
+    }
+    p
+}
+
+impl CustomOp1 for Op<'_> {
+    fn name(&self) -> &'static str {
+        "interval-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let dims = l.shape().dims();
+        let (t, rows_per_seq) = (dims[3], dims[1] * dims[2]);
+        let o = l.start_offset();
+        let n = l.shape().elem_count();
+        macro_rules! run {
+            ($ty:ty) => {
+                <$ty as WithDType>::to_cpu_storage_owned(rows(
+                    &s.as_slice::<$ty>()?[o..o + n],
+                    self.iv,
+                    rows_per_seq,
+                    t,
+                    self.scale,
+                ))
+            };
+        }
+        let out = match s.dtype() {
+            DType::F32 => run!(f32),
+            DType::F64 => run!(f64),
+            DType::BF16 => run!(half::bf16),
+            DType::F16 => run!(half::f16),
+            other => candle_core::bail!("interval softmax: {other:?} scores are not supported"),
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda_kernels::{alloc, launch, rows, view};
+        let dims = l.shape().dims();
+        let (t, rows_per_seq) = (dims[3] as i32, (dims[1] * dims[2]) as i32);
+        let n_rows = dims[0] * dims[1] * dims[2];
+        let count = l.shape().elem_count();
+        let Some(ivd) = &self.iv.device else {
+            candle_core::bail!("interval softmax: the intervals are not on the scores' GPU")
+        };
+        let (ivs, ivl) = ivd.storage_and_layout();
+        let iv = match &*ivs {
+            candle_core::Storage::Cuda(c) => view::<u32>(c, ivl, "intervals")?,
+            _ => candle_core::bail!("interval softmax: the intervals are not on the scores' GPU"),
+        };
+        let dev = s.device().clone();
+        let (n, scale) = (self.iv.n as i32, self.scale as f32);
+        let cfg = rows(n_rows, 128);
+        macro_rules! run {
+            ($ty:ty, $dt:expr) => {{
+                let sv = view::<$ty>(s, l, "scores")?;
+                let p = alloc::<$ty>(&dev, count)?;
+                launch!(
+                    dev,
+                    "interval_softmax_fwd",
+                    $dt,
+                    cfg,
+                    sv,
+                    p,
+                    iv,
+                    rows_per_seq,
+                    n,
+                    t,
+                    scale
+                );
+                candle_core::CudaStorage::wrap_cuda_slice(p, dev.clone())
+            }};
+        }
+        let out = match s.dtype() {
+            DType::F32 => run!(f32, DType::F32),
+            DType::BF16 => run!(half::bf16, DType::BF16),
+            other => candle_core::bail!("interval softmax: no CUDA kernel for {other:?} scores"),
+        };
+        Ok((out, l.shape().clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dflash_core::visibility::{causal, right_aligned, tree};
+
+    /// The module doc's example, and the additive form of the same rule.
+    #[test]
+    fn the_docs_example() {
+        let iv = RowIntervals::from_visibilities(&[causal(2, 2)], &Device::Cpu)
+            .unwrap()
+            .unwrap();
+        assert_eq!((iv.get(0, 0), iv.get(0, 1)), (0..3, 0..4));
+        let s = Tensor::new(
+            &[[[[1f64, 2.0, 3.0, 9.0], [0.0, 0.0, 0.0, 0.0]]]],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let p = interval_softmax(&s, &iv, 1.0)
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec3::<f64>()
+            .unwrap();
+        let z: f64 = [1f64, 2.0, 3.0].iter().map(|x| x.exp()).sum();
+        let want = [1f64.exp() / z, 2f64.exp() / z, 3f64.exp() / z, 0.0];
+        for (a, b) in p[0][0].iter().zip(&want) {
+            assert!((a - b).abs() < 1e-12);
+        }
+        assert!(p[0][1].iter().all(|x| (x - 0.25).abs() < 1e-12));
+        let add = iv
+            .additive(DType::F32, &Device::Cpu)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        assert_eq!(add[0][3], f32::NEG_INFINITY);
+        assert_eq!(&add[1], &[0.0; 4]);
+        // a tree's rows are not intervals
+        let t = tree(0, &[None, Some(0), Some(0)]);
+        assert!(RowIntervals::from_visibilities(&[t], &Device::Cpu)
+            .unwrap()
+            .is_none());
+    }
+
+    /// Batched right-aligned masks, several heads: equal to scale, additive mask and softmax.
+    #[test]
+    fn equals_the_additive_mask_and_softmax() {
+        let masks = [
+            right_aligned(3, 5, 2, 2),
+            right_aligned(1, 5, 2, 2),
+            causal(5, 2),
+        ];
+        let iv = RowIntervals::from_visibilities(&masks, &Device::Cpu)
+            .unwrap()
+            .unwrap();
+        let (b, hkv, g, n, t) = (3, 2, 3, 2, 7);
+        let s = Tensor::arange(0f32, (b * hkv * g * n * t) as f32, &Device::Cpu)
+            .unwrap()
+            .affine(0.37, 0.0)
+            .unwrap()
+            .sin()
+            .unwrap()
+            .reshape((b, hkv, g * n, t))
+            .unwrap();
+        let got = interval_softmax(&s, &iv, 0.7).unwrap();
+        let mask = iv.additive(DType::F32, &Device::Cpu).unwrap();
+        let want = candle_nn::ops::softmax_last_dim(
+            &(s * 0.7)
+                .unwrap()
+                .reshape((b, hkv, g, n, t))
+                .unwrap()
+                .broadcast_add(&mask)
+                .unwrap(),
+        )
+        .unwrap()
+        .reshape((b, hkv, g * n, t))
+        .unwrap();
+        assert!(crate::compare::max_abs(&got, &want).unwrap() < 1e-6);
+    }
+}
