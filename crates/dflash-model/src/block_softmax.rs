@@ -21,6 +21,8 @@
 use std::ops::Range;
 
 use candle_core::backend::BackendStorage;
+
+use crate::kernel_io::cpu_slice;
 use candle_core::{
     CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, WithDType,
 };
@@ -231,15 +233,6 @@ fn bwd_rows<T: WithDType>(p: &[T], dctx: &[T], dblk: &[T], geo: &BlockGeometry) 
         }
     }
     ds
-}
-
-/// The contiguous values of a CPU input, from its offset.
-fn cpu_slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [T]> {
-    if !l.is_contiguous() {
-        candle_core::bail!("{what}: contiguous input expected");
-    }
-    let o = l.start_offset();
-    Ok(&s.as_slice::<T>()?[o..o + l.shape().elem_count()])
 }
 
 impl CustomOp2 for Fwd<'_> {

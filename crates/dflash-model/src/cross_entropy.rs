@@ -14,6 +14,7 @@ use candle_core::{
     CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
 };
 
+use crate::kernel_io::cpu_slice;
 use crate::with_grad::with_grad;
 
 /// Per-row losses `[n]` (f32; f64 for f64 logits; differentiable in `logits` `[n, v]`) and
@@ -77,14 +78,6 @@ fn bwd_rows<T: WithDType, S: WithDType>(x: &[T], labels: &[u32], aux: &[S], v: u
     dx
 }
 
-fn cpu<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [T]> {
-    if !l.is_contiguous() {
-        candle_core::bail!("cross-entropy: contiguous input expected");
-    }
-    let o = l.start_offset();
-    Ok(&s.as_slice::<T>()?[o..o + l.shape().elem_count()])
-}
-
 impl CustomOp2 for CeFwd {
     fn name(&self) -> &'static str {
         "cross-entropy"
@@ -97,11 +90,23 @@ impl CustomOp2 for CeFwd {
         ly: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (n, v) = lx.shape().dims2()?;
-        let labels = cpu::<u32>(y, ly)?;
+        let labels = cpu_slice::<u32>(y, ly, "cross-entropy")?;
         let out = match x.dtype() {
-            DType::F32 => CpuStorage::F32(fwd_rows(cpu::<f32>(x, lx)?, labels, v)),
-            DType::F64 => CpuStorage::F64(fwd_rows(cpu::<f64>(x, lx)?, labels, v)),
-            DType::BF16 => CpuStorage::F32(fwd_rows(cpu::<half::bf16>(x, lx)?, labels, v)),
+            DType::F32 => CpuStorage::F32(fwd_rows(
+                cpu_slice::<f32>(x, lx, "cross-entropy")?,
+                labels,
+                v,
+            )),
+            DType::F64 => CpuStorage::F64(fwd_rows(
+                cpu_slice::<f64>(x, lx, "cross-entropy")?,
+                labels,
+                v,
+            )),
+            DType::BF16 => CpuStorage::F32(fwd_rows(
+                cpu_slice::<half::bf16>(x, lx, "cross-entropy")?,
+                labels,
+                v,
+            )),
             other => candle_core::bail!("cross-entropy: {other:?} logits are not supported"),
         };
         Ok((out, Shape::from((n, 3))))
@@ -154,18 +159,24 @@ impl CustomOp3 for CeBwd {
         la: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (n, v) = lx.shape().dims2()?;
-        let labels = cpu::<u32>(y, ly)?;
+        let labels = cpu_slice::<u32>(y, ly, "cross-entropy")?;
         let out = match x.dtype() {
-            DType::F32 => {
-                CpuStorage::F32(bwd_rows(cpu::<f32>(x, lx)?, labels, cpu::<f32>(a, la)?, v))
-            }
-            DType::F64 => {
-                CpuStorage::F64(bwd_rows(cpu::<f64>(x, lx)?, labels, cpu::<f64>(a, la)?, v))
-            }
-            DType::BF16 => CpuStorage::BF16(bwd_rows(
-                cpu::<half::bf16>(x, lx)?,
+            DType::F32 => CpuStorage::F32(bwd_rows(
+                cpu_slice::<f32>(x, lx, "cross-entropy")?,
                 labels,
-                cpu::<f32>(a, la)?,
+                cpu_slice::<f32>(a, la, "cross-entropy")?,
+                v,
+            )),
+            DType::F64 => CpuStorage::F64(bwd_rows(
+                cpu_slice::<f64>(x, lx, "cross-entropy")?,
+                labels,
+                cpu_slice::<f64>(a, la, "cross-entropy")?,
+                v,
+            )),
+            DType::BF16 => CpuStorage::BF16(bwd_rows(
+                cpu_slice::<half::bf16>(x, lx, "cross-entropy")?,
+                labels,
+                cpu_slice::<f32>(a, la, "cross-entropy")?,
                 v,
             )),
             other => candle_core::bail!("cross-entropy: {other:?} logits are not supported"),

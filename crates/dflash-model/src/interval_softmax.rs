@@ -17,6 +17,8 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, WithDType};
 use dflash_core::visibility::Visibility;
 
+use crate::kernel_io::cpu_slice;
+
 /// The visible keys of each query row of `b` sequences × `n` rows: `[lo, hi)` per row.
 #[derive(Debug, Clone)]
 pub struct RowIntervals {
@@ -152,12 +154,10 @@ impl CustomOp1 for Op<'_> {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let dims = l.shape().dims();
         let (t, rows_per_seq) = (dims[3], dims[1] * dims[2]);
-        let o = l.start_offset();
-        let n = l.shape().elem_count();
         macro_rules! run {
             ($ty:ty) => {
                 <$ty as WithDType>::to_cpu_storage_owned(rows(
-                    &s.as_slice::<$ty>()?[o..o + n],
+                    cpu_slice::<$ty>(s, l, "interval softmax")?,
                     self.iv,
                     rows_per_seq,
                     t,

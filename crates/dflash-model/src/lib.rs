@@ -18,6 +18,7 @@ pub mod gguf;
 pub mod graphed;
 pub mod interval_softmax;
 pub mod kernel_check;
+mod kernel_io;
 pub mod kv_cache;
 pub mod launch_profile;
 pub mod loader;

@@ -51,18 +51,34 @@ __device__ float block_sum(float x, float* sh) {
 // softmax(scale * [ctx | blk]) over the visible columns (0 elsewhere) go to `p`, the ctx part
 // first (n_ctx = hkv*g*rw*kw values) then the blk part, each in its input layout.
 // ---------------------------------------------------------------------------------------------
-template <typename T>
-__device__ void block_softmax_fwd(const T* ctx, const T* blk, T* p, const uint32_t* iv, int g,
-                                  int rw, int kw, int bs, int nbw, float scale) {
-    __shared__ float sh[32];
+// This block's score row (h, gi, r) = blockIdx.x: r, and the offsets of its context part (a0),
+// its own-block part (b0) and the size of the context part (n_ctx), in the layouts above.
+struct BlockRow {
+    int r;
+    size_t a0, b0, n_ctx;
+};
+
+__device__ BlockRow block_row(int g, int rw, int kw, int bs, int nbw) {
     size_t row = blockIdx.x;
     int r = row % rw;
     size_t hg = row / rw;
     int gi = hg % g;
     size_t h = hg / g;
-    size_t n_ctx = (size_t)gridDim.x * kw;
-    size_t a0 = row * kw;
-    size_t b0 = (((h * nbw + r / bs) * g + gi) * bs + r % bs) * bs;
+    BlockRow w;
+    w.r = r;
+    w.a0 = row * kw;
+    w.b0 = (((h * nbw + r / bs) * g + gi) * bs + r % bs) * bs;
+    w.n_ctx = (size_t)gridDim.x * kw;
+    return w;
+}
+
+template <typename T>
+__device__ void block_softmax_fwd(const T* ctx, const T* blk, T* p, const uint32_t* iv, int g,
+                                  int rw, int kw, int bs, int nbw, float scale) {
+    __shared__ float sh[32];
+    const BlockRow w = block_row(g, rw, kw, bs, nbw);
+    const int r = w.r;
+    const size_t n_ctx = w.n_ctx, a0 = w.a0, b0 = w.b0;
     uint32_t c_lo = iv[4 * r], c_hi = iv[4 * r + 1], k_lo = iv[4 * r + 2], k_hi = iv[4 * r + 3];
     float m = NEG_INF;
     for (uint32_t i = c_lo + threadIdx.x; i < c_hi; i += blockDim.x) m = fmaxf(m, ld(ctx, a0 + i) * scale);
@@ -86,14 +102,8 @@ template <typename T>
 __device__ void block_softmax_bwd(const T* p, const T* dctx, const T* dblk, T* ds, int g, int rw,
                                   int kw, int bs, int nbw, float scale) {
     __shared__ float sh[32];
-    size_t row = blockIdx.x;
-    int r = row % rw;
-    size_t hg = row / rw;
-    int gi = hg % g;
-    size_t h = hg / g;
-    size_t n_ctx = (size_t)gridDim.x * kw;
-    size_t a0 = row * kw;
-    size_t b0 = (((h * nbw + r / bs) * g + gi) * bs + r % bs) * bs;
+    const BlockRow w = block_row(g, rw, kw, bs, nbw);
+    const size_t n_ctx = w.n_ctx, a0 = w.a0, b0 = w.b0;
     float s = 0.0f;
     for (int i = threadIdx.x; i < kw; i += blockDim.x) s += ld(p, a0 + i) * ld(dctx, a0 + i);
     for (int i = threadIdx.x; i < bs; i += blockDim.x) s += ld(p, n_ctx + b0 + i) * ld(dblk, b0 + i);
