@@ -137,6 +137,17 @@ pub fn block_softmax(
     iv: &Intervals,
     geo: BlockGeometry,
 ) -> Result<Tensor> {
+    if let Some(r) = (0..iv.rows()).find(|&r| {
+        let h = &iv.host[4 * r..4 * r + 4];
+        h[0] > h[1] || h[1] as usize > geo.keys || h[2] > h[3] || h[3] as usize > geo.block
+    }) {
+        candle_core::bail!(
+            "block softmax: row {r}'s intervals {:?} fall outside {} context keys and a block of {}",
+            &iv.host[4 * r..4 * r + 4],
+            geo.keys,
+            geo.block
+        );
+    }
     let ctx = if geo.n_ctx() == 0 {
         // no context keys: a one-value stand-in the kernel never reads
         Tensor::zeros(1, blk.dtype(), blk.device())?
@@ -517,5 +528,17 @@ mod tests {
         let bad = Intervals::new(&one_row(0..3), &one_row(0..2), &Device::Cpu).unwrap();
         let err = block_softmax(&ctx, &blk, &bad, geo).unwrap_err();
         assert!(err.to_string().contains("intervals for 1 rows"), "{err}");
+        // and intervals past the window's keys
+        let wide = Intervals::new(
+            &[0..6, 0..3, 0..5, 0..5],
+            &[0..2, 0..2, 0..2, 0..2],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let err = block_softmax(&ctx, &blk, &wide, geo).unwrap_err();
+        assert!(
+            err.to_string().contains("fall outside 5 context keys"),
+            "{err}"
+        );
     }
 }

@@ -49,4 +49,13 @@ mod tests {
         assert_ne!(a, sample(all(), 10, 4));
         assert!(a.windows(2).all(|w| w[0] < w[1]));
     }
+
+    /// The trainer seeds its shuffles with `usize::MAX` as the epoch or sequence: the hash
+    /// wraps instead of overflowing (a panic in debug builds before).
+    #[test]
+    fn seeds_at_the_extremes() {
+        let a = seed_for(7, usize::MAX, usize::MAX);
+        assert_ne!(a, seed_for(7, usize::MAX - 1, usize::MAX));
+        assert_ne!(a, seed_for(7, 0, usize::MAX));
+    }
 }
