@@ -73,9 +73,10 @@ impl DraftLayout<'_> {
 
 /// Row × key cells per training attention window (`window_bounds`). Each window costs a fixed
 /// number of kernel launches; each cell past a row's own context is wasted work. Measured on
-/// the H200 (a 2,048-token packed row, 1,024 anchors): 64-block windows (≈ 0.4–2 M cells)
-/// 125 ms of drafter forward per row, 4 M-cell windows 214 ms (and the backward about the
-/// same); 1 M cells sits between the two and is not measured yet.
+/// the H200 before the fused block softmax (a 2,048-token packed row, 1,024 anchors): 64-block
+/// windows (≈ 0.4–2 M cells) 125 ms of drafter forward per row, 4 M-cell windows 214 ms. With
+/// the fused softmax and 1 M cells the whole drafter step of a 512-anchor row is 90 ms
+/// (docs/BENCHMARKS.md, sixth session); other budgets are not measured.
 const WINDOW_CELLS: usize = 1 << 20;
 
 /// A layer's attention mask: the whole `[keys]` mask, or (training) the two visible parts.
