@@ -58,31 +58,24 @@ pub use crate::softmax::softmax_last;
 /// additive → `[b, n, hq * d]`. The target and the drafter both attend through here (one
 /// fused softmax launch; a backward only where the inputs carry a graph: the drafter's).
 pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
-    let (b, hq, n, d) = q.dims4()?;
-    let (_, hkv, t, _) = k.dims4()?;
-    let g = hq / hkv;
-    let dtype = q.dtype();
-    let q = q.contiguous()?.reshape((b, hkv, g * n, d))?;
-    let k = matmul_operand(k)?;
-    let v = matmul_operand(v)?;
-    let cd = compute_dtype(dtype);
-    let scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(cd)?;
-    let scores = scores
-        .reshape((b, hkv, g, n, t))?
-        .broadcast_add(&mask.to_dtype(cd)?)?;
-    let probs = softmax_last(&scores)?
-        .to_dtype(dtype)?
-        .reshape((b, hkv, g * n, t))?;
-    let out = probs.matmul(&v)?; // [b, hkv, g*n, d]
-    out.reshape((b, hq, n, d))?
-        .transpose(1, 2)?
-        .reshape((b, n, hq * d))
+    grouped(q, k, v, |scores, g, n| {
+        let (b, hkv, _, t) = scores.dims4()?;
+        let dtype = scores.dtype();
+        let cd = compute_dtype(dtype);
+        let scores = (scores * scale)?
+            .to_dtype(cd)?
+            .reshape((b, hkv, g, n, t))?
+            .broadcast_add(&mask.to_dtype(cd)?)?;
+        softmax_last(&scores)?
+            .to_dtype(dtype)?
+            .reshape((b, hkv, g * n, t))
+    })
 }
 
 /// [`attend`] with one interval of keys per query row (`iv`, from the same visibility rule):
 /// the two matmuls and one fused pass ([`crate::interval_softmax`]) instead of scale, cast,
-/// mask add, softmax and cast. The softmax has no backward: inputs that carry a graph take
-/// [`attend`] with the rule as an additive mask.
+/// mask add, softmax and cast. The fused softmax has no backward: inputs that carry a graph
+/// (never the target's) are refused.
 pub fn attend_intervals(
     q: &Tensor,
     k: &Tensor,
@@ -91,17 +84,28 @@ pub fn attend_intervals(
     scale: f64,
 ) -> Result<Tensor> {
     if q.track_op() || k.track_op() || v.track_op() {
-        let mask = iv.additive(compute_dtype(q.dtype()), q.device())?;
-        return attend(q, k, v, &mask, scale);
+        candle_core::bail!("attend_intervals has no backward: attend with a mask for gradients");
     }
+    grouped(q, k, v, |scores, _, _| interval_softmax(scores, iv, scale))
+}
+
+/// Grouped attention around `probs`: `q [b, hq, n, d]` stacked per K/V head as
+/// `[b, hkv, g·n, d]` (`g = hq / hkv`), `scores = q · kᵀ` `[b, hkv, g·n, t]`, then
+/// `probs(scores, g, n) · v` → `[b, n, hq·d]`.
+fn grouped(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    probs: impl FnOnce(&Tensor, usize, usize) -> Result<Tensor>,
+) -> Result<Tensor> {
     let (b, hq, n, d) = q.dims4()?;
     let hkv = k.dim(1)?;
     let g = hq / hkv;
     let q = q.contiguous()?.reshape((b, hkv, g * n, d))?;
     let k = matmul_operand(k)?;
     let v = matmul_operand(v)?;
-    let probs = interval_softmax(&q.matmul(&k.t()?)?, iv, scale)?;
-    let out = probs.matmul(&v)?; // [b, hkv, g*n, d]
+    let p = probs(&q.matmul(&k.t()?)?, g, n)?;
+    let out = p.matmul(&v)?; // [b, hkv, g*n, d]
     out.reshape((b, hq, n, d))?
         .transpose(1, 2)?
         .reshape((b, n, hq * d))

@@ -141,13 +141,14 @@ pub fn attend_blocks(
     let qd = q.detach().contiguous()?.reshape((hkv, g, r, d))?;
     let kd = k.detach().contiguous()?.squeeze(0)?;
     let vd = v.detach().contiguous()?.squeeze(0)?;
+    // each window's operands and probabilities, kept for the backward
     let mut outs = Vec::with_capacity(windows.len());
     let mut saved = Vec::with_capacity(windows.len());
     for w in windows {
         let win = Window::new(&qd, &kd, &vd, m, w, block, scale)?;
         let (o, p) = win.forward(&w.intervals)?;
         outs.push(o);
-        saved.push(p);
+        saved.push((win, p));
     }
     let o = cat_rows(&outs)?; // [hkv, g, R, d]
     let y = o
@@ -155,10 +156,7 @@ pub fn attend_blocks(
         .transpose(1, 2)?
         .reshape((1, r, hq * d))?
         .contiguous()?;
-    let bounds: Vec<(Range<usize>, Range<usize>)> = windows
-        .iter()
-        .map(|w| (w.rows.clone(), w.keys.clone()))
-        .collect();
+    let (dtype, device) = (qd.dtype(), qd.device().clone());
     with_grad3(q, k, v, y, "block-attention", move |grad| {
         // dO [1, R, hq·d] → [hkv, g, R, d]
         let dout = grad
@@ -167,10 +165,10 @@ pub fn attend_blocks(
             .contiguous()?
             .reshape((hkv, g, r, d))?;
         let (mut dq, mut dk_blk, mut dv_blk) = (Vec::new(), Vec::new(), Vec::new());
-        let mut dk_ctx = Tensor::zeros((hkv, m, d), DType::F32, qd.device())?;
+        let mut dk_ctx = Tensor::zeros((hkv, m, d), DType::F32, &device)?;
         let mut dv_ctx = dk_ctx.clone();
-        for ((rows, keys), p) in bounds.iter().zip(&saved) {
-            let w = Window::at(&qd, &kd, &vd, m, rows.clone(), keys.clone(), block, scale)?;
+        for (w, p) in &saved {
+            let (rows, keys) = (&w.rows, &w.keys);
             let gr = w.backward(&dout.narrow(2, rows.start, rows.len())?, p)?;
             dq.push(gr.dq);
             dk_blk.push(gr.dk_blk);
@@ -180,7 +178,6 @@ pub fn attend_blocks(
                 dv_ctx = add_rows(&dv_ctx, &dv, keys)?;
             }
         }
-        let dtype = qd.dtype();
         let dq = cat_rows(&dq)?.reshape((1, hq, r, d))?;
         let dk = Tensor::cat(&[&dk_ctx.to_dtype(dtype)?, &Tensor::cat(&dk_blk, 1)?], 1)?;
         let dv = Tensor::cat(&[&dv_ctx.to_dtype(dtype)?, &Tensor::cat(&dv_blk, 1)?], 1)?;
@@ -205,8 +202,11 @@ fn add_rows(acc: &Tensor, part: &Tensor, keys: &Range<usize>) -> Result<Tensor> 
 
 /// One window's operands: `q [hkv, g·rows, d]` (rows in head-major order), its context keys
 /// and values `[hkv, keys, d]`, and its blocks' queries, keys and values in the batched
-/// per-block layout `[hkv·nbw, g·block, d]` / `[hkv·nbw, block, d]`.
+/// per-block layout `[hkv·nbw, g·block, d]` / `[hkv·nbw, block, d]`; built once, used by the
+/// forward and kept for the backward.
 struct Window {
+    rows: Range<usize>,
+    keys: Range<usize>,
     q: Tensor,
     qb: Tensor,
     kc: Option<Tensor>,
@@ -225,6 +225,7 @@ struct WindowGrads {
 }
 
 impl Window {
+    /// The operands of window `w` from `q [hkv, g, R, d]` and `k, v [hkv, m + R, d]`.
     fn new(
         q: &Tensor,
         k: &Tensor,
@@ -234,20 +235,7 @@ impl Window {
         block: usize,
         scale: f64,
     ) -> Result<Self> {
-        Self::at(q, k, v, m, w.rows.clone(), w.keys.clone(), block, scale)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn at(
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        m: usize,
-        rows: Range<usize>,
-        keys: Range<usize>,
-        block: usize,
-        scale: f64,
-    ) -> Result<Self> {
+        let (rows, keys) = (w.rows.clone(), w.keys.clone());
         let (hkv, g, _, d) = q.dims4()?;
         let rn = rows.len();
         let nbw = rn / block;
@@ -274,11 +262,13 @@ impl Window {
         };
         Ok(Self {
             q: q.reshape((hkv, g * rn, d))?,
+            kb: blk(k)?,
+            vb: blk(v)?,
+            rows,
+            keys,
             qb,
             kc,
             vc,
-            kb: blk(k)?,
-            vb: blk(v)?,
             geo,
         })
     }

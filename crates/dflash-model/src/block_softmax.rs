@@ -22,7 +22,7 @@ use std::ops::Range;
 
 use candle_core::backend::BackendStorage;
 
-use crate::kernel_io::cpu_slice;
+use crate::kernel_io::{cpu_slice, KernelTable};
 use candle_core::{
     CpuStorage, CustomOp2, CustomOp3, DType, Device, Layout, Result, Shape, Tensor, WithDType,
 };
@@ -31,9 +31,7 @@ use candle_core::{
 /// row, on the host and (for the kernels) on the window's GPU.
 #[derive(Debug, Clone)]
 pub struct Intervals {
-    host: Vec<u32>,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    device: Option<Tensor>,
+    table: KernelTable,
 }
 
 impl Intervals {
@@ -56,15 +54,18 @@ impl Intervals {
                 [c.start as u32, c.end as u32, o.start as u32, o.end as u32]
             })
             .collect();
-        let device = match device {
-            Device::Cpu => None,
-            d => Some(Tensor::from_vec(host.clone(), (ctx.len(), 4), d)?),
-        };
-        Ok(Self { host, device })
+        Ok(Self {
+            table: KernelTable::new(host, device)?,
+        })
     }
 
     pub fn rows(&self) -> usize {
-        self.host.len() / 4
+        self.table.host.len() / 4
+    }
+
+    /// Row `r`: `[ctx_lo, ctx_hi, blk_lo, blk_hi]`.
+    fn row(&self, r: usize) -> &[u32] {
+        &self.table.host[4 * r..4 * r + 4]
     }
 }
 
@@ -101,7 +102,23 @@ impl BlockGeometry {
             (((h * nbw + r / self.block) * self.g + gi) * self.block + r % self.block) * self.block;
         (row * self.keys, b0)
     }
-    fn check(&self, what: &str, ctx: &Layout, blk: &Layout, iv_rows: Option<usize>) -> Result<()> {
+    /// Check an op's inputs against the geometry: the context scores (`ctx`: a one-value
+    /// stand-in when there are no context keys, counted as 0), the own-block scores, and the
+    /// probabilities (`p`, backward) or the intervals' rows (forward). Returns the context
+    /// part's layout to read.
+    fn validate(
+        &self,
+        what: &str,
+        ctx: &Layout,
+        blk: &Layout,
+        p: Option<&Layout>,
+        iv_rows: Option<usize>,
+    ) -> Result<Layout> {
+        let ctx = if self.n_ctx() == 0 {
+            Layout::contiguous(Shape::from(0))
+        } else {
+            ctx.clone()
+        };
         if self.block == 0 || !self.rows.is_multiple_of(self.block) {
             candle_core::bail!(
                 "{what}: {} rows are not whole blocks of {}",
@@ -118,15 +135,40 @@ impl BlockGeometry {
                 self.n_blk()
             );
         }
-        if let Some(n) = iv_rows {
-            if n != self.rows {
-                candle_core::bail!(
-                    "{what}: intervals for {n} rows, the window has {}",
-                    self.rows
-                );
-            }
+        if let Some(n) = iv_rows.filter(|&n| n != self.rows) {
+            candle_core::bail!(
+                "{what}: intervals for {n} rows, the window has {}",
+                self.rows
+            );
         }
-        Ok(())
+        let n = self.n_ctx() + self.n_blk();
+        if let Some(c) = p.map(|p| p.shape().elem_count()).filter(|&c| c != n) {
+            candle_core::bail!("{what}: {c} probabilities, {n} expected");
+        }
+        Ok(ctx)
+    }
+
+    /// The kernels' geometry arguments `(g, rw, kw, bs, nbw, scale)` and launch shape (one
+    /// block of 128 threads per score row).
+    #[cfg(feature = "cuda")]
+    fn kernel_args(
+        &self,
+    ) -> (
+        (i32, i32, i32, i32, i32, f32),
+        candle_core::cuda_backend::cudarc::driver::LaunchConfig,
+    ) {
+        let i = |x: usize| x as i32;
+        (
+            (
+                i(self.g),
+                i(self.rows),
+                i(self.keys),
+                i(self.block),
+                i(self.rows / self.block),
+                self.scale as f32,
+            ),
+            crate::cuda_kernels::rows(self.score_rows(), 128),
+        )
     }
 }
 
@@ -138,12 +180,12 @@ pub fn block_softmax(
     geo: BlockGeometry,
 ) -> Result<Tensor> {
     if let Some(r) = (0..iv.rows()).find(|&r| {
-        let h = &iv.host[4 * r..4 * r + 4];
+        let h = iv.row(r);
         h[0] > h[1] || h[1] as usize > geo.keys || h[2] > h[3] || h[3] as usize > geo.block
     }) {
         candle_core::bail!(
             "block softmax: row {r}'s intervals {:?} fall outside {} context keys and a block of {}",
-            &iv.host[4 * r..4 * r + 4],
+            iv.row(r),
             geo.keys,
             geo.block
         );
@@ -181,15 +223,6 @@ struct Fwd<'a> {
 
 struct Bwd {
     geo: BlockGeometry,
-}
-
-fn ctx_layout_n(geo: &BlockGeometry, l: &Layout) -> Layout {
-    // the stand-in for an empty context part counts as 0 values
-    if geo.n_ctx() == 0 {
-        Layout::contiguous(Shape::from(0))
-    } else {
-        l.clone()
-    }
 }
 
 fn fwd_rows<T: WithDType>(ctx: &[T], blk: &[T], iv: &[u32], geo: &BlockGeometry) -> Vec<T> {
@@ -258,8 +291,7 @@ impl CustomOp2 for Fwd<'_> {
         lb: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let geo = &self.geo;
-        let lc = ctx_layout_n(geo, lc);
-        geo.check("block softmax", &lc, lb, Some(self.iv.rows()))?;
+        let lc = geo.validate("block softmax", lc, lb, None, Some(self.iv.rows()))?;
         let n = geo.n_ctx() + geo.n_blk();
         macro_rules! run {
             ($t:ty) => {{
@@ -271,7 +303,7 @@ impl CustomOp2 for Fwd<'_> {
                 let v = fwd_rows(
                     c,
                     cpu_slice::<$t>(b, lb, "block softmax")?,
-                    &self.iv.host,
+                    &self.iv.table.host,
                     geo,
                 );
                 <$t as WithDType>::to_cpu_storage_owned(v)
@@ -294,64 +326,53 @@ impl CustomOp2 for Fwd<'_> {
         b: &candle_core::CudaStorage,
         lb: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda_kernels::{alloc, launch, rows, view};
+        use crate::cuda_kernels::{alloc, launch, view};
         let geo = &self.geo;
-        let lc = ctx_layout_n(geo, lc);
-        geo.check("block softmax", &lc, lb, Some(self.iv.rows()))?;
-        let Some(ivd) = &self.iv.device else {
-            candle_core::bail!("block softmax: the intervals are not on the scores' GPU")
-        };
-        let (ivs, ivl) = ivd.storage_and_layout();
-        let iv = match &*ivs {
-            candle_core::Storage::Cuda(s) => view::<u32>(s, ivl, "intervals")?,
-            _ => candle_core::bail!("block softmax: the intervals are not on the scores' GPU"),
-        };
+        let lc = geo.validate("block softmax", lc, lb, None, Some(self.iv.rows()))?;
         let dev = b.device().clone();
         let n = geo.n_ctx() + geo.n_blk();
-        let (g, rw, kw, bs) = (
-            geo.g as i32,
-            geo.rows as i32,
-            geo.keys as i32,
-            geo.block as i32,
-        );
-        let nbw = (geo.rows / geo.block) as i32;
-        let scale = geo.scale as f32;
-        let cfg = rows(geo.score_rows(), 128);
-        macro_rules! run {
-            ($t:ty, $dt:expr) => {{
-                // an empty context part: the own-block scores stand in (never read)
-                let cs = if geo.n_ctx() == 0 {
-                    view::<$t>(b, lb, "scores")?
-                } else {
-                    view::<$t>(c, &lc, "scores")?
+        let ((g, rw, kw, bs, nbw, scale), cfg) = geo.kernel_args();
+        self.iv
+            .table
+            .with_cuda_view("block softmax intervals", |iv| {
+                macro_rules! run {
+                    ($t:ty, $dt:expr) => {{
+                        // an empty context part: the own-block scores stand in (never read)
+                        let cs = if geo.n_ctx() == 0 {
+                            view::<$t>(b, lb, "scores")?
+                        } else {
+                            view::<$t>(c, &lc, "scores")?
+                        };
+                        let bv = view::<$t>(b, lb, "scores")?;
+                        let p = alloc::<$t>(&dev, n)?;
+                        launch!(
+                            dev,
+                            "block_softmax_fwd",
+                            $dt,
+                            cfg,
+                            cs,
+                            bv,
+                            p,
+                            iv,
+                            g,
+                            rw,
+                            kw,
+                            bs,
+                            nbw,
+                            scale
+                        );
+                        candle_core::CudaStorage::wrap_cuda_slice(p, dev.clone())
+                    }};
+                }
+                let out = match b.dtype() {
+                    DType::F32 => run!(f32, DType::F32),
+                    DType::BF16 => run!(half::bf16, DType::BF16),
+                    other => {
+                        candle_core::bail!("block softmax: no CUDA kernel for {other:?} scores")
+                    }
                 };
-                let bv = view::<$t>(b, lb, "scores")?;
-                let p = alloc::<$t>(&dev, n)?;
-                launch!(
-                    dev,
-                    "block_softmax_fwd",
-                    $dt,
-                    cfg,
-                    cs,
-                    bv,
-                    p,
-                    iv,
-                    g,
-                    rw,
-                    kw,
-                    bs,
-                    nbw,
-                    scale
-                );
-                candle_core::CudaStorage::wrap_cuda_slice(p, dev.clone())
-            }};
-        }
-        let out = match b.dtype() {
-            DType::F32 => run!(f32, DType::F32),
-            DType::BF16 => run!(half::bf16, DType::BF16),
-            other => candle_core::bail!("block softmax: no CUDA kernel for {other:?} scores"),
-        };
-        Ok((out, Shape::from(n)))
+                Ok((out, Shape::from(n)))
+            })
     }
 }
 
@@ -369,15 +390,8 @@ impl CustomOp3 for Bwd {
         lb: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let geo = &self.geo;
-        let lc = ctx_layout_n(geo, lc);
-        geo.check("block softmax backward", &lc, lb, None)?;
+        let lc = geo.validate("block softmax backward", lc, lb, Some(lp), None)?;
         let n = geo.n_ctx() + geo.n_blk();
-        if lp.shape().elem_count() != n {
-            candle_core::bail!(
-                "block softmax backward: {} probabilities, {n} expected",
-                lp.shape().elem_count()
-            );
-        }
         macro_rules! run {
             ($t:ty) => {{
                 let c = if geo.n_ctx() == 0 {
@@ -413,27 +427,12 @@ impl CustomOp3 for Bwd {
         b: &candle_core::CudaStorage,
         lb: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda_kernels::{alloc, launch, rows, view};
+        use crate::cuda_kernels::{alloc, launch, view};
         let geo = &self.geo;
-        let lc = ctx_layout_n(geo, lc);
-        geo.check("block softmax backward", &lc, lb, None)?;
-        let n = geo.n_ctx() + geo.n_blk();
-        if lp.shape().elem_count() != n {
-            candle_core::bail!(
-                "block softmax backward: {} probabilities, {n} expected",
-                lp.shape().elem_count()
-            );
-        }
+        let lc = geo.validate("block softmax backward", lc, lb, Some(lp), None)?;
         let dev = p.device().clone();
-        let (g, rw, kw, bs) = (
-            geo.g as i32,
-            geo.rows as i32,
-            geo.keys as i32,
-            geo.block as i32,
-        );
-        let nbw = (geo.rows / geo.block) as i32;
-        let scale = geo.scale as f32;
-        let cfg = rows(geo.score_rows(), 128);
+        let n = geo.n_ctx() + geo.n_blk();
+        let ((g, rw, kw, bs, nbw, scale), cfg) = geo.kernel_args();
         macro_rules! run {
             ($t:ty, $dt:expr) => {{
                 let pv = view::<$t>(p, lp, "probabilities")?;

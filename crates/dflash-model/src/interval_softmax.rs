@@ -3,8 +3,8 @@
 //! softmax in one pass over the scores as the matmul wrote them, instead of a scale, a cast to
 //! f32, a broadcast mask add, the softmax and a cast back (five full passes; a SmolLM2 prefill
 //! of 16 prompts spent two thirds of its GPU time there, `docs/BENCHMARKS.md`, sixth session).
-//! Forward only: the target has no gradient ([`crate::attention::attend_intervals`] falls back
-//! to the additive mask when its inputs carry a graph).
+//! Forward only: the target has no gradient ([`crate::attention::attend_intervals`] refuses
+//! inputs that carry a graph).
 //!
 //! Example: causal over [cache 2 | new 2] → row 0 sees keys 0..3, row 1 sees 0..4; scores row
 //! 0 `[1, 2, 3, 9]` at scale 1 → softmax of `[1, 2, 3]` and 0 for key 3.
@@ -17,14 +17,12 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Tensor, WithDType};
 use dflash_core::visibility::Visibility;
 
-use crate::kernel_io::cpu_slice;
+use crate::kernel_io::{cpu_slice, KernelTable};
 
 /// The visible keys of each query row of `b` sequences × `n` rows: `[lo, hi)` per row.
 #[derive(Debug, Clone)]
 pub struct RowIntervals {
-    host: Vec<u32>,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    device: Option<Tensor>,
+    table: KernelTable,
     pub b: usize,
     pub n: usize,
     /// Key columns of the masks they came from.
@@ -59,13 +57,8 @@ impl RowIntervals {
     }
 
     fn new(host: Vec<u32>, b: usize, n: usize, cols: usize, device: &Device) -> Result<Self> {
-        let device = match device {
-            Device::Cpu => None,
-            d => Some(Tensor::from_vec(host.clone(), host.len(), d)?),
-        };
         Ok(Self {
-            host,
-            device,
+            table: KernelTable::new(host, device)?,
             b,
             n,
             cols,
@@ -74,27 +67,8 @@ impl RowIntervals {
 
     /// Row `r` of sequence `s`.
     pub fn get(&self, s: usize, r: usize) -> Range<usize> {
-        let i = 2 * (s * self.n + r);
-        self.host[i] as usize..self.host[i + 1] as usize
-    }
-
-    /// The same rule as an additive mask (`[n, cols]` for one sequence, else
-    /// `[b, 1, 1, n, cols]`), for the paths that need one (gradients).
-    pub fn additive(&self, dtype: DType, device: &Device) -> Result<Tensor> {
-        let mut data = vec![f32::NEG_INFINITY; self.b * self.n * self.cols];
-        for s in 0..self.b {
-            for r in 0..self.n {
-                let row = (s * self.n + r) * self.cols;
-                data[row..row + self.cols][self.get(s, r)].fill(0.0);
-            }
-        }
-        let t = Tensor::from_vec(data, (self.b, 1, 1, self.n, self.cols), device)?;
-        let t = if self.b == 1 {
-            t.reshape((self.n, self.cols))?
-        } else {
-            t
-        };
-        t.to_dtype(dtype)
+        let h = &self.table.host[2 * (s * self.n + r)..];
+        h[0] as usize..h[1] as usize
     }
 }
 
@@ -186,43 +160,41 @@ impl CustomOp1 for Op<'_> {
         let (t, rows_per_seq) = (dims[3] as i32, (dims[1] * dims[2]) as i32);
         let n_rows = dims[0] * dims[1] * dims[2];
         let count = l.shape().elem_count();
-        let Some(ivd) = &self.iv.device else {
-            candle_core::bail!("interval softmax: the intervals are not on the scores' GPU")
-        };
-        let (ivs, ivl) = ivd.storage_and_layout();
-        let iv = match &*ivs {
-            candle_core::Storage::Cuda(c) => view::<u32>(c, ivl, "intervals")?,
-            _ => candle_core::bail!("interval softmax: the intervals are not on the scores' GPU"),
-        };
         let dev = s.device().clone();
         let (n, scale) = (self.iv.n as i32, self.scale as f32);
         let cfg = rows(n_rows, 128);
-        macro_rules! run {
-            ($ty:ty, $dt:expr) => {{
-                let sv = view::<$ty>(s, l, "scores")?;
-                let p = alloc::<$ty>(&dev, count)?;
-                launch!(
-                    dev,
-                    "interval_softmax_fwd",
-                    $dt,
-                    cfg,
-                    sv,
-                    p,
-                    iv,
-                    rows_per_seq,
-                    n,
-                    t,
-                    scale
-                );
-                candle_core::CudaStorage::wrap_cuda_slice(p, dev.clone())
-            }};
-        }
-        let out = match s.dtype() {
-            DType::F32 => run!(f32, DType::F32),
-            DType::BF16 => run!(half::bf16, DType::BF16),
-            other => candle_core::bail!("interval softmax: no CUDA kernel for {other:?} scores"),
-        };
-        Ok((out, l.shape().clone()))
+        self.iv
+            .table
+            .with_cuda_view("interval softmax intervals", |iv| {
+                macro_rules! run {
+                    ($ty:ty, $dt:expr) => {{
+                        let sv = view::<$ty>(s, l, "scores")?;
+                        let p = alloc::<$ty>(&dev, count)?;
+                        launch!(
+                            dev,
+                            "interval_softmax_fwd",
+                            $dt,
+                            cfg,
+                            sv,
+                            p,
+                            iv,
+                            rows_per_seq,
+                            n,
+                            t,
+                            scale
+                        );
+                        candle_core::CudaStorage::wrap_cuda_slice(p, dev.clone())
+                    }};
+                }
+                let out = match s.dtype() {
+                    DType::F32 => run!(f32, DType::F32),
+                    DType::BF16 => run!(half::bf16, DType::BF16),
+                    other => {
+                        candle_core::bail!("interval softmax: no CUDA kernel for {other:?} scores")
+                    }
+                };
+                Ok((out, l.shape().clone()))
+            })
     }
 }
 
@@ -231,7 +203,7 @@ mod tests {
     use super::*;
     use dflash_core::visibility::{causal, right_aligned, tree};
 
-    /// The module doc's example, and the additive form of the same rule.
+    /// The module doc's example; the intervals are exactly the visibility's visible cells.
     #[test]
     fn the_docs_example() {
         let iv = RowIntervals::from_visibilities(&[causal(2, 2)], &Device::Cpu)
@@ -255,13 +227,11 @@ mod tests {
             assert!((a - b).abs() < 1e-12);
         }
         assert!(p[0][1].iter().all(|x| (x - 0.25).abs() < 1e-12));
-        let add = iv
-            .additive(DType::F32, &Device::Cpu)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        assert_eq!(add[0][3], f32::NEG_INFINITY);
-        assert_eq!(&add[1], &[0.0; 4]);
+        let v = causal(2, 2);
+        for r in 0..2 {
+            let visible: Vec<usize> = (0..4).filter(|&c| v.get(r, c)).collect();
+            assert_eq!(visible, iv.get(0, r).collect::<Vec<_>>());
+        }
         // a tree's rows are not intervals
         let t = tree(0, &[None, Some(0), Some(0)]);
         assert!(RowIntervals::from_visibilities(&[t], &Device::Cpu)
@@ -269,7 +239,8 @@ mod tests {
             .is_none());
     }
 
-    /// Batched right-aligned masks, several heads: equal to scale, additive mask and softmax.
+    /// Batched right-aligned masks, several heads: equal to scale, the target's additive mask of
+    /// the same visibilities ([`crate::attention::mask_tensors`]) and softmax.
     #[test]
     fn equals_the_additive_mask_and_softmax() {
         let masks = [
@@ -290,7 +261,7 @@ mod tests {
             .reshape((b, hkv, g * n, t))
             .unwrap();
         let got = interval_softmax(&s, &iv, 0.7).unwrap();
-        let mask = iv.additive(DType::F32, &Device::Cpu).unwrap();
+        let mask = crate::attention::mask_tensors(&masks, DType::F32, &Device::Cpu).unwrap();
         let want = candle_nn::ops::softmax_last_dim(
             &(s * 0.7)
                 .unwrap()

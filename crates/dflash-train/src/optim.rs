@@ -69,8 +69,9 @@ impl AdamW {
 
 /// Scale `grads` so their global L2 norm is at most `max_norm` (0: no clipping). Returns the
 /// norm before clipping.
-/// The squares are summed on the device, row by row (many blocks, not one per tensor), in
-/// f32, and read back once for all tensors (one synchronisation per step, not one per tensor).
+/// The squares are summed on the device, row by row (many blocks, not one per tensor), in f32
+/// (f64 for f64 gradients), and read back once for all tensors (one synchronisation per step,
+/// not one per tensor).
 pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
     if grads.is_empty() {
         return Ok(0.0);
@@ -78,19 +79,24 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
     let per_tensor = grads
         .iter()
         .map(|g| {
-            let g = g.to_dtype(DType::F32)?;
+            let wide = if g.dtype() == DType::F64 {
+                DType::F64
+            } else {
+                DType::F32
+            };
+            let g = g.to_dtype(wide)?;
             let rows = if g.rank() >= 2 {
                 g.flatten_to(g.rank() - 2)?.sqr()?.sum(1)?
             } else {
                 g.sqr()?
             };
-            rows.flatten_all()?.sum_all()
+            rows.flatten_all()?.sum_all()?.to_dtype(DType::F64)
         })
         .collect::<candle_core::Result<Vec<_>>>()?;
-    let sq: Vec<f32> = Tensor::stack(&per_tensor, 0)?
+    let sq: Vec<f64> = Tensor::stack(&per_tensor, 0)?
         .to_device(&candle_core::Device::Cpu)?
         .to_vec1()?;
-    let norm = sq.iter().map(|&x| x as f64).sum::<f64>().sqrt();
+    let norm = sq.iter().sum::<f64>().sqrt();
     if max_norm > 0.0 && norm > max_norm {
         let s = max_norm / (norm + 1e-6);
         for g in grads.iter_mut() {
@@ -98,4 +104,34 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
         }
     }
     Ok(norm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// The global norm over a matrix, a 3-D tensor and a vector (3-4-5 and 12: norm 13), and
+    /// the clipped gradients' norm.
+    #[test]
+    fn global_norm_and_clipping() {
+        let dev = Device::Cpu;
+        let mut grads = vec![
+            Tensor::new(&[[3f32, 0.0], [0.0, 4.0]], &dev).unwrap(),
+            Tensor::new(&[[[12f32]]], &dev).unwrap(),
+            Tensor::new(&[0f32, 0.0, 0.0], &dev).unwrap(),
+        ];
+        let n = clip_grad_norm(&mut grads, 0.0).unwrap();
+        assert!((n - 13.0).abs() < 1e-6, "{n}");
+        let n = clip_grad_norm(&mut grads, 1.3).unwrap();
+        assert!((n - 13.0).abs() < 1e-6, "{n}");
+        let after = clip_grad_norm(&mut grads, 0.0).unwrap();
+        assert!((after - 1.3).abs() < 1e-5, "{after}");
+        // f64 gradients keep f64 precision (in f32, 1 + 1e-8 rounds to 1)
+        let mut g64 = vec![Tensor::new(&[1.0f64, 1e-4], &dev).unwrap()];
+        let n = clip_grad_norm(&mut g64, 0.0).unwrap();
+        assert!((n - (1.0f64 + 1e-8).sqrt()).abs() < 1e-14, "{n}");
+        assert!(n > 1.0);
+        assert!(clip_grad_norm(&mut [], 1.0).unwrap() == 0.0);
+    }
 }
