@@ -9,7 +9,7 @@
 #   setup   assemble the staged GGUF (/root/stage/smollm2.gguf/part*), unpack .device/dflash-rs.xz
 #           and .device/datasets.tar.xz (evaluation datasets) when carried
 #   restore unpack the shards of earlier leases (DATA_TAR, default the committed
-#           assets/data/smollm2-135m-regen-1024.tar.xz, 1,936 sequences, 1,024-token cap, shards of
+#           assets/data/smollm2-135m-regen-1024.tar.xz, 9,120 sequences, 1,024-token cap, shards of
 #           16: continue it with DATA_TOKENS=1024 SHARD=16 and the same prompts file) into $ROOT/data
 #   data    regenerate responses for .device/prompts.jsonl.xz (greedy, f32, batched decoding),
 #           stopped after DATA_SECS (finished shards are kept; the manifest lists them);
@@ -33,8 +33,13 @@
 #   (more eval flags, e.g. --cuda-graphs), E (the drafter to evaluate: the export by default),
 #   EVAL_SECS (300), INIT_FROM (a drafter directory to continue from, e.g. the committed
 #   assets/drafters/smollm2-135m-b16: fresh optimizer, same weights), STEPS (for cfg), CACHE_MB
-#   (device memory for the target features kept between epochs, 8192), DATA_DTYPE (regeneration
+#   (device memory for the target features kept between epochs, 0: at SmolLM2's size the
+#   features cost little to recompute, and runs with a 30–60 GB cache ran out of device memory
+#   after ≈ 1,000 steps, docs/BENCHMARKS.md, seventh session), DATA_DTYPE (regeneration
 #   dtype, f32; bf16 prefills 5× faster and rounds some greedy choices differently).
+# The seventh session's run (the shipped drafter): DATA_DTYPE=bf16 BATCH=256 SHARD=16
+#   DATA_TOKENS=1024 … setup restore check data savedata, then STEPS=7000 PACK=2048 ANCHORS=512
+#   ACCUM=2 INIT_FROM=… UNTIL=585 … cfg train export, then UNTIL=520 … train export (--resume).
 # The run of 2026-11-30 (docs/BENCHMARKS.md): PROFILE_SECS=60 DATA_SECS=120 DATA_TOKENS=384
 #   SHARD=16 BATCH=64 TRAIN_SECS=500 UNTIL=585 … setup restore profile data plan train, then
 #   UNTIL=225 … train export. Keep SHARD well below BATCH × (time / longest response): a shard
@@ -153,7 +158,7 @@ train() {
   if [ "$left" -lt 20 ]; then log "train: skipped, $left s left"; return; fi
   log "train: $resume for at most $left s"
   $B train --data $D --out $R --config $ROOT/cfg.json $resume --time-limit "$left" \
-    --feature-cache-mb "${CACHE_MB:-8192}" >> "$OUT/train.log" 2>&1
+    --feature-cache-mb "${CACHE_MB:-0}" >> "$OUT/train.log" 2>&1
   log "train: exit $?, $(tail -n 1 $R/metrics.jsonl | cut -c1-300)"
 }
 

@@ -18,9 +18,10 @@
 
 use std::path::Path;
 
+use crate::linear::Linear;
 use anyhow::{bail, Context, Result};
+use candle_core::Module;
 use candle_core::{DType, Tensor, D};
-use candle_nn::{Linear, Module};
 use dflash_core::config::DrafterConfig;
 use dflash_core::segments::Segments;
 use dflash_core::visibility::{draft_inference, draft_training_parts, DraftRule};

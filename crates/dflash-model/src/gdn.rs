@@ -23,9 +23,10 @@
 //!
 //! The recurrence runs on the host in f32 (one implementation for every device).
 
+use crate::linear::Linear;
 use anyhow::{bail, Result};
+use candle_core::Module;
 use candle_core::{DType, Tensor};
-use candle_nn::{Linear, Module};
 
 use crate::mlp::load_linear;
 use crate::weights::TensorStore;

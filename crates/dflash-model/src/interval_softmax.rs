@@ -94,6 +94,8 @@ struct Op<'a> {
     scale: f64,
 }
 
+/// The CPU twin: each row's softmax over its interval, zeros elsewhere; rows in parallel. f64
+/// scores compute in f64, every other dtype in f32 (one `exp` per visible key).
 fn rows<T: WithDType>(
     s: &[T],
     iv: &RowIntervals,
@@ -101,23 +103,42 @@ fn rows<T: WithDType>(
     t: usize,
     scale: f64,
 ) -> Vec<T> {
+    use rayon::prelude::*;
     let mut p = vec![T::zero(); s.len()];
-    for (row, (x, y)) in s.chunks(t).zip(p.chunks_mut(t)).enumerate() {
-        let keys = iv.get(row / rows_per_seq, row % iv.n);
-        let m = keys
-            .clone()
-            .map(|j| x[j].to_f64() * scale)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = keys
-            .clone()
-            .map(|j| (x[j].to_f64() * scale - m).exp())
-            .sum();
-        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
-        for j in keys {
-            y[j] = T::from_f64((x[j].to_f64() * scale - m).exp() * inv);
-        }
-    }
+    let wide = T::DTYPE == DType::F64;
+    p.par_chunks_mut(t)
+        .zip(s.par_chunks(t))
+        .enumerate()
+        .for_each(|(row, (y, x))| {
+            let keys = iv.get(row / rows_per_seq, row % iv.n);
+            if wide {
+                softmax_into::<f64, T>(&x[keys.clone()], &mut y[keys], scale);
+            } else {
+                softmax_into::<f32, T>(&x[keys.clone()], &mut y[keys], scale);
+            }
+        });
     p
+}
+
+/// `y = softmax(scale · x)` computed in `F`, one `exp` per key, rounded to `T` once.
+fn softmax_into<F: num_traits::Float, T: WithDType>(x: &[T], y: &mut [T], scale: f64) {
+    let f = |v: f64| F::from(v).expect("a float");
+    let back = |v: F| v.to_f64().expect("a float");
+    let sc = f(scale);
+    let m = x
+        .iter()
+        .map(|v| f(v.to_f64()) * sc)
+        .fold(F::neg_infinity(), F::max);
+    let e: Vec<F> = x.iter().map(|v| (f(v.to_f64()) * sc - m).exp()).collect();
+    let sum = e.iter().fold(F::zero(), |a, &b| a + b);
+    let inv = if sum > F::zero() {
+        sum.recip()
+    } else {
+        F::zero()
+    };
+    for (out, &ej) in y.iter_mut().zip(&e) {
+        *out = T::from_f64(back(ej * inv));
+    }
 }
 
 impl CustomOp1 for Op<'_> {

@@ -21,6 +21,7 @@ pub mod kernel_check;
 mod kernel_io;
 pub mod kv_cache;
 pub mod launch_profile;
+pub mod linear;
 pub mod loader;
 pub mod mlp;
 pub mod norm;

@@ -1,7 +1,8 @@
 //! SwiGLU MLP: `down(silu(gate(x)) * up(x))`, shared by every target family and the drafter.
 
+use crate::linear::Linear;
+use candle_core::Module;
 use candle_core::{Result, Tensor};
-use candle_nn::{Linear, Module};
 
 use crate::weights::TensorStore;
 

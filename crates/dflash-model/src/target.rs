@@ -7,9 +7,10 @@
 //! the positions are arguments, so the same forward serves prefill, AR decode, chain verify
 //! and tree verify.
 
+use crate::linear::Linear;
 use anyhow::{bail, Context, Result};
+use candle_core::Module;
 use candle_core::{DType, Device, Tensor, D};
-use candle_nn::{Linear, Module};
 use dflash_core::config::TargetConfig;
 use dflash_core::visibility::Visibility;
 
@@ -436,7 +437,7 @@ impl Target {
     /// The LM head in the weights' dtype (training: the drafter's fused loss reads bf16
     /// logits; [`Self::lm_head`] is the same matmul cast to the compute dtype).
     pub fn lm_head_native(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(hidden.broadcast_matmul(&self.lm_head.t()?)?)
+        Ok(crate::linear::matmul_t(hidden, &self.lm_head)?)
     }
 
     /// The embedding table (frozen, shared with the drafter).
