@@ -294,6 +294,34 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     );
     assert!(r.likely_cause.unwrap().starts_with("tap ids"));
 
+    // (d) a record without a stored simulated τ (a checkpoint from before every checkpoint
+    // was validated): only the measured half is checked, and it still passes; a stored value
+    // twice the real one fails
+    let sim = rec["val_simulated_tau"].as_f64().unwrap();
+    for (name, stored, pass) in [
+        ("doc-unrecorded", serde_json::Value::Null, true),
+        ("doc-stale", serde_json::json!(2.0 * sim), false),
+    ] {
+        let dir = tmp(name);
+        for e in std::fs::read_dir(&drafter).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+        }
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("training.json")).unwrap())
+                .unwrap();
+        v["val_simulated_tau"] = stored;
+        std::fs::write(dir.join("training.json"), v.to_string()).unwrap();
+        let r = run_doctor(&target, &dir, Some(&data));
+        let c = r
+            .checks
+            .iter()
+            .find(|c| c.name == "simulated vs measured τ")
+            .unwrap();
+        assert_eq!(c.pass, pass, "{name}: {c:?}");
+        assert_eq!(c.detail.contains("none recorded"), pass, "{c:?}");
+    }
+
     // (c) a drafter made for another target (SmolLM2)
     let lt = smollm2();
     let other = tmp("doc-other");

@@ -691,10 +691,11 @@ pub fn train_with_limits(
         let save = state.steps_done.is_multiple_of(cfg.save_every)
             || state.steps_done == total
             || out_of_time;
+        // every checkpoint records its own validation (a time-limited stop or a save between
+        // validation steps too), so that its training.json always has the numbers the doctor
+        // compares with
         let mut val = None;
-        if !val_seqs.is_empty()
-            && (state.steps_done.is_multiple_of(cfg.val_every) || state.steps_done == total)
-        {
+        if !val_seqs.is_empty() && (state.steps_done.is_multiple_of(cfg.val_every) || save) {
             ph.skip();
             let (vl, vc) = evaluate_cached(&td, lt, &cfg, val_seqs, &mut cache, train_rows.len())?;
             ph.mark("validation");

@@ -336,3 +336,35 @@ fn kept_features_give_the_run_recomputed_ones_give() {
     assert_eq!(runs[0].1.len(), 6);
     assert_eq!(runs[0].1, runs[1].1);
 }
+
+#[test]
+fn a_checkpoint_between_validation_steps_records_its_own_validation() {
+    // a time-limited stop at step 1 of a run validated every 100 steps: its training.json
+    // still holds the validation numbers the doctor compares with (they were null before)
+    use dflash_train::trainer::{train_with_limits, RunLimits};
+    let (td, data) = four_sequences("val-at-save", 30, 20);
+    let lt = load(&td, DType::F32);
+    let mut cfg = small_config();
+    cfg.max_steps = Some(6);
+    cfg.save_every = 100;
+    cfg.val_every = 100;
+    cfg.val_sequences = 1;
+    let out = tmp("val-at-save");
+    let zero = RunLimits {
+        time_limit: Some(std::time::Duration::ZERO),
+        ..Default::default()
+    };
+    let s = train_with_limits(&lt, &data, &out, cfg, false, zero).unwrap();
+    assert_eq!((s.steps, s.stopped_at_time_limit), (1, true));
+    let rec: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("checkpoints/step-000001/drafter/training.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(rec["val_simulated_tau"].as_f64().unwrap() >= 1.0, "{rec}");
+    assert!(rec["val_loss"].as_f64().unwrap().is_finite(), "{rec}");
+    // and the step's metrics line carries the same validation
+    let m = read_metrics(&out.join("metrics.jsonl")).unwrap();
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0].val_simulated_tau, rec["val_simulated_tau"].as_f64());
+}
