@@ -169,10 +169,11 @@ fn few_rows_into(
             break;
         }
         let (j0, j1) = (c * chunk, ((c + 1) * chunk).min(n));
-        // SAFETY: each chunk writes only the columns j0..j1 of y, disjoint from the other
-        // chunks'; y outlives the scope
-        let y = unsafe { std::slice::from_raw_parts_mut(out.ptr(), rows * n) };
-        // SAFETY: `kernel` came from Kernel::available, which checked the CPU
+        // writes go through the raw pointer, never a `&mut` over all of y: each chunk writes
+        // only the columns j0..j1 of y, disjoint from the other chunks'; y outlives the scope
+        let y = out.ptr();
+        // SAFETY: `kernel` came from Kernel::available, which checked the CPU; y holds
+        // rows × n values
         #[cfg(target_arch = "x86_64")]
         unsafe {
             match kernel {
@@ -244,7 +245,7 @@ macro_rules! columns_over_tiles {
             n: usize,
             j0: usize,
             j1: usize,
-            y: &mut [f32],
+            y: *mut f32,
         ) {
             super::tiles::<$j>(rows, j0, j1, |r, c, i, j| match (r, c) {
                 (4, $j) => tile::<4, $j>(x, w, k, n, i, j, y),
@@ -275,7 +276,7 @@ mod avx2 {
         n: usize,
         i0: usize,
         j0: usize,
-        y: &mut [f32],
+        y: *mut f32,
     ) {
         let xp = x.as_ptr();
         let wp = w.as_ptr();
@@ -301,7 +302,7 @@ mod avx2 {
                 for t in k8..k {
                     s += x[(i0 + r) * k + t] * w[(j0 + c) * k + t];
                 }
-                y[(i0 + r) * n + j0 + c] = s;
+                *y.add((i0 + r) * n + j0 + c) = s;
             }
         }
     }
@@ -332,7 +333,7 @@ mod avx512 {
         n: usize,
         i0: usize,
         j0: usize,
-        y: &mut [f32],
+        y: *mut f32,
     ) {
         let xp = x.as_ptr();
         let wp = w.as_ptr();
@@ -363,10 +364,10 @@ mod avx512 {
             let row = (i0 + r) * n + j0;
             if J == 4 {
                 let s = sum4(a[0], a[1], a[2], a[3]);
-                _mm_storeu_ps(y.as_mut_ptr().add(row), s);
+                _mm_storeu_ps(y.add(row), s);
             } else {
-                for c in 0..J {
-                    y[row + c] = _mm512_reduce_add_ps(a[c]);
+                for (c, v) in a.iter().enumerate() {
+                    *y.add(row + c) = _mm512_reduce_add_ps(*v);
                 }
             }
         }
