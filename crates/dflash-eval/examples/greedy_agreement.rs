@@ -28,12 +28,7 @@ fn main() -> Result<()> {
         .enumerate()
         .skip(seqs.len().saturating_sub(last_n))
     {
-        let p = s
-            .loss_mask
-            .iter()
-            .position(|&m| m != 0)
-            .unwrap_or(s.ids.len())
-            .max(1);
+        let p = s.prompt_len();
         if p + 1 >= s.ids.len() {
             continue;
         }

@@ -268,13 +268,7 @@ pub fn doctor(
         let sim_now = counts.simulated_tau();
         // what decoding measures is the harmonic mean of per-anchor τ (dflash_core::stats)
         let sim_decoding = counts.simulated_decoding_tau();
-        let measured = measured_tau(
-            lt,
-            &drafter,
-            val.iter()
-                .map(|s| (s.ids.clone(), s.loss_mask.clone()))
-                .collect(),
-        )?;
+        let measured = measured_tau(lt, &drafter, val)?;
         // a record from before every checkpoint was validated may hold none: then only the
         // measured half is checked, and the detail says so
         let stored_agrees = r
@@ -361,22 +355,22 @@ pub fn parity_diff(lt: &LoadedTarget, d: &Drafter, ids: &[u32]) -> Result<f32> {
 /// τ measured by greedy DFlash decoding of each sequence's unsupervised prefix (its prompt),
 /// for as many tokens as its response had. Rounds cut short by that budget are left out:
 /// the simulated τ describes uncut rounds.
-pub fn measured_tau(lt: &LoadedTarget, d: &Drafter, seqs: Vec<(Vec<u32>, Vec<u8>)>) -> Result<f64> {
+pub fn measured_tau(
+    lt: &LoadedTarget,
+    d: &Drafter,
+    seqs: &[dflash_train::data::Sequence],
+) -> Result<f64> {
     let mut rounds = Vec::new();
     let mut pb = dflash_train::progress::Progress::new(
         seqs.len(),
         "doctor: decoding",
         "validation sequences",
     );
-    for (ids, mask) in seqs {
-        let p = mask
-            .iter()
-            .position(|&m| m != 0)
-            .unwrap_or(ids.len())
-            .max(1);
+    for s in seqs {
+        let p = s.prompt_len();
         let req = Request {
-            prompt_ids: ids[..p].to_vec(),
-            max_new_tokens: (ids.len() - p).max(2),
+            prompt_ids: s.ids[..p].to_vec(),
+            max_new_tokens: (s.ids.len() - p).max(2),
             sampling: SamplingParams::default(),
             stop_ids: lt.tokenizer.stop_ids.clone(),
         };

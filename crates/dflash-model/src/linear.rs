@@ -34,12 +34,6 @@ impl Linear {
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
         Self { weight, bias }
     }
-    pub fn weight(&self) -> &Tensor {
-        &self.weight
-    }
-    pub fn bias(&self) -> Option<&Tensor> {
-        self.bias.as_ref()
-    }
 }
 
 impl Module for Linear {
@@ -60,18 +54,14 @@ pub fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         None => candle_core::bail!("matmul_t: a scalar input"),
     };
     let rows: usize = lead.iter().product();
+    let mut out_shape = lead.to_vec();
+    out_shape.push(w.dim(0)?);
     if few_rows_path(x, w, rows) {
-        let y = few_rows_matmul(x, w, rows, k)?;
-        let mut shape = lead.to_vec();
-        shape.push(w.dim(0)?);
-        return y.reshape(shape);
+        return few_rows_matmul(x, w, rows, k)?.reshape(out_shape);
     }
     // candle's matmul, the way candle_nn's Linear calls it
     if x.is_contiguous() && dims.len() > 2 {
-        let y = x.reshape((rows, k))?.matmul(&w.t()?)?;
-        let mut shape = lead.to_vec();
-        shape.push(w.dim(0)?);
-        y.reshape(shape)
+        x.reshape((rows, k))?.matmul(&w.t()?)?.reshape(out_shape)
     } else {
         x.broadcast_matmul(&w.t()?)
     }
@@ -141,7 +131,6 @@ fn few_rows_matmul(x: &Tensor, w: &Tensor, rows: usize, k: usize) -> Result<Tens
         candle_core::bail!("matmul_t: this CPU has neither AVX-512 nor AVX2+FMA")
     };
     few_rows_into(kernel, xv, wv, rows, k, n, &mut y);
-    drop((xs, ws));
     Tensor::from_vec(y, (rows, n), &Device::Cpu)
 }
 

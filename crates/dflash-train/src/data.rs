@@ -26,6 +26,16 @@ impl Sequence {
     pub fn supervised(&self) -> usize {
         self.loss_mask.iter().filter(|&&m| m != 0).count()
     }
+
+    /// The prompt: the tokens before the first supervised one (at least one token; all of
+    /// them when nothing is supervised). Example: loss mask `[0, 0, 0, 1, 1]` → 3.
+    pub fn prompt_len(&self) -> usize {
+        self.loss_mask
+            .iter()
+            .position(|&m| m != 0)
+            .unwrap_or(self.ids.len())
+            .max(1)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -163,4 +173,22 @@ pub fn read_sequences(dir: &Path) -> Result<(Manifest, Vec<Sequence>)> {
         bail!("{} holds no sequences (empty shards)", dir.display());
     }
     Ok((m, seqs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sequence;
+
+    #[test]
+    fn prompt_len_is_the_tokens_before_the_first_supervised_one() {
+        let s = |mask: &[u8]| Sequence {
+            ids: (0..mask.len() as u32).collect(),
+            loss_mask: mask.to_vec(),
+        };
+        assert_eq!(s(&[0, 0, 0, 1, 1]).prompt_len(), 3);
+        assert_eq!(s(&[0, 0, 1, 0, 1]).prompt_len(), 2);
+        // nothing supervised: all of it; supervised from the start: still one prompt token
+        assert_eq!(s(&[0, 0, 0]).prompt_len(), 3);
+        assert_eq!(s(&[1, 1, 1]).prompt_len(), 1);
+    }
 }
