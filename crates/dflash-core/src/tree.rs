@@ -42,12 +42,32 @@ pub fn top_k_sorted(values: &[f32], k: usize) -> Vec<(u32, f32)> {
     if k == 0 {
         return Vec::new();
     }
+    if k <= 64 {
+        return top_k_scan(values, k);
+    }
     if k < idx.len() {
         idx.select_nth_unstable_by(k - 1, cmp);
         idx.truncate(k);
     }
     idx.sort_by(cmp);
     idx.into_iter().map(|i| (i, values[i as usize])).collect()
+}
+
+/// [`top_k_sorted`] for a small `k` in one pass: the best `k` so far, kept sorted (a value
+/// not above the k-th is skipped, the common case). Example: `[0.1, 0.5, 0.5, 0.2]`, k = 2 →
+/// `[(1, 0.5), (2, 0.5)]` (equal values: the lower index first).
+fn top_k_scan(values: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (i, &v) in values.iter().enumerate() {
+        if best.len() == k && v.total_cmp(&best[k - 1].1) != Ordering::Greater {
+            continue;
+        }
+        // after every kept value ≥ v (equal ones have lower indices)
+        let p = best.partition_point(|&(_, b)| b.total_cmp(&v) != Ordering::Less);
+        best.insert(p, (i as u32, v));
+        best.truncate(k);
+    }
+    best
 }
 
 #[derive(Debug)]
@@ -299,5 +319,40 @@ mod tests {
         assert_eq!(t, vec![(1, 3.0), (3, 3.0), (2, 2.0)]);
         assert_eq!(top_k_sorted(&l, 9).len(), 4);
         assert!(top_k_sorted(&l, 0).is_empty());
+    }
+
+    /// The one-pass scan (k ≤ 64) and the selection (larger k) against a full sort by (value
+    /// descending, index ascending), on values with many ties, a NaN and infinities.
+    #[test]
+    fn both_top_k_paths_equal_a_full_sort() {
+        let mut s = 7u32;
+        let mut values: Vec<f32> = (0..3000)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((s >> 20) % 200) as f32 * -0.25 // 200 distinct values: ties everywhere
+            })
+            .collect();
+        values[17] = f32::INFINITY;
+        values[18] = f32::NEG_INFINITY;
+        values[2999] = f32::NAN;
+        values[5] = 0.0;
+        let mut all: Vec<u32> = (0..values.len() as u32).collect();
+        all.sort_by(|a, b| {
+            values[*b as usize]
+                .total_cmp(&values[*a as usize])
+                .then(a.cmp(b))
+        });
+        for k in [1usize, 2, 8, 32, 64, 65, 200, 3000] {
+            let want: Vec<(u32, f32)> = all[..k].iter().map(|&i| (i, values[i as usize])).collect();
+            let got = top_k_sorted(&values, k);
+            assert_eq!(got.len(), k);
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.0, w.0, "k {k}");
+                assert_eq!(g.1.to_bits(), w.1.to_bits(), "k {k}");
+            }
+            if k <= 64 {
+                assert_eq!(top_k_scan(&values, k).len(), k);
+            }
+        }
     }
 }

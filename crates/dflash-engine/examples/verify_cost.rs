@@ -1,5 +1,6 @@
 //! Benchmark: cost of one target verify forward vs tree budget, on a warm cache.
-//! `cargo run --release -p dflash-engine --example verify_cost -- [target=smollm2-135m] [cache=512] [reps=3]`
+//! `cargo run --release -p dflash-engine --example verify_cost -- [target=smollm2-135m] [cache=512] [reps=3] [max_rows]`
+//! (`max_rows`: only the proposals of at most that many rows, e.g. 16 for profiling the chain).
 //! Prints ms per forward for AR (1 row), a DFlash chain of 16 and DDTree budgets 8 … 512.
 
 use std::time::Instant;
@@ -15,6 +16,11 @@ fn main() -> Result<()> {
     let target = a.first().cloned().unwrap_or_else(|| "smollm2-135m".into());
     let cache_len: usize = a.get(1).map(|s| s.parse()).transpose()?.unwrap_or(512);
     let reps: usize = a.get(2).map(|s| s.parse()).transpose()?.unwrap_or(3);
+    let max_rows: usize = a
+        .get(3)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(usize::MAX);
     let lt = load_target(&target, DType::F32, &Device::Cpu)?;
     let t = &lt.target;
     let prompt: Vec<u32> = (0..cache_len as u32)
@@ -47,7 +53,7 @@ fn main() -> Result<()> {
     println!("target {target}, cache {cache_len} rows, f32 CPU, median of {reps}");
     println!("| proposal | rows | ms / verify forward |");
     println!("|---|---|---|");
-    for (name, tree) in cases {
+    for (name, tree) in cases.into_iter().filter(|(_, t)| t.len() <= max_rows) {
         let mut times = Vec::new();
         for _ in 0..reps {
             let tt = Instant::now();

@@ -228,13 +228,20 @@ pub fn generate_with(
         let td = Instant::now();
         let tree = match (drafter, depth > 1) {
             (Some(d), true) => {
-                let logits = d.draft(
+                // a tree of `budget` nodes is at most `budget` deep: the distributions below
+                // are never read
+                let positions = match mode {
+                    Mode::Tree { budget, .. } => budget.min(depth - 1),
+                    _ => depth - 1,
+                };
+                let logits = d.draft_first(
                     target,
                     draft_cache.as_mut().unwrap(),
                     ctx.as_ref().unwrap(),
                     anchor,
                     start,
                     depth,
+                    positions,
                 )?;
                 match mode {
                     Mode::Tree { budget, top_k, .. } => {

@@ -424,6 +424,35 @@ impl Drafter {
         anchor: usize,
         block: usize,
     ) -> Result<Tensor> {
+        self.draft_first(
+            target,
+            cache,
+            new_ctx_taps,
+            anchor_token,
+            anchor,
+            block,
+            block - 1,
+        )
+    }
+
+    /// [`Self::draft`] with the LM head on the first `positions` drafted rows only (`anchor +
+    /// 1 ..= anchor + positions`): the drafter's layers still see the whole block, so these
+    /// rows' logits are the same as in a full draft. A DDTree of budget 8 has depth ≤ 8 and
+    /// reads 8 of a 16-block's 15 distributions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn draft_first(
+        &self,
+        target: &Target,
+        cache: &mut KvCache,
+        new_ctx_taps: &Tensor,
+        anchor_token: u32,
+        anchor: usize,
+        block: usize,
+        positions: usize,
+    ) -> Result<Tensor> {
+        if positions == 0 {
+            anyhow::bail!("draft_first: no position to draft");
+        }
         let emb = self.embed_block(target, &self.block_tokens(anchor_token, block))?;
         let h = self.forward(
             new_ctx_taps,
@@ -432,7 +461,7 @@ impl Drafter {
             Some(cache),
         )?;
         cache.truncate(anchor)?;
-        let rows = h.narrow(1, 1, block - 1)?;
+        let rows = h.narrow(1, 1, positions.min(block - 1))?;
         Ok(self.logits(target, &rows)?.squeeze(0)?)
     }
 

@@ -258,7 +258,7 @@ pub struct Target {
     embed_tokens: Tensor,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
-    lm_head: Tensor,
+    lm_head: Linear,
     rope: Rope,
     /// Chain forwards of at least this many rows run the chunked Gated DeltaNet algorithm
     /// (no per-row states kept: prefill); shorter ones and trees the recurrent one.
@@ -357,7 +357,7 @@ impl Target {
             embed_tokens,
             layers,
             norm: norm("model.norm.weight", h)?,
-            lm_head,
+            lm_head: Linear::new(lm_head, None),
             rope,
             gdn_chunk_min_rows: 64,
             dtype: store.dtype,
@@ -437,7 +437,7 @@ impl Target {
     /// The LM head in the weights' dtype (training: the drafter's fused loss reads bf16
     /// logits; [`Self::lm_head`] is the same matmul cast to the compute dtype).
     pub fn lm_head_native(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(crate::linear::matmul_t(hidden, &self.lm_head)?)
+        Ok(self.lm_head.forward(hidden)?)
     }
 
     /// The embedding table (frozen, shared with the drafter).
