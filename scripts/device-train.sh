@@ -9,8 +9,8 @@
 #   setup   assemble the staged GGUF (/root/stage/smollm2.gguf/part*), unpack .device/dflash-rs.xz
 #           and .device/datasets.tar.xz (evaluation datasets) when carried
 #   restore unpack the shards of earlier leases (DATA_TAR, default the committed
-#           assets/data/smollm2-135m-regen-1024.tar.xz, 9,120 sequences, 1,024-token cap, shards of
-#           16: continue it with DATA_TOKENS=1024 SHARD=16 and the same prompts file) into $ROOT/data
+#           assets/data/smollm2-135m-regen-1024.tar.xz, 17,553 sequences, 1,024-token cap, shards of
+#           16: the seventh session's prompt file is used up, see docs/GPU.md) into $ROOT/data
 #   data    regenerate responses for .device/prompts.jsonl.xz (greedy, f32, batched decoding),
 #           stopped after DATA_SECS (finished shards are kept; the manifest lists them);
 #           continues an existing $ROOT/data
@@ -37,9 +37,10 @@
 #   features cost little to recompute, and runs with a 30–60 GB cache ran out of device memory
 #   after ≈ 1,000 steps, docs/BENCHMARKS.md, seventh session), DATA_DTYPE (regeneration
 #   dtype, f32; bf16 prefills 5× faster and rounds some greedy choices differently).
-# The seventh session's run (the shipped drafter): DATA_DTYPE=bf16 BATCH=256 SHARD=16
-#   DATA_TOKENS=1024 … setup restore check data savedata, then STEPS=7000 PACK=2048 ANCHORS=512
-#   ACCUM=2 INIT_FROM=… UNTIL=585 … cfg train export, then UNTIL=520 … train export (--resume).
+# The eighth session's run (the shipped drafter): DATA_DTYPE=bf16 BATCH=256 SHARD=16
+#   DATA_TOKENS=1024 DATA_UNTIL=555 … setup restore data savedata, then STEPS=6500 PACK=2048
+#   ANCHORS=512 ACCUM=2 INIT_FROM=… UNTIL=580 … cfg train export, then UNTIL=575 … train export
+#   (--resume), then bench. The seventh session's: the same with STEPS=7000 over four calls.
 # The run of 2026-11-30 (docs/BENCHMARKS.md): PROFILE_SECS=60 DATA_SECS=120 DATA_TOKENS=384
 #   SHARD=16 BATCH=64 TRAIN_SECS=500 UNTIL=585 … setup restore profile data plan train, then
 #   UNTIL=225 … train export. Keep SHARD well below BATCH × (time / longest response): a shard

@@ -200,6 +200,27 @@ fn drafted_tokens_match_zlab() {
             b[1..],
             "round {i} drafts"
         );
+        // a shorter draft (DDTree's: the LM head on the first rows only) = the full one's rows
+        let k = 3.min(b.len() - 1);
+        let mut cache = d.new_cache();
+        let first = d
+            .draft_first(&t, &mut cache, &taps, out[anchor], anchor, b.len(), k)
+            .unwrap();
+        assert_eq!(first.dims(), &[k, logits.dim(1).unwrap()]);
+        let diff = (first - logits.narrow(0, 0, k).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff <= 1e-5, "round {i}: first {k} rows differ by {diff}");
+        assert_eq!(
+            cache.len(),
+            anchor,
+            "round {i}: the cache holds the context only"
+        );
         anchor += acc[i];
     }
 }
