@@ -171,6 +171,55 @@ fn two_drafters_side_by_side() {
     assert!(parse_modes("ar,ddtree:0").is_err() && parse_modes("beam").is_err());
 }
 
+/// Regeneration resumes only with the prompts its shards came from: another prompt list under
+/// the same source name is refused with a message, the same list with prompts appended
+/// continues (and writes the new shards).
+#[test]
+fn resumed_regeneration_refuses_other_prompts_and_continues_appended_ones() {
+    let target = tmp("resume-target");
+    let fix = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3-tiny");
+    for e in std::fs::read_dir(fix).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), target.join(e.file_name())).unwrap();
+    }
+    let lt = load_target(target.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    let prompt = |text: String| Prompt {
+        messages: vec![dflash_model::tokenizer::ChatMessage {
+            role: "user".into(),
+            content: text,
+        }],
+    };
+    let first: Vec<Prompt> = (0..4)
+        .map(|i| prompt(format!("t{} t{}", i + 1, i + 7)))
+        .collect();
+    let data = tmp("resume-data");
+    let opts = RegenOptions {
+        max_new_tokens: 4,
+        sampling: SamplingParams::default(),
+        prompts_per_shard: 2,
+        batch_size: 1,
+        time_limit: None,
+        source: "prompts.jsonl".into(),
+        target_name: "tiny".into(),
+    };
+    assert_eq!(
+        regenerate(&lt, &first, &data, &opts).unwrap().shards.len(),
+        2
+    );
+    let other: Vec<Prompt> = (0..6)
+        .map(|i| prompt(format!("t{} t{}", i + 30, i + 9)))
+        .collect();
+    let err = regenerate(&lt, &other, &data, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("was not written from these prompts"), "{err}");
+    let mut appended = first.clone();
+    appended.extend((0..2).map(|i| prompt(format!("t{} t{}", i + 50, i + 3))));
+    let m = regenerate(&lt, &appended, &data, &opts).unwrap();
+    assert_eq!(m.shards.len(), 3);
+    assert_eq!(m.shards.iter().map(|s| s.sequences).sum::<usize>(), 6);
+}
+
 /// The tiny target (copied), a drafter trained on its own greedy outputs, and that data. Two
 /// prompts repeated: the held-out validation sequences are ones the drafter has learned, so
 /// the stored and measured τ are well above 1 and their agreement means something.

@@ -40,6 +40,48 @@ fn sha256_hex(s: &str) -> String {
         .collect()
 }
 
+/// A resumed run's prompts are the ones its shards were written from. The manifest records the
+/// prompt file's path, not its content, so the last shard's first sequence must start with the
+/// rendering of one of that shard's prompts (a prompt that could not be rendered leaves no
+/// sequence). Example: 3 shards of 16 written, then another file at the same path: none of its
+/// prompts 32..48 renders to the stored prompt → refused; the same file with prompts appended
+/// → continues at prompt 48.
+fn check_same_prompts(
+    lt: &LoadedTarget,
+    out: &Path,
+    manifest: &Manifest,
+    prompts: &[Prompt],
+    opts: &RegenOptions,
+) -> Result<()> {
+    let pps = opts.prompts_per_shard;
+    let last = manifest.shards.len() - 1;
+    let path = out.join(&manifest.shards[last].file);
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let seqs: Vec<Sequence> = crate::data::parse_jsonl(&text, &path)?;
+    let Some(first) = seqs.first() else {
+        return Ok(()); // every prompt of that shard was skipped: nothing to compare
+    };
+    let head = &first.ids[..first.prompt_len()];
+    let range = (last * pps).min(prompts.len())..((last + 1) * pps).min(prompts.len());
+    let matches = prompts[range.clone()]
+        .iter()
+        .any(|p| build_request(lt, p, opts, 0).is_ok_and(|r| r.prompt_ids == head));
+    if !matches {
+        bail!(
+            "{} was not written from these prompts: its shard {last} begins with none of prompts \
+             {}..{} of the {} given (a different file at the path '{}'?); continue with the \
+             prompts it was written from (more may be appended), or use a new --out",
+            out.display(),
+            range.start,
+            range.end,
+            prompts.len(),
+            opts.source
+        );
+    }
+    Ok(())
+}
+
 /// The generation request of one prompt: chat template, token ids, the room left in the
 /// context, the sampler seeded per prompt.
 fn build_request(
@@ -189,6 +231,9 @@ pub fn regenerate(
     let pps = opts.prompts_per_shard;
     let n_shards = prompts.len().div_ceil(pps);
     let done: usize = manifest.shards.len();
+    if done > 0 {
+        check_same_prompts(lt, out, &manifest, prompts, opts)?;
+    }
     let first = (done * pps).min(prompts.len());
     let mut pb = Progress::new(prompts.len(), "data generate", "prompts");
     pb.set_position(first);
