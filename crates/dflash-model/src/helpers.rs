@@ -21,7 +21,7 @@
 //! the helper (spinning since the previous product) joins within a microsecond and the two
 //! take about 24 chunks each; if the helper is not scheduled the caller takes all 48.
 
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -42,6 +42,8 @@ struct Shared {
     next: AtomicUsize,
     chunks: AtomicUsize,
     entered: AtomicUsize,
+    /// A chunk panicked on a helper (the caller re-raises it).
+    helper_panicked: AtomicBool,
     helpers: OnceLock<Vec<Thread>>,
     /// One job at a time (a product inside a product runs inline instead).
     lock: Mutex<()>,
@@ -57,6 +59,7 @@ fn shared() -> &'static Shared {
             next: AtomicUsize::new(0),
             chunks: AtomicUsize::new(0),
             entered: AtomicUsize::new(0),
+            helper_panicked: AtomicBool::new(false),
             helpers: OnceLock::new(),
             lock: Mutex::new(()),
         }));
@@ -99,7 +102,12 @@ fn helper(s: &'static Shared) {
             // SAFETY: the job is live, and its caller waits for `entered` to reach 0 after
             // retiring it, so the closure outlives this use
             let job = unsafe { *(s.job.load(SeqCst) as *const Job) };
-            take_chunks(s, job);
+            // a panicking chunk must not kill the helper before it leaves the job (the caller
+            // would wait for it forever): caught here, re-raised by the caller
+            let run = std::panic::AssertUnwindSafe(|| take_chunks(s, job));
+            if std::panic::catch_unwind(run).is_err() {
+                s.helper_panicked.store(true, SeqCst);
+            }
         }
         s.entered.fetch_sub(1, SeqCst);
     }
@@ -122,13 +130,19 @@ fn take_chunks(s: &Shared, job: Job) {
 pub fn for_each_chunk(chunks: usize, f: &(dyn Fn(usize) + Sync)) {
     let s = shared();
     let guard = match s.lock.try_lock() {
-        Ok(g) if chunks > 1 && s.helpers.get().is_some_and(|h| !h.is_empty()) => g,
-        _ => {
-            (0..chunks).for_each(f);
-            return;
-        }
+        Ok(g) => Some(g),
+        // a chunk panicked under the lock earlier; the shared state is reset per job
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    };
+    let helpers = s.helpers.get().is_some_and(|h| !h.is_empty());
+    let Some(guard) = guard.filter(|_| chunks > 1 && helpers) else {
+        (0..chunks).for_each(f);
+        return;
     };
     let job: Job = f;
+    // (a job that ended in a panic on this thread may have left the flag set)
+    s.helper_panicked.store(false, SeqCst);
     s.next.store(0, SeqCst);
     s.chunks.store(chunks, SeqCst);
     s.job.store(&job as *const Job as *mut (), SeqCst);
@@ -138,13 +152,25 @@ pub fn for_each_chunk(chunks: usize, f: &(dyn Fn(usize) + Sync)) {
     for t in s.helpers.get().into_iter().flatten() {
         t.unpark();
     }
-    take_chunks(s, job);
-    // retire, then wait for the helpers inside (each finishes the chunk it holds)
-    s.live.store(0, SeqCst);
-    while s.entered.load(SeqCst) != 0 {
-        std::hint::spin_loop();
+    // retires the job and waits for the helpers inside it (each finishes the chunk it holds)
+    // when this frame ends, also by a panic of a chunk on this thread: `f` must outlive them
+    struct Retire(&'static Shared);
+    impl Drop for Retire {
+        fn drop(&mut self) {
+            self.0.live.store(0, SeqCst);
+            while self.0.entered.load(SeqCst) != 0 {
+                std::hint::spin_loop();
+            }
+        }
     }
+    let retire = Retire(s);
+    take_chunks(s, job);
+    drop(retire);
+    let helper_panicked = s.helper_panicked.swap(false, SeqCst);
     drop(guard);
+    if helper_panicked {
+        panic!("a chunk of a CPU kernel panicked on a helper thread");
+    }
 }
 
 #[cfg(test)]
@@ -162,6 +188,28 @@ mod tests {
                 assert!(hits.iter().all(|h| h.load(SeqCst) == 1), "{chunks} chunks");
             }
         }
+    }
+
+    /// A chunk that panics on a helper or on the caller: the call panics (no hang), and the
+    /// next job runs normally.
+    #[test]
+    fn a_panicking_chunk_panics_the_call_and_leaves_the_helpers_working() {
+        for _ in 0..20 {
+            let r = std::panic::catch_unwind(|| {
+                for_each_chunk(64, &|c| {
+                    if c % 7 == 3 {
+                        panic!("chunk {c}");
+                    }
+                    std::hint::black_box(c);
+                })
+            });
+            assert!(r.is_err());
+        }
+        let total = AtomicUsize::new(0);
+        for_each_chunk(50, &|c| {
+            total.fetch_add(c, SeqCst);
+        });
+        assert_eq!(total.load(SeqCst), 50 * 49 / 2);
     }
 
     #[test]
