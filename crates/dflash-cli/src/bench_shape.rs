@@ -171,6 +171,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         5,
         n - 1,
         a.block_size,
+        a.block_size - 1,
     )?;
 
     let verify = |cache: &mut dflash_model::KvCache, tree: &DraftTree| -> Result<()> {
@@ -195,7 +196,15 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     let last_row = ctx_feats.narrow(1, n - 1, 1)?;
     let t_draft = time(&dev, a.repeats, || {
         dcache.truncate(n - 1)?;
-        let l = drafter.draft(&target, &mut dcache, &last_row, 5, n, a.block_size)?;
+        let l = drafter.draft(
+            &target,
+            &mut dcache,
+            &last_row,
+            5,
+            n,
+            a.block_size,
+            a.block_size - 1,
+        )?;
         let _ = Drafter::argmax_rows(&l)?;
         Ok(())
     })?;

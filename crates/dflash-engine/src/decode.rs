@@ -234,7 +234,7 @@ pub fn generate_with(
                     Mode::Tree { budget, .. } => budget.min(depth - 1),
                     _ => depth - 1,
                 };
-                let logits = d.draft_first(
+                let logits = d.draft(
                     target,
                     draft_cache.as_mut().unwrap(),
                     ctx.as_ref().unwrap(),

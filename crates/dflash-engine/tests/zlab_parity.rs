@@ -79,6 +79,7 @@ fn block_forward_matches_zlab() {
                 block[0],
                 12,
                 block.len(),
+                block.len() - 1,
             )
             .unwrap();
         let e = rel_err(&logits, &r[&format!("{name}.nocache.logits")]);
@@ -98,6 +99,7 @@ fn block_forward_matches_zlab() {
                 b1[0],
                 8,
                 8,
+                7,
             )
             .unwrap();
         let e = rel_err(&l1, &r[&format!("{name}.cache1.logits")]);
@@ -111,6 +113,7 @@ fn block_forward_matches_zlab() {
                 b2[0],
                 12,
                 8,
+                7,
             )
             .unwrap();
         let e = rel_err(&l2, &r[&format!("{name}.cache2.logits")]);
@@ -193,7 +196,15 @@ fn drafted_tokens_match_zlab() {
         let taps = ctx_taps(&t, &d, &out[..anchor]).unsqueeze(0).unwrap();
         let mut cache = d.new_cache();
         let logits = d
-            .draft(&t, &mut cache, &taps, out[anchor], anchor, b.len())
+            .draft(
+                &t,
+                &mut cache,
+                &taps,
+                out[anchor],
+                anchor,
+                b.len(),
+                b.len() - 1,
+            )
             .unwrap();
         assert_eq!(
             Drafter::argmax_rows(&logits).unwrap(),
@@ -204,17 +215,10 @@ fn drafted_tokens_match_zlab() {
         let k = 3.min(b.len() - 1);
         let mut cache = d.new_cache();
         let first = d
-            .draft_first(&t, &mut cache, &taps, out[anchor], anchor, b.len(), k)
+            .draft(&t, &mut cache, &taps, out[anchor], anchor, b.len(), k)
             .unwrap();
         assert_eq!(first.dims(), &[k, logits.dim(1).unwrap()]);
-        let diff = (first - logits.narrow(0, 0, k).unwrap())
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
+        let diff = max_abs(&first, &logits.narrow(0, 0, k).unwrap());
         assert!(diff <= 1e-5, "round {i}: first {k} rows differ by {diff}");
         assert_eq!(
             cache.len(),
@@ -264,7 +268,7 @@ fn training_path_equals_inference_path() {
             let split = a / 2;
             if split > 0 {
                 let first = taps.narrow(0, 0, split).unwrap().unsqueeze(0).unwrap();
-                d.draft(&t, &mut cache, &first, seq[split], split, b)
+                d.draft(&t, &mut cache, &first, seq[split], split, b, b - 1)
                     .unwrap();
             }
             let rest = taps
@@ -272,7 +276,7 @@ fn training_path_equals_inference_path() {
                 .unwrap()
                 .unsqueeze(0)
                 .unwrap();
-            let infer_logits = d.draft(&t, &mut cache, &rest, seq[a], a, b).unwrap();
+            let infer_logits = d.draft(&t, &mut cache, &rest, seq[a], a, b, b - 1).unwrap();
             let diff = max_abs(&train_logits, &infer_logits);
             assert!(
                 diff <= 1e-5,

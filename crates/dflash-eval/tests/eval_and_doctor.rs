@@ -171,18 +171,24 @@ fn two_drafters_side_by_side() {
     assert!(parse_modes("ar,ddtree:0").is_err() && parse_modes("beam").is_err());
 }
 
-/// Regeneration resumes only with the prompts its shards came from: another prompt list under
-/// the same source name is refused with a message, the same list with prompts appended
-/// continues (and writes the new shards).
-#[test]
-fn resumed_regeneration_refuses_other_prompts_and_continues_appended_ones() {
-    let target = tmp("resume-target");
+/// A copy of the tiny Qwen3 fixture (the doctor's checks read its files), loaded in f32.
+fn tiny_target(name: &str) -> (PathBuf, LoadedTarget) {
+    let target = tmp(&format!("{name}-target"));
     let fix = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3-tiny");
     for e in std::fs::read_dir(fix).unwrap() {
         let e = e.unwrap();
         std::fs::copy(e.path(), target.join(e.file_name())).unwrap();
     }
     let lt = load_target(target.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    (target, lt)
+}
+
+/// Regeneration resumes only with the prompts its shards came from: another prompt list under
+/// the same source name is refused with a message, the same list with prompts appended
+/// continues (and writes the new shards).
+#[test]
+fn resumed_regeneration_refuses_other_prompts_and_continues_appended_ones() {
+    let (_, lt) = tiny_target("resume");
     let prompt = |text: String| Prompt {
         messages: vec![dflash_model::tokenizer::ChatMessage {
             role: "user".into(),
@@ -224,13 +230,7 @@ fn resumed_regeneration_refuses_other_prompts_and_continues_appended_ones() {
 /// prompts repeated: the held-out validation sequences are ones the drafter has learned, so
 /// the stored and measured τ are well above 1 and their agreement means something.
 fn trained_pair(name: &str) -> (PathBuf, PathBuf, PathBuf) {
-    let target = tmp(&format!("{name}-target"));
-    let fix = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3-tiny");
-    for e in std::fs::read_dir(fix).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), target.join(e.file_name())).unwrap();
-    }
-    let lt = load_target(target.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    let (target, lt) = tiny_target(name);
     let prompts: Vec<Prompt> = (0..10u32)
         .map(|i| Prompt {
             messages: vec![dflash_model::tokenizer::ChatMessage {

@@ -411,36 +411,14 @@ impl Drafter {
         self.finish_logits(target.lm_head_native(hidden)?)
     }
 
-    /// One inference round's draft: logits `[block - 1, vocab]` for positions
-    /// `anchor + 1 .. anchor + block`. `new_ctx_taps` `[1, m, L*h]` are the committed rows
-    /// since the last call (positions `cache.len() .. anchor`); afterwards the cache holds
-    /// exactly the context rows `0 .. anchor`.
-    pub fn draft(
-        &self,
-        target: &Target,
-        cache: &mut KvCache,
-        new_ctx_taps: &Tensor,
-        anchor_token: u32,
-        anchor: usize,
-        block: usize,
-    ) -> Result<Tensor> {
-        self.draft_first(
-            target,
-            cache,
-            new_ctx_taps,
-            anchor_token,
-            anchor,
-            block,
-            block - 1,
-        )
-    }
-
-    /// [`Self::draft`] with the LM head on the first `positions` drafted rows only (`anchor +
-    /// 1 ..= anchor + positions`): the drafter's layers still see the whole block, so these
-    /// rows' logits are the same as in a full draft. A DDTree of budget 8 has depth ≤ 8 and
-    /// reads 8 of a 16-block's 15 distributions.
+    /// One inference round's draft: logits `[positions, vocab]` for positions `anchor + 1 ..=
+    /// anchor + positions` (`positions ≤ block - 1`; `block - 1`: the whole block). The layers
+    /// always see the whole block, so a row's logits do not depend on `positions`: a DDTree of
+    /// budget 8 is at most 8 deep and takes 8 of a 16-block's 15 rows through the LM head.
+    /// `new_ctx_taps` `[1, m, L*h]` are the committed rows since the last call (positions
+    /// `cache.len() .. anchor`); afterwards the cache holds exactly the context rows `0 .. anchor`.
     #[allow(clippy::too_many_arguments)]
-    pub fn draft_first(
+    pub fn draft(
         &self,
         target: &Target,
         cache: &mut KvCache,
@@ -451,7 +429,7 @@ impl Drafter {
         positions: usize,
     ) -> Result<Tensor> {
         if positions == 0 {
-            anyhow::bail!("draft_first: no position to draft");
+            anyhow::bail!("draft: no position to draft");
         }
         let emb = self.embed_block(target, &self.block_tokens(anchor_token, block))?;
         let h = self.forward(

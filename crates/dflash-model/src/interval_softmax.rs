@@ -94,7 +94,8 @@ struct Op<'a> {
     scale: f64,
 }
 
-/// The CPU twin: each row's softmax over its interval, zeros elsewhere; rows in parallel. f64
+/// The CPU twin: each row's softmax over its interval, zeros elsewhere; rows in parallel on
+/// [`crate::helpers`]. f64
 /// scores compute in f64, every other dtype in f32 (one `exp` per visible key).
 fn rows<T: WithDType>(
     s: &[T],
@@ -103,20 +104,31 @@ fn rows<T: WithDType>(
     t: usize,
     scale: f64,
 ) -> Vec<T> {
-    use rayon::prelude::*;
     let mut p = vec![T::zero(); s.len()];
-    let wide = T::DTYPE == DType::F64;
-    p.par_chunks_mut(t)
-        .zip(s.par_chunks(t))
-        .enumerate()
-        .for_each(|(row, (y, x))| {
+    let n_rows = s.len().checked_div(t).unwrap_or(0);
+    let out = crate::panels::SyncPtr(p.as_mut_ptr());
+    let run = |rows: std::ops::Range<usize>| {
+        for row in rows {
             let keys = iv.get(row / rows_per_seq, row % iv.n);
-            if wide {
+            // SAFETY: row `row` of p (t values) belongs to this chunk alone; p outlives the call
+            let y = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(row * t), t) };
+            let x = &s[row * t..(row + 1) * t];
+            if T::DTYPE == DType::F64 {
                 softmax_into::<f64, T>(&x[keys.clone()], &mut y[keys], scale);
             } else {
                 softmax_into::<f32, T>(&x[keys.clone()], &mut y[keys], scale);
             }
+        }
+    };
+    // rows in chunks on the calling thread and the CPU kernels' helpers (crate::helpers)
+    let chunk = 16;
+    if s.len() < crate::panels::INLINE_FMAS {
+        run(0..n_rows);
+    } else {
+        crate::helpers::for_each_chunk(n_rows.div_ceil(chunk), &|c| {
+            run(c * chunk..((c + 1) * chunk).min(n_rows))
         });
+    }
     p
 }
 

@@ -32,45 +32,34 @@ pub const FEW_ROWS: usize = 32;
 pub struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
-    /// `weight` as panels, when [`packable`] (made by [`Linear::new`]).
-    panels: Arc<OnceLock<Panels>>,
+    /// `weight` as panels, when [`packable`].
+    panels: Option<Arc<Panels>>,
 }
 
 impl Linear {
     /// A projection; on an AVX-512 CPU an f32 weight that nothing differentiates is re-laid as
     /// panels here, at load time (≈ 0.2 s for SmolLM2's 135 M weights on 2 cores), not in the
-    /// first forward.
+    /// first forward. (Reading the values cannot fail for a CPU tensor; if it did, the layer
+    /// would keep candle's matmul, slower and equal.)
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
-        let l = Self {
+        let panels = packable(&weight)
+            .then(|| {
+                let (n, k) = weight.dims2().ok()?;
+                let values: Vec<f32> = weight.flatten_all().ok()?.to_vec1().ok()?;
+                Some(Arc::new(Panels::pack(&values, n, k)))
+            })
+            .flatten();
+        Self {
             weight,
             bias,
-            panels: Arc::default(),
-        };
-        if packable(&l.weight) {
-            // an error here (none is expected) leaves the panels to the first forward, which
-            // reports it
-            let _ = l.panels();
+            panels,
         }
-        l
     }
 
-    /// The panels of `weight` when `x` may use them: `x` f32 on the CPU and not differentiated,
-    /// the weight [`packable`].
-    fn panels_for(&self, x: &Tensor) -> Result<Option<&Panels>> {
+    /// The panels when `x` may use them: f32 on the CPU, not differentiated.
+    fn panels_for(&self, x: &Tensor) -> Option<&Panels> {
         let x_ok = matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32 && !x.track_op();
-        if !x_ok || !packable(&self.weight) {
-            return Ok(None);
-        }
-        self.panels().map(Some)
-    }
-
-    fn panels(&self) -> Result<&Panels> {
-        if let Some(p) = self.panels.get() {
-            return Ok(p);
-        }
-        let (n, k) = self.weight.dims2()?;
-        let values: Vec<f32> = self.weight.flatten_all()?.to_vec1()?;
-        Ok(self.panels.get_or_init(|| Panels::pack(&values, n, k)))
+        self.panels.as_deref().filter(|_| x_ok)
     }
 }
 
@@ -86,7 +75,7 @@ fn packable(w: &Tensor) -> bool {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = match self.panels_for(x)? {
+        let y = match self.panels_for(x) {
             Some(p) => panels_matmul(x, p)?,
             None => matmul_t(x, &self.weight)?,
         };
@@ -351,14 +340,7 @@ mod tests {
     }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
+        crate::compare::max_abs(a, b).unwrap()
     }
 
     /// `matmul_t`'s AVX2 path and `Linear` (the panels on an AVX-512 CPU) = candle's matmul:

@@ -140,14 +140,15 @@ impl Panels {
     }
 }
 
-/// An output shared by the workers of a kernel, each writing its own columns.
-pub(crate) struct SyncPtr(pub(crate) *mut f32);
-// SAFETY: the kernels' chunks (Panels::matmul, linear's few_rows_into) write disjoint columns
-unsafe impl Sync for SyncPtr {}
+/// An output shared by the workers of a kernel, each writing its own part.
+pub(crate) struct SyncPtr<T = f32>(pub(crate) *mut T);
+// SAFETY: the kernels' chunks (Panels::matmul, linear's few_rows_into, the interval softmax's
+// CPU twin) write disjoint parts
+unsafe impl<T> Sync for SyncPtr<T> {}
 
-impl SyncPtr {
+impl<T> SyncPtr<T> {
     /// Through a method, so that closures capture the `Sync` wrapper, not the raw pointer.
-    pub(crate) fn ptr(&self) -> *mut f32 {
+    pub(crate) fn ptr(&self) -> *mut T {
         self.0
     }
 }
