@@ -38,6 +38,10 @@ pub struct PromptsArgs {
     /// Seed of the shuffle that mixes the sources.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Continue this frozen prompt file: its prompts first, in its order (a regeneration of it
+    /// resumes on the output), then the new mix without the prompts it already has.
+    #[arg(long)]
+    pub extend: Option<PathBuf>,
     #[arg(long)]
     pub out: PathBuf,
 }
@@ -72,6 +76,16 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
         all.extend(ps);
     }
     all.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(a.seed));
+    if let Some(old) = &a.extend {
+        let old = prompts::load(&format!("jsonl:{}", old.display()), usize::MAX)?;
+        let n_old = old.len();
+        let (ext, already) = prompts::extend(old, all);
+        eprintln!(
+            "extending {n_old} prompts: {} new, {already} already there",
+            ext.len() - n_old
+        );
+        all = ext;
+    }
     let mut text = String::new();
     for p in &all {
         text.push_str(&serde_json::to_string(

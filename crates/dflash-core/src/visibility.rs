@@ -62,6 +62,20 @@ impl Visibility {
         let hi = lo + row[lo..].iter().take_while(|&&v| v).count();
         row[hi..].iter().all(|&v| !v).then_some(lo..hi)
     }
+    /// Row `r`'s visible columns as maximal runs, in column order. Example: a tree node at
+    /// depth 2 over cache 5 whose parent sits at column 5 and itself at 7 (a sibling of the
+    /// parent at 6) → `[0..6, 7..8]`; a causal row → one run.
+    pub fn row_runs(&self, r: usize) -> Vec<Range<usize>> {
+        let row = &self.data[r * self.cols..(r + 1) * self.cols];
+        let mut runs: Vec<Range<usize>> = Vec::new();
+        for (c, _) in row.iter().enumerate().filter(|(_, &v)| v) {
+            match runs.last_mut() {
+                Some(last) if last.end == c => last.end = c + 1,
+                _ => runs.push(c..c + 1),
+            }
+        }
+        runs
+    }
     /// True when this is exactly the causal mask over `[cache | new rows]`, in which case a
     /// model may use a cheaper causal path.
     pub fn is_causal(&self) -> bool {
@@ -337,6 +351,18 @@ pub fn draft_training_parts(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn row_runs_of_a_tree_and_a_causal_row() {
+        // cache 5; nodes: 0 root-child (col 5), 1 its sibling (col 6), 2 child of node 0 (col 7)
+        let v = tree(5, &[None, None, Some(0)]);
+        assert_eq!(v.row_runs(2), vec![0..6, 7..8]);
+        assert_eq!(v.row_runs(1), vec![0..5, 6..7]);
+        assert_eq!(causal(3, 2).row_runs(1), vec![0..5]);
+        assert_eq!(
+            Visibility::new(1, 4).row_runs(0),
+            Vec::<Range<usize>>::new()
+        );
+    }
 
     #[test]
     fn row_intervals() {

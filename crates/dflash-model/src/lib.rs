@@ -29,6 +29,7 @@ pub mod norm;
 pub mod panels;
 pub mod profile;
 pub mod rope;
+pub mod row_attention;
 pub mod softmax;
 pub mod target;
 pub mod tokenizer;

@@ -22,6 +22,7 @@ use crate::kv_cache::KvCache;
 use crate::mlp::{load_linear, Mlp};
 use crate::norm::RmsNorm;
 use crate::rope::{Rope, RopeTables};
+use crate::row_attention::{self, attend_rows, KeyRuns};
 use crate::weights::TensorStore;
 
 /// The parent of each new row for linear-attention layers: its nearest visible earlier new
@@ -52,6 +53,9 @@ pub struct ForwardInputs {
     /// `[b, 1, 1, n, cache + n]` in the compute dtype of the attention scores (f32; f64 for f64
     /// models). The fixed layout always has the additive mask (the captured buffer).
     mask: AttnMask,
+    /// Each row's visible keys, for [`crate::row_attention`] (f32 CPU inference of one
+    /// sequence with at most [`crate::row_attention::MAX_ROWS`] rows; else `None`).
+    runs: Option<KeyRuns>,
     /// Linear-attention parents of the new rows (hybrid targets only).
     parents: Vec<Option<usize>>,
     b: usize,
@@ -112,6 +116,14 @@ impl AttnMask {
             AttnMask::Intervals(_) => bail!("an interval mask has no additive buffer"),
         }
     }
+}
+
+/// Which keys each query row of a forward sees: the mask, and each row's key runs where
+/// [`crate::row_attention`] runs the attention.
+#[derive(Clone, Copy)]
+struct Keys<'a> {
+    mask: &'a AttnMask,
+    runs: Option<&'a KeyRuns>,
 }
 
 /// Where a forward writes its new rows' K/V and which cache columns it attends over.
@@ -175,7 +187,7 @@ impl Attention {
         &self,
         x: &Tensor,
         rope: &RopeTables,
-        mask: &AttnMask,
+        keys: Keys,
         layout: &CacheLayout,
         cache: &mut KvCache,
         layer: usize,
@@ -225,9 +237,10 @@ impl Attention {
         };
         // 4. masked attention, grouped K/V
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let o = match mask {
-            AttnMask::Intervals(iv) => attend_intervals(&q, &k, &v, iv, scale)?,
-            AttnMask::Additive(m) => attend(&q, &k, &v, m, scale)?,
+        let o = match (keys.runs, keys.mask) {
+            (Some(r), _) if row_attention::applies(&q) => attend_rows(&q, &k, &v, r, scale)?,
+            (_, AttnMask::Intervals(iv)) => attend_intervals(&q, &k, &v, iv, scale)?,
+            (_, AttnMask::Additive(m)) => attend(&q, &k, &v, m, scale)?,
         };
         let o = match gate {
             Some(g) => (o * candle_nn::ops::sigmoid(&g)?)?,
@@ -599,10 +612,24 @@ impl Target {
                 None => AttnMask::Additive(mask_tensors(masks, cd, &self.device)?),
             },
         };
+        // f32 CPU inference of a few rows: each row over its own keys (bit-identical rows
+        // whatever the other rows, e.g. a tree's verify row and the AR step of the same tokens)
+        let runs = match masks {
+            [one]
+                if mask_cols.is_none()
+                    && matches!(self.device, Device::Cpu)
+                    && self.dtype == DType::F32
+                    && n <= row_attention::MAX_ROWS =>
+            {
+                Some(KeyRuns::new(one))
+            }
+            _ => None,
+        };
         Ok(ForwardInputs {
             ids,
             rope,
             mask,
+            runs,
             parents,
             b,
             n,
@@ -673,6 +700,7 @@ impl Target {
             ids,
             rope,
             mask,
+            runs,
             parents,
             b,
             n,
@@ -700,7 +728,17 @@ impl Target {
         for (i, layer) in self.layers.iter().enumerate() {
             let hn = layer.input_layernorm.forward(&x)?;
             let h = match &layer.mixer {
-                Mixer::Attention(a) => a.forward(&hn, rope, mask, layout, cache, i)?,
+                Mixer::Attention(a) => a.forward(
+                    &hn,
+                    rope,
+                    Keys {
+                        mask,
+                        runs: runs.as_ref(),
+                    },
+                    layout,
+                    cache,
+                    i,
+                )?,
                 Mixer::GatedDeltaNet(g) => {
                     g.forward(&hn, parents, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
                 }

@@ -152,6 +152,65 @@ fn additive_mask_equals_rows_done_separately() {
     }
 }
 
+/// On the CPU in f32, a tree verify row's logits are bit-identical to those of the AR step
+/// that decodes the same tokens (`row_attention`: each row over its own keys in order;
+/// `panels`: a row's products the same alone and in a block), so a verify never disagrees
+/// with AR over a rounding difference.
+#[test]
+fn tree_rows_equal_ar_steps_bit_for_bit() {
+    let t = tiny();
+    let toks: Vec<u32> = vec![5, 17, 99, 3, 250, 7, 42, 42, 8];
+    let (c, n) = (5usize, 4usize);
+    let parents = [None, Some(0), Some(0), Some(2)];
+    let vis = dflash_core::visibility::tree(c, &parents);
+    let block_pos = [5usize, 6, 6, 7];
+    let ctx_pos: Vec<usize> = (0..c).collect();
+    let prefill = |cache: &mut dflash_model::KvCache| {
+        t.forward(&toks[..c], &ctx_pos, &causal(0, c), cache, &[], &Rows::None)
+            .unwrap();
+    };
+    let mut cache = t.new_cache();
+    prefill(&mut cache);
+    let tree = t
+        .forward(&toks[c..], &block_pos, &vis, &mut cache, &[], &Rows::All)
+        .unwrap()
+        .logits
+        .unwrap();
+    for r in 0..n {
+        // the path root → r, decoded one AR step at a time after the same prefill
+        let mut path = vec![r];
+        while let Some(p) = parents[*path.last().unwrap()] {
+            path.push(p);
+        }
+        path.reverse();
+        let mut ar = t.new_cache();
+        prefill(&mut ar);
+        let mut last = None;
+        for (i, &node) in path.iter().enumerate() {
+            last = t
+                .forward(
+                    &[toks[c + node]],
+                    &[c + i],
+                    &causal(c + i, 1),
+                    &mut ar,
+                    &[],
+                    &Rows::Last,
+                )
+                .unwrap()
+                .logits;
+        }
+        let want: Vec<f32> = last.unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let got: Vec<f32> = tree
+            .narrow(0, r, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(got, want, "row {r}");
+    }
+}
+
 #[test]
 fn truncate_and_keep_rows() {
     let t = tiny();

@@ -139,6 +139,26 @@ fn walk_jsonl(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// A frozen prompt file continued: `old`'s prompts first, in their order (so that a
+/// regeneration of `old` resumes on the longer file: `data generate` checks the last shard's
+/// prompts), then those of `new` that `old` lacks, in `new`'s order. Returns the list and how
+/// many of `new` were left out as repeats.
+/// Example: old `[a, b]`, new `[c, b, d]` → `[a, b, c, d]`, 1 already there.
+pub fn extend(old: Vec<Prompt>, new: Vec<Prompt>) -> (Vec<Prompt>, usize) {
+    // the key `load` deduplicates by
+    let key = |p: &Prompt| serde_json::to_string(&p.messages).unwrap_or_default();
+    let mut seen: HashSet<String> = old.iter().map(key).collect();
+    let (mut out, mut already) = (old, 0);
+    for p in new {
+        if seen.insert(key(&p)) {
+            out.push(p);
+        } else {
+            already += 1;
+        }
+    }
+    (out, already)
+}
+
 /// Load prompts from `source`: `sharegpt:PATH`, `evals:DIR` (capped per file), a `.json`
 /// ShareGPT file, a `.jsonl` file, or a directory of `.jsonl` files. Deduplicated, in order.
 pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
@@ -186,6 +206,30 @@ pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extend_keeps_the_old_order_and_adds_only_new_prompts() {
+        let p = |t: &str| user(t.to_string());
+        let (all, already) = extend(vec![p("a"), p("b")], vec![p("c"), p("b"), p("d")]);
+        assert_eq!(all, vec![p("a"), p("b"), p("c"), p("d")]);
+        assert_eq!(already, 1);
+        // the same text under another role, or with a system turn, is another prompt
+        let sys = Prompt {
+            messages: vec![
+                ChatMessage {
+                    role: "system".into(),
+                    content: "be brief".into(),
+                },
+                ChatMessage {
+                    role: "user".into(),
+                    content: "a".into(),
+                },
+            ],
+        };
+        let (all, already) = extend(vec![p("a")], vec![sys.clone()]);
+        assert_eq!((all.len(), already), (2, 0));
+        assert_eq!(all[1], sys);
+    }
 
     #[test]
     fn truncated_sharegpt_keeps_complete_records() {
