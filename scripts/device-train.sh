@@ -36,7 +36,9 @@
 #   (device memory for the target features kept between epochs, 0: at SmolLM2's size the
 #   features cost little to recompute, and runs with a 30–60 GB cache ran out of device memory
 #   after ≈ 1,000 steps, docs/BENCHMARKS.md, seventh session), DATA_DTYPE (regeneration
-#   dtype, f32; bf16 prefills 5× faster and rounds some greedy choices differently).
+#   dtype, f32; bf16 prefills 5× faster and rounds some greedy choices differently),
+#   LOOP_WINDOW (cut each response after its first repeated window of this many tokens:
+#   `loop_window` in the training config; 32 keeps 25 % of the ninth session's data).
 # The eighth session's run (the shipped drafter): DATA_DTYPE=bf16 BATCH=256 SHARD=16
 #   DATA_TOKENS=1024 DATA_UNTIL=555 … setup restore data savedata, then STEPS=6500 PACK=2048
 #   ANCHORS=512 ACCUM=2 INIT_FROM=… UNTIL=580 … cfg train export, then UNTIL=575 … train export
@@ -111,6 +113,7 @@ config() { # $1 max_steps → the run's training config
   local INIT=""
   [ -n "${INIT_FROM:-}" ] && INIT=", \"init_from\": \"$INIT_FROM\""
   [ -n "${PACK:-}" ] && INIT="$INIT, \"pack_length\": $PACK"
+  [ -n "${LOOP_WINDOW:-}" ] && INIT="$INIT, \"loop_window\": $LOOP_WINDOW"
   local every=$(( n / 8 > 25 ? n / 8 : 25 ))
   cat <<EOF
 {"num_draft_layers": 5, "block_size": 16, "num_anchors": ${ANCHORS:-256}, "max_length": 2048,

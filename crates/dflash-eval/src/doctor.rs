@@ -252,7 +252,7 @@ pub fn doctor(
     if let (Some(r), Some(dir)) = (&rec, data) {
         let (_, seqs) = read_sequences(dir)?;
         let tcfg: TrainConfig = r.train_config.clone();
-        let (seqs, _) = usable_sequences(seqs, tcfg.max_length);
+        let (seqs, _, _) = usable_sequences(seqs, &tcfg);
         let n_val = tcfg
             .val_sequences
             .min(seqs.len().saturating_sub(1))

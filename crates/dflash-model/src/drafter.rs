@@ -32,6 +32,7 @@ use crate::kv_cache::KvCache;
 use crate::mlp::{load_linear, Mlp};
 use crate::norm::RmsNorm;
 use crate::rope::Rope;
+use crate::row_attention::{self, attend_rows, KeyRuns};
 use crate::target::Target;
 use crate::weights::TensorStore;
 
@@ -80,9 +81,10 @@ impl DraftLayout<'_> {
 /// (docs/BENCHMARKS.md, sixth session); other budgets are not measured.
 const WINDOW_CELLS: usize = 1 << 20;
 
-/// A layer's attention mask: the whole `[keys]` mask, or (training) the two visible parts.
+/// A layer's attention mask: the whole `[keys]` mask and each row's visible key runs (for
+/// [`crate::row_attention`] where it applies), or (training) the two visible parts.
 enum LayerMask {
-    Dense(Tensor),
+    Dense(Tensor, KeyRuns),
     Parts {
         context: Vec<ContextWindow>,
         block: usize,
@@ -318,11 +320,10 @@ impl Drafter {
                         let context = context_windows(&c, &o, block, &group, WINDOW_CELLS, device)?;
                         LayerMask::Parts { context, block }
                     }
-                    DraftLayout::Inference { anchor, block } => LayerMask::Dense(mask_tensor(
-                        &draft_inference(l.rule, anchor, block),
-                        dtype,
-                        device,
-                    )?),
+                    DraftLayout::Inference { anchor, block } => {
+                        let v = draft_inference(l.rule, anchor, block);
+                        LayerMask::Dense(mask_tensor(&v, dtype, device)?, KeyRuns::new(&v))
+                    }
                 };
                 masks.push((l.rule, lm));
             }
@@ -369,7 +370,10 @@ impl Drafter {
             };
             let scale = 1.0 / (a.head_dim as f64).sqrt();
             let o = match &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1 {
-                LayerMask::Dense(mask) => attend(&q, &k, &v, mask, scale)?,
+                LayerMask::Dense(_, runs) if row_attention::applies(&q) => {
+                    attend_rows(&q, &k, &v, runs, scale)?
+                }
+                LayerMask::Dense(mask, _) => attend(&q, &k, &v, mask, scale)?,
                 LayerMask::Parts { context, block } => {
                     attend_blocks(&q, &k, &v, m, context, *block, scale)?
                 }
@@ -451,10 +455,7 @@ impl Drafter {
     /// per-position distributions, so that only the log-probabilities leave the device and the
     /// host picks the top K without an exp over the vocabulary.
     pub fn log_probs(logits: &Tensor) -> Result<Tensor> {
-        Ok(candle_nn::ops::log_softmax(
-            &logits.to_dtype(DType::F32)?,
-            D::Minus1,
-        )?)
+        Ok(crate::log_softmax::log_softmax_rows(logits)?)
     }
 
     /// Row-wise argmax of `[n, vocab]` logits.

@@ -24,6 +24,7 @@ pub mod kv_cache;
 pub mod launch_profile;
 pub mod linear;
 pub mod loader;
+pub mod log_softmax;
 pub mod mlp;
 pub mod norm;
 pub mod panels;
@@ -33,6 +34,7 @@ pub mod row_attention;
 pub mod softmax;
 pub mod target;
 pub mod tokenizer;
+mod vexp;
 pub mod weights;
 pub mod with_grad;
 

@@ -34,9 +34,19 @@ pub(crate) const INLINE_FMAS: usize = 1 << 16;
 /// `W` `[n, k]` as panels (see the module doc).
 #[derive(Debug)]
 pub struct Panels {
-    data: Vec<f32>,
+    data: PanelData,
     n: usize,
     k: usize,
+}
+
+/// The panels' values: f32, or their upper halves when every weight is a bf16 value (a
+/// drafter shipped in bf16, loaded as f32): the kernel widens them back exactly (a bf16 is
+/// the upper 16 bits of its f32), so the products are bit-identical while the weights stream
+/// at half the bytes. Example: 0.5f32 = 0x3F00_0000 → stored 0x3F00.
+#[derive(Debug)]
+enum PanelData {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
 }
 
 impl Panels {
@@ -77,7 +87,30 @@ impl Panels {
                     }
                 }
             });
+        let data = if data.par_iter().all(|v| v.to_bits() & 0xffff == 0) {
+            PanelData::Bf16(
+                data.par_iter()
+                    .map(|v| (v.to_bits() >> 16) as u16)
+                    .collect(),
+            )
+        } else {
+            PanelData::F32(data)
+        };
         Self { data, n, k }
+    }
+
+    /// The stored bf16 bits (tests).
+    #[cfg(test)]
+    fn data_bits(&self) -> Vec<u16> {
+        match &self.data {
+            PanelData::Bf16(d) => d[..1].to_vec(),
+            PanelData::F32(_) => Vec::new(),
+        }
+    }
+
+    /// Whether the weights are kept as bf16 (all of them are bf16 values).
+    pub fn is_bf16(&self) -> bool {
+        matches!(self.data, PanelData::Bf16(_))
     }
 
     pub fn out_features(&self) -> usize {
@@ -95,6 +128,13 @@ impl Panels {
     pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
         assert!(Self::supported(), "Panels::matmul needs AVX-512F");
         assert_eq!(x.len(), rows * self.k, "Panels::matmul: input length");
+        match &self.data {
+            PanelData::F32(d) => self.matmul_of(d, x, rows),
+            PanelData::Bf16(d) => self.matmul_of(d, x, rows),
+        }
+    }
+
+    fn matmul_of<E: avx512::Weight>(&self, data: &[E], x: &[f32], rows: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         let mut y = vec![0f32; rows * n];
         let panels = n.div_ceil(PANEL);
@@ -103,7 +143,7 @@ impl Panels {
             let y = out.ptr();
             for p in range {
                 let cols = PANEL.min(n - p * PANEL);
-                let panel = &self.data[p * k * PANEL..][..k * PANEL];
+                let panel = &data[p * k * PANEL..][..k * PANEL];
                 let mut r0 = 0;
                 while r0 < rows {
                     let r = BLOCK_ROWS.min(rows - r0);
@@ -153,24 +193,57 @@ impl<T> SyncPtr<T> {
     }
 }
 
+#[cfg(not(target_arch = "x86_64"))]
+mod avx512 {
+    /// A panel value (the kernel exists on x86_64 only; `supported()` is false elsewhere).
+    pub trait Weight: Copy + Sync {}
+    impl Weight for f32 {}
+    impl Weight for u16 {}
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    /// Prefetch distance: 64 cache lines (4 KiB) ahead in the panel stream, which runs on into
-    /// the next panel (measured on the development VM: 32–128 lines within 5 %, none 1.3× slower
-    /// at 16 rows).
-    const AHEAD: usize = 64 * 16;
+    /// Prefetch distance: 4 KiB ahead in the panel stream, which runs on into the next panel
+    /// (measured on the development VM with f32 panels: 32–128 lines within 5 %, none 1.3×
+    /// slower at 16 rows).
+    const AHEAD_BYTES: usize = 4096;
+
+    /// A panel value: 16 of them load as one f32 vector.
+    pub trait Weight: Copy + Sync {
+        /// # Safety
+        /// AVX-512F; `p .. p + 16` readable.
+        unsafe fn load16(p: *const Self) -> __m512;
+    }
+
+    impl Weight for f32 {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn load16(p: *const f32) -> __m512 {
+            _mm512_loadu_ps(p)
+        }
+    }
+
+    /// bf16 bits, widened exactly: the f32 with these upper 16 bits and zero lower ones.
+    impl Weight for u16 {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn load16(p: *const u16) -> __m512 {
+            let h = _mm256_loadu_si256(p as *const __m256i);
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
 
     /// `y[r, 0..cols]` (row stride `ldy`) for the `rows ≤ 16` rows of `x` (`rows × k`) against
     /// one panel (`k × 16`).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn block(
+    pub unsafe fn block<E: Weight>(
         x: &[f32],
         rows: usize,
         k: usize,
-        panel: &[f32],
+        panel: &[E],
         y: *mut f32,
         ldy: usize,
         cols: usize,
@@ -178,7 +251,7 @@ mod avx512 {
         macro_rules! rows_dispatch {
             ($($r:literal)*) => {
                 match rows {
-                    $($r => rows_r::<$r>(x, k, panel, y, ldy, cols),)*
+                    $($r => rows_r::<E, $r>(x, k, panel, y, ldy, cols),)*
                     _ => unreachable!("block of {rows} rows"),
                 }
             };
@@ -188,10 +261,10 @@ mod avx512 {
 
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows_r<const R: usize>(
+    unsafe fn rows_r<E: Weight, const R: usize>(
         x: &[f32],
         k: usize,
-        panel: &[f32],
+        panel: &[E],
         y: *mut f32,
         ldy: usize,
         cols: usize,
@@ -199,10 +272,11 @@ mod avx512 {
         debug_assert!(x.len() == R * k && panel.len() == k * 16);
         let (xp, pp) = (x.as_ptr(), panel.as_ptr());
         let mut acc = [_mm512_setzero_ps(); R];
+        let ahead = AHEAD_BYTES / std::mem::size_of::<E>();
         for kk in 0..k {
-            let w = _mm512_loadu_ps(pp.add(kk * 16));
+            let w = E::load16(pp.add(kk * 16));
             // a hint: past the end of the weights it fetches nothing useful, and never faults
-            _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(kk * 16 + AHEAD) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(kk * 16 + ahead) as *const i8);
             for (r, a) in acc.iter_mut().enumerate() {
                 *a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(r * k + kk)), w, *a);
             }
@@ -247,12 +321,16 @@ mod tests {
     #[test]
     fn the_docs_packing_example() {
         let w: Vec<f32> = (0..36).map(|v| v as f32).collect(); // n = 18, k = 2
+        let w: Vec<f32> = w.iter().map(|v| v + 0.001).collect(); // not bf16 values: kept f32
         let p = Panels::pack(&w, 18, 2);
-        assert_eq!(p.data.len(), 2 * 2 * 16);
-        let panel1 = &p.data[32..];
-        assert_eq!(&panel1[..3], &[32., 34., 0.]);
-        assert_eq!(&panel1[16..19], &[33., 35., 0.]);
-        assert_eq!(&p.data[..2], &[0., 2.]); // panel 0, kk = 0: w[0][0], w[1][0]
+        let PanelData::F32(data) = &p.data else {
+            panic!("f32 weights that are not bf16 values are kept as f32")
+        };
+        assert_eq!(data.len(), 2 * 2 * 16);
+        let panel1 = &data[32..];
+        assert_eq!(&panel1[..3], &[32.001, 34.001, 0.]);
+        assert_eq!(&panel1[16..19], &[33.001, 35.001, 0.]);
+        assert_eq!(&data[..2], &[0.001, 2.001]); // panel 0, kk = 0: w[0][0], w[1][0]
     }
 
     /// Against an f64 reference: rows 1..=40 (blocks of 16 and the rest), widths not a
@@ -278,6 +356,41 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// Weights that are all bf16 values are kept as bf16 and give the same bits as f32 panels
+    /// of the same values (0.5 = 0x3F00_0000 → 0x3F00).
+    #[test]
+    fn bf16_weights_are_kept_as_bf16_and_give_the_same_bits() {
+        if !Panels::supported() {
+            eprintln!("skipped: no AVX-512F on this CPU");
+            return;
+        }
+        let (n, k) = (37usize, 100usize);
+        let w: Vec<f32> = values(n * k, 5)
+            .iter()
+            .map(|v| f32::from_bits(v.to_bits() & 0xffff_0000))
+            .collect();
+        let half = Panels::pack(&w, n, k);
+        assert!(half.is_bf16());
+        let PanelData::Bf16(h) = &half.data else {
+            unreachable!()
+        };
+        let full = Panels {
+            data: PanelData::F32(
+                h.iter()
+                    .map(|&b| f32::from_bits((b as u32) << 16))
+                    .collect(),
+            ),
+            n,
+            k,
+        };
+        assert!(!Panels::pack(&[0.5, 0.1], 1, 2).is_bf16());
+        assert_eq!(Panels::pack(&[0.5], 1, 1).data_bits(), vec![0x3F00]);
+        for rows in [1usize, 9, 17] {
+            let x = values(rows * k, 9);
+            assert_eq!(half.matmul(&x, rows), full.matmul(&x, rows), "rows {rows}");
         }
     }
 

@@ -40,6 +40,11 @@ pub struct TrainConfig {
     /// one sequence per row. Validation rows are never packed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack_length: Option<usize>,
+    /// Cut each response after its first window of this many supervised tokens that already
+    /// occurred earlier in it (a repetition loop, [`crate::loops`]), validation included.
+    /// Unset: responses whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loop_window: Option<usize>,
     // the optimizer
     pub lr: f64,
     pub beta1: f64,
@@ -81,6 +86,7 @@ impl Default for TrainConfig {
             loss: LossKind::Ce,
             max_length: 3072,
             pack_length: None,
+            loop_window: None,
             lr: 6e-4,
             beta1: 0.9,
             beta2: 0.95,
@@ -123,6 +129,9 @@ impl TrainConfig {
         }
         if !(0.0..1.0).contains(&self.warmup_ratio) {
             return bad("warmup_ratio must be in [0, 1)");
+        }
+        if self.loop_window == Some(0) {
+            return bad("loop_window must be >= 1 (unset it to keep responses whole)");
         }
         if self.pack_length.is_some_and(|p| p < self.max_length) {
             return bad("pack_length must be >= max_length (a sequence must fit one row)");

@@ -8,6 +8,7 @@ pub mod curves;
 pub mod data;
 pub mod fingerprint;
 pub mod flops;
+pub mod loops;
 pub mod loss;
 pub mod optim;
 pub mod pack;

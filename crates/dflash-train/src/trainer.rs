@@ -266,15 +266,19 @@ pub fn apply_update(
     Ok(grad_norm)
 }
 
-/// Sequences cut to `max_length`, and the ones without two consecutive supervised tokens
-/// dropped (counted).
-pub fn usable_sequences(seqs: Vec<Sequence>, max_length: usize) -> (Vec<Sequence>, usize) {
-    let mut dropped = 0;
+/// Sequences cut after their first loop (`loop_window`, [`crate::loops`]) and to
+/// `max_length`, and the ones without two consecutive supervised tokens dropped (counted).
+/// Returns (sequences, dropped, supervised tokens cut as loops).
+pub fn usable_sequences(seqs: Vec<Sequence>, cfg: &TrainConfig) -> (Vec<Sequence>, usize, usize) {
+    let (mut dropped, mut looped) = (0, 0);
     let kept = seqs
         .into_iter()
         .filter_map(|mut s| {
-            s.ids.truncate(max_length);
-            s.loss_mask.truncate(max_length);
+            if let Some(w) = cfg.loop_window {
+                looped += crate::loops::cut_loop(&mut s, w);
+            }
+            s.ids.truncate(cfg.max_length);
+            s.loss_mask.truncate(cfg.max_length);
             if anchors::candidates(&s.loss_mask).is_empty() {
                 dropped += 1;
                 None
@@ -283,7 +287,7 @@ pub fn usable_sequences(seqs: Vec<Sequence>, max_length: usize) -> (Vec<Sequence
             }
         })
         .collect();
-    (kept, dropped)
+    (kept, dropped, looped)
 }
 
 fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
@@ -453,7 +457,14 @@ pub fn train_with_limits(
             &target_hash[..12]
         );
     }
-    let (seqs, dropped) = usable_sequences(seqs, cfg.max_length);
+    let supervised: usize = seqs.iter().map(Sequence::supervised).sum();
+    let (seqs, dropped, looped) = usable_sequences(seqs, &cfg);
+    if let Some(w) = cfg.loop_window {
+        eprintln!(
+            "loop_window {w}: {looped} of {supervised} supervised tokens cut as repetition loops ({:.0} %)",
+            100.0 * looped as f64 / supervised.max(1) as f64
+        );
+    }
     if dropped > 0 {
         eprintln!(
             "note: {dropped} sequence(s) without two consecutive supervised tokens were skipped"
