@@ -18,6 +18,47 @@ pub enum DataCommand {
     /// Freeze a prompt set: several sources, each cut to --limit, mixed by a seeded shuffle,
     /// written as one JSONL of chat messages (small enough to carry where the sources are not).
     Prompts(PromptsArgs),
+    /// A drafter's vocabulary subset: the most frequent supervised tokens of a data
+    /// directory, as `draft_vocab.json` (put it beside the drafter's weights).
+    Vocab(VocabArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct VocabArgs {
+    /// A data directory (`data generate`'s shards + manifest).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Tokens to keep.
+    #[arg(long, default_value_t = 8192)]
+    pub size: usize,
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+fn run_vocab(a: VocabArgs) -> Result<()> {
+    if a.size == 0 {
+        anyhow::bail!("--size must be at least 1");
+    }
+    let (_, seqs) = dflash_train::data::read_sequences(&a.data)?;
+    let (ids, coverage) = dflash_train::vocab::frequent_tokens(&seqs, a.size);
+    let v = dflash_model::draft_vocab::DraftVocab {
+        source: format!(
+            "the {} most frequent supervised tokens of {} ({} sequences)",
+            ids.len(),
+            a.data.display(),
+            seqs.len()
+        ),
+        coverage: Some(coverage),
+        token_ids: ids,
+    };
+    dflash_train::data::write_atomic(&a.out, serde_json::to_string(&v)?.as_bytes())?;
+    eprintln!(
+        "wrote {}: {} tokens, {:.2} % of the supervised tokens",
+        a.out.display(),
+        v.token_ids.len(),
+        100.0 * coverage
+    );
+    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -135,6 +176,7 @@ pub fn run_data(cmd: DataCommand) -> Result<()> {
     let a = match cmd {
         DataCommand::Generate(a) => a,
         DataCommand::Prompts(a) => return run_prompts(a),
+        DataCommand::Vocab(a) => return run_vocab(a),
     };
     let sampling = a.sampling.params()?;
     if a.shard_size == 0 {

@@ -39,6 +39,7 @@ use candle_core::Tensor;
 use dflash_core::sampling::{Sampler, SamplingParams};
 use dflash_core::stats::RoundOutcome;
 use dflash_core::tree::{top_k_sorted, DraftTree};
+use dflash_model::draft_vocab::DraftHead;
 use dflash_model::drafter::Drafter;
 use dflash_model::graphed::GraphedForward;
 use dflash_model::{KvCache, Rows, Target};
@@ -219,6 +220,11 @@ pub fn generate_with(
     let mut new_tokens = vec![first];
     let mut rounds = Vec::new();
     let mut draft_cache = drafter.map(|d| d.new_cache());
+    // the LM head over the drafter's vocabulary subset, once per decode
+    let head = match drafter.and_then(|d| d.draft_vocab.as_ref()) {
+        Some(v) => Some(DraftHead::new(target, v)?),
+        None => None,
+    };
     let mut start = n; // position of the anchor
     let mut stopped = req.stop_ids.contains(&first);
     while start + 1 < max_len && !stopped {
@@ -234,8 +240,9 @@ pub fn generate_with(
                     Mode::Tree { budget, .. } => budget.min(depth - 1),
                     _ => depth - 1,
                 };
-                let logits = d.draft(
+                let logits = d.draft_with(
                     target,
+                    head.as_ref(),
                     draft_cache.as_mut().unwrap(),
                     ctx.as_ref().unwrap(),
                     anchor,
@@ -247,11 +254,24 @@ pub fn generate_with(
                     Mode::Tree { budget, top_k, .. } => {
                         let k = if top_k == 0 { budget } else { top_k };
                         let rows = Drafter::log_probs(&logits)?.to_vec2::<f32>()?;
-                        let top: Vec<Vec<(u32, f32)>> =
-                            rows.iter().map(|r| top_k_sorted(r, k)).collect();
+                        let token = |j: u32| head.as_ref().map_or(j, |h| h.token(j));
+                        let top: Vec<Vec<(u32, f32)>> = rows
+                            .iter()
+                            .map(|r| {
+                                let mut t = top_k_sorted(r, k);
+                                t.iter_mut().for_each(|(j, _)| *j = token(*j));
+                                t
+                            })
+                            .collect();
                         DraftTree::build(anchor, &top, budget)
                     }
-                    _ => DraftTree::chain(anchor, &Drafter::argmax_rows(&logits)?),
+                    _ => {
+                        let mut chain = Drafter::argmax_rows(&logits)?;
+                        if let Some(h) = &head {
+                            chain.iter_mut().for_each(|j| *j = h.token(*j));
+                        }
+                        DraftTree::chain(anchor, &chain)
+                    }
                 }
             }
             _ => DraftTree::chain(anchor, &[]),

@@ -28,6 +28,7 @@ use dflash_core::visibility::{draft_inference, draft_training_parts, DraftRule};
 
 use crate::attention::{attend, mask_tensor};
 use crate::block_attention::{attend_blocks, context_windows, ContextWindow};
+use crate::draft_vocab::{DraftHead, DraftVocab};
 use crate::kv_cache::KvCache;
 use crate::mlp::{load_linear, Mlp};
 use crate::norm::RmsNorm;
@@ -125,6 +126,9 @@ pub struct Drafter {
     pub block_size: usize,
     /// Notes from loading (tap-id conversions, defaults used).
     pub notes: Vec<String>,
+    /// The tokens its proposals come from (`draft_vocab.json` beside the weights), or the
+    /// whole vocabulary.
+    pub draft_vocab: Option<DraftVocab>,
 }
 
 impl Drafter {
@@ -140,7 +144,19 @@ impl Drafter {
             target.dtype,
             &target.device,
         )?;
-        Self::load(config, &store, target)
+        let mut d = Self::load(config, &store, target)?;
+        if let Some(v) = DraftVocab::read_dir(dir)? {
+            v.validate(target.config.vocab_size)
+                .with_context(|| format!("{}", dir.join(crate::draft_vocab::FILE).display()))?;
+            d.notes.push(format!(
+                "proposals from {} of the {} tokens ({})",
+                v.token_ids.len(),
+                target.config.vocab_size,
+                crate::draft_vocab::FILE
+            ));
+            d.draft_vocab = Some(v);
+        }
+        Ok(d)
     }
 
     /// Build from a config and HF-named weights (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`, …),
@@ -235,6 +251,7 @@ impl Drafter {
             fc,
             hidden_norm,
             notes,
+            draft_vocab: None,
             config,
         })
     }
@@ -432,6 +449,32 @@ impl Drafter {
         block: usize,
         positions: usize,
     ) -> Result<Tensor> {
+        self.draft_with(
+            target,
+            None,
+            cache,
+            new_ctx_taps,
+            anchor_token,
+            anchor,
+            block,
+            positions,
+        )
+    }
+
+    /// [`Self::draft`] with the logits over `head`'s vocabulary subset (`[positions, subset]`,
+    /// column `j` being token `head.token(j)`) when given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn draft_with(
+        &self,
+        target: &Target,
+        head: Option<&DraftHead>,
+        cache: &mut KvCache,
+        new_ctx_taps: &Tensor,
+        anchor_token: u32,
+        anchor: usize,
+        block: usize,
+        positions: usize,
+    ) -> Result<Tensor> {
         if positions == 0 {
             anyhow::bail!("draft: no position to draft");
         }
@@ -444,7 +487,11 @@ impl Drafter {
         )?;
         cache.truncate(anchor)?;
         let rows = h.narrow(1, 1, positions.min(block - 1))?;
-        Ok(self.logits(target, &rows)?.squeeze(0)?)
+        let logits = match head {
+            Some(hd) => self.finish_logits(hd.logits(target, &rows)?)?,
+            None => self.logits(target, &rows)?,
+        };
+        Ok(logits.squeeze(0)?)
     }
 
     pub fn num_layers(&self) -> usize {

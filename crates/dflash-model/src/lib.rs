@@ -10,6 +10,7 @@ pub mod compare;
 pub mod cross_entropy;
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda_kernels;
+pub mod draft_vocab;
 pub mod drafter;
 pub mod drafter_init;
 pub mod families;

@@ -56,6 +56,11 @@ impl Linear {
         }
     }
 
+    /// The weight `[out, in]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
     /// The panels when `x` may use them: f32 on the CPU, not differentiated.
     fn panels_for(&self, x: &Tensor) -> Option<&Panels> {
         let x_ok = matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32 && !x.track_op();

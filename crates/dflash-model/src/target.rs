@@ -447,6 +447,17 @@ impl Target {
             .to_dtype(crate::norm::compute_dtype(self.dtype))?)
     }
 
+    /// The LM head over vocabulary rows `ids` only (a drafter's vocabulary subset,
+    /// [`crate::draft_vocab`]): column `j` of its logits is bit-identical to column `ids[j]`
+    /// of [`Self::lm_head`]'s (the same weight row, the same product).
+    pub fn lm_head_rows(&self, ids: &[u32]) -> Result<Linear> {
+        let idx = Tensor::new(ids, &self.device)?;
+        Ok(Linear::new(
+            self.lm_head.weight().index_select(&idx, 0)?.contiguous()?,
+            None,
+        ))
+    }
+
     /// The LM head in the weights' dtype (training: the drafter's fused loss reads bf16
     /// logits; [`Self::lm_head`] is the same matmul cast to the compute dtype).
     pub fn lm_head_native(&self, hidden: &Tensor) -> Result<Tensor> {

@@ -211,6 +211,59 @@ fn tree_rows_equal_ar_steps_bit_for_bit() {
     }
 }
 
+/// A draft head over a vocabulary subset gives, for each of its tokens, the full LM head's
+/// logit bit for bit.
+#[test]
+fn draft_head_columns_equal_the_full_lm_heads() {
+    use dflash_model::draft_vocab::{DraftHead, DraftVocab};
+    let t = tiny();
+    let h = Tensor::arange(0f32, (3 * t.config.hidden_size) as f32, &Device::Cpu)
+        .unwrap()
+        .affine(0.01, -0.5)
+        .unwrap()
+        .sin()
+        .unwrap()
+        .reshape((1, 3, t.config.hidden_size))
+        .unwrap();
+    let ids = vec![0u32, 3, 17, 100, (t.config.vocab_size - 1) as u32];
+    let v = DraftVocab {
+        token_ids: ids.clone(),
+        source: "test".into(),
+        coverage: None,
+    };
+    let head = DraftHead::new(&t, &v).unwrap();
+    let full = t
+        .lm_head(&h)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let sub = head
+        .logits(&t, &h)
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    for (r, row) in sub.iter().enumerate() {
+        for (j, &x) in row.iter().enumerate() {
+            assert_eq!(
+                x.to_bits(),
+                full[r][ids[j] as usize].to_bits(),
+                "row {r} token {}",
+                ids[j]
+            );
+            assert_eq!(head.token(j as u32), ids[j]);
+        }
+    }
+    let bad = DraftVocab {
+        token_ids: vec![t.config.vocab_size as u32],
+        ..v
+    };
+    assert!(DraftHead::new(&t, &bad).is_err());
+}
+
 #[test]
 fn truncate_and_keep_rows() {
     let t = tiny();

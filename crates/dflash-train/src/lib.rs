@@ -16,3 +16,4 @@ pub mod progress;
 pub mod prompts;
 pub mod regen;
 pub mod trainer;
+pub mod vocab;
