@@ -166,6 +166,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     let mut dcache = drafter.new_cache();
     drafter.draft(
         &target,
+        None,
         &mut dcache,
         &ctx_feats.narrow(1, 0, n - 1)?,
         5,
@@ -198,6 +199,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         dcache.truncate(n - 1)?;
         let l = drafter.draft(
             &target,
+            None,
             &mut dcache,
             &last_row,
             5,

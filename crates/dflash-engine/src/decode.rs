@@ -240,7 +240,7 @@ pub fn generate_with(
                     Mode::Tree { budget, .. } => budget.min(depth - 1),
                     _ => depth - 1,
                 };
-                let logits = d.draft_with(
+                let logits = d.draft(
                     target,
                     head.as_ref(),
                     draft_cache.as_mut().unwrap(),

@@ -74,6 +74,7 @@ fn block_forward_matches_zlab() {
         let logits = d
             .draft(
                 &t,
+                None,
                 &mut cache,
                 &taps.unsqueeze(0).unwrap(),
                 block[0],
@@ -94,6 +95,7 @@ fn block_forward_matches_zlab() {
         let l1 = d
             .draft(
                 &t,
+                None,
                 &mut cache,
                 &taps.narrow(0, 0, 8).unwrap().unsqueeze(0).unwrap(),
                 b1[0],
@@ -108,6 +110,7 @@ fn block_forward_matches_zlab() {
         let l2 = d
             .draft(
                 &t,
+                None,
                 &mut cache,
                 &taps.narrow(0, 8, 4).unwrap().unsqueeze(0).unwrap(),
                 b2[0],
@@ -198,6 +201,7 @@ fn drafted_tokens_match_zlab() {
         let logits = d
             .draft(
                 &t,
+                None,
                 &mut cache,
                 &taps,
                 out[anchor],
@@ -215,7 +219,7 @@ fn drafted_tokens_match_zlab() {
         let k = 3.min(b.len() - 1);
         let mut cache = d.new_cache();
         let first = d
-            .draft(&t, &mut cache, &taps, out[anchor], anchor, b.len(), k)
+            .draft(&t, None, &mut cache, &taps, out[anchor], anchor, b.len(), k)
             .unwrap();
         assert_eq!(first.dims(), &[k, logits.dim(1).unwrap()]);
         let diff = max_abs(&first, &logits.narrow(0, 0, k).unwrap());
@@ -268,7 +272,7 @@ fn training_path_equals_inference_path() {
             let split = a / 2;
             if split > 0 {
                 let first = taps.narrow(0, 0, split).unwrap().unsqueeze(0).unwrap();
-                d.draft(&t, &mut cache, &first, seq[split], split, b, b - 1)
+                d.draft(&t, None, &mut cache, &first, seq[split], split, b, b - 1)
                     .unwrap();
             }
             let rest = taps
@@ -276,7 +280,9 @@ fn training_path_equals_inference_path() {
                 .unwrap()
                 .unsqueeze(0)
                 .unwrap();
-            let infer_logits = d.draft(&t, &mut cache, &rest, seq[a], a, b, b - 1).unwrap();
+            let infer_logits = d
+                .draft(&t, None, &mut cache, &rest, seq[a], a, b, b - 1)
+                .unwrap();
             let diff = max_abs(&train_logits, &infer_logits);
             assert!(
                 diff <= 1e-5,

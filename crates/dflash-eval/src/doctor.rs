@@ -345,7 +345,7 @@ pub fn parity_diff(lt: &LoadedTarget, d: &Drafter, ids: &[u32]) -> Result<f32> {
     for (j, &a) in anchors_sorted.iter().enumerate() {
         let mut cache = d.new_cache();
         let ctx = feats.taps.narrow(1, 0, a)?;
-        let inf = d.draft(&lt.target, &mut cache, &ctx, ids[a], a, b, b - 1)?;
+        let inf = d.draft(&lt.target, None, &mut cache, &ctx, ids[a], a, b, b - 1)?;
         let tr = train.narrow(0, j * (b - 1), b - 1)?;
         worst = worst.max(dflash_model::compare::max_abs(&inf, &tr)?);
     }

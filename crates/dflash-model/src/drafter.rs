@@ -438,33 +438,10 @@ impl Drafter {
     /// budget 8 is at most 8 deep and takes 8 of a 16-block's 15 rows through the LM head.
     /// `new_ctx_taps` `[1, m, L*h]` are the committed rows since the last call (positions
     /// `cache.len() .. anchor`); afterwards the cache holds exactly the context rows `0 .. anchor`.
+    /// With a `head` the logits are over its vocabulary subset, `[positions, subset]`, column
+    /// `j` being token `head.token(j)` ([`crate::draft_vocab`]).
     #[allow(clippy::too_many_arguments)]
     pub fn draft(
-        &self,
-        target: &Target,
-        cache: &mut KvCache,
-        new_ctx_taps: &Tensor,
-        anchor_token: u32,
-        anchor: usize,
-        block: usize,
-        positions: usize,
-    ) -> Result<Tensor> {
-        self.draft_with(
-            target,
-            None,
-            cache,
-            new_ctx_taps,
-            anchor_token,
-            anchor,
-            block,
-            positions,
-        )
-    }
-
-    /// [`Self::draft`] with the logits over `head`'s vocabulary subset (`[positions, subset]`,
-    /// column `j` being token `head.token(j)`) when given.
-    #[allow(clippy::too_many_arguments)]
-    pub fn draft_with(
         &self,
         target: &Target,
         head: Option<&DraftHead>,

@@ -103,16 +103,42 @@ fn prefill_then_decode_equals_one_prefill() {
     assert!(max_abs(&ka, &kb) <= 1e-5);
 }
 
+/// A tree over [cache 5 | block 4]: context tokens `toks[..5]`, block `toks[5..]` with
+/// parents `[root, 0, 0, 2]` at positions 5, 6, 6, 7.
+struct TreeCase {
+    toks: Vec<u32>,
+    c: usize,
+    n: usize,
+    parents: [Option<usize>; 4],
+    vis: Visibility,
+    block_pos: [usize; 4],
+}
+
+fn tree_case() -> TreeCase {
+    let parents = [None, Some(0), Some(0), Some(2)];
+    TreeCase {
+        toks: vec![5, 17, 99, 3, 250, 7, 42, 42, 8],
+        c: 5,
+        n: 4,
+        parents,
+        vis: dflash_core::visibility::tree(5, &parents),
+        block_pos: [5, 6, 6, 7],
+    }
+}
+
 #[test]
 fn additive_mask_equals_rows_done_separately() {
     // An arbitrary (tree-like) mask over [cache 5 | block 4]: each row must equal a forward of
     // exactly the keys it sees, in order, at the same positions.
     let t = tiny();
-    let toks: Vec<u32> = vec![5, 17, 99, 3, 250, 7, 42, 42, 8];
-    let (c, n) = (5usize, 4usize);
-    let parents = [None, Some(0), Some(0), Some(2)];
-    let vis = dflash_core::visibility::tree(c, &parents);
-    let block_pos = [5usize, 6, 6, 7];
+    let TreeCase {
+        toks,
+        c,
+        n,
+        vis,
+        block_pos,
+        ..
+    } = tree_case();
     let mut cache = t.new_cache();
     let ctx_pos: Vec<usize> = (0..c).collect();
     t.forward(
@@ -159,11 +185,14 @@ fn additive_mask_equals_rows_done_separately() {
 #[test]
 fn tree_rows_equal_ar_steps_bit_for_bit() {
     let t = tiny();
-    let toks: Vec<u32> = vec![5, 17, 99, 3, 250, 7, 42, 42, 8];
-    let (c, n) = (5usize, 4usize);
-    let parents = [None, Some(0), Some(0), Some(2)];
-    let vis = dflash_core::visibility::tree(c, &parents);
-    let block_pos = [5usize, 6, 6, 7];
+    let TreeCase {
+        toks,
+        c,
+        n,
+        parents,
+        vis,
+        block_pos,
+    } = tree_case();
     let ctx_pos: Vec<usize> = (0..c).collect();
     let prefill = |cache: &mut dflash_model::KvCache| {
         t.forward(&toks[..c], &ctx_pos, &causal(0, c), cache, &[], &Rows::None)
