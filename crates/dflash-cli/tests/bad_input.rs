@@ -215,6 +215,42 @@ fn drafter_that_does_not_fit() {
     );
 }
 
+/// A drafter's `draft_vocab.json` that is not a valid subset is refused with the file's name.
+#[test]
+fn bad_draft_vocabulary() {
+    let t = smollm2();
+    let bundled =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/drafters/smollm2-135m-b16");
+    let d = tmpdir("vocab");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(bundled.join(f), d.join(f)).unwrap();
+    }
+    let args = [
+        "--target",
+        t.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--mode",
+        "ddtree",
+        "--drafter",
+        d.to_str().unwrap(),
+    ];
+    for (vocab, needle) in [
+        (
+            r#"{"token_ids": [5, 3]}"#,
+            "ascending and unique (5 then 3)",
+        ),
+        (
+            r#"{"token_ids": [5, 49152]}"#,
+            "token 49152 is outside the target's 49152 tokens",
+        ),
+        (r#"{"token_ids": ["#, "is not a draft vocabulary"),
+    ] {
+        std::fs::write(d.join("draft_vocab.json"), vocab).unwrap();
+        fails_with(&args, needle);
+    }
+}
+
 #[test]
 fn generate_json_has_the_promised_fields() {
     let target = smollm2();
