@@ -1,7 +1,8 @@
 //! Benchmark: cost of one target verify forward vs tree budget, on a warm cache.
 //! `cargo run --release -p dflash-engine --example verify_cost -- [target=smollm2-135m] [cache=512] [reps=3] [max_rows]`
-//! (`max_rows`: only the proposals of at most that many rows, e.g. 16 for profiling the chain).
-//! Prints ms per forward for AR (1 row), a DFlash chain of 16 and DDTree budgets 8 … 512.
+//! (`max_rows`: only the proposals of at most that many rows, e.g. 16 for profiling the chain;
+//! `MIN_ROWS=5` in the environment: only those of at least that many, e.g. to profile one case).
+//! Prints ms per forward for AR (1 row), a DFlash chain of 16 and DDTree budgets 4 … 512.
 
 use std::time::Instant;
 
@@ -36,7 +37,7 @@ fn main() -> Result<()> {
             DraftTree::chain(5, &(0..15).map(|i| 300 + i).collect::<Vec<_>>()),
         ),
     ];
-    for budget in [8usize, 16, 32, 64, 128, 256, 512] {
+    for budget in [4usize, 8, 16, 32, 64, 128, 256, 512] {
         // a tree of typical shape: geometric-ish top-K over 15 depths
         let top: Vec<Vec<(u32, f32)>> = (0..15)
             .map(|d| {
@@ -53,7 +54,14 @@ fn main() -> Result<()> {
     println!("target {target}, cache {cache_len} rows, f32 CPU, median of {reps}");
     println!("| proposal | rows | ms / verify forward |");
     println!("|---|---|---|");
-    for (name, tree) in cases.into_iter().filter(|(_, t)| t.len() <= max_rows) {
+    let min_rows: usize = std::env::var("MIN_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    for (name, tree) in cases
+        .into_iter()
+        .filter(|(_, t)| t.len() <= max_rows && t.len() >= min_rows)
+    {
         let mut times = Vec::new();
         for _ in 0..reps {
             let tt = Instant::now();
