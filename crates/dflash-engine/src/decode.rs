@@ -250,11 +250,12 @@ pub fn generate_with(
                     depth,
                     positions,
                 )?;
+                // logit column → token (the vocabulary head's columns are its subset)
+                let token = |j: u32| head.as_ref().map_or(j, |h| h.token(j));
                 match mode {
                     Mode::Tree { budget, top_k, .. } => {
                         let k = if top_k == 0 { budget } else { top_k };
                         let rows = Drafter::log_probs(&logits)?.to_vec2::<f32>()?;
-                        let token = |j: u32| head.as_ref().map_or(j, |h| h.token(j));
                         let top: Vec<Vec<(u32, f32)>> = rows
                             .iter()
                             .map(|r| {
@@ -266,10 +267,10 @@ pub fn generate_with(
                         DraftTree::build(anchor, &top, budget)
                     }
                     _ => {
-                        let mut chain = Drafter::argmax_rows(&logits)?;
-                        if let Some(h) = &head {
-                            chain.iter_mut().for_each(|j| *j = h.token(*j));
-                        }
+                        let chain: Vec<u32> = Drafter::argmax_rows(&logits)?
+                            .into_iter()
+                            .map(token)
+                            .collect();
                         DraftTree::chain(anchor, &chain)
                     }
                 }

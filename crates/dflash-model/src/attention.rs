@@ -116,7 +116,7 @@ fn grouped(
 /// narrow of a longer buffer (`[b, h, cap, d]`, rows `0..t`): read in place, not copied whole
 /// at every layer of every step. Example: rows 0..300 of a `[256, 3, 1024, 64]` buffer have
 /// strides `[196608, 65536, 64, 1]`: in place.
-fn matmul_operand(t: &Tensor) -> Result<Tensor> {
+pub(crate) fn matmul_operand(t: &Tensor) -> Result<Tensor> {
     let (dims, s) = (t.dims(), t.stride());
     let in_place =
         dims.len() == 4 && s[3] == 1 && s[2] == dims[3] && (dims[0] == 1 || s[0] == s[1] * dims[1]);

@@ -15,7 +15,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{Module, Tensor};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 use crate::linear::Linear;
@@ -92,21 +92,10 @@ impl DraftHead {
         self.ids[j as usize]
     }
 
-    pub fn len(&self) -> usize {
-        self.ids.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-
     /// Logits `[.., subset]` of normalised hidden states, in the compute dtype (as
     /// [`Target::lm_head`]).
     pub fn logits(&self, target: &Target, hidden: &Tensor) -> Result<Tensor> {
-        Ok(self
-            .head
-            .forward(hidden)?
-            .to_dtype(crate::norm::compute_dtype(target.dtype))?)
+        target.logits_with(&self.head, hidden)
     }
 }
 

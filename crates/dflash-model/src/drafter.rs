@@ -85,7 +85,7 @@ const WINDOW_CELLS: usize = 1 << 20;
 /// A layer's attention mask: the whole `[keys]` mask and each row's visible key runs (for
 /// [`crate::row_attention`] where it applies), or (training) the two visible parts.
 enum LayerMask {
-    Dense(Tensor, KeyRuns),
+    Dense(Tensor, Option<KeyRuns>),
     Parts {
         context: Vec<ContextWindow>,
         block: usize,
@@ -339,7 +339,9 @@ impl Drafter {
                     }
                     DraftLayout::Inference { anchor, block } => {
                         let v = draft_inference(l.rule, anchor, block);
-                        LayerMask::Dense(mask_tensor(&v, dtype, device)?, KeyRuns::new(&v))
+                        let runs = row_attention::serves(device, dtype, 1, block)
+                            .then(|| KeyRuns::new(&v));
+                        LayerMask::Dense(mask_tensor(&v, dtype, device)?, runs)
                     }
                 };
                 masks.push((l.rule, lm));
@@ -387,7 +389,7 @@ impl Drafter {
             };
             let scale = 1.0 / (a.head_dim as f64).sqrt();
             let o = match &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1 {
-                LayerMask::Dense(_, runs) if row_attention::applies(&q) => {
+                LayerMask::Dense(_, Some(runs)) if row_attention::applies(&q) => {
                     attend_rows(&q, &k, &v, runs, scale)?
                 }
                 LayerMask::Dense(mask, _) => attend(&q, &k, &v, mask, scale)?,

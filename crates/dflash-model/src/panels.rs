@@ -99,15 +99,6 @@ impl Panels {
         Self { data, n, k }
     }
 
-    /// The stored bf16 bits (tests).
-    #[cfg(test)]
-    fn data_bits(&self) -> Vec<u16> {
-        match &self.data {
-            PanelData::Bf16(d) => d[..1].to_vec(),
-            PanelData::F32(_) => Vec::new(),
-        }
-    }
-
     /// Whether the weights are kept as bf16 (all of them are bf16 values).
     pub fn is_bf16(&self) -> bool {
         matches!(self.data, PanelData::Bf16(_))
@@ -387,7 +378,10 @@ mod tests {
             k,
         };
         assert!(!Panels::pack(&[0.5, 0.1], 1, 2).is_bf16());
-        assert_eq!(Panels::pack(&[0.5], 1, 1).data_bits(), vec![0x3F00]);
+        let PanelData::Bf16(half_bits) = &Panels::pack(&[0.5], 1, 1).data else {
+            panic!("0.5 is a bf16 value")
+        };
+        assert_eq!(half_bits[0], 0x3F00);
         for rows in [1usize, 9, 17] {
             let x = values(rows * k, 9);
             assert_eq!(half.matmul(&x, rows), full.matmul(&x, rows), "rows {rows}");

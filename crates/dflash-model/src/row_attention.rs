@@ -23,6 +23,7 @@ use std::ops::Range;
 use candle_core::{DType, Device, Result, Storage, Tensor};
 use dflash_core::visibility::Visibility;
 
+use crate::attention::matmul_operand;
 use crate::panels::{SyncPtr, INLINE_FMAS};
 
 /// The most query rows a forward sends through here: above it (a prefill) the matmuls win.
@@ -49,20 +50,23 @@ impl KeyRuns {
     }
 }
 
-/// Whether [`attend_rows`] runs `q` (`[b, hq, n, d]`) on this machine: CPU, f32, one
-/// sequence, at most [`MAX_ROWS`] rows, `d` a multiple of 16 up to 128, AVX-512F, no graph.
+/// Whether forwards of `b` sequences × `n` rows on `device` in `dtype` attend here (CPU, f32,
+/// one sequence, at most [`MAX_ROWS`] rows, AVX-512F): callers build [`KeyRuns`] only then.
+pub fn serves(device: &Device, dtype: DType, b: usize, n: usize) -> bool {
+    matches!(device, Device::Cpu)
+        && dtype == DType::F32
+        && b == 1
+        && n <= MAX_ROWS
+        && crate::panels::Panels::supported()
+}
+
+/// Whether [`attend_rows`] runs `q` (`[b, hq, n, d]`): [`serves`] its forward, `d` a multiple
+/// of 16 up to 128, no graph.
 pub fn applies(q: &Tensor) -> bool {
     let Ok((b, _, n, d)) = q.dims4() else {
         return false;
     };
-    matches!(q.device(), Device::Cpu)
-        && q.dtype() == DType::F32
-        && b == 1
-        && n <= MAX_ROWS
-        && d % 16 == 0
-        && (16..=128).contains(&d)
-        && !q.track_op()
-        && crate::panels::Panels::supported()
+    serves(q.device(), q.dtype(), b, n) && d % 16 == 0 && (16..=128).contains(&d) && !q.track_op()
 }
 
 /// `q` `[1, hq, n, d]`, `k, v` `[1, hkv, t, d]` (rows of `d` adjacent values, e.g. a cache's
@@ -93,16 +97,8 @@ pub fn attend_rows(
         );
     }
     let q = q.contiguous()?;
-    // K/V rows of d adjacent values are read in place (a cache's buffer), others copied
-    let rows_in_place = |t: &Tensor| -> Result<Tensor> {
-        let st = t.stride();
-        if st[3] == 1 && st[2] == d {
-            Ok(t.clone())
-        } else {
-            t.contiguous()
-        }
-    };
-    let (k, v) = (rows_in_place(k)?, rows_in_place(v)?);
+    // a cache's K/V are read in place, anything else (a transposed view) copied
+    let (k, v) = (matmul_operand(k)?, matmul_operand(v)?);
     let g = hq / hkv;
     let (qs, ql) = q.storage_and_layout();
     let (ks, kl) = k.storage_and_layout();
@@ -117,15 +113,13 @@ pub fn attend_rows(
     let dst = SyncPtr(out.as_mut_ptr());
     // a job: one K/V head and a block of up to `per` of its g·n (query head, row) pairs,
     // which read each key once
-    let per = avx512::rows_per_block(d);
+    let per = rows_per_block(d / 16);
     let blocks = (g * n).div_ceil(per);
     let job = |j: usize| {
         let (hk, b) = (j / blocks, j % blocks);
-        let us: Vec<usize> = (b * per..((b + 1) * per).min(g * n)).collect();
         let o = dst.ptr();
-        let pairs: Vec<QueryRow> = us
-            .iter()
-            .map(|&u| {
+        let pairs: Vec<QueryRow> = (b * per..((b + 1) * per).min(g * n))
+            .map(|u| {
                 let (h, r) = (hk * g + u / n, u % n);
                 QueryRow {
                     q: &qv[(h * n + r) * d..][..d],
@@ -148,6 +142,16 @@ pub fn attend_rows(
         crate::helpers::for_each_chunk(jobs, &job);
     }
     Tensor::from_vec(out, (1, n, hq * d), &Device::Cpu)
+}
+
+/// Query rows per block when a row is `c` vectors of 16 (`d = 16 c`): the block's `c` query
+/// vectors and `c` accumulators per row stay in registers.
+const fn rows_per_block(c: usize) -> usize {
+    match c {
+        1 | 2 => 8,
+        3 | 4 => 4,
+        _ => 2,
+    }
 }
 
 /// One (query head, row) of a block: its query, its visible key runs, where its `d` outputs go.
@@ -189,17 +193,7 @@ impl<'a> Rows<'a> {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{QueryRow, Rows};
-
-    /// Query rows per block for head dimension `d` (`C = d / 16` vectors a row): their
-    /// `C` query vectors and `C` accumulators each stay in registers.
-    pub fn rows_per_block(d: usize) -> usize {
-        match d / 16 {
-            1 | 2 => 8,
-            3 | 4 => 4,
-            _ => 2,
-        }
-    }
+    use super::{rows_per_block as rpb, QueryRow, Rows};
 
     /// A block of (query row, its visible key runs, its `d` outputs) of one K/V head `h`:
     /// each row's `out = Σ eᵢ v[keyᵢ] / Σ eᵢ`, `eᵢ = exp(sᵢ − max s)`, `sᵢ = scale · q · k[keyᵢ]`
@@ -208,14 +202,14 @@ mod avx512 {
     pub unsafe fn block(pairs: &[QueryRow], k: &Rows, v: &Rows, h: usize, scale: f32) {
         let d = pairs[0].q.len();
         match d / 16 {
-            1 => block_cr::<1, 8>(pairs, k, v, h, scale),
-            2 => block_cr::<2, 8>(pairs, k, v, h, scale),
-            3 => block_cr::<3, 4>(pairs, k, v, h, scale),
-            4 => block_cr::<4, 4>(pairs, k, v, h, scale),
-            5 => block_cr::<5, 2>(pairs, k, v, h, scale),
-            6 => block_cr::<6, 2>(pairs, k, v, h, scale),
-            7 => block_cr::<7, 2>(pairs, k, v, h, scale),
-            8 => block_cr::<8, 2>(pairs, k, v, h, scale),
+            1 => block_cr::<1, { rpb(1) }>(pairs, k, v, h, scale),
+            2 => block_cr::<2, { rpb(2) }>(pairs, k, v, h, scale),
+            3 => block_cr::<3, { rpb(3) }>(pairs, k, v, h, scale),
+            4 => block_cr::<4, { rpb(4) }>(pairs, k, v, h, scale),
+            5 => block_cr::<5, { rpb(5) }>(pairs, k, v, h, scale),
+            6 => block_cr::<6, { rpb(6) }>(pairs, k, v, h, scale),
+            7 => block_cr::<7, { rpb(7) }>(pairs, k, v, h, scale),
+            8 => block_cr::<8, { rpb(8) }>(pairs, k, v, h, scale),
             _ => unreachable!("head_dim {d} (applies() admits 16 … 128)"),
         }
     }

@@ -442,8 +442,14 @@ impl Target {
 
     /// The LM head on already-normalised hidden states `[.., hidden]` → f32 logits (f64 for f64 models).
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(self
-            .lm_head_native(hidden)?
+        self.logits_with(&self.lm_head, hidden)
+    }
+
+    /// `head`'s logits of normalised hidden states, cast to the compute dtype as
+    /// [`Self::lm_head`]'s (a drafter's vocabulary head, [`crate::draft_vocab`]).
+    pub fn logits_with(&self, head: &Linear, hidden: &Tensor) -> Result<Tensor> {
+        Ok(head
+            .forward(hidden)?
             .to_dtype(crate::norm::compute_dtype(self.dtype))?)
     }
 
@@ -627,10 +633,7 @@ impl Target {
         // whatever the other rows, e.g. a tree's verify row and the AR step of the same tokens)
         let runs = match masks {
             [one]
-                if mask_cols.is_none()
-                    && matches!(self.device, Device::Cpu)
-                    && self.dtype == DType::F32
-                    && n <= row_attention::MAX_ROWS =>
+                if mask_cols.is_none() && row_attention::serves(&self.device, self.dtype, b, n) =>
             {
                 Some(KeyRuns::new(one))
             }
