@@ -42,8 +42,11 @@ ln -sf "$NCCL/lib/libnccl.so" "$CU/lib/libnccl.so"
 # the link-time driver stub
 mkdir -p "$CU/lib/stubs"
 if [ ! -f "$CU/lib/stubs/libcuda.so" ]; then
-  cudarc=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.10 2>/dev/null | head -n 1)
-  [ -n "$cudarc" ] || { cargo fetch >/dev/null; cudarc=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.10 | head -n 1); }
+  # on a fresh machine the registry is empty until `cargo fetch` (the glob then matches nothing)
+  find_cudarc() { ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19.10 2>/dev/null | head -n 1 || true; }
+  cudarc=$(find_cudarc)
+  [ -n "$cudarc" ] || { cargo fetch >/dev/null; cudarc=$(find_cudarc); }
+  [ -n "$cudarc" ] || { echo "[cuda-build] cudarc 0.19.10 not found in the cargo registry after cargo fetch" >&2; exit 1; }
   grep -rhoE "pub (unsafe )?fn cu[A-Z][A-Za-z0-9_]*" "$cudarc/src/driver" | sed -E 's/.* fn //' | sort -u \
     | awk '{print "void " $1 "(void) {}"}' > "$CUDA_DIR/libcuda_stub.c"
   gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$CU/lib/stubs/libcuda.so" "$CUDA_DIR/libcuda_stub.c"

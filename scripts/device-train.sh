@@ -25,13 +25,13 @@
 #   savedata the data directory → $OUT/data.tar.xz
 #   export  the latest checkpoint as bf16 + the run's records → $OUT (and the data with SAVE_DATA=1)
 #   bench   `dflash-rs bench` of the exported drafter (AR, DFlash, DDTree-8; CUDA graphs) → $OUT
-#   eval    the exported drafter: `dflash-rs eval` on the four datasets, in parallel processes
+#   eval    the exported drafter (or E): `dflash-rs eval` on the four datasets, one run after another
 # Environment: DATA_SECS (240; DATA_UNTIL: until that many seconds after this call started), TRAIN_SECS (900), UNTIL (560), BATCH (128), SHARD (64),
 #   DATA_TOKENS (1024), ANCHORS (anchors per training row, 256), PACK (pack training sequences
 #   into rows of this many tokens; unset: one sequence per row), ACCUM (rows per step, 4),
-#   EVAL_LIMIT (32), EVAL_TOKENS (256), EVAL_DATASETS (the four), EVAL_TEMPS (0 1), EVAL_ARGS
-#   (more eval flags, e.g. --cuda-graphs), E (the drafter to evaluate: the export by default),
-#   EVAL_SECS (300), INIT_FROM (a drafter directory to continue from, e.g. the committed
+#   EVAL_LIMIT (32), EVAL_TOKENS (256), EVAL_DATASETS (the four), EVAL_TEMPS (0 1), EVAL_MODES
+#   (ar,dflash,ddtree:8,ddtree:32), EVAL_ARGS (more eval flags, e.g. --cuda-graphs), E (the
+#   drafter to evaluate: the export by default), EVAL_MIN (200: seconds a run needs to start), INIT_FROM (a drafter directory to continue from, e.g. the committed
 #   assets/drafters/smollm2-135m-b16: fresh optimizer, same weights), STEPS (for cfg), CACHE_MB
 #   (device memory for the target features kept between epochs, 0: at SmolLM2's size the
 #   features cost little to recompute, and runs with a 30–60 GB cache ran out of device memory
@@ -179,20 +179,26 @@ export_() {
 }
 
 eval_() {
+  # one run after another (eight processes on one GPU ran 10× slower each), temperatures outer:
+  # every dataset at T = 0 first. A run starts only with EVAL_MIN seconds left before UNTIL and
+  # stops between items at UNTIL; a run whose report exists (an earlier call of the same warm
+  # lease) is not repeated, so the same command in back-to-back calls works through the list.
   local lim=${EVAL_LIMIT:-32} tok=${EVAL_TOKENS:-256}
   mkdir -p $ROOT/eval
-  for ds in ${EVAL_DATASETS:-gsm8k humaneval mt-bench math500}; do
-    for t in ${EVAL_TEMPS:-0 1}; do
-      # --time-limit stops between items and reports the finished ones; timeout is the backstop
-      timeout "${EVAL_SECS:-300}" $B eval --dataset $ds --limit "$lim" --drafter smollm2-135m-b16=$E \
-        --time-limit $(( ${EVAL_SECS:-300} * 2 / 3 )) \
-        --modes ar,dflash,ddtree:8,ddtree:32 --max-new-tokens "$tok" --temperature $t \
-        --device $DEV --dtype $TRAIN_DTYPE ${EVAL_ARGS:-} --out $ROOT/eval/$ds-t$t > $ROOT/eval/$ds-t$t.log 2>&1 &
+  for t in ${EVAL_TEMPS:-0 1}; do
+    for ds in ${EVAL_DATASETS:-gsm8k humaneval mt-bench math500}; do
+      local o=$ROOT/eval/$ds-t$t left
+      [ -f $o/report.json ] && { log "eval $ds T=$t: done before"; continue; }
+      left=$(( ${UNTIL:-560} - $(elapsed) ))
+      if [ "$left" -lt "${EVAL_MIN:-200}" ]; then log "eval $ds T=$t: not started, $left s left"; continue; fi
+      timeout "$left" $B eval --dataset $ds --limit "$lim" --drafter smollm2-135m-b16=$E \
+        --time-limit $(( left - 20 )) \
+        --modes ${EVAL_MODES:-ar,dflash,ddtree:8,ddtree:32} --max-new-tokens "$tok" --temperature $t \
+        --device $DEV --dtype $TRAIN_DTYPE ${EVAL_ARGS:-} --out $o > $o.log 2>&1
+      log "eval $ds T=$t: exit $?; $(grep -E 'time limit|τ pooled' $o.log | sed 's/  */ /g' | tr '\n' ';')"
+      tar -C "$ROOT" -cJf "$OUT/eval.tar.xz" eval
     done
   done
-  wait
-  tar -C "$ROOT" -cJf "$OUT/eval.tar.xz" eval
-  log "eval: done"
 }
 
 for p in "$@"; do

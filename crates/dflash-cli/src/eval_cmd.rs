@@ -39,6 +39,9 @@ pub struct EvalArgs {
     /// Replay the verify forwards from CUDA graphs (see `generate --cuda-graphs`).
     #[arg(long)]
     pub cuda_graphs: bool,
+    /// Untimed tokens per mode before the timed items (PTX compilation, allocations; 0: none).
+    #[arg(long, default_value_t = 32)]
+    pub warmup_tokens: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -97,6 +100,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             decode: dflash_engine::DecodeOptions {
                 cuda_graphs: a.cuda_graphs,
             },
+            warmup_tokens: a.warmup_tokens,
         },
     )?;
     let items_done = {
@@ -116,6 +120,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         versions: serde_json::json!({"dflash-rs": env!("CARGO_PKG_VERSION"), "candle": "0.11.1"}),
         temperature: sampling.temperature,
         max_new_tokens: a.max_new_tokens,
+        warmup_tokens: a.warmup_tokens,
         items_done,
         items_asked: items.len(),
         modes: modes_r,

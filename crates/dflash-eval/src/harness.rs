@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::RoundOutcome;
-use dflash_engine::{generate_with, Mode, Request};
+use dflash_engine::{generate_with, Generation, Mode, Request};
 use dflash_model::drafter::Drafter;
 use dflash_model::loader::LoadedTarget;
 use dflash_model::tokenizer::ChatMessage;
@@ -117,6 +117,11 @@ pub struct EvalOptions {
     pub time_limit: Option<std::time::Duration>,
     /// How the decoding loop runs its target forwards (CUDA graphs); not what it computes.
     pub decode: dflash_engine::DecodeOptions,
+    /// Before the timed items, generate this many tokens of the first item in every mode and
+    /// discard them (0: none): the first forwards on a GPU pay for PTX compilation (≈ 20 s) and
+    /// allocations, which would otherwise be charged to the first mode (AR) and inflate every
+    /// speed-up. E.g. 32: four modes each decode 32 untimed tokens of `gsm8k/0`.
+    pub warmup_tokens: usize,
 }
 
 /// Run every mode on every item (every turn, each mode feeding back its own answers).
@@ -131,6 +136,9 @@ pub fn run(
     let mut pb = dflash_train::progress::Progress::new(total, "eval", "generations");
     let ctx = lt.target.config.max_position_embeddings;
     let mut runs = Vec::new();
+    if let (Some(first), true) = (items.first(), opts.warmup_tokens > 0) {
+        warm_up(lt, drafters, specs, first, opts)?;
+    }
     let started = std::time::Instant::now();
     for (ii, item) in items.iter().enumerate() {
         if ii > 0 && opts.time_limit.is_some_and(|l| started.elapsed() >= l) {
@@ -148,8 +156,7 @@ pub fn run(
                     role: "user".into(),
                     content: text.clone(),
                 });
-                let rendered = lt.tokenizer.apply_chat_template(&history)?;
-                let ids = lt.tokenizer.encode(&rendered, false)?;
+                let ids = chat_ids(lt, &history)?;
                 let max_new = opts.max_new_tokens.min(ctx.saturating_sub(ids.len()));
                 if max_new == 0 {
                     bail!(
@@ -160,19 +167,7 @@ pub fn run(
                 }
                 let mut sampling = opts.sampling;
                 sampling.seed = opts.sampling.seed.wrapping_add((ii * 16 + turn) as u64);
-                let req = Request {
-                    prompt_ids: ids.clone(),
-                    max_new_tokens: max_new,
-                    sampling,
-                    stop_ids: lt.tokenizer.stop_ids.clone(),
-                };
-                let g = generate_with(
-                    &lt.target,
-                    spec.drafter.map(|d| &drafters[d].drafter),
-                    spec.mode,
-                    &req,
-                    opts.decode,
-                )?;
+                let g = decode_turn(lt, drafters, spec, &ids, max_new, sampling, opts)?;
                 let answer = lt.tokenizer.decode(&g.new_tokens)?;
                 history.push(ChatMessage {
                     role: "assistant".into(),
@@ -196,4 +191,72 @@ pub fn run(
     }
     pb.finish();
     Ok(runs)
+}
+
+/// A conversation's prompt ids, as the target's chat template renders it.
+fn chat_ids(lt: &LoadedTarget, history: &[ChatMessage]) -> Result<Vec<u32>> {
+    let rendered = lt.tokenizer.apply_chat_template(history)?;
+    lt.tokenizer.encode(&rendered, false)
+}
+
+/// One mode's generation after `ids` (the timed items and the warm-up decode alike).
+fn decode_turn(
+    lt: &LoadedTarget,
+    drafters: &[EvalDrafter],
+    spec: &ModeSpec,
+    ids: &[u32],
+    max_new_tokens: usize,
+    sampling: SamplingParams,
+    opts: &EvalOptions,
+) -> Result<Generation> {
+    let req = Request {
+        prompt_ids: ids.to_vec(),
+        max_new_tokens,
+        sampling,
+        stop_ids: lt.tokenizer.stop_ids.clone(),
+    };
+    generate_with(
+        &lt.target,
+        spec.drafter.map(|d| &drafters[d].drafter),
+        spec.mode,
+        &req,
+        opts.decode,
+    )
+}
+
+/// The untimed warm-up of [`EvalOptions::warmup_tokens`]: every mode on the first turn of
+/// `item`, its output discarded.
+fn warm_up(
+    lt: &LoadedTarget,
+    drafters: &[EvalDrafter],
+    specs: &[ModeSpec],
+    item: &EvalItem,
+    opts: &EvalOptions,
+) -> Result<()> {
+    let Some(text) = item.turns.first() else {
+        return Ok(());
+    };
+    let ids = chat_ids(
+        lt,
+        &[ChatMessage {
+            role: "user".into(),
+            content: text.clone(),
+        }],
+    )?;
+    let ctx = lt.target.config.max_position_embeddings;
+    let max_new = opts.warmup_tokens.min(ctx.saturating_sub(ids.len()));
+    if max_new == 0 {
+        return Ok(());
+    }
+    let t = std::time::Instant::now();
+    for spec in specs {
+        decode_turn(lt, drafters, spec, &ids, max_new, opts.sampling, opts)?;
+    }
+    eprintln!(
+        "warm-up: {max_new} tokens of {} in {} mode(s), {:.1} s (not timed)",
+        item.id,
+        specs.len(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
 }

@@ -56,6 +56,8 @@ pub struct Report {
     pub versions: serde_json::Value,
     pub temperature: f32,
     pub max_new_tokens: usize,
+    /// Untimed tokens each mode decoded before the timed items (`EvalOptions::warmup_tokens`).
+    pub warmup_tokens: usize,
     /// Items evaluated, and in the dataset slice asked for (fewer when a time limit stopped it).
     pub items_done: usize,
     pub items_asked: usize,
@@ -321,8 +323,12 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
     );
     let _ = writeln!(
         md,
-        "- device {}, dtype {}, temperature {}, max new tokens {}",
-        report.device, report.dtype, report.temperature, report.max_new_tokens
+        "- device {}, dtype {}, temperature {}, max new tokens {}, warm-up {} untimed tokens per mode",
+        report.device,
+        report.dtype,
+        report.temperature,
+        report.max_new_tokens,
+        report.warmup_tokens
     );
     let _ = writeln!(md, "- versions: {}", report.versions);
     if report.items_done < report.items_asked {

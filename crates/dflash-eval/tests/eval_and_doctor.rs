@@ -50,6 +50,7 @@ fn reports_are_consistent_and_lossless_on_every_dataset() {
             sampling: SamplingParams::default(),
             max_new_tokens: 10,
             time_limit: None,
+            warmup_tokens: 0,
             decode: Default::default(),
         };
         let runs = run(&lt, &drafters, &specs, &items, &opts).unwrap();
@@ -89,6 +90,7 @@ fn reports_are_consistent_and_lossless_on_every_dataset() {
             versions: serde_json::json!({}),
             temperature: 0.0,
             max_new_tokens: 10,
+            warmup_tokens: 0,
             items_done: items.len(),
             items_asked: items.len(),
             modes,
@@ -141,6 +143,7 @@ fn two_drafters_side_by_side() {
             sampling: SamplingParams::default(),
             max_new_tokens: 6,
             time_limit: None,
+            warmup_tokens: 0,
             decode: Default::default(),
         },
     )
@@ -158,6 +161,7 @@ fn two_drafters_side_by_side() {
                 sampling: SamplingParams::default(),
                 max_new_tokens: 2,
                 time_limit: limit,
+                warmup_tokens: 0,
                 decode: Default::default(),
             },
         )
@@ -168,6 +172,25 @@ fn two_drafters_side_by_side() {
     assert!(cut.iter().all(|r| r.item == two[0].id));
     assert_eq!(limited(Some(std::time::Duration::from_secs(3600))).len(), 6);
     assert!(runs[1].tokens == runs[0].tokens && runs[2].tokens == runs[0].tokens);
+    // the warm-up decodes untimed and reports nothing: the same runs, the same tokens
+    let warmed = run(
+        &lt,
+        &drafters,
+        &specs,
+        &items,
+        &EvalOptions {
+            sampling: SamplingParams::default(),
+            max_new_tokens: 6,
+            time_limit: None,
+            warmup_tokens: 4,
+            decode: Default::default(),
+        },
+    )
+    .unwrap();
+    assert_eq!(warmed.len(), runs.len());
+    for (w, r) in warmed.iter().zip(&runs) {
+        assert_eq!((&w.mode, &w.item, &w.tokens), (&r.mode, &r.item, &r.tokens));
+    }
     assert!(parse_modes("ar,ddtree:0").is_err() && parse_modes("beam").is_err());
 }
 
