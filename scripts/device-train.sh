@@ -29,7 +29,7 @@
 # Environment: DATA_SECS (240; DATA_UNTIL: until that many seconds after this call started), TRAIN_SECS (900), UNTIL (560), BATCH (128), SHARD (64),
 #   DATA_TOKENS (1024), ANCHORS (anchors per training row, 256), PACK (pack training sequences
 #   into rows of this many tokens; unset: one sequence per row), ACCUM (rows per step, 4),
-#   EVAL_LIMIT (32), EVAL_TOKENS (256), EVAL_DATASETS (the four), EVAL_TEMPS (0 1), EVAL_MODES
+#   EVAL_LIMIT (32; EVAL_LIMITS="mt-bench:32 …" per dataset), EVAL_TOKENS (256), EVAL_DATASETS (the four), EVAL_TEMPS (0 1), EVAL_MODES
 #   (ar,dflash,ddtree:8,ddtree:32), EVAL_ARGS (more eval flags, e.g. --cuda-graphs), E (the
 #   drafter to evaluate: the export by default), EVAL_MIN (200: seconds a run needs to start), INIT_FROM (a drafter directory to continue from, e.g. the committed
 #   assets/drafters/smollm2-135m-b16: fresh optimizer, same weights), STEPS (for cfg), CACHE_MB
@@ -191,7 +191,8 @@ eval_() {
       [ -f $o/report.json ] && { log "eval $ds T=$t: done before"; continue; }
       left=$(( ${UNTIL:-560} - $(elapsed) ))
       if [ "$left" -lt "${EVAL_MIN:-200}" ]; then log "eval $ds T=$t: not started, $left s left"; continue; fi
-      timeout "$left" $B eval --dataset $ds --limit "$lim" --drafter smollm2-135m-b16=$E \
+      local l=$lim; [[ " ${EVAL_LIMITS:-} " == *" $ds:"* ]] && l=$(sed -E "s/.* $ds:([0-9]+) .*/\1/" <<< " $EVAL_LIMITS ")
+      timeout "$left" $B eval --dataset $ds --limit "$l" --drafter smollm2-135m-b16=$E \
         --time-limit $(( left - 20 )) \
         --modes ${EVAL_MODES:-ar,dflash,ddtree:8,ddtree:32} --max-new-tokens "$tok" --temperature $t \
         --device $DEV --dtype $TRAIN_DTYPE ${EVAL_ARGS:-} --out $o > $o.log 2>&1

@@ -8,8 +8,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::Result;
-use candle_core::D;
+use anyhow::{bail, Context, Result};
+use candle_core::DType;
 use dflash_core::stats::{summarize, TauSummary};
 use dflash_model::loader::LoadedTarget;
 use dflash_model::Rows;
@@ -145,7 +145,14 @@ pub fn lossless_check(lt: &LoadedTarget, runs: &[Run], greedy: bool) -> Result<L
             .unwrap();
         let mut prefix = ar.prompt_ids.clone();
         prefix.extend_from_slice(&ar.tokens[..d.position.min(ar.tokens.len())]);
-        d.top2_gap = top2_gap(lt, &prefix)?;
+        // a diagnostic beside the result: a gap that cannot be computed must not lose the runs
+        d.top2_gap = top2_gap(lt, &prefix).unwrap_or_else(|e| {
+            eprintln!(
+                "warning: the top-2 logit gap at {} turn {} position {} could not be computed: {e:#}",
+                d.item, d.turn, d.position
+            );
+            f32::NAN
+        });
     }
     Ok(Lossless {
         checked: true,
@@ -153,17 +160,39 @@ pub fn lossless_check(lt: &LoadedTarget, runs: &[Run], greedy: bool) -> Result<L
     })
 }
 
-/// The target's top-2 logit gap after `prefix`.
+/// The target's top-2 logit gap after `prefix`, on the host in f32 whatever the target's device
+/// and dtype (a bf16 CUDA target included: candle's CUDA sort refuses a 49,152-column row).
+/// E.g. logits [1.0, 3.5, 2.0] → 3.5 − 2.0 = 1.5.
 pub fn top2_gap(lt: &LoadedTarget, prefix: &[u32]) -> Result<f32> {
     let mut c = lt.target.new_cache();
     let o = lt.target.forward_causal(prefix, &mut c, &[], &Rows::Last)?;
-    let l = o.logits.unwrap().squeeze(0)?;
-    let top = l
-        .sort_last_dim(false)?
-        .0
-        .narrow(D::Minus1, 0, 2)?
+    let logits = o
+        .logits
+        .context("the target's forward returned no logits")?
+        .squeeze(0)?
+        .to_dtype(DType::F32)?
         .to_vec1::<f32>()?;
-    Ok(top[0] - top[1])
+    top2_gap_of(&logits)
+}
+
+/// The largest value minus the second largest (a tie gives 0); NaN where a NaN is among them.
+fn top2_gap_of(v: &[f32]) -> Result<f32> {
+    if v.len() < 2 {
+        bail!("a top-2 gap needs at least 2 logits, got {}", v.len());
+    }
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in v {
+        if x.is_nan() {
+            return Ok(f32::NAN);
+        }
+        if x > a {
+            b = a;
+            a = x;
+        } else if x > b {
+            b = x;
+        }
+    }
+    Ok(a - b)
 }
 
 fn svg_bars(title: &str, groups: &[(String, Vec<f64>)], xlabels: &[String], ymax: f64) -> String {
@@ -393,4 +422,22 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
     );
     write_atomic(&out.join("report.md"), md.as_bytes())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top2_gap_of;
+
+    #[test]
+    fn top2_gap_of_ties_nan_and_short_rows() {
+        assert_eq!(top2_gap_of(&[1.0, 3.5, 2.0]).unwrap(), 1.5);
+        assert_eq!(top2_gap_of(&[3.5, 1.0, 2.0]).unwrap(), 1.5);
+        assert_eq!(top2_gap_of(&[2.0, 1.0, 2.0]).unwrap(), 0.0);
+        assert_eq!(
+            top2_gap_of(&[-1.0, f32::NEG_INFINITY]).unwrap(),
+            f32::INFINITY
+        );
+        assert!(top2_gap_of(&[1.0, f32::NAN, 2.0]).unwrap().is_nan());
+        assert!(top2_gap_of(&[1.0]).is_err());
+    }
 }

@@ -194,6 +194,37 @@ fn two_drafters_side_by_side() {
     assert!(parse_modes("ar,ddtree:0").is_err() && parse_modes("beam").is_err());
 }
 
+/// The divergence diagnostic's top-2 logit gap works on a bf16 target (it read f32 values out of
+/// the target's own dtype and sorted on the device: a bf16 GPU evaluation lost its report there)
+/// and equals the gap of a full sort of the same logits.
+#[test]
+fn top2_gap_in_f32_and_bf16() {
+    use dflash_eval::report::top2_gap;
+    let fix = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3-tiny");
+    let prefix = [3u32, 17, 42, 5, 99];
+    for dtype in [DType::F32, DType::BF16] {
+        let lt = load_target(fix.to_str().unwrap(), dtype, &Device::Cpu).unwrap();
+        let mut cache = lt.target.new_cache();
+        let out = lt
+            .target
+            .forward_causal(&prefix, &mut cache, &[], &dflash_model::Rows::Last)
+            .unwrap();
+        let mut v = out
+            .logits
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        v.sort_by(|a, b| b.total_cmp(a));
+        let gap = top2_gap(&lt, &prefix).unwrap();
+        assert_eq!(gap, v[0] - v[1], "{dtype:?}");
+        assert!(gap >= 0.0);
+    }
+}
+
 /// A copy of the tiny Qwen3 fixture (the doctor's checks read its files), loaded in f32.
 fn tiny_target(name: &str) -> (PathBuf, LoadedTarget) {
     let target = tmp(&format!("{name}-target"));
