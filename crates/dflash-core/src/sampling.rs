@@ -138,6 +138,21 @@ pub fn sampling_probs(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f32)> {
         .collect()
 }
 
+/// The token a uniform draw `u` in [0, 1) picks from a distribution in [`sampling_probs`]
+/// order: the first whose cumulative probability exceeds `u` (the last one if rounding leaves
+/// the total below `u`). E.g. [(1, .731), (2, .269)], u = .8 → token 2. The reference that
+/// [`Sampler::sample`]'s lazy walk is tested and measured against.
+pub fn draw(dist: &[(u32, f32)], u: f32) -> u32 {
+    let mut acc = 0.0;
+    for &(tok, q) in dist {
+        acc += q;
+        if u < acc {
+            return tok;
+        }
+    }
+    dist.last().map_or(0, |d| d.0)
+}
+
 /// The tokens in sampling order ([`rank`]), sorted only as far as asked: the first 64, then 8×
 /// more each time a walk goes past them. A draw at T = 1 usually ends in the first few dozen of
 /// SmolLM2's 49,152 tokens, where a full sort cost ≈ 2.4 ms per sampled token on the H200 host.
@@ -282,16 +297,7 @@ mod tests {
 
     /// The walk the sampler is defined by: a draw over the whole sorted [`sampling_probs`].
     fn reference_draw(logits: &[f32], p: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
-        let dist = sampling_probs(logits, p);
-        let u: f32 = rng.random();
-        let mut acc = 0.0;
-        for &(tok, q) in &dist {
-            acc += q;
-            if u < acc {
-                return tok;
-            }
-        }
-        dist.last().map(|d| d.0).unwrap_or(0)
+        draw(&sampling_probs(logits, p), rng.random())
     }
 
     /// The lazily ranking sampler draws exactly what a full sort would, token for token, over

@@ -134,59 +134,26 @@ fn two_drafters_side_by_side() {
     let labels: Vec<&str> = specs.iter().map(|s| s.label.as_str()).collect();
     assert_eq!(labels, vec!["ar", "dflash[ours]", "dflash[ref]"]);
     let items = datasets::load("gsm8k", &dflash_home(), Some(1)).unwrap();
-    let runs = run(
-        &lt,
-        &drafters,
-        &specs,
-        &items,
-        &EvalOptions {
-            sampling: SamplingParams::default(),
-            max_new_tokens: 6,
-            time_limit: None,
-            warmup_tokens: 0,
-            decode: Default::default(),
-        },
-    )
-    .unwrap();
+    // greedy options: new tokens, a time limit, warm-up tokens
+    let greedy = |max_new_tokens, time_limit, warmup_tokens| EvalOptions {
+        sampling: SamplingParams::default(),
+        max_new_tokens,
+        time_limit,
+        warmup_tokens,
+        decode: Default::default(),
+    };
+    let runs = run(&lt, &drafters, &specs, &items, &greedy(6, None, 0)).unwrap();
     assert_eq!(runs.len(), 3);
     // a time limit stops between items, never inside one: every mode on the same first item
     let two = datasets::load("gsm8k", &dflash_home(), Some(2)).unwrap();
-    let limited = |limit| {
-        run(
-            &lt,
-            &drafters,
-            &specs,
-            &two,
-            &EvalOptions {
-                sampling: SamplingParams::default(),
-                max_new_tokens: 2,
-                time_limit: limit,
-                warmup_tokens: 0,
-                decode: Default::default(),
-            },
-        )
-        .unwrap()
-    };
+    let limited = |limit| run(&lt, &drafters, &specs, &two, &greedy(2, limit, 0)).unwrap();
     let cut = limited(Some(std::time::Duration::ZERO));
     assert_eq!(cut.len(), 3);
     assert!(cut.iter().all(|r| r.item == two[0].id));
     assert_eq!(limited(Some(std::time::Duration::from_secs(3600))).len(), 6);
     assert!(runs[1].tokens == runs[0].tokens && runs[2].tokens == runs[0].tokens);
     // the warm-up decodes untimed and reports nothing: the same runs, the same tokens
-    let warmed = run(
-        &lt,
-        &drafters,
-        &specs,
-        &items,
-        &EvalOptions {
-            sampling: SamplingParams::default(),
-            max_new_tokens: 6,
-            time_limit: None,
-            warmup_tokens: 4,
-            decode: Default::default(),
-        },
-    )
-    .unwrap();
+    let warmed = run(&lt, &drafters, &specs, &items, &greedy(6, None, 4)).unwrap();
     assert_eq!(warmed.len(), runs.len());
     for (w, r) in warmed.iter().zip(&runs) {
         assert_eq!((&w.mode, &w.item, &w.tokens), (&r.mode, &r.item, &r.tokens));
