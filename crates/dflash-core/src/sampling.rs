@@ -1,9 +1,10 @@
 //! Sampling parameters and the seeded sampler.
 //!
 //! The rule follows z-lab's `_sampling_probs`: temperature 0 is greedy (first maximal index);
-//! otherwise scores = logits / T, keep the top-k scores (k = 0: all), softmax, then keep the
-//! smallest prefix of the descending probabilities whose mass reaches top-p (a token is kept
-//! while the mass before it is < top-p), renormalise and draw. The RNG is ChaCha8 seeded by
+//! otherwise scores = logits / T, keep the top-k scores (k = 0: all), softmax (normalised by an
+//! f64 sum of the kept weights), then keep the smallest prefix of the descending probabilities
+//! whose mass reaches top-p (a token is kept while the mass before it is < top-p), renormalise
+//! and draw. The RNG is ChaCha8 seeded by
 //! `seed`, so a run is reproducible on every platform.
 
 use rand::{Rng, SeedableRng};
@@ -154,8 +155,8 @@ pub fn draw(dist: &[(u32, f32)], u: f32) -> u32 {
 }
 
 /// The tokens in sampling order ([`rank`]), sorted only as far as asked: the first 64, then 8×
-/// more each time a walk goes past them. A draw at T = 1 usually ends in the first few dozen of
-/// SmolLM2's 49,152 tokens, where a full sort cost ≈ 2.4 ms per sampled token on the H200 host.
+/// more each time a walk goes past them: a draw that ends early pays for a partial selection, not
+/// a sort of the whole vocabulary (≈ 2.4 ms per sampled token of SmolLM2 on the H200's host).
 struct Ranked<'a> {
     logits: &'a [f32],
     idx: Vec<u32>,
