@@ -11,6 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::tree::top_k_sorted;
 use crate::CoreError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -73,24 +74,35 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Sampling order: the higher logit first, ties by the lower token id (a total order: no two
-/// tokens compare equal, so any sort of the same set gives the same order).
-fn rank(logits: &[f32], a: u32, b: u32) -> std::cmp::Ordering {
-    logits[b as usize]
-        .total_cmp(&logits[a as usize])
-        .then(a.cmp(&b))
-}
-
-/// The mass the softmax normalises by: the unnormalised weights `w` of the kept tokens summed in
-/// f64 in token-id order, whatever order they were ranked in — one definition for
-/// [`sampling_probs`] and [`Sampler::sample`], so both give the same probabilities bit for bit.
-fn kept_mass(w: &[f32], kept: &[u32]) -> f32 {
-    if kept.len() == w.len() {
+/// The mass the softmax normalises by: the unnormalised weights `w` of the kept tokens (`None`:
+/// every token) summed in f64 in token-id order, whatever order they were ranked in — one
+/// definition for [`sampling_probs`] and [`Sampler::sample`], so both give the same
+/// probabilities bit for bit.
+fn kept_mass(w: &[f32], kept: Option<&[u32]>) -> f32 {
+    let Some(kept) = kept else {
         return w.iter().map(|&x| x as f64).sum::<f64>() as f32;
-    }
+    };
     let mut ids = kept.to_vec();
     ids.sort_unstable();
     ids.iter().map(|&i| w[i as usize] as f64).sum::<f64>() as f32
+}
+
+/// The `k` most likely tokens in sampling order: the higher logit first, ties by the lower
+/// token id (`tree::top_k_sorted`'s order, the one DDTree ranks candidates by).
+fn ranked_ids(logits: &[f32], k: usize) -> Vec<u32> {
+    top_k_sorted(logits, k)
+        .into_iter()
+        .map(|(t, _)| t)
+        .collect()
+}
+
+/// The number of tokens top-k keeps (0: all).
+fn kept_len(logits: &[f32], p: &SamplingParams) -> usize {
+    if p.top_k > 0 && p.top_k < logits.len() {
+        p.top_k
+    } else {
+        logits.len()
+    }
 }
 
 /// The unnormalised softmax weights `exp(l_i / T − max / T)` of every token, in token order.
@@ -110,12 +122,9 @@ fn weights(logits: &[f32], t: f32) -> Vec<f32> {
 /// .087, .032 → tokens 1 and 2 kept (mass before token 2 is .644 < .7), renormalised .731, .269.
 pub fn sampling_probs(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f32)> {
     let w = weights(logits, p.temperature);
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    idx.sort_by(|&a, &b| rank(logits, a, b));
-    if p.top_k > 0 && p.top_k < idx.len() {
-        idx.truncate(p.top_k);
-    }
-    let sum = kept_mass(&w, &idx);
+    let n = kept_len(logits, p);
+    let mut idx = ranked_ids(logits, n);
+    let sum = kept_mass(&w, (n < logits.len()).then_some(&idx[..]));
     let mut probs: Vec<f32> = idx.iter().map(|&i| w[i as usize] / sum).collect();
     if p.top_p < 1.0 {
         let mut before = 0.0f32;
@@ -154,46 +163,32 @@ pub fn draw(dist: &[(u32, f32)], u: f32) -> u32 {
     dist.last().map_or(0, |d| d.0)
 }
 
-/// The tokens in sampling order ([`rank`]), sorted only as far as asked: the first 64, then 8×
-/// more each time a walk goes past them: a draw that ends early pays for a partial selection, not
-/// a sort of the whole vocabulary (≈ 2.4 ms per sampled token of SmolLM2 on the H200's host).
+/// The first `n` tokens in sampling order, ranked only as far as asked: the first 64, then 8×
+/// more each time a walk goes past them, so a draw that ends early pays for one pass over the
+/// row instead of a sort of the whole vocabulary (≈ 2.4 ms per sampled token of SmolLM2 on the
+/// H200's host).
 struct Ranked<'a> {
     logits: &'a [f32],
-    idx: Vec<u32>,
-    sorted: usize,
+    n: usize,
+    ids: Vec<u32>,
 }
 
 impl<'a> Ranked<'a> {
-    fn new(logits: &'a [f32]) -> Self {
+    fn new(logits: &'a [f32], n: usize) -> Self {
         Self {
             logits,
-            idx: (0..logits.len() as u32).collect(),
-            sorted: 0,
+            n,
+            ids: ranked_ids(logits, n.min(64)),
         }
     }
 
-    /// Rank the first `n` tokens (all of them when `n` ≥ the vocabulary).
-    fn ensure(&mut self, n: usize) {
-        let n = n.min(self.idx.len());
-        if n <= self.sorted {
-            return;
-        }
-        let logits = self.logits;
-        let rest = &mut self.idx[self.sorted..];
-        let k = n - self.sorted;
-        if k < rest.len() {
-            rest.select_nth_unstable_by(k - 1, |&a, &b| rank(logits, a, b));
-        }
-        rest[..k].sort_unstable_by(|&a, &b| rank(logits, a, b));
-        self.sorted = n;
-    }
-
-    /// The token of rank `i` (0: the most likely).
+    /// The token of rank `i` < `n` (0: the most likely).
     fn get(&mut self, i: usize) -> u32 {
-        if i >= self.sorted {
-            self.ensure((self.sorted * 8).max(64).max(i + 1));
+        if i >= self.ids.len() {
+            let k = (self.ids.len() * 8).max(i + 1).min(self.n);
+            self.ids = ranked_ids(self.logits, k);
         }
-        self.idx[i]
+        self.ids[i]
     }
 }
 
@@ -220,14 +215,14 @@ impl Sampler {
         }
         let p = self.params;
         let w = weights(logits, p.temperature);
-        let mut ranked = Ranked::new(logits);
-        let n = if p.top_k > 0 && p.top_k < logits.len() {
-            ranked.ensure(p.top_k);
-            p.top_k
+        let n = kept_len(logits, &p);
+        let mut ranked = Ranked::new(logits, n);
+        let sum = if n < logits.len() {
+            ranked.get(n - 1); // the whole kept set ranked
+            kept_mass(&w, Some(&ranked.ids[..n]))
         } else {
-            logits.len()
+            kept_mass(&w, None)
         };
-        let sum = kept_mass(&w, &ranked.idx[..n]);
         let prob = |tok: u32| w[tok as usize] / sum;
         // the nucleus: a prefix of the ranking, renormalised by its own mass
         let (end, norm) = if p.top_p < 1.0 {

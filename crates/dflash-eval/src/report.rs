@@ -11,6 +11,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use candle_core::DType;
 use dflash_core::stats::{summarize, TauSummary};
+use dflash_core::tree::top_k_sorted;
 use dflash_model::loader::LoadedTarget;
 use dflash_model::Rows;
 use serde::Serialize;
@@ -162,7 +163,7 @@ pub fn lossless_check(lt: &LoadedTarget, runs: &[Run], greedy: bool) -> Result<L
 
 /// The target's top-2 logit gap after `prefix`, on the host in f32 whatever the target's device
 /// and dtype (a bf16 CUDA target included: candle's CUDA sort refuses a 49,152-column row).
-/// E.g. logits [1.0, 3.5, 2.0] → 3.5 − 2.0 = 1.5.
+/// E.g. logits [1.0, 3.5, 2.0] → 3.5 − 2.0 = 1.5; a tie gives 0.
 pub fn top2_gap(lt: &LoadedTarget, prefix: &[u32]) -> Result<f32> {
     let mut c = lt.target.new_cache();
     let o = lt.target.forward_causal(prefix, &mut c, &[], &Rows::Last)?;
@@ -172,27 +173,10 @@ pub fn top2_gap(lt: &LoadedTarget, prefix: &[u32]) -> Result<f32> {
         .squeeze(0)?
         .to_dtype(DType::F32)?
         .to_vec1::<f32>()?;
-    top2_gap_of(&logits)
-}
-
-/// The largest value minus the second largest (a tie gives 0); NaN where a NaN is among them.
-fn top2_gap_of(v: &[f32]) -> Result<f32> {
-    if v.len() < 2 {
-        bail!("a top-2 gap needs at least 2 logits, got {}", v.len());
+    match top_k_sorted(&logits, 2)[..] {
+        [(_, a), (_, b)] => Ok(a - b),
+        _ => bail!("a top-2 gap needs at least 2 logits, got {}", logits.len()),
     }
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &x in v {
-        if x.is_nan() {
-            return Ok(f32::NAN);
-        }
-        if x > a {
-            b = a;
-            a = x;
-        } else if x > b {
-            b = x;
-        }
-    }
-    Ok(a - b)
 }
 
 fn svg_bars(title: &str, groups: &[(String, Vec<f64>)], xlabels: &[String], ymax: f64) -> String {
@@ -422,22 +406,4 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
     );
     write_atomic(&out.join("report.md"), md.as_bytes())?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::top2_gap_of;
-
-    #[test]
-    fn top2_gap_of_ties_nan_and_short_rows() {
-        assert_eq!(top2_gap_of(&[1.0, 3.5, 2.0]).unwrap(), 1.5);
-        assert_eq!(top2_gap_of(&[3.5, 1.0, 2.0]).unwrap(), 1.5);
-        assert_eq!(top2_gap_of(&[2.0, 1.0, 2.0]).unwrap(), 0.0);
-        assert_eq!(
-            top2_gap_of(&[-1.0, f32::NEG_INFINITY]).unwrap(),
-            f32::INFINITY
-        );
-        assert!(top2_gap_of(&[1.0, f32::NAN, 2.0]).unwrap().is_nan());
-        assert!(top2_gap_of(&[1.0]).is_err());
-    }
 }
