@@ -1,104 +1,133 @@
 #!/usr/bin/env bash
-# The first real drafter (SmolLM2-135M, B = 16) on the GPU machine, in phases that fit the
-# 10-minute calls of one warm lease: state lives under /root between back-to-back calls, and
-# what must outlast the lease comes back through $OUT.
+# The drafter pipeline for SmolLM2-135M (B = 16) on a CUDA machine, in phases: check the device,
+# regenerate data, train (time-limited, resumable), export, benchmark and evaluate. Every phase
+# can stop and be re-run: training resumes from its last checkpoint, data generation from its
+# last finished shard, and an evaluation whose report exists is skipped.
 #
-# Usage (on the device, from the repository root):
-#   scripts/device-train.sh PHASE...
-# Phases, in order:
-#   setup   assemble the staged GGUF (/root/stage/smollm2.gguf/part*), unpack .device/dflash-rs.xz
-#           and .device/datasets.tar.xz (evaluation datasets) when carried
-#   restore unpack the shards of earlier leases (DATA_TAR, default the committed
-#           assets/data/smollm2-135m-regen-1024.tar.xz, 17,553 sequences, 1,024-token cap, shards of
-#           16: the seventh session's prompt file is used up, see docs/GPU.md) into $ROOT/data
-#   data    regenerate responses for .device/prompts.jsonl.xz (greedy, f32, batched decoding),
-#           stopped after DATA_SECS (finished shards are kept; the manifest lists them);
-#           continues an existing $ROOT/data
-#   profile the same with DFLASH_PROFILE=1 for PROFILE_SECS, then a profiled 8-step training
-#           probe: time per phase of decoding and of a training step → $OUT
-#   check   `dflash-rs device-check` (CPU vs GPU parity, losslessness) → $OUT/device-check.md
-#   probes  8 profiled training steps for each PROBES="PACK:ANCHORS:ACCUM …" → $OUT/probe-*.log
-#   plan    a short probe run times one optimizer step; the run's max_steps = TRAIN_SECS / step
-#   cfg     the run's config with max_steps = STEPS (instead of plan: when the step time changes
-#           during the run, e.g. once the feature cache holds every row)
-#   train   train (or --resume) until UNTIL seconds after this call started, with a checkpoint
-#   savedata the data directory → $OUT/data.tar.xz
-#   export  the latest checkpoint as bf16 + the run's records → $OUT (and the data with SAVE_DATA=1)
-#   bench   `dflash-rs bench` of the exported drafter (AR, DFlash, DDTree-8; CUDA graphs) → $OUT
-#   eval    the exported drafter (or E): `dflash-rs eval` on the four datasets, one run after another
-# Environment: DATA_SECS (240; DATA_UNTIL: until that many seconds after this call started), TRAIN_SECS (900), UNTIL (560), BATCH (128), SHARD (64),
-#   DATA_TOKENS (1024), ANCHORS (anchors per training row, 256), PACK (pack training sequences
-#   into rows of this many tokens; unset: one sequence per row), ACCUM (rows per step, 4),
-#   EVAL_LIMIT (32; EVAL_LIMITS="mt-bench:32 …" per dataset), EVAL_TOKENS (256), EVAL_DATASETS (the four), EVAL_TEMPS (0 1), EVAL_MODES
-#   (ar,dflash,ddtree:8,ddtree:32), EVAL_ARGS (more eval flags, e.g. --cuda-graphs), E (the
-#   drafter to evaluate: the export by default), EVAL_MIN (200: seconds a run needs to start), INIT_FROM (a drafter directory to continue from, e.g. the committed
-#   assets/drafters/smollm2-135m-b16: fresh optimizer, same weights), STEPS (for cfg), CACHE_MB
-#   (device memory for the target features kept between epochs, 0: at SmolLM2's size the
-#   features cost little to recompute, and runs with a 30–60 GB cache ran out of device memory
-#   after ≈ 1,000 steps, docs/BENCHMARKS.md, seventh session), DATA_DTYPE (regeneration
-#   dtype, f32; bf16 prefills 5× faster and rounds some greedy choices differently),
-#   LOOP_WINDOW (cut each response after its first repeated window of this many tokens:
-#   `loop_window` in the training config; 32 keeps 25 % of the ninth session's data).
-# The eighth session's run (the shipped drafter): DATA_DTYPE=bf16 BATCH=256 SHARD=16
-#   DATA_TOKENS=1024 DATA_UNTIL=555 … setup restore data savedata, then STEPS=6500 PACK=2048
-#   ANCHORS=512 ACCUM=2 INIT_FROM=… UNTIL=580 … cfg train export, then UNTIL=575 … train export
-#   (--resume), then bench. The seventh session's: the same with STEPS=7000 over four calls.
-# The run of 2026-11-30 (docs/BENCHMARKS.md): PROFILE_SECS=60 DATA_SECS=120 DATA_TOKENS=384
-#   SHARD=16 BATCH=64 TRAIN_SECS=500 UNTIL=585 … setup restore profile data plan train, then
-#   UNTIL=225 … train export. Keep SHARD well below BATCH × (time / longest response): a shard
-#   is written only when all of its prompts are done.
+# Usage (from the repository root):  scripts/device-train.sh PHASE...
+# Phases:
+#   setup     check the target GGUF (fetched by scripts/fetch-assets.sh when missing), the
+#             binary and the evaluation datasets; print the GPU
+#   restore   unpack the committed shards (DATA_TAR) into $WORK/data
+#   data      regenerate responses for $PROMPTS (greedy, batched decoding) for DATA_SECS
+#             (finished shards are kept; continues an existing $WORK/data)
+#   profile   the same with DFLASH_PROFILE=1 for PROFILE_SECS, then a profiled 8-step training
+#             probe: time per phase of decoding and of a training step → $OUT
+#   check     `dflash-rs check device` (CPU vs GPU parity, losslessness, kernels) → $OUT
+#   probes    8 profiled training steps for each PROBES="PACK:ANCHORS:ACCUM …" → $OUT
+#   plan      a short probe run times one optimizer step; the run's max_steps = TRAIN_SECS / step
+#   cfg       the run's config with max_steps = STEPS (instead of plan)
+#   train     train (or --resume) until UNTIL seconds after this call started, with a checkpoint
+#   savedata  the data directory → $OUT/data.tar.xz
+#   export    the latest checkpoint as a bf16 drafter in $E, the run's records → $OUT
+#   bench     `dflash-rs bench decode` of the drafter $E → $OUT/bench*.md
+#   reference the PyTorch reference (bench/zlab_reference.py: z-lab dflash, transformers) → $OUT
+#   shape     `dflash-rs bench shape` on SHAPES (random weights; no GGUF needed) → $OUT
+#   mfu       `dflash-rs bench train` on the Qwen3-8B and SmolLM2 shapes (random weights) → $OUT
+#   eval      `dflash-rs eval` of $E on EVAL_DATASETS at EVAL_TEMPS, one run after another
+#
+# Paths (environment):
+#   DFLASH_HOME  asset cache (~/.cache/dflash-rs); the target is its smollm2-135m alias
+#   B            the CUDA binary (target/cuda/release/dflash-rs, from scripts/cuda-build.sh)
+#   WORK         data, run, export and probes ($DFLASH_HOME/device-train); OUT: logs ($WORK/out)
+#   PROMPTS      the prompt file for `data` ($WORK/prompts.jsonl; docs/GPU.md has the command)
+#   DATA_TAR     shards to restore (assets/data/smollm2-135m-regen-1024.tar.xz)
+#   E            the drafter to bench and evaluate ($WORK/export when it exists, else the bundled
+#                assets/drafters/smollm2-135m-b16)
+#   Optional, for machines that receive files instead of fetching them: STAGE (a directory of
+#   the GGUF's parts, part00 part01 …, concatenated by setup), BIN_XZ (an xz-compressed binary,
+#   unpacked to B), DATASETS_TAR (a tar.xz of $DFLASH_HOME/datasets/…), PROMPTS_XZ (PROMPTS,
+#   xz-compressed), WHEELS (a directory of wheels for `reference`).
+# Knobs: DEV (cuda), TRAIN_DTYPE (bf16), DATA_DTYPE (f32; bf16 prefills 5× faster and rounds some
+#   greedy choices differently), DATA_SECS (240; DATA_UNTIL: until that many seconds after the
+#   call started), DATA_TOKENS (1024), BATCH (128), SHARD (64; a shard is written only when all
+#   of its prompts are done, and continuing shards needs the same size), TRAIN_SECS (900, plan),
+#   STEPS (cfg), UNTIL (560), ANCHORS (256), PACK (pack sequences into rows of this many tokens;
+#   unset: one sequence per row), ACCUM (4), LOOP_WINDOW (cut each response after its first
+#   repeated window of this many tokens), INIT_FROM (a drafter directory to continue from: same
+#   weights, fresh optimizer), CACHE_MB (device memory for target features kept between epochs,
+#   0: runs with a 30–60 GB cache ran out of device memory, docs/BENCHMARKS.md), BENCH_MODES
+#   (ar,dflash,ddtree:8), BENCH_TOKENS (256), REPEATS (1), GRAPHS ("1": with --cuda-graphs;
+#   "0 1": without and with), SHAPES (bench/shapes/smollm2-135m.json qwen3-8b), EVAL_LIMIT (32;
+#   EVAL_LIMITS="mt-bench:32 …" per dataset), EVAL_TOKENS (256), EVAL_DATASETS (the four),
+#   EVAL_TEMPS (0 1), EVAL_MODES (ar,dflash,ddtree:8,ddtree:32), EVAL_ARGS (more eval flags, e.g.
+#   --cuda-graphs), EVAL_MIN (200: seconds a run needs to start).
+# The shipped drafter's commands are in its card (assets/drafters/smollm2-135m-b16/README.md).
 set -uo pipefail
+cd "$(dirname "$0")/.."
 T0=$(date +%s)
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# overridable for a dry run on the CPU: ROOT=/tmp/x DEV=cpu TRAIN_DTYPE=f32 B=target/release/dflash-rs
-ROOT=${ROOT:-/root}
-export DFLASH_HOME=${DFLASH_HOME:-$ROOT/dh}
-B=${B:-$ROOT/dflash-rs}
+export DFLASH_HOME=${DFLASH_HOME:-$HOME/.cache/dflash-rs}
+TARGET=${TARGET:-smollm2-135m}
+G=$DFLASH_HOME/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
+G_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+B=${B:-target/cuda/release/dflash-rs}
+WORK=${WORK:-$DFLASH_HOME/device-train}
+OUT=${OUT:-$WORK/out}; mkdir -p "$OUT" "$WORK"
+PROMPTS=${PROMPTS:-$WORK/prompts.jsonl}
 DEV=${DEV:-cuda}
 TRAIN_DTYPE=${TRAIN_DTYPE:-bf16}
-D=$ROOT/data
-R=$ROOT/run
-E=${E:-$ROOT/export}
+D=$WORK/data
+R=$WORK/run
+if [ -z "${E:-}" ]; then
+  if [ -f "$WORK/export/model.safetensors" ]; then E=$WORK/export; else E=assets/drafters/smollm2-135m-b16; fi
+fi
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/log.txt"; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
-SP=$(python3 -c 'import site; print(site.getsitepackages()[0])')
-export LD_LIBRARY_PATH=$SP/nvidia/cu13/lib:$SP/nvidia/nccl/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# CUDA runtime libraries: the toolchain of scripts/cuda-build.sh, or a torch venv's nvidia wheels
+for lib in "$DFLASH_HOME/cuda-13.0/site/nvidia/cu13/lib" "$DFLASH_HOME/cuda-13.0/site/nvidia/nccl/lib" \
+    "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)/nvidia/cu13/lib" \
+    "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)/nvidia/nccl/lib" /usr/local/cuda/lib64; do
+  [ -d "$lib" ] && LD_LIBRARY_PATH=$lib:${LD_LIBRARY_PATH:-}
+done
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
+
+need_gguf() {
+  if [ ! -f "$G" ]; then
+    mkdir -p "$(dirname "$G")"
+    if [ -n "${STAGE:-}" ]; then cat "$STAGE"/part* > "$G"; else scripts/fetch-assets.sh smollm2 >&2; fi
+  fi
+  echo "$G_SHA  $G" | sha256sum -c --quiet || { log "GGUF checksum failed: $G"; exit 1; }
+}
 
 setup() {
-  mkdir -p $DFLASH_HOME/models/smollm2-135m $ROOT
-  local g=$DFLASH_HOME/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
-  [ -f "$g" ] || cat /root/stage/smollm2.gguf/part* > "$g"
-  echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $g" | sha256sum -c --quiet || { log "GGUF checksum failed"; exit 1; }
-  if [ -f .device/dflash-rs.xz ]; then xz -d -c .device/dflash-rs.xz > $B && chmod +x $B; fi
-  # the evaluation datasets (tar of $DFLASH_HOME/datasets/{gsm8k,humaneval,math500,mt-bench})
-  if [ -f .device/datasets.tar.xz ]; then tar -C $DFLASH_HOME -xJf .device/datasets.tar.xz; fi
-  [ -x $B ] || { log "no binary at $B"; exit 1; }
+  need_gguf
+  if [ -n "${BIN_XZ:-}" ]; then mkdir -p "$(dirname "$B")" && xz -d -c "$BIN_XZ" > "$B" && chmod +x "$B"; fi
+  [ -x "$B" ] || { log "no binary at $B (scripts/cuda-build.sh builds it)"; exit 1; }
+  if [ -n "${DATASETS_TAR:-}" ]; then tar -C "$DFLASH_HOME" -xJf "$DATASETS_TAR";
+  elif [ ! -f "$DFLASH_HOME/datasets/gsm8k/test.jsonl" ]; then scripts/fetch-assets.sh datasets >&2 || log "setup: evaluation datasets not fetched"; fi
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/log.txt"
 }
 
 restore() {
-  mkdir -p $ROOT && tar -C $ROOT -xJf "${DATA_TAR:-assets/data/smollm2-135m-regen-1024.tar.xz}" && log "restore: $(ls $D | wc -l) files in $D"
+  tar -C "$WORK" -xJf "${DATA_TAR:-assets/data/smollm2-135m-regen-1024.tar.xz}" && log "restore: $(ls "$D" | wc -l) files in $D"
+}
+
+prompts() {
+  if [ ! -f "$PROMPTS" ] && [ -n "${PROMPTS_XZ:-}" ]; then xz -d -c "$PROMPTS_XZ" > "$PROMPTS"; fi
+  [ -f "$PROMPTS" ] || { log "no prompt file at $PROMPTS (docs/GPU.md: dflash-rs data prompts)"; exit 1; }
+}
+
+generate() { # $1 seconds
+  $B data generate --target "$TARGET" --prompts "$PROMPTS" --out "$D" --time-limit "$1" \
+    --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" \
+    --device "$DEV" --dtype "${DATA_DTYPE:-f32}"
 }
 
 profile() {
-  [ -f $ROOT/prompts.jsonl ] || xz -d -c .device/prompts.jsonl.xz > $ROOT/prompts.jsonl
-  DFLASH_PROFILE=1 $B data generate --prompts $ROOT/prompts.jsonl --out $D --time-limit "${PROFILE_SECS:-60}" \
-    --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" --device $DEV --dtype "${DATA_DTYPE:-f32}" \
-    > "$OUT/profile-data.log" 2>&1
-  rm -rf $ROOT/pprobe
-  config 8 > $ROOT/pprobe.json
-  DFLASH_PROFILE=1 $B train --data $D --out $ROOT/pprobe --config $ROOT/pprobe.json > "$OUT/profile-train.log" 2>&1
+  prompts
+  DFLASH_PROFILE=1 generate "${PROFILE_SECS:-60}" > "$OUT/profile-data.log" 2>&1
+  rm -rf "$WORK/pprobe"
+  config 8 > "$WORK/pprobe.json"
+  DFLASH_PROFILE=1 train_cmd --out "$WORK/pprobe" --config "$WORK/pprobe.json" > "$OUT/profile-train.log" 2>&1
   log "profile: $(grep -c . "$OUT/profile-train.log") lines"
 }
 
 data() {
-  [ -f $ROOT/prompts.jsonl ] || xz -d -c .device/prompts.jsonl.xz > $ROOT/prompts.jsonl
+  prompts
   [ -n "${DATA_UNTIL:-}" ] && DATA_SECS=$(( DATA_UNTIL - $(elapsed) ))
   if [ "${DATA_SECS:-240}" -lt 20 ]; then log "data: skipped, ${DATA_SECS} s left"; return; fi
-  log "data: $(wc -l < $ROOT/prompts.jsonl) prompts, ${DATA_SECS:-240} s"
-  $B data generate --prompts $ROOT/prompts.jsonl --out $D --time-limit "${DATA_SECS:-240}" \
-    --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" --device $DEV --dtype "${DATA_DTYPE:-f32}" \
-    > "$OUT/data.log" 2>&1
+  log "data: $(wc -l < "$PROMPTS") prompts, ${DATA_SECS:-240} s"
+  generate "${DATA_SECS:-240}" > "$OUT/data.log" 2>&1
   python3 - "$D/manifest.json" <<'EOF' | tee -a "$OUT/log.txt"
 import json, sys
 m = json.load(open(sys.argv[1]))
@@ -108,7 +137,7 @@ print(f"data: {len(s)} shards, {sum(x['sequences'] for x in s)} sequences, "
 EOF
 }
 
-config() { # $1 max_steps → the run's training config
+config() { # $1 max_steps → the run's training recipe (device and dtype are flags of train)
   local n=$1
   local INIT=""
   [ -n "${INIT_FROM:-}" ] && INIT=", \"init_from\": \"$INIT_FROM\""
@@ -119,27 +148,29 @@ config() { # $1 max_steps → the run's training config
 {"num_draft_layers": 5, "block_size": 16, "num_anchors": ${ANCHORS:-256}, "max_length": 2048,
  "lr": 6e-4, "warmup_ratio": 0.04, "grad_accum": ${ACCUM:-4}, "max_steps": $n,
  "save_every": $every, "val_every": $every, "val_sequences": 32, "keep_last": 2,
- "seed": 0, "init_seed": 0, "dtype": "$TRAIN_DTYPE", "device": "$DEV"$INIT}
+ "seed": 0, "init_seed": 0$INIT}
 EOF
 }
+
+train_cmd() { $B train --target "$TARGET" --data "$D" --device "$DEV" --dtype "$TRAIN_DTYPE" "$@"; }
 
 probes() { # PROBES="PACK:ANCHORS:ACCUM …" (PACK 0 = one sequence per row): 8 profiled steps each
   for c in ${PROBES:-0:256:4 2048:512:2}; do
     IFS=: read -r pk an ac <<< "$c"
     local p=""; [ "$pk" != 0 ] && p=$pk
-    rm -rf $ROOT/pp
-    PACK=$p ANCHORS=$an ACCUM=$ac config 8 > $ROOT/pp.json
-    DFLASH_PROFILE=1 $B train --data $D --out $ROOT/pp --config $ROOT/pp.json > "$OUT/probe-$pk-$an-$ac.log" 2>&1
-    log "probe pack $pk anchors $an accum $ac: $(tail -n 1 $ROOT/pp/metrics.jsonl | cut -c1-200)"
+    rm -rf "$WORK/pp"
+    PACK=$p ANCHORS=$an ACCUM=$ac config 8 > "$WORK/pp.json"
+    DFLASH_PROFILE=1 train_cmd --out "$WORK/pp" --config "$WORK/pp.json" > "$OUT/probe-$pk-$an-$ac.log" 2>&1
+    log "probe pack $pk anchors $an accum $ac: $(tail -n 1 "$WORK/pp/metrics.jsonl" | cut -c1-200)"
   done
 }
 
 plan() {
-  rm -rf $ROOT/probe
-  config 8 > $ROOT/probe.json
-  $B train --data $D --out $ROOT/probe --config $ROOT/probe.json > "$OUT/probe.log" 2>&1
+  rm -rf "$WORK/probe"
+  config 8 > "$WORK/probe.json"
+  train_cmd --out "$WORK/probe" --config "$WORK/probe.json" > "$OUT/probe.log" 2>&1
   local n
-  n=$(python3 - $ROOT/probe/metrics.jsonl "${TRAIN_SECS:-900}" <<'EOF'
+  n=$(python3 - "$WORK/probe/metrics.jsonl" "${TRAIN_SECS:-900}" <<'EOF'
 import json, sys
 ms = [json.loads(l) for l in open(sys.argv[1])]
 # elapsed after step k = cumulative supervised tokens / cumulative rate; skip the warm-up steps
@@ -152,52 +183,73 @@ print(f"probe: {per:.3f} s/step, {ms[-1]['tokens_per_sec']:.0f} supervised tok/s
 EOF
   )
   log "plan: max_steps $n for ${TRAIN_SECS:-900} s ($(tail -c 300 "$OUT/probe.log" | tr '\n' ' ' | tail -c 120))"
-  config "$n" > $ROOT/cfg.json
+  config "$n" > "$WORK/cfg.json"
 }
 
 train() {
   local left=$(( ${UNTIL:-560} - $(elapsed) ))
   local resume=""
-  [ -f $R/latest ] && resume=--resume
+  [ -f "$R/latest" ] && resume=--resume
   if [ "$left" -lt 20 ]; then log "train: skipped, $left s left"; return; fi
   log "train: $resume for at most $left s"
-  $B train --data $D --out $R --config $ROOT/cfg.json $resume --time-limit "$left" \
+  train_cmd --out "$R" --config "$WORK/cfg.json" $resume --time-limit "$left" \
     --feature-cache-mb "${CACHE_MB:-0}" >> "$OUT/train.log" 2>&1
-  log "train: exit $?, $(tail -n 1 $R/metrics.jsonl | cut -c1-300)"
+  log "train: exit $?, $(tail -n 1 "$R/metrics.jsonl" | cut -c1-300)"
 }
 
 export_() {
   local latest
-  latest=$(cat $R/latest) || { log "export: no checkpoint in $R"; return; }
-  rm -rf $E
-  $B drafter export --from "$R/checkpoints/$latest/drafter" --out $E --dtype bf16 2>&1 | tee -a "$OUT/log.txt"
-  ( cd $E && split -b 15M -d -a 1 model.safetensors "$OUT/model.safetensors.part" )
-  [ -n "${SAVE_DATA:-}" ] && tar -C $ROOT -cJf "$OUT/data.tar.xz" data
-  tar -C "$ROOT" -cJf "$OUT/run.tar.xz" run/metrics.jsonl run/train_config.json export/config.json \
+  latest=$(cat "$R/latest") || { log "export: no checkpoint in $R"; return; }
+  E=$WORK/export
+  rm -rf "$E"
+  $B drafter export --from "$R/checkpoints/$latest/drafter" --out "$E" --dtype bf16 2>&1 | tee -a "$OUT/log.txt"
+  [ -n "${SAVE_DATA:-}" ] && tar -C "$WORK" -cJf "$OUT/data.tar.xz" data
+  tar -C "$WORK" -cJf "$OUT/run.tar.xz" run/metrics.jsonl run/train_config.json export/config.json \
     export/training.json data/manifest.json cfg.json
-  log "export: $latest → $E ($(du -b $E/model.safetensors | cut -f1) bytes)"
+  log "export: $latest → $E ($(du -b "$E/model.safetensors" | cut -f1) bytes)"
+}
+
+bench() {
+  need_gguf
+  for g in ${GRAPHS:-1}; do
+    local flag="" name=bench
+    [ "$g" = 1 ] && flag=--cuda-graphs && name=bench-graphs
+    $B bench decode --target "$TARGET" --device "$DEV" --dtype bf16 --modes "${BENCH_MODES:-ar,dflash,ddtree:8}" \
+      --max-new-tokens "${BENCH_TOKENS:-256}" --repeats "${REPEATS:-1}" $flag --drafter "$E" ${BENCH_ARGS:-} \
+      > "$OUT/$name.md" 2>&1
+    log "bench ($name): exit $?"
+  done
+}
+
+reference() {
+  need_gguf
+  if [ -n "${WHEELS:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$WHEELS"/*.whl \
+      && export PYTHONPATH=$WORK/site
+  fi
+  timeout 300 python3 bench/zlab_reference.py "$G" "${BENCH_TOKENS:-256}" 2>&1 | grep -v -i warn | tail -5 | tee "$OUT/reference.txt"
 }
 
 eval_() {
-  # one run after another (eight processes on one GPU ran 10× slower each), temperatures outer:
-  # every dataset at T = 0 first. A run starts only with EVAL_MIN seconds left before UNTIL and
-  # stops between items at UNTIL; a run whose report exists (an earlier call of the same warm
-  # lease) is not repeated, so the same command in back-to-back calls works through the list.
+  # one run after another (several processes on one GPU serialise their kernels), temperatures
+  # outer: every dataset at T = 0 first. A run starts only with EVAL_MIN seconds left before UNTIL
+  # and stops between items at UNTIL; a run whose report exists is not repeated, so the same
+  # command run again works through the rest of the list.
   local lim=${EVAL_LIMIT:-32} tok=${EVAL_TOKENS:-256}
-  mkdir -p $ROOT/eval
+  mkdir -p "$WORK/eval"
   for t in ${EVAL_TEMPS:-0 1}; do
     for ds in ${EVAL_DATASETS:-gsm8k humaneval mt-bench math500}; do
-      local o=$ROOT/eval/$ds-t$t left
-      [ -f $o/report.json ] && { log "eval $ds T=$t: done before"; continue; }
+      local o=$WORK/eval/$ds-t$t left
+      [ -f "$o/report.json" ] && { log "eval $ds T=$t: done before"; continue; }
       left=$(( ${UNTIL:-560} - $(elapsed) ))
       if [ "$left" -lt "${EVAL_MIN:-200}" ]; then log "eval $ds T=$t: not started, $left s left"; continue; fi
       local l=$lim; [[ " ${EVAL_LIMITS:-} " == *" $ds:"* ]] && l=$(sed -E "s/.* $ds:([0-9]+) .*/\1/" <<< " $EVAL_LIMITS ")
-      timeout "$left" $B eval --dataset $ds --limit "$l" --drafter smollm2-135m-b16=$E \
+      timeout "$left" $B eval --target "$TARGET" --dataset "$ds" --limit "$l" --drafter "smollm2-135m-b16=$E" \
         --time-limit $(( left - 20 )) \
-        --modes ${EVAL_MODES:-ar,dflash,ddtree:8,ddtree:32} --max-new-tokens "$tok" --temperature $t \
-        --device $DEV --dtype $TRAIN_DTYPE ${EVAL_ARGS:-} --out $o > $o.log 2>&1
-      log "eval $ds T=$t: exit $?; $(grep -E 'time limit|τ pooled' $o.log | sed 's/  */ /g' | tr '\n' ';')"
-      tar -C "$ROOT" -cJf "$OUT/eval.tar.xz" eval
+        --modes "${EVAL_MODES:-ar,dflash,ddtree:8,ddtree:32}" --max-new-tokens "$tok" --temperature "$t" \
+        --device "$DEV" --dtype "$TRAIN_DTYPE" ${EVAL_ARGS:-} --out "$o" > "$o.log" 2>&1
+      log "eval $ds T=$t: exit $?; $(grep -E 'time limit|τ pooled' "$o.log" | sed 's/  */ /g' | tr '\n' ';')"
+      tar -C "$WORK" -cJf "$OUT/eval.tar.xz" eval
     done
   done
 }
@@ -208,15 +260,25 @@ for p in "$@"; do
     restore) restore ;;
     profile) profile ;;
     probes) probes ;;
-    check) $B device-check --device $DEV > "$OUT/device-check.md" 2>&1; log "check: exit $?, $(grep -ci fail "$OUT/device-check.md") lines mention a failure" ;;
+    check) need_gguf; $B check device --target "$TARGET" --device "$DEV" > "$OUT/check-device.md" 2>&1
+           log "check: exit $?, $(grep -ci fail "$OUT/check-device.md") lines mention a failure" ;;
     data) data ;;
     plan) plan ;;
-    cfg) config "${STEPS:?cfg needs STEPS}" > $ROOT/cfg.json && log "cfg: max_steps $STEPS" ;;
-    bench) $B bench --device $DEV --dtype bf16 --modes ar,dflash,ddtree:8 --new-tokens 256 --repeats 1 \
-             --cuda-graphs on --drafter $E > "$OUT/bench.md" 2>&1; log "bench: exit $?" ;;
+    cfg) config "${STEPS:?cfg needs STEPS}" > "$WORK/cfg.json" && log "cfg: max_steps $STEPS" ;;
     train) train ;;
     export) export_ ;;
-    savedata) tar -C $ROOT -cJf "$OUT/data.tar.xz" data && log "savedata: $(du -b $OUT/data.tar.xz | cut -f1) bytes" ;;
+    savedata) tar -C "$WORK" -cJf "$OUT/data.tar.xz" data && log "savedata: $(du -b "$OUT/data.tar.xz" | cut -f1) bytes" ;;
+    bench) bench ;;
+    reference) reference ;;
+    shape) for sh in ${SHAPES:-bench/shapes/smollm2-135m.json qwen3-8b}; do
+             $B bench shape --shape "$sh" --device "$DEV" --dtype bf16 ${SHAPE_ARGS:-} >> "$OUT/bench-shape.md" 2>&1
+             log "bench shape $sh: exit $?"
+           done ;;
+    mfu) for sh in qwen3-8b bench/shapes/smollm2-135m.json; do
+           $B bench train --shape "$sh" --device "$DEV" --dtype bf16 --seq-len 2048 --anchors 512 --peak-tflops 989 \
+             >> "$OUT/bench-train.md" 2>&1
+           log "bench train $sh: exit $?"
+         done ;;
     eval) eval_ ;;
     *) log "unknown phase $p"; exit 2 ;;
   esac
