@@ -51,13 +51,14 @@ impl KeyRuns {
 }
 
 /// Whether forwards of `b` sequences × `n` rows on `device` in `dtype` attend here (CPU, f32,
-/// one sequence, at most [`MAX_ROWS`] rows, AVX-512F): callers build [`KeyRuns`] only then.
+/// one sequence, at most [`MAX_ROWS`] rows, AVX-512F or AVX2 + FMA: [`Isa`]): callers build
+/// [`KeyRuns`] only then.
 pub fn serves(device: &Device, dtype: DType, b: usize, n: usize) -> bool {
     matches!(device, Device::Cpu)
         && dtype == DType::F32
         && b == 1
         && n <= MAX_ROWS
-        && crate::panels::Panels::supported()
+        && Isa::detect().is_some()
 }
 
 /// Whether [`attend_rows`] runs `q` (`[b, hq, n, d]`): [`serves`] its forward, `d` a multiple
@@ -129,10 +130,14 @@ pub fn attend_rows(
                 }
             })
             .collect();
-        // SAFETY: AVX-512F checked by `applies`; each pair writes its own d outputs only
+        // SAFETY: the ISA checked by `applies`; each pair writes its own d outputs only
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            avx512::block(&pairs, &kk, &vv, hk, scale as f32)
+            match Isa::detect() {
+                Some(Isa::Avx512) => avx512::block(&pairs, &kk, &vv, hk, scale as f32),
+                Some(Isa::Avx2) => avx2::block(&pairs, &kk, &vv, hk, scale as f32),
+                None => unreachable!("applies() needs a vector ISA"),
+            }
         };
     };
     let jobs = hkv * blocks;
@@ -189,160 +194,203 @@ impl<'a> Rows<'a> {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::*;
+/// The vector ISA the kernels of this module run on: AVX-512F where the CPU has it, else
+/// AVX2 + FMA, else none (candle's matmuls). Detected once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+}
 
-    use super::{rows_per_block as rpb, QueryRow, Rows};
-
-    /// A block of (query row, its visible key runs, its `d` outputs) of one K/V head `h`:
-    /// each row's `out = Σ eᵢ v[keyᵢ] / Σ eᵢ`, `eᵢ = exp(sᵢ − max s)`, `sᵢ = scale · q · k[keyᵢ]`
-    /// over its visible keys in order (`keyᵢ`: the runs packed).
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn block(pairs: &[QueryRow], k: &Rows, v: &Rows, h: usize, scale: f32) {
-        let d = pairs[0].q.len();
-        match d / 16 {
-            1 => block_cr::<1, { rpb(1) }>(pairs, k, v, h, scale),
-            2 => block_cr::<2, { rpb(2) }>(pairs, k, v, h, scale),
-            3 => block_cr::<3, { rpb(3) }>(pairs, k, v, h, scale),
-            4 => block_cr::<4, { rpb(4) }>(pairs, k, v, h, scale),
-            5 => block_cr::<5, { rpb(5) }>(pairs, k, v, h, scale),
-            6 => block_cr::<6, { rpb(6) }>(pairs, k, v, h, scale),
-            7 => block_cr::<7, { rpb(7) }>(pairs, k, v, h, scale),
-            8 => block_cr::<8, { rpb(8) }>(pairs, k, v, h, scale),
-            _ => unreachable!("head_dim {d} (applies() admits 16 … 128)"),
-        }
+impl Isa {
+    pub fn detect() -> Option<Isa> {
+        static ISA: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::is_x86_feature_detected!("avx512f") {
+                    return Some(Isa::Avx512);
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    return Some(Isa::Avx2);
+                }
+            }
+            None
+        })
     }
+}
 
-    /// [`block`] for `d = 16 C` and blocks of `R` rows (fewer rows: the last one repeated,
-    /// its copies' outputs dropped). Every row's arithmetic is the same whatever the block:
-    /// its scores are its own dot products (two accumulators over even and odd chunks, one
-    /// fixed horizontal sum), its weighted sum one accumulator per chunk over its own packed
-    /// keys in order; the block only shares the loads of the keys that all rows see from
-    /// key 0 on.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn block_cr<const C: usize, const R: usize>(
-        pairs: &[QueryRow],
-        k: &Rows,
-        v: &Rows,
-        h: usize,
-        scale: f32,
-    ) {
-        let d = C * 16;
-        let used = pairs.len();
-        debug_assert!((1..=R).contains(&used));
-        let row = |i: usize| &pairs[i.min(used - 1)];
-        // 1. every row's scores over the keys 0 .. cols (the last visible key of any row + 1)
-        let cols = (0..used)
-            .filter_map(|i| row(i).runs.last().map(|r| r.end))
-            .max()
-            .unwrap_or(0);
-        let mut qv = [[_mm512_setzero_ps(); C]; R];
-        for (i, q) in qv.iter_mut().enumerate() {
-            for (c, x) in q.iter_mut().enumerate() {
-                *x = _mm512_loadu_ps(row(i).q.as_ptr().add(c * 16));
+/// The block kernel, written once for both ISAs: expanded inside a module that defines the
+/// vector type `V` of `W` lanes and its operations (`zero`, `ld`, `st`, `set1`, `fma`, `add`,
+/// `mul`, `max`, `hsum`, `hmax`, `exp`), all compiled for `$feature`.
+///
+/// `block(pairs, k, v, h, scale)`: a block of (query row, its visible key runs, its `d`
+/// outputs) of one K/V head `h`: each row's `out = Σ eᵢ v[keyᵢ] / Σ eᵢ`,
+/// `eᵢ = exp(sᵢ − max s)`, `sᵢ = scale · q · k[keyᵢ]` over its visible keys in order (`keyᵢ`:
+/// the runs packed).
+#[cfg(target_arch = "x86_64")]
+macro_rules! block_kernel {
+    ($feature:literal) => {
+        use super::{rows_per_block as rpb, QueryRow, Rows};
+
+        #[target_feature(enable = $feature)]
+        pub unsafe fn block(pairs: &[QueryRow], k: &Rows, v: &Rows, h: usize, scale: f32) {
+            let d = pairs[0].q.len();
+            // `C` vectors of `W` lanes per row, blocks of rows sized by the 16-lane count
+            match d / 16 {
+                1 => block_cr::<{ 16 / W }, { rpb(1) }>(pairs, k, v, h, scale),
+                2 => block_cr::<{ 32 / W }, { rpb(2) }>(pairs, k, v, h, scale),
+                3 => block_cr::<{ 48 / W }, { rpb(3) }>(pairs, k, v, h, scale),
+                4 => block_cr::<{ 64 / W }, { rpb(4) }>(pairs, k, v, h, scale),
+                5 => block_cr::<{ 80 / W }, { rpb(5) }>(pairs, k, v, h, scale),
+                6 => block_cr::<{ 96 / W }, { rpb(6) }>(pairs, k, v, h, scale),
+                7 => block_cr::<{ 112 / W }, { rpb(7) }>(pairs, k, v, h, scale),
+                8 => block_cr::<{ 128 / W }, { rpb(8) }>(pairs, k, v, h, scale),
+                _ => unreachable!("head_dim {d} (applies() admits 16 … 128)"),
             }
         }
-        let mut all = vec![0f32; R * cols];
-        for j in 0..cols {
-            let kj = k.row(h, j, d).as_ptr();
-            let mut kv = [_mm512_setzero_ps(); C];
-            for (c, x) in kv.iter_mut().enumerate() {
-                *x = _mm512_loadu_ps(kj.add(c * 16));
-            }
-            for (i, q) in qv.iter().enumerate() {
-                let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-                for c in (0..C).step_by(2) {
-                    a0 = _mm512_fmadd_ps(q[c], kv[c], a0);
-                    if c + 1 < C {
-                        a1 = _mm512_fmadd_ps(q[c + 1], kv[c + 1], a1);
-                    }
-                }
-                *all.get_unchecked_mut(i * cols + j) =
-                    _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) * scale;
-            }
-        }
-        // 2. per row: its visible scores packed, max, exp (in place) and 1 / sum
-        let mut e: Vec<Vec<f32>> = Vec::with_capacity(R);
-        let mut inv = [_mm512_setzero_ps(); R];
-        for (i, inv) in inv.iter_mut().enumerate() {
-            let runs = row(i).runs;
-            let m: usize = runs.iter().map(|r| r.len()).sum();
-            let mut s = vec![f32::NEG_INFINITY; m.next_multiple_of(16)];
-            let mut p = 0;
-            for r in runs {
-                s[p..p + r.len()].copy_from_slice(&all[i * cols + r.start..i * cols + r.end]);
-                p += r.len();
-            }
-            *inv = softmax_weights(&mut s);
-            e.push(s);
-        }
-        // 3. Σ eᵢ v[keyᵢ]: the keys 0 .. shared that every row sees first, loaded once,
-        // then each row's remaining keys
-        let shared = (0..used)
-            .map(|i| match row(i).runs.first() {
-                Some(r) if r.start == 0 => r.end,
-                _ => 0,
-            })
-            .min()
-            .unwrap_or(0);
-        let mut acc = [[_mm512_setzero_ps(); C]; R];
-        for j in 0..shared {
-            let vj = v.row(h, j, d).as_ptr();
-            let mut vv = [_mm512_setzero_ps(); C];
-            for (c, x) in vv.iter_mut().enumerate() {
-                *x = _mm512_loadu_ps(vj.add(c * 16));
-            }
-            for (i, a) in acc.iter_mut().enumerate() {
-                let w = _mm512_set1_ps(*e[i].get_unchecked(j));
-                for c in 0..C {
-                    a[c] = _mm512_fmadd_ps(w, vv[c], a[c]);
+
+        /// [`block`] for `d = W C` and blocks of `R` rows (fewer rows: the last one repeated,
+        /// its copies' outputs dropped). Every row's arithmetic is the same whatever the
+        /// block: its scores are its own dot products (two accumulators over even and odd
+        /// chunks, one fixed horizontal sum), its weighted sum one accumulator per chunk over
+        /// its own packed keys in order; the block only shares the loads of the keys that all
+        /// rows see from key 0 on.
+        #[inline]
+        #[target_feature(enable = $feature)]
+        unsafe fn block_cr<const C: usize, const R: usize>(
+            pairs: &[QueryRow],
+            k: &Rows,
+            v: &Rows,
+            h: usize,
+            scale: f32,
+        ) {
+            let d = C * W;
+            let used = pairs.len();
+            debug_assert!((1..=R).contains(&used));
+            let row = |i: usize| &pairs[i.min(used - 1)];
+            // 1. every row's scores over the keys 0 .. cols (the last visible key of any row + 1)
+            let cols = (0..used)
+                .filter_map(|i| row(i).runs.last().map(|r| r.end))
+                .max()
+                .unwrap_or(0);
+            let mut qv = [[zero(); C]; R];
+            for (i, q) in qv.iter_mut().enumerate() {
+                for (c, x) in q.iter_mut().enumerate() {
+                    *x = ld(row(i).q.as_ptr().add(c * W));
                 }
             }
-        }
-        for (i, a) in acc.iter_mut().enumerate().take(used) {
-            let mut p = 0;
-            for r in row(i).runs {
-                for j in r.clone() {
-                    if p >= shared {
-                        let (w, vj) = (_mm512_set1_ps(e[i][p]), v.row(h, j, d).as_ptr());
-                        for (c, x) in a.iter_mut().enumerate() {
-                            *x = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj.add(c * 16)), *x);
+            let mut all = vec![0f32; R * cols];
+            for j in 0..cols {
+                let kj = k.row(h, j, d).as_ptr();
+                let mut kv = [zero(); C];
+                for (c, x) in kv.iter_mut().enumerate() {
+                    *x = ld(kj.add(c * W));
+                }
+                for (i, q) in qv.iter().enumerate() {
+                    let (mut a0, mut a1) = (zero(), zero());
+                    for c in (0..C).step_by(2) {
+                        a0 = fma(q[c], kv[c], a0);
+                        if c + 1 < C {
+                            a1 = fma(q[c + 1], kv[c + 1], a1);
                         }
                     }
-                    p += 1;
+                    *all.get_unchecked_mut(i * cols + j) = hsum(add(a0, a1)) * scale;
                 }
             }
-            let out = row(i).out;
-            for (c, x) in a.iter().enumerate() {
-                _mm512_storeu_ps(out.add(c * 16), _mm512_mul_ps(*x, inv[i]));
+            // 2. per row: its visible scores packed, max, exp (in place) and 1 / sum
+            let mut e: Vec<Vec<f32>> = Vec::with_capacity(R);
+            let mut inv = [zero(); R];
+            for (i, inv) in inv.iter_mut().enumerate() {
+                let runs = row(i).runs;
+                let m: usize = runs.iter().map(|r| r.len()).sum();
+                let mut s = vec![f32::NEG_INFINITY; m.next_multiple_of(W)];
+                let mut p = 0;
+                for r in runs {
+                    s[p..p + r.len()].copy_from_slice(&all[i * cols + r.start..i * cols + r.end]);
+                    p += r.len();
+                }
+                *inv = softmax_weights(&mut s);
+                e.push(s);
+            }
+            // 3. Σ eᵢ v[keyᵢ]: the keys 0 .. shared that every row sees first, loaded once,
+            // then each row's remaining keys
+            let shared = (0..used)
+                .map(|i| match row(i).runs.first() {
+                    Some(r) if r.start == 0 => r.end,
+                    _ => 0,
+                })
+                .min()
+                .unwrap_or(0);
+            let mut acc = [[zero(); C]; R];
+            for j in 0..shared {
+                let vj = v.row(h, j, d).as_ptr();
+                let mut vv = [zero(); C];
+                for (c, x) in vv.iter_mut().enumerate() {
+                    *x = ld(vj.add(c * W));
+                }
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let w = set1(*e[i].get_unchecked(j));
+                    for c in 0..C {
+                        a[c] = fma(w, vv[c], a[c]);
+                    }
+                }
+            }
+            for (i, a) in acc.iter_mut().enumerate().take(used) {
+                let mut p = 0;
+                for r in row(i).runs {
+                    for j in r.clone() {
+                        if p >= shared {
+                            let (w, vj) = (set1(e[i][p]), v.row(h, j, d).as_ptr());
+                            for (c, x) in a.iter_mut().enumerate() {
+                                *x = fma(w, ld(vj.add(c * W)), *x);
+                            }
+                        }
+                        p += 1;
+                    }
+                }
+                let out = row(i).out;
+                for (c, x) in a.iter().enumerate() {
+                    st(out.add(c * W), mul(*x, inv[i]));
+                }
             }
         }
-    }
 
-    /// Scores (padded with −∞ to a multiple of 16) → `exp(s − max s)` in place, 16 at a time
-    /// from the start; returns `1 / Σ` broadcast (0 for an empty row: its outputs stay 0).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn softmax_weights(s: &mut [f32]) -> __m512 {
-        if s.is_empty() {
-            return _mm512_setzero_ps();
+        /// Scores (padded with −∞ to a multiple of `W`) → `exp(s − max s)` in place, `W` at
+        /// a time from the start; returns `1 / Σ` broadcast (0 for an empty row: its outputs
+        /// stay 0).
+        #[inline]
+        #[target_feature(enable = $feature)]
+        unsafe fn softmax_weights(s: &mut [f32]) -> V {
+            if s.is_empty() {
+                return zero();
+            }
+            let mut vmax = set1(f32::NEG_INFINITY);
+            for c in (0..s.len()).step_by(W) {
+                vmax = max(vmax, ld(s.as_ptr().add(c)));
+            }
+            let vmax = set1(hmax(vmax));
+            let mut vsum = zero();
+            for c in (0..s.len()).step_by(W) {
+                let e = exp(sub(ld(s.as_ptr().add(c)), vmax));
+                st(s.as_mut_ptr().add(c), e);
+                vsum = add(vsum, e);
+            }
+            set1(1.0 / hsum(vsum))
         }
-        let mut vmax = _mm512_set1_ps(f32::NEG_INFINITY);
-        for c in (0..s.len()).step_by(16) {
-            vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s.as_ptr().add(c)));
-        }
-        let vmax = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
-        let mut vsum = _mm512_setzero_ps();
-        for c in (0..s.len()).step_by(16) {
-            let e =
-                crate::vexp::avx512::exp(_mm512_sub_ps(_mm512_loadu_ps(s.as_ptr().add(c)), vmax));
-            _mm512_storeu_ps(s.as_mut_ptr().add(c), e);
-            vsum = _mm512_add_ps(vsum, e);
-        }
-        _mm512_set1_ps(1.0 / _mm512_reduce_add_ps(vsum))
-    }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use crate::vexp::avx512::*;
+    block_kernel!("avx512f");
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use crate::vexp::avx2::*;
+    block_kernel!("avx2,fma");
 }
 
 #[cfg(test)]
@@ -367,7 +415,7 @@ mod tests {
     /// grouped heads and K/V read in place from a longer buffer.
     #[test]
     fn equals_the_masked_attention() {
-        if !Panels::supported() {
+        if Isa::detect().is_none() {
             return;
         }
         for (cache, v) in [
@@ -399,7 +447,7 @@ mod tests {
     /// step of the same tokens).
     #[test]
     fn a_tree_row_gets_the_ar_rows_bits() {
-        if !Panels::supported() {
+        if Isa::detect().is_none() {
             return;
         }
         // tree over cache 20: node 0 (col 20), sibling 1 (col 21), node 2 child of 0 (col 22)
@@ -428,5 +476,4 @@ mod tests {
         );
     }
 
-    use crate::panels::Panels;
 }
