@@ -1,4 +1,4 @@
-//! With the `cuda` feature: compiles `src/kernels/fused.cu` to PTX (`$OUT_DIR/fused.ptx`) with
+//! With the `cuda` feature: compiles `src/cuda/fused.cu` to PTX (`$OUT_DIR/fused.ptx`) with
 //! the `nvcc` on `PATH` (scripts/cuda-build.sh puts the CUDA 13.0 toolchain there), for compute
 //! capability `$CUDA_COMPUTE_CAP` (default 90, the H100/H200). Without it: nothing.
 
@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-changed=src/kernels/fused.cu");
+    println!("cargo:rerun-if-changed=src/cuda/fused.cu");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
@@ -17,14 +17,14 @@ fn main() {
     let status = Command::new(&nvcc)
         .args(["--ptx", "-O3", "-std=c++17"])
         .arg(format!("-arch=compute_{cap}"))
-        .arg("src/kernels/fused.cu")
+        .arg("src/cuda/fused.cu")
         .arg("-o")
         .arg(&out)
         .status()
         .unwrap_or_else(|e| {
-            panic!("the cuda feature needs nvcc ({nvcc}) to compile src/kernels/fused.cu: {e}")
+            panic!("the cuda feature needs nvcc ({nvcc}) to compile src/cuda/fused.cu: {e}")
         });
     if !status.success() {
-        panic!("nvcc failed on src/kernels/fused.cu ({status})");
+        panic!("nvcc failed on src/cuda/fused.cu ({status})");
     }
 }

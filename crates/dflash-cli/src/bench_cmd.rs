@@ -10,8 +10,8 @@ use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::{decode_secs_per_token, summarize};
 use dflash_engine::{generate_with, DecodeOptions, Request};
 use dflash_eval::harness::{mode_specs, parse_modes, EvalDrafter};
-use dflash_model::drafter::Drafter;
-use dflash_model::loader::load_target;
+use dflash_model::io::loader::load_target;
+use dflash_model::models::drafter::Drafter;
 use dflash_model::Rows;
 
 #[derive(Args, Debug)]
@@ -53,7 +53,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let modes = parse_modes(&a.modes)?;
     let drafter = match &a.drafter {
         Some(d) => Drafter::load_dir(d, &lt.target)?,
-        None => dflash_model::drafter_init::random_drafter(&lt, 5, 16, None, 0)?,
+        None => dflash_model::models::drafter_init::random_drafter(&lt, 5, 16, None, 0)?,
     };
     let drafters = vec![EvalDrafter {
         label: "d".into(),

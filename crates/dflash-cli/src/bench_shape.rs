@@ -12,9 +12,9 @@ use candle_core::DType;
 use clap::Args;
 use dflash_core::config::{DrafterConfig, TargetConfig};
 use dflash_core::tree::DraftTree;
-use dflash_model::drafter::Drafter;
-use dflash_model::drafter_init::{drafter_config, DrafterShape};
-use dflash_model::weights::TensorStore;
+use dflash_model::io::weights::TensorStore;
+use dflash_model::models::drafter::Drafter;
+use dflash_model::models::drafter_init::{drafter_config, DrafterShape};
 use dflash_model::{Rows, Target};
 
 /// Qwen/Qwen3-8B's config.json (the fields the model reads).
@@ -266,7 +266,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         t_draft * 1e3
     );
     if !graphs.is_empty() {
-        println!("\nWhere a forward's time goes (`Target::forward_prepared`: the device part, after `prepare` copied ids, RoPE rows and mask; `dflash_model::launch_profile`), median of {}. Kernels and layout uploads counted by a CUDA-graph capture that is never launched; \"param cache\": candle's device cache of small uploads, warmed by one run; host enqueue and GPU time of the same kernels enqueued behind a GPU blocker; graph replay: the forward captured (with the param cache) and relaunched.\n", a.repeats);
+        println!("\nWhere a forward's time goes (`Target::forward_prepared`: the device part, after `prepare` copied ids, RoPE rows and mask; `dflash_model::cuda::launch_profile`), median of {}. Kernels and layout uploads counted by a CUDA-graph capture that is never launched; \"param cache\": candle's device cache of small uploads, warmed by one run; host enqueue and GPU time of the same kernels enqueued behind a GPU blocker; graph replay: the forward captured (with the param cache) and relaunched.\n", a.repeats);
         println!("| forward | rows | kernels | uploads (no cache / cache) | allocs / frees | prepare ms | eager ms | eager, param cache ms | host enqueue ms | GPU ms | graph replay ms | replay × floor | replay vs eager logits, max abs Δ |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         for (name, rows, c) in &graphs {
             let (k, kc) = (&c.nodes, &c.nodes_cached);
@@ -311,11 +311,11 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Where one forward's time goes on the GPU ([`dflash_model::launch_profile`]).
+/// Where one forward's time goes on the GPU ([`dflash_model::cuda::launch_profile`]).
 struct GraphCosts {
     /// Nodes of the captured forward, without and with candle's param cache.
-    nodes: dflash_model::launch_profile::NodeCounts,
-    nodes_cached: dflash_model::launch_profile::NodeCounts,
+    nodes: dflash_model::cuda::launch_profile::NodeCounts,
+    nodes_cached: dflash_model::cuda::launch_profile::NodeCounts,
     /// Median seconds: the host part (`prepare`); the device part eager (synchronised), without
     /// and with the param cache; behind a blocker, the host's enqueue and the GPU's time
     /// (`None`: the host waited on the GPU); one replay of the captured graph.
@@ -341,13 +341,13 @@ fn graph_costs(
     taps: &[usize],
     repeats: usize,
 ) -> Result<GraphCosts> {
-    use dflash_model::launch_profile::{capture, count_launches, host_gpu_split, ParamCache};
+    use dflash_model::cuda::launch_profile::{capture, count_launches, host_gpu_split, ParamCache};
     let (pos, vis) = (tree.positions(n), tree.visibility(n));
     let prepare = time(dev, repeats, || {
-        target.prepare(&tree.tokens, &pos, std::slice::from_ref(&vis), n)?;
+        target.prepare(&tree.tokens, &pos, std::slice::from_ref(&vis), n, None)?;
         Ok(())
     })?;
-    let inputs = target.prepare(&tree.tokens, &pos, std::slice::from_ref(&vis), n)?;
+    let inputs = target.prepare(&tree.tokens, &pos, std::slice::from_ref(&vis), n, None)?;
     let logits = |o: dflash_model::TargetOutput| -> Result<Vec<f32>> {
         Ok(o.logits
             .context("the forward returned no logits")?

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
-use dflash_model::drafter_init::random_weights;
+use dflash_model::models::drafter_init::random_weights;
 use dflash_model::profile::Phases;
 use dflash_train::anchors;
 use dflash_train::config::{LossKind, TrainConfig};

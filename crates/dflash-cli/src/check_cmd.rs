@@ -15,9 +15,9 @@ use candle_core::{DType, Device};
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::{generate, generate_with, DecodeOptions, Generation, Mode, Request};
-use dflash_model::compare::rel_err;
-use dflash_model::drafter::Drafter;
-use dflash_model::loader::{load_target, LoadedTarget};
+use dflash_model::io::loader::{load_target, LoadedTarget};
+use dflash_model::models::drafter::Drafter;
+use dflash_model::ops::compare::rel_err;
 use dflash_model::{Rows, TargetOutput};
 
 #[derive(Args, Debug)]
@@ -49,23 +49,24 @@ fn rel_logits_taps(got: &TargetOutput, cpu: &TargetOutput) -> Result<(f64, f64)>
 fn drafter_for(lt: &LoadedTarget, dir: &Option<PathBuf>) -> Result<Drafter> {
     match dir {
         Some(d) => Drafter::load_dir(d, &lt.target),
-        None => dflash_model::drafter_init::random_drafter(lt, 2, 16, None, 0),
+        None => dflash_model::models::drafter_init::random_drafter(lt, 2, 16, None, 0),
     }
 }
 
-/// The fused training kernels on `dev` against the CPU ([`dflash_model::kernel_check`]), as
+/// The fused training kernels on `dev` against the CPU ([`dflash_model::cuda::kernel_check`]), as
 /// device-check rows; `print` also prints them (with an error if one fails).
 pub fn kernel_rows(dev: &Device, print: bool) -> Result<Vec<(String, bool, String)>> {
-    let rows: Vec<(String, bool, String)> = dflash_model::kernel_check::compare_with_cpu(dev)?
-        .into_iter()
-        .map(|c| {
-            (
-                format!("fused {} vs CPU", c.name),
-                c.passed(),
-                format!("rel. err {:.1e} (≤ {:.0e})", c.rel_err, c.tolerance),
-            )
-        })
-        .collect();
+    let rows: Vec<(String, bool, String)> =
+        dflash_model::cuda::kernel_check::compare_with_cpu(dev)?
+            .into_iter()
+            .map(|c| {
+                (
+                    format!("fused {} vs CPU", c.name),
+                    c.passed(),
+                    format!("rel. err {:.1e} (≤ {:.0e})", c.rel_err, c.tolerance),
+                )
+            })
+            .collect();
     if print {
         for (c, ok, detail) in &rows {
             eprintln!("{c}: {} ({detail})", if *ok { "pass" } else { "FAIL" });

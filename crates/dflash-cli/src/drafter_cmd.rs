@@ -7,12 +7,12 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use dflash_core::config::DrafterConfig;
-use dflash_model::drafter::Drafter;
-use dflash_model::drafter_init::{
+use dflash_model::io::loader::load_target;
+use dflash_model::io::weights::TensorStore;
+use dflash_model::models::drafter::Drafter;
+use dflash_model::models::drafter_init::{
     default_mask_token, drafter_config, random_weights, save_drafter, DrafterShape,
 };
-use dflash_model::loader::load_target;
-use dflash_model::weights::TensorStore;
 
 #[derive(Subcommand, Debug)]
 pub enum DrafterCommand {

@@ -9,8 +9,8 @@ use dflash_eval::datasets;
 use dflash_eval::doctor::{doctor, Tolerances};
 use dflash_eval::harness::{mode_specs, parse_modes, run, EvalDrafter, EvalOptions};
 use dflash_eval::report::{lossless_check, mode_reports, write, Report};
-use dflash_model::drafter::Drafter;
-use dflash_model::loader::{dflash_home, load_target};
+use dflash_model::io::loader::{dflash_home, load_target};
+use dflash_model::models::drafter::Drafter;
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {

@@ -8,8 +8,8 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use dflash_core::stats::summarize;
 use dflash_engine::{generate_with, Mode as EngineMode, Request};
-use dflash_model::drafter::Drafter;
-use dflash_model::loader::load_target;
+use dflash_model::io::loader::load_target;
+use dflash_model::models::drafter::Drafter;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum Mode {
@@ -70,7 +70,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let drafter_dir = match (&a.drafter, mode) {
         (Some(d), _) => Some(d.clone()),
         (None, Mode::Ar) => None,
-        (None, _) => match dflash_model::loader::bundled_drafter(&a.target) {
+        (None, _) => match dflash_model::io::loader::bundled_drafter(&a.target) {
             Some(d) => {
                 eprintln!("using the bundled drafter {}", d.display());
                 Some(d)

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use dflash_model::loader::load_target;
+use dflash_model::io::loader::load_target;
 use dflash_train::config::TrainConfig;
 use dflash_train::prompts;
 use dflash_train::regen::{regenerate, RegenOptions};
@@ -41,7 +41,7 @@ fn run_vocab(a: VocabArgs) -> Result<()> {
     }
     let (_, seqs) = dflash_train::data::read_sequences(&a.data)?;
     let (ids, coverage) = dflash_train::vocab::frequent_tokens(&seqs, a.size);
-    let v = dflash_model::draft_vocab::DraftVocab {
+    let v = dflash_model::models::draft_vocab::DraftVocab {
         source: format!(
             "the {} most frequent supervised tokens of {} ({} sequences)",
             ids.len(),

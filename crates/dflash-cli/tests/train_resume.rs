@@ -198,7 +198,7 @@ fn killed_run_resumes_bit_for_bit() {
         let u = &w16[n];
         assert_eq!(u.dtype(), candle_core::DType::BF16, "{n}");
         assert!(
-            dflash_model::compare::rel_err(u, t).unwrap() <= 1.0 / 128.0,
+            dflash_model::ops::compare::rel_err(u, t).unwrap() <= 1.0 / 128.0,
             "{n} is not its bf16 rounding"
         );
     }

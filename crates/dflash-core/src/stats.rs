@@ -141,6 +141,89 @@ pub fn simulated_decoding_tau(inverse_tau_sum: f64, anchors: u64) -> f64 {
     anchors as f64 / inverse_tau_sum
 }
 
+/// Per-position acceptance of drafted blocks scored against their labels, as a chain walk
+/// would accept them (training metrics, validation, the doctor): `offered[k-1]` blocks
+/// reached draft k with drafts 1..k-1 all right and a label at k; `reached[k-1]` of them got
+/// draft k right too. Each block is also one anchor with τ_anchor = 1 + drafts accepted.
+/// Example: one block whose drafts are [right, wrong, right] → offered [1, 1, 0], reached
+/// [1, 0, 0], τ_anchor 2.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AcceptCounts {
+    pub offered: Vec<u64>,
+    pub reached: Vec<u64>,
+    /// Anchors walked, and Σ 1/τ_anchor over them.
+    #[serde(default)]
+    pub anchors: u64,
+    #[serde(default)]
+    pub inverse_tau_sum: f64,
+}
+
+impl AcceptCounts {
+    /// Counts for blocks of `positions` drafts (B − 1).
+    pub fn new(positions: usize) -> Self {
+        Self {
+            offered: vec![0; positions],
+            reached: vec![0; positions],
+            anchors: 0,
+            inverse_tau_sum: 0.0,
+        }
+    }
+
+    /// Walk one block: entry k-1 is `Some(draft k is right)`, or `None` where position k has
+    /// no label (the walk ends there, as it ends at the first wrong draft).
+    pub fn add_block(&mut self, drafts: impl IntoIterator<Item = Option<bool>>) {
+        let mut accepted = 0;
+        for (k, d) in drafts.into_iter().enumerate() {
+            let Some(right) = d else { break };
+            if self.offered.len() <= k {
+                self.offered.resize(k + 1, 0);
+                self.reached.resize(k + 1, 0);
+            }
+            self.offered[k] += 1;
+            if !right {
+                break;
+            }
+            self.reached[k] += 1;
+            accepted += 1;
+        }
+        self.anchors += 1;
+        self.inverse_tau_sum += 1.0 / (1 + accepted) as f64;
+    }
+
+    pub fn merge(&mut self, o: &AcceptCounts) {
+        if self.offered.len() < o.offered.len() {
+            self.offered.resize(o.offered.len(), 0);
+            self.reached.resize(o.reached.len(), 0);
+        }
+        for (i, (a, b)) in o.offered.iter().zip(&o.reached).enumerate() {
+            self.offered[i] += a;
+            self.reached[i] += b;
+        }
+        self.anchors += o.anchors;
+        self.inverse_tau_sum += o.inverse_tau_sum;
+    }
+
+    /// Per-position acceptance rates, up to the first position never offered.
+    pub fn rates(&self) -> Vec<f64> {
+        self.offered
+            .iter()
+            .zip(&self.reached)
+            .take_while(|(o, _)| **o > 0)
+            .map(|(o, r)| *r as f64 / *o as f64)
+            .collect()
+    }
+
+    /// The chain τ these rates imply at uniform anchors ([`simulated_chain_tau`]).
+    pub fn simulated_tau(&self) -> f64 {
+        simulated_chain_tau(&self.rates())
+    }
+
+    /// The pooled τ decoding would measure ([`simulated_decoding_tau`]).
+    pub fn simulated_decoding_tau(&self) -> f64 {
+        simulated_decoding_tau(self.inverse_tau_sum, self.anchors)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +250,30 @@ mod tests {
         // position 1: offered 3, accepted 2; position 2: offered 2 (acc>=1), accepted 1; 3: 1/1
         assert_eq!(s.per_position_acceptance, vec![2.0 / 3.0, 0.5, 1.0]);
         assert!((simulated_chain_tau(&[0.5, 0.5]) - 1.75).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_block_is_walked_as_a_chain() {
+        let mut c = AcceptCounts::new(3);
+        c.add_block([Some(true), Some(false), Some(true)]);
+        assert_eq!(
+            (c.offered.clone(), c.reached.clone()),
+            (vec![1, 1, 0], vec![1, 0, 0])
+        );
+        // a block whose second position has no label ends there, with one draft accepted
+        c.add_block([Some(true), None, Some(true)]);
+        assert_eq!(
+            (c.offered.clone(), c.reached.clone()),
+            (vec![2, 1, 0], vec![2, 0, 0])
+        );
+        c.add_block([Some(false), Some(true), Some(true)]);
+        assert_eq!(c.anchors, 3);
+        // τ_anchor 2, 2, 1 → harmonic 3 / (1/2 + 1/2 + 1) = 1.5
+        assert!((c.simulated_decoding_tau() - 1.5).abs() < 1e-12);
+        assert_eq!(c.rates(), vec![2.0 / 3.0, 0.0]);
+        let mut m = AcceptCounts::new(1);
+        m.merge(&c);
+        assert_eq!(m, c);
     }
 
     #[test]

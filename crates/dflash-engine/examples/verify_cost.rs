@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Result;
 use candle_core::{DType, Device};
 use dflash_core::tree::DraftTree;
-use dflash_model::loader::load_target;
+use dflash_model::io::loader::load_target;
 use dflash_model::Rows;
 
 fn main() -> Result<()> {

@@ -39,9 +39,9 @@ use candle_core::Tensor;
 use dflash_core::sampling::{Sampler, SamplingParams};
 use dflash_core::stats::RoundOutcome;
 use dflash_core::tree::{top_k_sorted, DraftTree};
-use dflash_model::draft_vocab::DraftHead;
-use dflash_model::drafter::Drafter;
-use dflash_model::graphed::GraphedForward;
+use dflash_model::cuda::graphed::GraphedForward;
+use dflash_model::models::draft_vocab::DraftHead;
+use dflash_model::models::drafter::Drafter;
 use dflash_model::{KvCache, Rows, Target};
 
 /// One generation request.

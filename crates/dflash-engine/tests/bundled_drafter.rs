@@ -11,7 +11,7 @@ use common::*;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::summarize;
 use dflash_engine::{generate, Mode};
-use dflash_model::drafter::Drafter;
+use dflash_model::models::drafter::Drafter;
 
 /// Chat prompts like the training data's (ShareGPT / evals first turns), not from it.
 const PROMPTS: &[&str] = &[
@@ -33,7 +33,7 @@ const TREE8_FLOOR: f64 = 1.65;
 #[test]
 fn bundled_drafter_is_lossless_and_above_its_tau_floor() {
     let lt = smollm2();
-    let dir = dflash_model::loader::bundled_drafter("smollm2-135m")
+    let dir = dflash_model::io::loader::bundled_drafter("smollm2-135m")
         .expect("assets/drafters/smollm2-135m-b16 is part of the repository");
     let d = Drafter::load_dir(&dir, &lt.target).unwrap();
     assert_eq!((d.block_size, d.num_layers()), (16, 5));

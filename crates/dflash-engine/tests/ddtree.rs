@@ -65,7 +65,7 @@ fn tree_tau_is_at_least_chain_tau_here() {
 #[test]
 fn smollm2_tree_is_lossless() {
     let lt = smollm2();
-    let d = dflash_model::drafter_init::random_drafter(&lt, 1, 6, Some(128), 3).unwrap();
+    let d = dflash_model::models::drafter_init::random_drafter(&lt, 1, 6, Some(128), 3).unwrap();
     for (p, budget) in [("Name three fruits.", 8), ("What is 7 times 6?", 16)] {
         let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
         let r = Request {

@@ -9,14 +9,14 @@ use candle_core::{DType, Device};
 use common::*;
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::{generate, generate_with, DecodeOptions, Mode};
-use dflash_model::drafter::Drafter;
-use dflash_model::loader::load_target;
-use dflash_model::weights::TensorStore;
+use dflash_model::io::loader::load_target;
+use dflash_model::io::weights::TensorStore;
+use dflash_model::models::drafter::Drafter;
 
 #[test]
 fn smollm2_random_drafter_is_lossless_at_t0() {
     let lt = smollm2();
-    let d = dflash_model::drafter_init::random_drafter(&lt, 2, 8, Some(256), 7).unwrap();
+    let d = dflash_model::models::drafter_init::random_drafter(&lt, 2, 8, Some(256), 7).unwrap();
     let prompts = [
         "What is 2 + 2?",
         "Name a color.",
@@ -134,7 +134,7 @@ fn stop_token_inside_an_accepted_run() {
 #[test]
 fn drafter_for_another_target_is_refused() {
     let t = tiny();
-    let home = dflash_model::loader::dflash_home();
+    let home = dflash_model::io::loader::dflash_home();
     let lt = load_target(
         home.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf")
             .to_str()

@@ -11,8 +11,8 @@ use common::{fixtures, max_abs, rel_err};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::visibility::causal;
 use dflash_engine::{generate, Mode, Request};
-use dflash_model::drafter::{DraftLayout, Drafter};
-use dflash_model::loader::load_hf_weights;
+use dflash_model::io::loader::load_hf_weights;
+use dflash_model::models::drafter::{DraftLayout, Drafter};
 use dflash_model::{Rows, Target};
 
 fn target() -> Target {

@@ -10,7 +10,7 @@
 
 use anyhow::Result;
 use candle_core::{DType, Device};
-use dflash_model::loader::load_target;
+use dflash_model::io::loader::load_target;
 use dflash_model::Rows;
 
 fn main() -> Result<()> {

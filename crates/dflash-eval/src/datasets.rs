@@ -164,7 +164,7 @@ mod tests {
 
     #[test]
     fn pinned_datasets_have_their_sizes_and_formats() {
-        let home = dflash_model::loader::dflash_home();
+        let home = dflash_model::io::loader::dflash_home();
         let n = |name: &str| load(name, &home, None).unwrap();
         let g = n("gsm8k");
         assert_eq!(g.len(), 1319);

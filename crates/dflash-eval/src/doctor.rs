@@ -13,8 +13,8 @@ use anyhow::Result;
 use dflash_core::config::DrafterConfig;
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::{generate, Mode, Request};
-use dflash_model::drafter::Drafter;
-use dflash_model::loader::{identity_hash, LoadedTarget};
+use dflash_model::io::loader::{identity_hash, LoadedTarget};
+use dflash_model::models::drafter::Drafter;
 use dflash_train::checkpoint::TrainingRecord;
 use dflash_train::config::TrainConfig;
 use dflash_train::data::read_sequences;
@@ -347,7 +347,7 @@ pub fn parity_diff(lt: &LoadedTarget, d: &Drafter, ids: &[u32]) -> Result<f32> {
         let ctx = feats.taps.narrow(1, 0, a)?;
         let inf = d.draft(&lt.target, None, &mut cache, &ctx, ids[a], a, b, b - 1)?;
         let tr = train.narrow(0, j * (b - 1), b - 1)?;
-        worst = worst.max(dflash_model::compare::max_abs(&inf, &tr)?);
+        worst = worst.max(dflash_model::ops::compare::max_abs(&inf, &tr)?);
     }
     Ok(worst)
 }

@@ -6,9 +6,9 @@ use anyhow::{bail, Result};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::RoundOutcome;
 use dflash_engine::{generate_with, Generation, Mode, Request};
-use dflash_model::drafter::Drafter;
-use dflash_model::loader::LoadedTarget;
-use dflash_model::tokenizer::ChatMessage;
+use dflash_model::io::loader::LoadedTarget;
+use dflash_model::io::tokenizer::ChatMessage;
+use dflash_model::models::drafter::Drafter;
 use serde::Serialize;
 
 use crate::datasets::EvalItem;

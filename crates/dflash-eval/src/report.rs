@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::DType;
 use dflash_core::stats::{summarize, TauSummary};
 use dflash_core::tree::top_k_sorted;
-use dflash_model::loader::LoadedTarget;
+use dflash_model::io::loader::LoadedTarget;
 use dflash_model::Rows;
 use serde::Serialize;
 

@@ -10,9 +10,11 @@ use dflash_eval::datasets;
 use dflash_eval::doctor::{doctor, Tolerances};
 use dflash_eval::harness::{mode_specs, parse_modes, run, EvalDrafter, EvalOptions};
 use dflash_eval::report::{lossless_check, mode_reports, write, Report};
-use dflash_model::drafter::Drafter;
-use dflash_model::drafter_init::{drafter_config, random_weights, save_drafter, DrafterShape};
-use dflash_model::loader::{dflash_home, load_target, LoadedTarget};
+use dflash_model::io::loader::{dflash_home, load_target, LoadedTarget};
+use dflash_model::models::drafter::Drafter;
+use dflash_model::models::drafter_init::{
+    drafter_config, random_weights, save_drafter, DrafterShape,
+};
 use dflash_train::config::TrainConfig;
 use dflash_train::prompts::Prompt;
 use dflash_train::regen::{regenerate, RegenOptions};
@@ -33,7 +35,7 @@ fn smollm2() -> LoadedTarget {
     load_target(p.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap()
 }
 fn random_drafter(lt: &LoadedTarget, seed: u64) -> Drafter {
-    dflash_model::drafter_init::random_drafter(lt, 1, 4, Some(128), seed).unwrap()
+    dflash_model::models::drafter_init::random_drafter(lt, 1, 4, Some(128), seed).unwrap()
 }
 
 #[test]
@@ -211,7 +213,7 @@ fn tiny_target(name: &str) -> (PathBuf, LoadedTarget) {
 fn resumed_regeneration_refuses_other_prompts_and_continues_appended_ones() {
     let (_, lt) = tiny_target("resume");
     let prompt = |text: String| Prompt {
-        messages: vec![dflash_model::tokenizer::ChatMessage {
+        messages: vec![dflash_model::io::tokenizer::ChatMessage {
             role: "user".into(),
             content: text,
         }],
@@ -254,7 +256,7 @@ fn trained_pair(name: &str) -> (PathBuf, PathBuf, PathBuf) {
     let (target, lt) = tiny_target(name);
     let prompts: Vec<Prompt> = (0..10u32)
         .map(|i| Prompt {
-            messages: vec![dflash_model::tokenizer::ChatMessage {
+            messages: vec![dflash_model::io::tokenizer::ChatMessage {
                 role: "user".into(),
                 content: (0..6)
                     .map(|j| format!("t{}", ((i % 2) * 37 + j * 11) % 250 + 1))

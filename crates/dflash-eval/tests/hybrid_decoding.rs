@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::{generate, Mode, Request};
-use dflash_model::drafter::Drafter;
-use dflash_model::loader::load_target;
+use dflash_model::io::loader::load_target;
+use dflash_model::models::drafter::Drafter;
 use dflash_train::config::TrainConfig;
 use dflash_train::prompts::Prompt;
 use dflash_train::regen::{regenerate, RegenOptions};
@@ -28,7 +28,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
     assert!(lt.target.is_hybrid());
     let prompts: Vec<Prompt> = (0..6u32)
         .map(|i| Prompt {
-            messages: vec![dflash_model::tokenizer::ChatMessage {
+            messages: vec![dflash_model::io::tokenizer::ChatMessage {
                 role: "user".into(),
                 content: (0..5)
                     .map(|j| format!("t{}", ((i % 2) * 53 + j * 17) % 250 + 1))

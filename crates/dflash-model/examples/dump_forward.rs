@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
-use dflash_model::loader::load_hf_weights;
+use dflash_model::io::loader::load_hf_weights;
 use dflash_model::{Rows, Target};
 
 fn main() -> Result<()> {

@@ -1,5 +1,5 @@
 //! Time `x · Wᵀ` for few rows: candle's matmul (candle_nn's `Linear`) against dflash-rs's
-//! [`dflash_model::linear::Linear`] at SmolLM2-135M's shapes, f32, CPU.
+//! [`dflash_model::layers::linear::Linear`] at SmolLM2-135M's shapes, f32, CPU.
 //!
 //! `RAYON_NUM_THREADS=2 cargo run --release -p dflash-model --example linear_probe`
 //!
@@ -31,7 +31,7 @@ fn main() -> candle_core::Result<()> {
             .collect::<candle_core::Result<_>>()?;
         let ours: Vec<_> = ws
             .iter()
-            .map(|w| dflash_model::linear::Linear::new(w.clone(), None))
+            .map(|w| dflash_model::layers::linear::Linear::new(w.clone(), None))
             .collect();
         let theirs: Vec<_> = ws
             .iter()

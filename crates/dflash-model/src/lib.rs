@@ -1,115 +1,22 @@
 //! dflash-model: candle models for DFlash speculative decoding.
 //!
-//! Attention with an explicit additive mask, RoPE, RMSNorm, KV cache, the target families
-//! (llama, qwen2, qwen3), the DFlash drafter, loaders (GGUF, safetensors) and the tokenizer.
+//! The rooms (docs/DESIGN.md): [`models`] (the target, its families, the drafter),
+//! [`layers`] (attention, Gated DeltaNet, projections, MLP, norms, RoPE), [`cache`] (KV rows
+//! and linear-attention states), [`ops`] (softmax family, cross-entropy, block attention),
+//! [`cpu`] (inference kernels), [`cuda`] (kernels, graphs, launch profiling), [`io`]
+//! (GGUF, safetensors, tokenizer, loading), [`device`] (device and dtype names).
 
-pub mod attention;
-pub mod block_attention;
-pub mod block_softmax;
-pub mod compare;
-pub mod cross_entropy;
-#[cfg(feature = "cuda")]
-pub(crate) mod cuda_kernels;
-pub mod draft_vocab;
-pub mod drafter;
-pub mod drafter_init;
-pub mod families;
-pub mod gdn;
-pub mod gguf;
-pub mod graphed;
-pub mod helpers;
-pub mod interval_softmax;
-pub mod kernel_check;
-mod kernel_io;
-pub mod kv_cache;
-pub mod launch_profile;
-pub mod linear;
-pub mod loader;
-pub mod log_softmax;
-pub mod mlp;
-pub mod norm;
-pub mod panels;
+pub mod cache;
+pub mod cpu;
+pub mod cuda;
+pub mod device;
+pub mod io;
+pub mod layers;
+pub mod models;
+pub mod ops;
 pub mod profile;
-pub mod rope;
-pub mod row_attention;
-pub mod softmax;
-pub mod target;
-pub mod tokenizer;
-mod vexp;
-pub mod weights;
-pub mod with_grad;
 
+pub use cache::kv_cache::KvCache;
 pub use candle_core;
-pub use kv_cache::KvCache;
-pub use target::{CacheLayout, ForwardInputs, Rows, Target, TargetOutput};
-
-/// Parse a device name (`cpu`, `cuda`, `cuda:N`).
-pub fn device(name: &str) -> anyhow::Result<candle_core::Device> {
-    match name {
-        "cpu" => Ok(candle_core::Device::Cpu),
-        s if s == "cuda" || s.starts_with("cuda:") => {
-            let ord = s
-                .strip_prefix("cuda:")
-                .map(|n| n.parse::<usize>())
-                .transpose()?
-                .unwrap_or(0);
-            if !candle_core::utils::cuda_is_available() {
-                anyhow::bail!(
-                    "device '{s}': this build has no CUDA support (build with --features cuda)"
-                );
-            }
-            let dev = candle_core::Device::new_cuda(ord)?;
-            #[cfg(feature = "cuda")]
-            tune_cuda(&dev)?;
-            Ok(dev)
-        }
-        other => anyhow::bail!("unknown device '{other}' (cpu, cuda, cuda:N)"),
-    }
-}
-
-/// Freed device memory the CUDA pool keeps for reuse (see [`device`]).
-pub const CUDA_POOL_KEEP: u64 = 8 << 30;
-
-/// Two settings of a CUDA device that change no result and save driver work:
-/// - **no per-tensor event tracking**: cudarc records a CUDA event on every allocation, read
-///   and write so that tensors can cross streams; this process uses one stream per device
-///   (candle's, from the thread that opened it; nothing here moves tensors between threads),
-///   so the events only add driver calls to every kernel launch of a launch-bound loop;
-/// - **a caching memory pool**: allocations are stream-ordered (`cuMemAllocAsync`) from the
-///   device's default pool, whose release threshold is 0 by default, so every synchronisation
-///   hands freed memory back to the driver and the next step maps it again; the pool now keeps
-///   up to [`CUDA_POOL_KEEP`] of freed memory. Bounded, not unlimited: the one training run
-///   with an unlimited pool (tensors of a different size every step) ran out of the H200's
-///   memory after 345 steps; the pool is the likely cause, not a proven one.
-#[cfg(feature = "cuda")]
-fn tune_cuda(dev: &candle_core::Device) -> anyhow::Result<()> {
-    use candle_core::cuda_backend::cudarc::driver::{result, sys};
-    if let candle_core::Device::Cuda(cd) = dev {
-        // SAFETY: one stream per device in this process (see above)
-        unsafe { cd.disable_event_tracking() };
-        let stream = cd.cuda_stream();
-        let ctx = stream.context();
-        ctx.bind_to_thread()?;
-        // SAFETY: the device handle comes from a live context; the attribute is a u64
-        unsafe {
-            let pool = result::device::get_default_mem_pool(ctx.cu_device())?;
-            let mut threshold: u64 = CUDA_POOL_KEEP;
-            result::mem_pool::set_attribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                &mut threshold as *mut u64 as *mut std::ffi::c_void,
-            )?;
-        }
-    }
-    Ok(())
-}
-
-/// Parse a dtype name (`f32`, `bf16`, `f16`).
-pub fn dtype(name: &str) -> anyhow::Result<candle_core::DType> {
-    match name {
-        "f32" => Ok(candle_core::DType::F32),
-        "bf16" => Ok(candle_core::DType::BF16),
-        "f16" => Ok(candle_core::DType::F16),
-        other => anyhow::bail!("unknown dtype '{other}' (f32, bf16, f16)"),
-    }
-}
+pub use device::{device, dtype};
+pub use models::target::{CacheLayout, ForwardInputs, Rows, Target, TargetOutput};

@@ -7,7 +7,7 @@ mod common;
 use candle_core::{DType, Device};
 use common::*;
 use dflash_core::visibility::causal;
-use dflash_model::loader::load_target;
+use dflash_model::io::loader::load_target;
 use dflash_model::Rows;
 
 fn check_model(name: &str, rel: &str, fetch: &str) {
@@ -52,7 +52,7 @@ fn check_model(name: &str, rel: &str, fetch: &str) {
     for c in meta["cases"].as_array().unwrap() {
         let prompt = c["prompt"].as_str().unwrap();
         let rendered = tok
-            .apply_chat_template(&[dflash_model::tokenizer::ChatMessage {
+            .apply_chat_template(&[dflash_model::io::tokenizer::ChatMessage {
                 role: "user".into(),
                 content: prompt.into(),
             }])

@@ -8,7 +8,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::*;
 use dflash_core::visibility::{causal, tree};
-use dflash_model::loader::load_hf_weights;
+use dflash_model::io::loader::load_hf_weights;
 use dflash_model::{Rows, Target};
 
 fn hybrid(chunk_min_rows: usize) -> Target {
@@ -250,12 +250,12 @@ fn tree_verify_equals_per_path_forwards_and_compacts() {
 fn fixed_shape_forwards_are_refused_for_a_hybrid_target() {
     let t = hybrid(64);
     let err = t
-        .prepare_fixed(
+        .prepare(
             &[1, 2],
             &[0, 1],
-            &dflash_core::visibility::causal(0, 2),
+            &[dflash_core::visibility::causal(0, 2)],
             0,
-            8,
+            Some(8),
         )
         .err()
         .unwrap();

@@ -6,7 +6,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use common::*;
 use dflash_core::visibility::{causal, Visibility};
-use dflash_model::loader::load_hf_weights;
+use dflash_model::io::loader::load_hf_weights;
 use dflash_model::{Rows, Target};
 
 fn tiny() -> Target {
@@ -244,7 +244,7 @@ fn tree_rows_equal_ar_steps_bit_for_bit() {
 /// logit bit for bit.
 #[test]
 fn draft_head_columns_equal_the_full_lm_heads() {
-    use dflash_model::draft_vocab::{DraftHead, DraftVocab};
+    use dflash_model::models::draft_vocab::{DraftHead, DraftVocab};
     let t = tiny();
     let h = Tensor::arange(0f32, (3 * t.config.hidden_size) as f32, &Device::Cpu)
         .unwrap()
@@ -376,7 +376,9 @@ fn prepared_forward_equals_forward_and_refuses_another_cache_length() {
     let whole = t
         .forward(&[6, 7], &[3, 4], &causal(3, 2), &mut a, &[0], &Rows::All)
         .unwrap();
-    let inputs = t.prepare(&[6, 7], &[3, 4], &[causal(3, 2)], 3).unwrap();
+    let inputs = t
+        .prepare(&[6, 7], &[3, 4], &[causal(3, 2)], 3, None)
+        .unwrap();
     let split = t
         .forward_prepared(&inputs, &mut b, &[0], &Rows::All)
         .unwrap();
@@ -397,7 +399,7 @@ fn prepared_forward_equals_forward_and_refuses_another_cache_length() {
     );
 }
 
-/// The fixed layout (`prepare_fixed`: K/V written through a device index into a cache of
+/// The fixed layout (`prepare` with a capacity: K/V written through a device index into a cache of
 /// exactly `cap` rows, attention over all of them with the extra columns masked) gives the
 /// append layout's logits, taps and cache rows; and its limits are named.
 #[test]
@@ -425,7 +427,7 @@ fn fixed_layout_forward_equals_append_forward() {
         )
         .unwrap();
     let inputs = t
-        .prepare_fixed(&toks[k..], &pos[k..], &causal(k, n), k, cap)
+        .prepare(&toks[k..], &pos[k..], &[causal(k, n)], k, Some(cap))
         .unwrap();
     let got = t
         .forward_prepared(&inputs, &mut f, &[1], &Rows::All)
@@ -441,14 +443,16 @@ fn fixed_layout_forward_equals_append_forward() {
     }
     // past the capacity, and a cache of another capacity, are refused by name
     let err = t
-        .prepare_fixed(&[1, 2], &[k, k + 1], &causal(k, 2), k, k + 1)
+        .prepare(&[1, 2], &[k, k + 1], &[causal(k, 2)], k, Some(k + 1))
         .err()
         .unwrap();
     assert!(err.to_string().contains("capacity of 8 rows"), "{err}");
     let mut small = t.new_cache();
     t.forward_causal(&toks[..k], &mut small, &[], &Rows::None)
         .unwrap();
-    let one = t.prepare_fixed(&[1], &[k], &causal(k, 1), k, cap).unwrap();
+    let one = t
+        .prepare(&[1], &[k], &[causal(k, 1)], k, Some(cap))
+        .unwrap();
     let err = t
         .forward_prepared(&one, &mut small, &[], &Rows::All)
         .err()
@@ -464,7 +468,7 @@ fn fixed_layout_forward_equals_append_forward() {
 /// and the buffers are reused (one slot for n = 1).
 #[test]
 fn graphed_forward_decodes_like_plain_ar() {
-    use dflash_model::graphed::GraphedForward;
+    use dflash_model::cuda::graphed::GraphedForward;
     let t = tiny();
     let (meta, _) = reference();
     let prompt = ids(&meta["ids"]);
@@ -505,7 +509,7 @@ fn graphed_forward_decodes_like_plain_ar() {
 /// serves every verify length of a decoding loop.
 #[test]
 fn graphed_forward_pads_short_forwards_to_one_shape() {
-    use dflash_model::graphed::GraphedForward;
+    use dflash_model::cuda::graphed::GraphedForward;
     let t = tiny();
     let (meta, _) = reference();
     let prompt = ids(&meta["ids"]);

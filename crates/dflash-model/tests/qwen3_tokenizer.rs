@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use dflash_model::tokenizer::{ChatMessage, TextTokenizer};
+use dflash_model::io::tokenizer::{ChatMessage, TextTokenizer};
 
 #[test]
 fn qwen3_tokenizer_and_template_match_transformers() {

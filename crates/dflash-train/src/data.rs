@@ -49,7 +49,7 @@ pub struct ShardInfo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     pub format: String,
-    /// sha256 of the target's files (see `dflash_model::loader::identity_hash`).
+    /// sha256 of the target's files (see `dflash_model::io::loader::identity_hash`).
     pub target_hash: String,
     pub target: String,
     pub chat_template_sha256: Option<String>,

@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use candle_core::{DType, D};
-use dflash_model::loader::{identity_hash, LoadedTarget};
+use dflash_model::io::loader::{identity_hash, LoadedTarget};
 use dflash_model::Rows;
 use serde::{Deserialize, Serialize};
 

@@ -12,13 +12,12 @@
 
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
-use dflash_core::stats::{simulated_chain_tau, simulated_decoding_tau};
+use dflash_core::stats::AcceptCounts;
 use dflash_core::visibility::packed;
-use dflash_model::cross_entropy::cross_entropy_rows;
-use dflash_model::drafter::{DraftLayout, Drafter};
+use dflash_model::models::drafter::{DraftLayout, Drafter};
+use dflash_model::ops::cross_entropy::cross_entropy_rows;
 use dflash_model::profile::Phases;
 use dflash_model::{Rows, Target};
-use serde::{Deserialize, Serialize};
 
 use crate::config::LossKind;
 use crate::pack::TrainingRow;
@@ -57,60 +56,6 @@ pub fn target_features(
         taps: Target::concat_taps(&out.taps)?.unsqueeze(0)?.detach(),
         target_logits: out.logits.map(|l| l.detach()),
     })
-}
-
-/// Per-position acceptance counts: `offered[k-1]` blocks reached row k with rows 1..k-1
-/// all correct (and a supervised label at k); `reached[k-1]` of them also got row k right.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct AcceptCounts {
-    pub offered: Vec<u64>,
-    pub reached: Vec<u64>,
-    /// Anchors walked, and Σ 1/τ_anchor over them (τ_anchor = 1 + drafts accepted).
-    #[serde(default)]
-    pub anchors: u64,
-    #[serde(default)]
-    pub inverse_tau_sum: f64,
-}
-
-impl AcceptCounts {
-    pub fn new(positions: usize) -> Self {
-        Self {
-            offered: vec![0; positions],
-            reached: vec![0; positions],
-            anchors: 0,
-            inverse_tau_sum: 0.0,
-        }
-    }
-    pub fn merge(&mut self, o: &AcceptCounts) {
-        if self.offered.len() < o.offered.len() {
-            self.offered.resize(o.offered.len(), 0);
-            self.reached.resize(o.reached.len(), 0);
-        }
-        for (i, (a, b)) in o.offered.iter().zip(&o.reached).enumerate() {
-            self.offered[i] += a;
-            self.reached[i] += b;
-        }
-        self.anchors += o.anchors;
-        self.inverse_tau_sum += o.inverse_tau_sum;
-    }
-    pub fn rates(&self) -> Vec<f64> {
-        self.offered
-            .iter()
-            .zip(&self.reached)
-            .take_while(|(o, _)| **o > 0)
-            .map(|(o, r)| *r as f64 / *o as f64)
-            .collect()
-    }
-    /// The chain τ these per-position rates imply at uniform anchors (arithmetic mean of
-    /// τ_anchor; `dflash_core::stats::simulated_chain_tau`).
-    pub fn simulated_tau(&self) -> f64 {
-        simulated_chain_tau(&self.rates())
-    }
-    /// The pooled τ decoding would measure (harmonic mean of τ_anchor;
-    /// `dflash_core::stats::simulated_decoding_tau`).
-    pub fn simulated_decoding_tau(&self) -> f64 {
-        simulated_decoding_tau(self.inverse_tau_sum, self.anchors)
-    }
 }
 
 pub struct LossOutput {
@@ -238,24 +183,11 @@ pub fn block_loss_profiled(
     let w = Tensor::from_vec(weights.clone(), weights.len(), &dev)?.to_dtype(per_row.dtype())?;
     let loss = ((per_row * w)?.sum_all()? / wsum)?;
     ph.mark("loss");
-    // acceptance counts from the argmax
+    // acceptance counts from the argmax: a draft without a supervised label ends the walk
     let mut counts = AcceptCounts::new(block - 1);
     for j in 0..anchors.len() {
-        let mut accepted = 0;
-        for k in 1..block {
-            let r = j * (block - 1) + (k - 1);
-            if weights[r] == 0.0 {
-                break;
-            }
-            counts.offered[k - 1] += 1;
-            if pred[r] != labels[r] {
-                break;
-            }
-            counts.reached[k - 1] += 1;
-            accepted += 1;
-        }
-        counts.anchors += 1;
-        counts.inverse_tau_sum += 1.0 / (1 + accepted) as f64;
+        let rows = j * (block - 1)..(j + 1) * (block - 1);
+        counts.add_block(rows.map(|r| (weights[r] != 0.0).then(|| pred[r] == labels[r])));
     }
     ph.mark("acceptance counts");
     Ok(LossOutput {

@@ -8,7 +8,7 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use dflash_model::tokenizer::ChatMessage;
+use dflash_model::io::tokenizer::ChatMessage;
 use serde_json::Value;
 
 #[derive(Debug, Clone, PartialEq)]

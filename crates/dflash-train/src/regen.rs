@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::batched::{generate_batched, Flow};
 use dflash_engine::{generate, Mode, Request};
-use dflash_model::loader::{identity_hash, LoadedTarget};
+use dflash_model::io::loader::{identity_hash, LoadedTarget};
 use sha2::{Digest, Sha256};
 
 use crate::data::{

@@ -15,13 +15,13 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Tensor, Var};
 use dflash_core::config::DrafterConfig;
-use dflash_model::drafter::Drafter;
-use dflash_model::drafter_init::{
+use dflash_model::io::loader::{identity_hash, LoadedTarget};
+use dflash_model::io::weights::TensorStore;
+use dflash_model::models::drafter::Drafter;
+use dflash_model::models::drafter_init::{
     default_mask_token, drafter_config, random_weights, DrafterShape,
 };
-use dflash_model::loader::{identity_hash, LoadedTarget};
 use dflash_model::profile::Phases;
-use dflash_model::weights::TensorStore;
 use dflash_model::Target;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -37,10 +37,11 @@ use crate::checkpoint::{
 use crate::config::{LossKind, TrainConfig};
 use crate::data::{read_sequences, write_atomic, Sequence};
 use crate::fingerprint::fingerprint;
-use crate::loss::{block_loss_profiled, target_features, AcceptCounts};
+use crate::loss::{block_loss_profiled, target_features};
 use crate::optim::{clip_grad_norm, AdamW};
 use crate::pack::{pack, TrainingRow};
 use crate::progress::Progress;
+use dflash_core::stats::AcceptCounts;
 
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -169,7 +170,7 @@ impl TrainableDrafter {
         weights: &HashMap<String, Tensor>,
         t: &Target,
     ) -> Result<Self> {
-        let master = dflash_model::norm::compute_dtype(t.dtype);
+        let master = dflash_model::layers::norm::compute_dtype(t.dtype);
         let mut names: Vec<&String> = weights.keys().collect();
         names.sort();
         let mut params = Vec::new();

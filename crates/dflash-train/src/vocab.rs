@@ -1,5 +1,5 @@
 //! A drafter's vocabulary subset from the training data: the most frequent supervised tokens
-//! ([`dflash_model::draft_vocab`]).
+//! ([`dflash_model::models::draft_vocab`]).
 //!
 //! Example: supervised tokens `7 7 7 3 3 9`, size 2 → `[3, 7]` (ascending), coverage 5 / 6.
 

@@ -8,14 +8,14 @@ use candle_core::{DType, Tensor, Var};
 use common::*;
 use dflash_core::segments::Segments;
 use dflash_core::visibility::{draft_training, DraftRule};
-use dflash_model::compare::max_abs;
-use dflash_model::drafter_init::{drafter_config, random_weights, DrafterShape};
+use dflash_model::models::drafter_init::{drafter_config, random_weights, DrafterShape};
+use dflash_model::ops::compare::max_abs;
 use dflash_train::config::LossKind;
 use dflash_train::loss::{block_loss, target_features};
 use dflash_train::pack::{pack, TrainingRow};
 use dflash_train::trainer::TrainableDrafter;
 
-fn setup(dtype: DType) -> (dflash_model::loader::LoadedTarget, TrainableDrafter) {
+fn setup(dtype: DType) -> (dflash_model::io::loader::LoadedTarget, TrainableDrafter) {
     let dir = tiny_target_dir(&format!("obj-{dtype:?}"));
     let lt = load(&dir, dtype);
     let shape = DrafterShape {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 fn home() -> PathBuf {
-    dflash_model::loader::dflash_home()
+    dflash_model::io::loader::dflash_home()
 }
 
 #[test]

@@ -72,7 +72,7 @@ fn overfits_four_sequences() {
     );
     // the checkpoint is a loadable z-lab drafter for this target
     let ck = s.latest_checkpoint.unwrap().join("drafter");
-    dflash_model::drafter::Drafter::load_dir(&ck, &lt.target).unwrap();
+    dflash_model::models::drafter::Drafter::load_dir(&ck, &lt.target).unwrap();
     let rec: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(ck.join("training.json")).unwrap()).unwrap();
     assert_eq!(rec["mask_token_id"], 255);

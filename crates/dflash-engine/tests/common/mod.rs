@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use candle_core::{DType, Device, Tensor};
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::Request;
-use dflash_model::drafter::Drafter;
-use dflash_model::loader::load_hf_weights;
+use dflash_model::io::loader::load_hf_weights;
+use dflash_model::models::drafter::Drafter;
 use dflash_model::Target;
 
 pub fn fixtures() -> PathBuf {
@@ -32,15 +32,15 @@ pub fn loop_prompt() -> Vec<u32> {
     [tiny_prompt(), vec![210, 213, 107, 175, 174, 175, 62, 74]].concat()
 }
 /// SmolLM2-135M from the asset cache (f32, CPU).
-pub fn smollm2() -> dflash_model::loader::LoadedTarget {
-    let path = dflash_model::loader::dflash_home()
+pub fn smollm2() -> dflash_model::io::loader::LoadedTarget {
+    let path = dflash_model::io::loader::dflash_home()
         .join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(
         path.exists(),
         "{} is missing: run scripts/fetch-assets.sh smollm2",
         path.display()
     );
-    dflash_model::loader::load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap()
+    dflash_model::io::loader::load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap()
 }
 
 pub fn req(prompt: &[u32], n: usize, sampling: SamplingParams, stop: &[u32]) -> Request {
@@ -141,11 +141,11 @@ pub fn chi_square_p(a: &[usize], b: &[usize]) -> f64 {
     gamma_q(df / 2.0, stat / 2.0)
 }
 
-/// max |a - b| / max |b| (`dflash_model::compare`)
+/// max |a - b| / max |b| (`dflash_model::ops::compare`)
 pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    dflash_model::compare::rel_err(a, b).unwrap()
+    dflash_model::ops::compare::rel_err(a, b).unwrap()
 }
-/// max |a - b| (`dflash_model::compare`)
+/// max |a - b| (`dflash_model::ops::compare`)
 pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    dflash_model::compare::max_abs(a, b).unwrap()
+    dflash_model::ops::compare::max_abs(a, b).unwrap()
 }

@@ -30,18 +30,18 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
-/// max |a - b| / max |b| (`dflash_model::compare`)
+/// max |a - b| / max |b| (`dflash_model::ops::compare`)
 pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    dflash_model::compare::rel_err(a, b).unwrap()
+    dflash_model::ops::compare::rel_err(a, b).unwrap()
 }
-/// max |a - b| (`dflash_model::compare`)
+/// max |a - b| (`dflash_model::ops::compare`)
 pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    dflash_model::compare::max_abs(a, b).unwrap()
+    dflash_model::ops::compare::max_abs(a, b).unwrap()
 }
 
 /// A cached asset, or a panic that says how to fetch it.
 pub fn asset(rel: &str, fetch: &str) -> PathBuf {
-    let home = dflash_model::loader::dflash_home();
+    let home = dflash_model::io::loader::dflash_home();
     let p = home.join(rel);
     assert!(
         p.exists(),

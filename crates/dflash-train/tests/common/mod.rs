@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
-use dflash_model::loader::{identity_hash, load_target, LoadedTarget};
+use dflash_model::io::loader::{identity_hash, load_target, LoadedTarget};
 use dflash_train::data::{write_manifest, write_shard, Manifest, Sequence, ShardInfo, FORMAT};
 
 pub fn fixtures() -> PathBuf {

@@ -1,0 +1,187 @@
+//! Target forwards replayed from CUDA graphs: the decoding loop's verify forward (AR: 1 row;
+//! DFlash: B rows; DDTree: budget + 1 rows) has one shape per row count once the cache has a
+//! fixed capacity ([`CacheLayout::Fixed`](crate::models::target::CacheLayout)), so each row count is
+//! captured once and replayed every round after, with the round's inputs (ids, RoPE rows,
+//! mask, cache rows) copied into the captured buffers first. A replay launches the forward's
+//! several hundred kernels with one call and none of the host work between them
+//! (`docs/BENCHMARKS.md`: an AR step of SmolLM2-135M on the H200, 8.1 ms eager, 2.7 ms replayed).
+//!
+//! Per row count `n`, the first call runs the forward eagerly with candle's param cache on
+//! (so that its layout uploads are on the device), then captures the same forward; every later
+//! call writes its inputs in place and replays. On the CPU there are no graphs: every call runs
+//! the fixed-layout forward on the same buffers, so the bookkeeping is tested without a GPU.
+//!
+//! Example: prompt 40 tokens, 64 new, cap 105 → call 1 (n = 1, cache 40) captures; call 2
+//! (cache 41) writes ids/RoPE/mask/index for row 41 into the buffers and replays. Shorter
+//! forwards are padded to one shape (`pad_to`), so a DFlash loop captures one graph, not one
+//! per tail length.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Result};
+use candle_core::Device;
+use dflash_core::visibility::Visibility;
+
+use crate::cuda::launch_profile::{capture, Captured, ParamCache};
+use crate::models::target::{ForwardInputs, Rows, Target, TargetOutput};
+use crate::KvCache;
+
+/// At most this many row counts get a graph; others run eagerly (a decoding loop pads its
+/// verifies to one row count: one graph).
+const MAX_GRAPHS: usize = 8;
+
+struct Slot {
+    inputs: ForwardInputs,
+    taps: Vec<usize>,
+    /// `None` on the CPU: the forward runs eagerly on `inputs`.
+    graph: Option<(Captured, TargetOutput)>,
+}
+
+/// Fixed-shape target forwards of one sequence over a cache of `cap` rows ([`GraphedForward::new`]).
+pub struct GraphedForward {
+    cap: usize,
+    /// Forwards of fewer rows are padded to this many (one graph for a chain's tail rounds).
+    pad_to: usize,
+    slots: HashMap<usize, Slot>,
+    /// Forwards run eagerly for want of a slot (row counts past [`MAX_GRAPHS`]).
+    pub eager_calls: usize,
+}
+
+impl GraphedForward {
+    /// Give `cache` exactly `cap` rows and start with no graphs. `cap` bounds every later
+    /// forward's last row, padding included (a generation's `prompt + max_new_tokens` plus
+    /// one verify). Forwards of fewer than `pad_to` rows are padded to `pad_to` rows
+    /// ([`dflash_core::visibility::pad_rows`]: the padding sees only the cache and itself, no
+    /// real row sees it) and their padding dropped, so a decoding loop whose verify is at
+    /// most `pad_to` rows (a chain of B, a tree of budget + 1) needs a single graph.
+    /// Example: B = 16, the last round has room for 5 rows → 16 rows replayed, 5 kept.
+    pub fn new(cache: &mut KvCache, cap: usize, pad_to: usize) -> Result<Self> {
+        cache.reserve_exact(cap)?;
+        Ok(Self {
+            cap,
+            pad_to,
+            slots: HashMap::new(),
+            eager_calls: 0,
+        })
+    }
+
+    /// [`Target::forward`] with all logits rows (the same shapes), through the fixed layout
+    /// and, on a GPU, a graph per row count. The returned tensors are the graph's output buffers: read them
+    /// before the next call (the next replay overwrites them).
+    pub fn forward(
+        &mut self,
+        target: &Target,
+        tokens: &[u32],
+        positions: &[usize],
+        mask: &Visibility,
+        cache: &mut KvCache,
+        taps: &[usize],
+    ) -> Result<TargetOutput> {
+        let cache_len = cache.len();
+        let real = tokens.len();
+        if real == 0 || mask.rows != real || mask.cols != cache_len + real {
+            bail!(
+                "a forward of {real} tokens on a {cache_len}-row cache needs a {real}x{} mask (got {}x{})",
+                cache_len + real,
+                mask.rows,
+                mask.cols
+            );
+        }
+        if real < self.pad_to {
+            // the padding repeats the first row's token and position; its outputs are dropped
+            let pad = self.pad_to - real;
+            let tokens: Vec<u32> = tokens
+                .iter()
+                .copied()
+                .chain(std::iter::repeat_n(tokens[0], pad))
+                .collect();
+            let positions: Vec<usize> = positions
+                .iter()
+                .copied()
+                .chain(std::iter::repeat_n(positions[0], pad))
+                .collect();
+            let mask = dflash_core::visibility::pad_rows(mask, cache_len, self.pad_to);
+            let out = self.forward(target, &tokens, &positions, &mask, cache, taps)?;
+            cache.truncate(cache_len + real)?;
+            return Ok(TargetOutput {
+                logits: out.logits.map(|l| l.narrow(0, 0, real)).transpose()?,
+                taps: out
+                    .taps
+                    .iter()
+                    .map(|t| t.narrow(0, 0, real))
+                    .collect::<candle_core::Result<_>>()?,
+            });
+        }
+        let fresh = target.prepare(
+            tokens,
+            positions,
+            std::slice::from_ref(mask),
+            cache_len,
+            Some(self.cap),
+        )?;
+        let n = fresh.rows();
+        if let Some(slot) = self.slots.get_mut(&n) {
+            if slot.taps != taps {
+                bail!(
+                    "fixed-shape forward of {n} rows captured with taps {:?}, called with {taps:?}",
+                    slot.taps
+                );
+            }
+            fresh.write_into(&mut slot.inputs)?;
+            return match &slot.graph {
+                Some((graph, out)) => {
+                    graph.replay()?;
+                    // wait here, so that the caller's clock charges the forward to the verify
+                    // (the first read of the logits would wait anyway)
+                    target.embedding_table().device().synchronize()?;
+                    // what the captured forward does on the host: its rows become the cache's
+                    cache.commit(n);
+                    out.clone().one_sequence()
+                }
+                None => target
+                    .forward_prepared(&slot.inputs, cache, taps, &Rows::All)?
+                    .one_sequence(),
+            };
+        }
+        if self.slots.len() >= MAX_GRAPHS {
+            self.eager_calls += 1;
+            return target
+                .forward_prepared(&fresh, cache, taps, &Rows::All)?
+                .one_sequence();
+        }
+        let dev = target.embedding_table().device().clone();
+        let (out, graph) = match dev {
+            Device::Cuda(_) => {
+                let _params = ParamCache::enable(&dev);
+                // the eager run puts every layout upload in the param cache; the capture then
+                // records the same forward (its launch recomputes this round, same rows)
+                target.forward_prepared(&fresh, cache, taps, &Rows::All)?;
+                cache.truncate(cache_len)?;
+                let (graph, out) = capture(&dev, || {
+                    target.forward_prepared(&fresh, cache, taps, &Rows::All)
+                })?;
+                (out.clone(), Some((graph, out)))
+            }
+            _ => (
+                target.forward_prepared(&fresh, cache, taps, &Rows::All)?,
+                None,
+            ),
+        };
+        self.slots.insert(
+            n,
+            Slot {
+                inputs: fresh,
+                taps: taps.to_vec(),
+                graph,
+            },
+        );
+        out.one_sequence()
+    }
+
+    /// Row counts that have a slot (captured graphs on a GPU), ascending.
+    pub fn captured_rows(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.slots.keys().copied().collect();
+        v.sort();
+        v
+    }
+}

@@ -1,0 +1,150 @@
+//! dflash-rs's own kernels on a device against their CPU twins: the block attention
+//! ([`crate::ops::block_attention::attend_blocks`] with [`crate::ops::block_softmax`]) and the cross-entropy
+//! ([`crate::ops::cross_entropy`]), values and gradients, on fixed pseudo-random inputs of the
+//! drafter's shape (9/3 heads of 64, B = 16, several windows, two packed sequences); and the
+//! target's interval softmax ([`crate::ops::interval_softmax`]) on a batch of right-aligned rows.
+//! `device-check` and `bench-train` run it before trusting a GPU's numbers.
+
+use candle_core::{DType, Device, Result, Tensor, Var};
+use dflash_core::segments::Segments;
+use dflash_core::visibility::{causal, draft_training_parts, right_aligned, DraftRule};
+
+use crate::ops::block_attention::{attend_blocks, context_windows};
+use crate::ops::compare::rel_err;
+use crate::ops::cross_entropy::cross_entropy_rows;
+use crate::ops::interval_softmax::{interval_softmax, RowIntervals};
+
+/// One comparison: `max |device − CPU| / max |CPU|` against its tolerance.
+#[derive(Debug, Clone)]
+pub struct KernelCheck {
+    pub name: String,
+    pub rel_err: f64,
+    pub tolerance: f64,
+}
+
+impl KernelCheck {
+    pub fn passed(&self) -> bool {
+        self.rel_err <= self.tolerance
+    }
+}
+
+fn fill(shape: &[usize], seed: u64, amp: f32) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n)
+        .map(|i| {
+            let x = ((i as u64 + 1).wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 10007;
+            (x as f32 / 10007.0 * 2.0 - 1.0) * amp
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu)
+}
+
+/// Outputs and gradients of the block attention and the cross-entropy on `dev` in `dtype`
+/// and the interval softmax (`[out, dq, dk, dv, ce, dlogits, interval softmax]`, as f32 on the
+/// CPU).
+fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    let (hq, hkv, d, block) = (9, 3, 64, 16);
+    let segs = Segments::from_lengths(&[180, 140]);
+    let anchors: Vec<usize> = vec![3, 40, 77, 120, 150, 181, 200, 260, 300];
+    let (m, r) = (segs.len(), anchors.len() * block);
+    let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+    let q = Var::from_tensor(&on(fill(&[1, hq, r, d], 1, 1.0)?)?)?;
+    let k = Var::from_tensor(&on(fill(&[1, hkv, m + r, d], 2, 1.0)?)?)?;
+    let v = Var::from_tensor(&on(fill(&[1, hkv, m + r, d], 3, 1.0)?)?)?;
+    let (c, o) = draft_training_parts(DraftRule::FULL, &segs, &anchors, block);
+    let group: Vec<usize> = anchors.iter().map(|&a| segs.segment_of(a)).collect();
+    let windows = context_windows(&c, &o, block, &group, 4 * block * 64, dev)?;
+    let out = attend_blocks(
+        q.as_tensor(),
+        k.as_tensor(),
+        v.as_tensor(),
+        m,
+        &windows,
+        block,
+        0.125,
+    )?;
+    let w = on(fill(&[1, r, hq * d], 4, 1.0)?)?;
+    let g = (out.to_dtype(DType::F32)? * w.to_dtype(DType::F32)?)?
+        .sum_all()?
+        .backward()?;
+    let (n, vocab) = (48, 3001);
+    let logits = Var::from_tensor(&on(fill(&[n, vocab], 5, 8.0)?)?)?;
+    let labels: Vec<u32> = (0..n as u32)
+        .map(|i| (i * 977 + 5) % vocab as u32)
+        .collect();
+    let (ce, _) = cross_entropy_rows(logits.as_tensor(), &labels)?;
+    let rw = on(fill(&[n], 6, 1.0)?)?.to_dtype(ce.dtype())?;
+    let gce = (&ce * rw)?.sum_all()?.backward()?;
+    let grad = |g: &candle_core::backprop::GradStore, x: &Var| -> Result<Tensor> {
+        g.get(x.as_tensor())
+            .cloned()
+            .ok_or_else(|| candle_core::Error::Msg("no gradient".into()))
+    };
+    let masks = [
+        right_aligned(40, 100, 7, 7),
+        causal(100, 7),
+        right_aligned(0, 100, 3, 7),
+    ];
+    let iv = RowIntervals::from_visibilities(&masks, dev)?
+        .ok_or_else(|| candle_core::Error::Msg("right-aligned rows are intervals".into()))?;
+    let scores = on(fill(&[3, 3, 3 * 7, 107], 7, 6.0)?)?;
+    let isoft = interval_softmax(&scores, &iv, 0.125)?;
+    [
+        out,
+        grad(&g, &q)?,
+        grad(&g, &k)?,
+        grad(&g, &v)?,
+        ce,
+        grad(&gce, &logits)?,
+        isoft,
+    ]
+    .into_iter()
+    .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
+    .collect()
+}
+
+/// Compare `dev` (f32 and bf16) with the CPU (f32). Tolerances: 1e-4 relative in f32, 3e-2
+/// in bf16 (inputs and outputs rounded to 8 bits of mantissa).
+pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
+    let cpu = run(&Device::Cpu, DType::F32)?;
+    let names = [
+        "attention out",
+        "attention dq",
+        "attention dk",
+        "attention dv",
+        "cross-entropy",
+        "cross-entropy dlogits",
+        "interval softmax",
+    ];
+    let mut checks = Vec::new();
+    for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 3e-2)] {
+        let got = run(dev, dtype)?;
+        for ((name, a), b) in names.iter().zip(&got).zip(&cpu) {
+            checks.push(KernelCheck {
+                name: format!("{name} ({dtype:?})"),
+                rel_err: rel_err(a, b)? as f64,
+                tolerance: tol,
+            });
+        }
+    }
+    Ok(checks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On the CPU the check compares the CPU with itself in f32 (exact) and in bf16 (within
+    /// its tolerance): the harness runs and the bf16 paths agree with f32.
+    #[test]
+    fn the_cpu_agrees_with_itself() {
+        let checks = compare_with_cpu(&Device::Cpu).unwrap();
+        assert_eq!(checks.len(), 14);
+        for c in &checks {
+            assert!(c.passed(), "{c:?}");
+            if c.name.ends_with("(F32)") {
+                assert_eq!(c.rel_err, 0.0, "{c:?}");
+            }
+        }
+    }
+}

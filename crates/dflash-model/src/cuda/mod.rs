@@ -1,0 +1,9 @@
+//! The GPU side: our CUDA kernels (`fused.cu`, PTX built by `build.rs` with the `cuda`
+//! feature), their check against the CPU twins, forwards replayed from CUDA graphs, and where
+//! a forward's time goes.
+
+pub mod graphed;
+pub mod kernel_check;
+pub mod launch_profile;
+#[cfg(feature = "cuda")]
+pub(crate) mod ptx;

@@ -1,0 +1,68 @@
+//! dflash-rs's own CUDA kernels (`src/cuda/fused.cu`, compiled to PTX by `build.rs`): the
+//! block softmax of the drafter's training attention ([`crate::ops::block_softmax`]) and the fused
+//! cross-entropy of its loss ([`crate::ops::cross_entropy`]). Loaded once per device through candle's
+//! custom-module cache.
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result};
+
+pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
+pub const MODULE: &str = "dflash_train";
+
+/// The kernel name `{name}_{f32|bf16}` for `dtype`.
+pub fn kernel(name: &str, dtype: DType) -> Result<String> {
+    let suffix = match dtype {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        other => candle_core::bail!("{name}: no CUDA kernel for {other:?} (f32 and bf16 only)"),
+    };
+    Ok(format!("{name}_{suffix}"))
+}
+
+/// Launch kernel `$name` (for `$dtype`) on `$dev` with `$cfg` and the arguments, in order.
+/// Example: `launch!(dev, "ce_fwd", DType::BF16, rows(n, 256), x, labels, out, v)`.
+macro_rules! launch {
+    ($dev:expr, $name:expr, $dtype:expr, $cfg:expr, $($arg:expr),+ $(,)?) => {{
+        use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+        use candle_core::cuda_backend::WrapErr;
+        let f = $dev.get_or_load_custom_func(
+            &$crate::cuda::ptx::kernel($name, $dtype)?,
+            $crate::cuda::ptx::MODULE,
+            $crate::cuda::ptx::PTX,
+        )?;
+        let mut b = f.builder();
+        $( b.arg(&$arg); )+
+        // SAFETY: the arguments follow the kernel's signature in src/cuda/fused.cu.
+        unsafe { b.launch($cfg) }.w()?;
+    }};
+}
+pub(crate) use launch;
+
+/// One block of `threads` per row.
+pub fn rows(rows: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The contiguous data of a kernel input, from its offset.
+pub fn view<'a, T: CudaDType>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    what: &str,
+) -> Result<CudaView<'a, T>> {
+    if !l.is_contiguous() {
+        candle_core::bail!("{what}: contiguous input expected");
+    }
+    Ok(s.as_cuda_slice::<T>()?
+        .slice(l.start_offset()..l.start_offset() + l.shape().elem_count()))
+}
+
+/// A fresh output of `n` values (written in full by the kernel).
+pub fn alloc<T: CudaDType + DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: every kernel here writes each of its output's values.
+    unsafe { dev.alloc::<T>(n) }
+}

@@ -1,0 +1,302 @@
+//! GGUF files: metadata → a [`TargetConfig`], tensors → HF names, the embedded tokenizer.
+//!
+//! GGUF tensor names are translated to transformers' names once, here (`blk.3.attn_q.weight`
+//! → `model.layers.3.self_attn.q_proj.weight`), so every model file sees HF names only.
+//! llama.cpp's converter permutes the Q/K rows of `llama`-architecture models for its
+//! interleaved RoPE; we undo that permutation at load, so all families use transformers'
+//! half-split RoPE.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::{DType, Device, Tensor};
+use dflash_core::config::{TargetConfig, TokenIds};
+use serde_json::Map;
+
+use crate::io::weights::TensorStore;
+
+pub struct GgufModel {
+    pub config: TargetConfig,
+    pub store: TensorStore,
+    pub tokenizer: GgufTokenizerData,
+    pub architecture: String,
+}
+
+/// What a GGUF says about its tokenizer.
+#[derive(Debug, Clone, Default)]
+pub struct GgufTokenizerData {
+    pub model: String,
+    pub pre: Option<String>,
+    pub tokens: Vec<String>,
+    pub merges: Vec<String>,
+    pub token_types: Vec<i32>,
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    pub chat_template: Option<String>,
+}
+
+fn meta<'a>(c: &'a Content, key: &str) -> Result<&'a Value> {
+    c.metadata
+        .get(key)
+        .with_context(|| format!("GGUF metadata has no '{key}'"))
+}
+fn meta_u32(c: &Content, key: &str) -> Result<u32> {
+    let v = meta(c, key)?;
+    v.to_u32()
+        .or_else(|_| v.to_u64().map(|x| x as u32))
+        .or_else(|_| v.to_i32().map(|x| x as u32))
+        .map_err(|e| anyhow::anyhow!("GGUF '{key}': {e}"))
+}
+fn meta_f32(c: &Content, key: &str) -> Result<f32> {
+    meta(c, key)?
+        .to_f32()
+        .map_err(|e| anyhow::anyhow!("GGUF '{key}': {e}"))
+}
+fn meta_opt_u32(c: &Content, key: &str) -> Option<u32> {
+    c.metadata.get(key).and_then(|v| v.to_u32().ok())
+}
+fn meta_strings(c: &Content, key: &str) -> Result<Vec<String>> {
+    meta(c, key)?
+        .to_vec()
+        .map_err(|e| anyhow::anyhow!("GGUF '{key}': {e}"))?
+        .iter()
+        .map(|v| {
+            v.to_string()
+                .cloned()
+                .map_err(|e| anyhow::anyhow!("GGUF '{key}': {e}"))
+        })
+        .collect()
+}
+
+/// GGUF tensor name → transformers name.
+pub fn hf_name(gguf: &str) -> Option<String> {
+    let simple = match gguf {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(s) = simple {
+        return Some(s.to_string());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (module, suffix) = rest.rsplit_once('.')?;
+    let hf = match module {
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{suffix}"))
+}
+
+/// Undo llama.cpp's Q/K row permutation: GGUF rows are `[head, pair, 2]`-interleaved,
+/// transformers' rows are `[head, 2, pair]` (half split).
+fn unpermute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
+    let dims = t.dims().to_vec();
+    let rows = dims[0];
+    let rest: usize = dims[1..].iter().product();
+    let half = rows / n_head / 2;
+    let t = t
+        .reshape((n_head, half, 2, rest))?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape(dims)?;
+    Ok(t)
+}
+
+/// Read a GGUF target: config from metadata, all tensors dequantized to `dtype`.
+pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
+    let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file_len = file.metadata()?.len();
+    let mut magic = [0u8; 4];
+    file.read_exact(&mut magic).ok();
+    if &magic != b"GGUF" {
+        bail!("{} is not a GGUF file (bad magic)", path.display());
+    }
+    file.rewind()?;
+    let content = Content::read(&mut file)
+        .map_err(|e| anyhow::anyhow!("{} is not a readable GGUF file: {e}", path.display()))?;
+
+    let arch = meta(&content, "general.architecture")?
+        .to_string()
+        .map_err(|e| anyhow::anyhow!("general.architecture: {e}"))?
+        .clone();
+    let model_type = match arch.as_str() {
+        "llama" | "qwen2" | "qwen3" => arch.clone(),
+        other => bail!(
+            "unknown architecture '{other}' in {} (supported: llama, qwen2, qwen3)",
+            path.display()
+        ),
+    };
+    let k = |s: &str| format!("{arch}.{s}");
+    let hidden = meta_u32(&content, &k("embedding_length"))? as usize;
+    let layers = meta_u32(&content, &k("block_count"))? as usize;
+    let heads = meta_u32(&content, &k("attention.head_count"))? as usize;
+    let kv_heads = meta_opt_u32(&content, &k("attention.head_count_kv"))
+        .map(|x| x as usize)
+        .unwrap_or(heads);
+    let head_dim = meta_opt_u32(&content, &k("attention.key_length")).map(|x| x as usize);
+    let inter = meta_u32(&content, &k("feed_forward_length"))? as usize;
+    let eps = meta_f32(&content, &k("attention.layer_norm_rms_epsilon"))? as f64;
+    let theta = content
+        .metadata
+        .get(&k("rope.freq_base"))
+        .and_then(|v| v.to_f32().ok())
+        .unwrap_or(10_000.0) as f64;
+    let ctx = meta_opt_u32(&content, &k("context_length")).unwrap_or(2048) as usize;
+
+    // Every tensor must lie inside the file: a truncated download is caught here, not as a panic.
+    for (name, info) in content.tensor_infos.iter() {
+        let n = info.shape.elem_count();
+        let bytes = n / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+        let end = content.tensor_data_offset + info.offset + bytes as u64;
+        if end > file_len {
+            bail!(
+                "{} is truncated: tensor '{name}' ends at byte {end} but the file has {file_len} bytes",
+                path.display()
+            );
+        }
+    }
+
+    let mut tensors = HashMap::new();
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort();
+    for name in names {
+        let q = content
+            .tensor(&mut file, name, &Device::Cpu)
+            .map_err(|e| anyhow::anyhow!("reading tensor '{name}' from {}: {e}", path.display()))?;
+        let mut t = q.dequantize(&Device::Cpu)?;
+        let hf = hf_name(name).unwrap_or_else(|| format!("gguf.{name}"));
+        if model_type == "llama" {
+            if hf.ends_with("self_attn.q_proj.weight") || hf.ends_with("self_attn.q_proj.bias") {
+                t = unpermute_rows(&t, heads)?;
+            } else if hf.ends_with("self_attn.k_proj.weight")
+                || hf.ends_with("self_attn.k_proj.bias")
+            {
+                t = unpermute_rows(&t, kv_heads)?;
+            }
+        }
+        tensors.insert(hf, t.to_dtype(dtype)?.to_device(device)?);
+    }
+    let vocab = tensors
+        .get("model.embed_tokens.weight")
+        .context("GGUF has no token_embd.weight")?
+        .dim(0)?;
+    let tie = !tensors.contains_key("lm_head.weight");
+
+    let tokenizer = GgufTokenizerData {
+        model: content
+            .metadata
+            .get("tokenizer.ggml.model")
+            .and_then(|v| v.to_string().ok().cloned())
+            .unwrap_or_default(),
+        pre: content
+            .metadata
+            .get("tokenizer.ggml.pre")
+            .and_then(|v| v.to_string().ok().cloned()),
+        tokens: meta_strings(&content, "tokenizer.ggml.tokens").unwrap_or_default(),
+        merges: meta_strings(&content, "tokenizer.ggml.merges").unwrap_or_default(),
+        token_types: content
+            .metadata
+            .get("tokenizer.ggml.token_type")
+            .and_then(|v| v.to_vec().ok())
+            .map(|v| v.iter().map(|x| x.to_i32().unwrap_or(1)).collect())
+            .unwrap_or_default(),
+        bos_id: meta_opt_u32(&content, "tokenizer.ggml.bos_token_id"),
+        eos_id: meta_opt_u32(&content, "tokenizer.ggml.eos_token_id"),
+        chat_template: content
+            .metadata
+            .get("tokenizer.chat_template")
+            .and_then(|v| v.to_string().ok().cloned()),
+    };
+
+    let config = TargetConfig {
+        architectures: vec![],
+        model_type,
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: Some(kv_heads),
+        head_dim,
+        rms_norm_eps: eps,
+        rope_theta: Some(theta),
+        rope_parameters: None,
+        rope_scaling: None,
+        vocab_size: vocab,
+        max_position_embeddings: ctx,
+        tie_word_embeddings: tie,
+        attention_bias: Some(arch == "qwen2"),
+        bos_token_id: tokenizer.bos_id.map(TokenIds::One),
+        eos_token_id: tokenizer.eos_id.map(TokenIds::One),
+        torch_dtype: None,
+        layer_types: None,
+        full_attention_interval: None,
+        partial_rotary_factor: None,
+        linear_conv_kernel_dim: None,
+        linear_key_head_dim: None,
+        linear_value_head_dim: None,
+        linear_num_key_heads: None,
+        linear_num_value_heads: None,
+        extra: Map::new(),
+    };
+    let store = TensorStore::new(tensors, dtype, device.clone());
+    Ok(GgufModel {
+        config,
+        store,
+        tokenizer,
+        architecture: arch,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_to_transformers() {
+        assert_eq!(
+            hf_name("blk.3.attn_q.weight").unwrap(),
+            "model.layers.3.self_attn.q_proj.weight"
+        );
+        assert_eq!(
+            hf_name("blk.0.attn_k.bias").unwrap(),
+            "model.layers.0.self_attn.k_proj.bias"
+        );
+        assert_eq!(hf_name("output.weight").unwrap(), "lm_head.weight");
+        assert!(hf_name("blk.0.unknown.weight").is_none());
+    }
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permute() {
+        // llama.cpp: w.reshape(n_head, 2, half, in).swapaxes(1, 2) — rows [h, pair, 2]
+        let (n_head, hd, inp) = (2usize, 4usize, 3usize);
+        let hf: Vec<f32> = (0..n_head * hd * inp).map(|x| x as f32).collect();
+        let hf = Tensor::from_vec(hf, (n_head * hd, inp), &Device::Cpu).unwrap();
+        let gguf = hf
+            .reshape((n_head, 2, hd / 2, inp))
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .reshape((n_head * hd, inp))
+            .unwrap();
+        let back = unpermute_rows(&gguf, n_head).unwrap();
+        assert_eq!(back.to_vec2::<f32>().unwrap(), hf.to_vec2::<f32>().unwrap());
+    }
+}

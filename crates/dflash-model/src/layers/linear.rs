@@ -1,0 +1,412 @@
+//! `x · Wᵀ` for every projection and the LM head, with CPU kernels for inference.
+//!
+//! Decoding on a CPU multiplies a handful of rows by each weight matrix: 1 row per AR step,
+//! 16 per DFlash verify, 9 or 33 per DDTree verify. Reading the weights from memory is then
+//! most of the cost, and it can be nearly the same for 16 rows as for 1 if each weight is read
+//! once and used for every input row. candle's general matmul packs the weights on every call
+//! and costs 1.5–3× more than that (docs/BENCHMARKS.md, seventh session).
+//!
+//! [`Linear`] therefore multiplies an f32 CPU input that nothing differentiates (inference)
+//! by a copy of its weights re-laid as panels ([`crate::cpu::panels`], AVX-512), made when the
+//! layer is built: the CPU inference of an f32 model holds its projection weights twice.
+//! Without AVX-512 it takes [`matmul_t`]'s direct path for at most [`FEW_ROWS`] rows (AVX2 +
+//! FMA, tiles of 4 input rows × 2 weight rows over the `[out, in]` layout); any other case
+//! (GPU, bf16, training with gradients, a CPU with neither) is candle's matmul, unchanged.
+//!
+//! Example: SmolLM2's `up_proj` `W` `[1536, 576]` and 16 verify rows `x` `[16, 576]`: on an
+//! AVX-512 CPU, 96 panels of 16 columns, each computed for the 16 rows at once; the result is
+//! `[16, 1536]`, equal to candle's matmul within f32 rounding (the sums run in another order).
+
+use std::sync::{Arc, OnceLock};
+
+use candle_core::{DType, Device, Module, Result, Tensor};
+
+use crate::cpu::panels::{Panels, SyncPtr};
+
+/// The most rows [`matmul_t`]'s AVX2 path takes; more rows are candle's matmul (compute-bound).
+pub const FEW_ROWS: usize = 32;
+
+/// A projection `y = x · Wᵀ (+ b)`, `W` `[out, in]` as in the safetensors (`{name}.weight`).
+/// Clones share the panels.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    /// `weight` as panels, when [`packable`].
+    panels: Option<Arc<Panels>>,
+}
+
+impl Linear {
+    /// A projection; on an AVX-512 CPU an f32 weight that nothing differentiates is re-laid as
+    /// panels here, at load time (≈ 0.2 s for SmolLM2's 135 M weights on 2 cores), not in the
+    /// first forward. (Reading the values cannot fail for a CPU tensor; if it did, the layer
+    /// would keep candle's matmul, slower and equal.)
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        let panels = packable(&weight)
+            .then(|| {
+                let (n, k) = weight.dims2().ok()?;
+                let values: Vec<f32> = weight.flatten_all().ok()?.to_vec1().ok()?;
+                Some(Arc::new(Panels::pack(&values, n, k)))
+            })
+            .flatten();
+        Self {
+            weight,
+            bias,
+            panels,
+        }
+    }
+
+    /// The weight `[out, in]`.
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
+    /// The panels when `x` may use them: f32 on the CPU, not differentiated.
+    fn panels_for(&self, x: &Tensor) -> Option<&Panels> {
+        let x_ok = matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32 && !x.track_op();
+        self.panels.as_deref().filter(|_| x_ok)
+    }
+}
+
+/// A weight the panels take: a 2-D f32 CPU tensor that nothing differentiates, on a CPU with
+/// AVX-512.
+fn packable(w: &Tensor) -> bool {
+    matches!(w.device(), Device::Cpu)
+        && w.dtype() == DType::F32
+        && w.rank() == 2
+        && !w.track_op()
+        && Panels::supported()
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = match self.panels_for(x) {
+            Some(p) => panels_matmul(x, p)?,
+            None => matmul_t(x, &self.weight)?,
+        };
+        match &self.bias {
+            None => Ok(y),
+            Some(b) => y.broadcast_add(b),
+        }
+    }
+}
+
+/// `x` `[..., k]` · panels of `W` `[n, k]` → `[..., n]`.
+fn panels_matmul(x: &Tensor, p: &Panels) -> Result<Tensor> {
+    let dims = x.dims();
+    let (k, lead) = match dims.split_last() {
+        Some((&k, lead)) => (k, lead),
+        None => candle_core::bail!("Linear: a scalar input"),
+    };
+    if k != p.in_features() {
+        candle_core::bail!(
+            "Linear: input width {k} vs weight [{}, {}]",
+            p.out_features(),
+            p.in_features()
+        );
+    }
+    let rows: usize = lead.iter().product();
+    let mut out_shape = lead.to_vec();
+    out_shape.push(p.out_features());
+    let x = x.contiguous()?;
+    let (xs, xl) = x.storage_and_layout();
+    let candle_core::Storage::Cpu(xc) = &*xs else {
+        candle_core::bail!("Linear: a CPU input expected")
+    };
+    let xv = crate::ops::kernel_io::cpu_slice::<f32>(xc, xl, "Linear input")?;
+    Tensor::from_vec(p.matmul(xv, rows), out_shape, &Device::Cpu)
+}
+
+/// `x · Wᵀ` for `x` `[..., in]` and `W` `[out, in]` → `[..., out]`.
+pub fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let dims = x.dims();
+    let (k, lead) = match dims.split_last() {
+        Some((&k, lead)) => (k, lead),
+        None => candle_core::bail!("matmul_t: a scalar input"),
+    };
+    let rows: usize = lead.iter().product();
+    let mut out_shape = lead.to_vec();
+    out_shape.push(w.dim(0)?);
+    if few_rows_path(x, w, rows) {
+        return few_rows_matmul(x, w, rows, k)?.reshape(out_shape);
+    }
+    // candle's matmul, the way candle_nn's Linear calls it
+    if x.is_contiguous() && dims.len() > 2 {
+        x.reshape((rows, k))?.matmul(&w.t()?)?.reshape(out_shape)
+    } else {
+        x.broadcast_matmul(&w.t()?)
+    }
+}
+
+fn few_rows_path(x: &Tensor, w: &Tensor, rows: usize) -> bool {
+    matches!(x.device(), Device::Cpu)
+        && rows <= FEW_ROWS
+        && x.dtype() == DType::F32
+        && w.dtype() == DType::F32
+        && w.rank() == 2
+        && w.is_contiguous()
+        && !x.track_op()
+        && !w.track_op()
+        && avx2_fma()
+}
+
+/// Whether this CPU has AVX2 and FMA (the direct path of [`matmul_t`]), detected once.
+fn avx2_fma() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+fn few_rows_matmul(x: &Tensor, w: &Tensor, rows: usize, k: usize) -> Result<Tensor> {
+    let n = w.dim(0)?;
+    if w.dim(1)? != k {
+        candle_core::bail!("matmul_t: input width {k} vs weight {:?}", w.dims());
+    }
+    let x = x.contiguous()?;
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w.storage_and_layout();
+    let (candle_core::Storage::Cpu(xc), candle_core::Storage::Cpu(wc)) = (&*xs, &*ws) else {
+        candle_core::bail!("matmul_t: CPU tensors expected")
+    };
+    let xv = crate::ops::kernel_io::cpu_slice::<f32>(xc, xl, "matmul_t input")?;
+    let wv = crate::ops::kernel_io::cpu_slice::<f32>(wc, wl, "matmul_t weight")?;
+    let mut y = vec![0f32; rows * n];
+    if !avx2_fma() {
+        candle_core::bail!("matmul_t: this CPU lacks AVX2+FMA")
+    }
+    few_rows_into(xv, wv, rows, k, n, &mut y);
+    Tensor::from_vec(y, (rows, n), &Device::Cpu)
+}
+
+/// `y[rows, n] = x[rows, k] · w[n, k]ᵀ`, weight rows split over [`crate::cpu::helpers`].
+fn few_rows_into(x: &[f32], w: &[f32], rows: usize, k: usize, n: usize, y: &mut [f32]) {
+    // chunks of weight rows, a multiple of 4 so that every chunk but the last is made of whole
+    // tiles, on the calling thread and crate::cpu::helpers (as Panels::matmul)
+    let chunk = 16;
+    let out = SyncPtr(y.as_mut_ptr());
+    let run = |range: std::ops::Range<usize>| {
+        // writes go through the raw pointer, never a `&mut` over all of y: each chunk writes
+        // only the columns j0..j1 of y, disjoint from the other chunks'; y outlives the call
+        let y = out.ptr();
+        let (j0, j1) = (range.start * chunk, (range.end * chunk).min(n));
+        // SAFETY: callers checked avx2_fma(); y holds rows × n values
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            avx2::columns(x, w, rows, k, n, j0, j1, y)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (x, w, k, j0, j1, y);
+    };
+    if rows * n * k < crate::cpu::panels::INLINE_FMAS {
+        run(0..n.div_ceil(chunk));
+    } else {
+        crate::cpu::helpers::for_each_chunk(n.div_ceil(chunk), &|c| run(c..c + 1));
+    }
+}
+
+/// The tiling of columns `j0..j1` shared by the kernels: tiles of 4 input rows × `J` weight
+/// rows, the leftover input rows one at a time, then the leftover weight rows one at a time.
+/// `tile(r, c, i, j)` computes `y[i..i+r, j..j+c]`. Example: 6 rows, columns 0..9, `J = 4`:
+/// (4, 4, 0, 0), (1, 4, 4, 0), (1, 4, 5, 0), then the same at column 4, then (4, 1, 0, 8),
+/// (1, 1, 4, 8), (1, 1, 5, 8).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn tiles<const J: usize>(
+    rows: usize,
+    j0: usize,
+    j1: usize,
+    mut tile: impl FnMut(usize, usize, usize, usize),
+) {
+    let mut j = j0;
+    while j < j1 {
+        let c = if j + J <= j1 { J } else { 1 };
+        let mut i = 0;
+        while i < rows {
+            let r = if i + 4 <= rows { 4 } else { 1 };
+            tile(r, c, i, j);
+            i += r;
+        }
+        j += c;
+    }
+}
+
+/// `pub unsafe fn columns(x, w, rows, k, n, j0, j1, y)` of a kernel module: columns `j0..j1`
+/// of `y` (all rows) in the tiles of [`tiles`] with `$j` weight rows, each computed by the
+/// module's `tile::<R, J>` (compiled for `$feature`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! columns_over_tiles {
+    ($j:literal, $feature:literal) => {
+        #[target_feature(enable = $feature)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn columns(
+            x: &[f32],
+            w: &[f32],
+            rows: usize,
+            k: usize,
+            n: usize,
+            j0: usize,
+            j1: usize,
+            y: *mut f32,
+        ) {
+            super::tiles::<$j>(rows, j0, j1, |r, c, i, j| match (r, c) {
+                (4, $j) => tile::<4, $j>(x, w, k, n, i, j, y),
+                (4, _) => tile::<4, 1>(x, w, k, n, i, j, y),
+                (_, $j) => tile::<1, $j>(x, w, k, n, i, j, y),
+                _ => tile::<1, 1>(x, w, k, n, i, j, y),
+            });
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+use columns_over_tiles;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    super::columns_over_tiles!(2, "avx2,fma");
+
+    /// `y[i0..i0+R, j0..j0+J]`: R input rows against J weight rows, 8 lanes at a time, the
+    /// tail of `k` (k mod 8) in scalar.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile<const R: usize, const J: usize>(
+        x: &[f32],
+        w: &[f32],
+        k: usize,
+        n: usize,
+        i0: usize,
+        j0: usize,
+        y: *mut f32,
+    ) {
+        let xp = x.as_ptr();
+        let wp = w.as_ptr();
+        let mut acc = [[_mm256_setzero_ps(); J]; R];
+        let k8 = k - k % 8;
+        let mut kk = 0;
+        while kk < k8 {
+            let mut wv = [_mm256_setzero_ps(); J];
+            for (c, v) in wv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(wp.add((j0 + c) * k + kk));
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(xp.add((i0 + r) * k + kk));
+                for c in 0..J {
+                    a[c] = _mm256_fmadd_ps(xv, wv[c], a[c]);
+                }
+            }
+            kk += 8;
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for c in 0..J {
+                let mut s = hsum(a[c]);
+                for t in k8..k {
+                    s += x[(i0 + r) * k + t] * w[(j0 + c) * k + t];
+                }
+                *y.add((i0 + r) * n + j0 + c) = s;
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(x: &Tensor, w: &Tensor) -> Tensor {
+        let k = w.dim(1).unwrap();
+        let lead = x.dims()[..x.rank() - 1].to_vec();
+        let rows: usize = lead.iter().product();
+        let y = x
+            .reshape((rows, k))
+            .unwrap()
+            .matmul(&w.t().unwrap())
+            .unwrap();
+        let mut shape = lead;
+        shape.push(w.dim(0).unwrap());
+        y.reshape(shape).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        crate::ops::compare::max_abs(a, b).unwrap()
+    }
+
+    /// `matmul_t`'s AVX2 path and `Linear` (the panels on an AVX-512 CPU) = candle's matmul:
+    /// rows 1..=33 (tiles of 4, the rest single rows; 33 is over the AVX2 path's limit), weight
+    /// rows not a multiple of 2 or 16 (leftover columns), widths not a multiple of 8 (the tails).
+    #[test]
+    fn few_rows_equal_candles_matmul() {
+        let dev = Device::Cpu;
+        for &(n, k) in &[(37usize, 21usize), (64, 576), (5, 8)] {
+            let w = Tensor::randn(0f32, 1., (n, k), &dev).unwrap();
+            for rows in [1usize, 2, 3, 4, 5, 7, 16, 32, 33] {
+                let x = Tensor::randn(0f32, 1., (1, rows, k), &dev).unwrap();
+                let direct = rows <= FEW_ROWS && avx2_fma();
+                assert_eq!(few_rows_path(&x, &w, rows), direct);
+                let want = reference(&x, &w);
+                let got = matmul_t(&x, &w).unwrap();
+                assert_eq!(got.dims(), &[1, rows, n]);
+                let tol = 1e-4 * (k as f32).sqrt();
+                assert!(max_diff(&got, &want) < tol, "n {n} k {k} rows {rows}");
+                // Linear: the panels on an AVX-512 CPU, else the same as matmul_t
+                let got = Linear::new(w.clone(), None).forward(&x).unwrap();
+                assert_eq!(got.dims(), &[1, rows, n]);
+                let err = max_diff(&got, &want);
+                assert!(err < tol, "Linear n {n} k {k} rows {rows}: {err}");
+            }
+        }
+    }
+
+    /// Gradients still flow: a tracked input takes candle's matmul.
+    #[test]
+    fn tracked_inputs_take_candles_matmul() {
+        let dev = Device::Cpu;
+        let w = candle_core::Var::randn(0f32, 1., (6, 8), &dev).unwrap();
+        let x = Tensor::randn(0f32, 1., (2, 8), &dev).unwrap();
+        assert!(!few_rows_path(&x, w.as_tensor(), 2));
+        let g = matmul_t(&x, w.as_tensor())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let dw = g.get(w.as_tensor()).unwrap();
+        // d/dW of Σ x·Wᵀ = column sums of x, for every weight row
+        let want = x.sum_keepdim(0).unwrap().broadcast_as((6, 8)).unwrap();
+        let err = (dw - want).unwrap().abs().unwrap().max_all().unwrap();
+        assert!(err.to_scalar::<f32>().unwrap() < 1e-5);
+    }
+
+    /// A non-contiguous input (a narrow of the middle columns) is made contiguous first.
+    #[test]
+    fn strided_input() {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 1., (9, 16), &dev).unwrap();
+        let big = Tensor::randn(0f32, 1., (3, 20), &dev).unwrap();
+        let x = big.narrow(1, 2, 16).unwrap();
+        let err = (matmul_t(&x, &w).unwrap() - reference(&x.contiguous().unwrap(), &w))
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap();
+        assert!(err.to_scalar::<f32>().unwrap() < 1e-4);
+    }
+}

@@ -1,0 +1,59 @@
+//! SwiGLU MLP: `down(silu(gate(x)) * up(x))`, shared by every target family and the drafter.
+
+use crate::layers::linear::Linear;
+use candle_core::Module;
+use candle_core::{Result, Tensor};
+
+use crate::io::weights::TensorStore;
+
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    /// Load `{prefix}.gate_proj`, `up_proj`, `down_proj` (no biases).
+    pub fn load(
+        store: &TensorStore,
+        prefix: &str,
+        hidden: usize,
+        inter: usize,
+    ) -> anyhow::Result<Self> {
+        let lin = |name: &str, o: usize, i: usize| -> anyhow::Result<Linear> {
+            Ok(Linear::new(
+                store.get(&format!("{prefix}.{name}.weight"), &[o, i])?,
+                None,
+            ))
+        };
+        Ok(Self {
+            gate_proj: lin("gate_proj", inter, hidden)?,
+            up_proj: lin("up_proj", inter, hidden)?,
+            down_proj: lin("down_proj", hidden, inter)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let g = self.gate_proj.forward(x)?.silu()?;
+        let u = self.up_proj.forward(x)?;
+        self.down_proj.forward(&(g * u)?)
+    }
+}
+
+/// `Linear` for `{name}.weight` `[out, in]` and an optional `{name}.bias`.
+pub fn load_linear(
+    store: &TensorStore,
+    name: &str,
+    out: usize,
+    inp: usize,
+    bias: bool,
+) -> anyhow::Result<Linear> {
+    let w = store.get(&format!("{name}.weight"), &[out, inp])?;
+    let b = if bias {
+        Some(store.get(&format!("{name}.bias"), &[out])?)
+    } else {
+        None
+    };
+    Ok(Linear::new(w, b))
+}

@@ -1,0 +1,179 @@
+//! RMSNorm: `w · (x · rsqrt(mean(x²) + eps))`, reduced in f32.
+//!
+//! [`RmsNorm::forward`] is the one op the target and the drafter run, in training and
+//! decoding alike: candle-nn's fused kernel forward (one launch instead of nine on a GPU) and,
+//! where the input carries a graph (the drafter in training), a closed-form backward
+//! ([`crate::ops::with_grad`]): with `r = rsqrt(mean(x²) + eps)`, `n = x · r`, `u = g · w`:
+//! `dw = Σ_rows g · n`, `dx = r · (u − n · mean(u · n))`.
+//! Example: x = [3, 4], w = [1, 1], eps = 0: r = 1/√12.5, n = [0.849, 1.131]; for g = [1, 0]:
+//! mean(u · n) = 0.424, dx = r · ([1, 0] − n · 0.424) = [0.181, −0.136], dw = [0.849, 0].
+//! The fused kernel multiplies by the weight before the final cast (bf16: one rounding fewer
+//! than transformers, which casts first); [`RmsNorm::forward_composed`] is transformers'
+//! order, kept for zero-centred weights, f64 (gradient checks) and as the tests' reference.
+
+use candle_core::{DType, Result, Tensor, D};
+
+use crate::ops::with_grad::with_grad2;
+
+/// Reductions run in f32, or f64 for f64 models (gradient checks).
+pub fn compute_dtype(d: DType) -> DType {
+    if d == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    pub weight: Tensor,
+    pub eps: f64,
+    /// Zero-centred weights (qwen3_5): `norm(x) · (1 + w)`, multiplied in f32 before the cast.
+    pub one_plus: bool,
+}
+
+impl RmsNorm {
+    pub fn new(weight: Tensor, eps: f64) -> Self {
+        Self {
+            weight,
+            eps,
+            one_plus: false,
+        }
+    }
+    pub fn zero_centred(weight: Tensor, eps: f64) -> Self {
+        Self {
+            weight,
+            eps,
+            one_plus: true,
+        }
+    }
+
+    /// The normalisation (see the module doc): fused for f32/bf16/f16 with plain weights, with
+    /// a backward when `x` or the weight carries a graph; otherwise [`RmsNorm::forward_composed`].
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.one_plus || !matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+            return self.forward_composed(x);
+        }
+        let x = x.contiguous()?;
+        let w = self.weight.to_dtype(x.dtype())?;
+        let y = candle_nn::ops::rms_norm(&x.detach(), &w.detach(), self.eps as f32)?;
+        let eps = self.eps;
+        with_grad2(&x, &w, y, "rms_norm", move |x, w, _y, g| {
+            rms_norm_grad(x, w, g, eps)
+        })
+    }
+
+    /// transformers' order of operations from differentiable ops (see the module doc).
+    pub fn forward_composed(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        let cd = compute_dtype(dtype);
+        let xf = x.to_dtype(cd)?;
+        let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = xf.broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        if self.one_plus {
+            normed
+                .broadcast_mul(&(self.weight.to_dtype(cd)? + 1.0)?)?
+                .to_dtype(dtype)
+        } else {
+            normed
+                .to_dtype(dtype)?
+                .broadcast_mul(&self.weight.to_dtype(dtype)?)
+        }
+    }
+}
+
+/// The closed-form gradients `(dx, dw)` of the RMSNorm (module doc), reduced in f32.
+fn rms_norm_grad(x: &Tensor, w: &Tensor, grad: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    let cd = compute_dtype(x.dtype());
+    let (xf, gf, wf) = (x.to_dtype(cd)?, grad.to_dtype(cd)?, w.to_dtype(cd)?);
+    let r = (xf.sqr()?.mean_keepdim(D::Minus1)? + eps)?
+        .sqrt()?
+        .recip()?;
+    let n = xf.broadcast_mul(&r)?;
+    let h = x.dim(D::Minus1)?;
+    let dw = (&gf * &n)?
+        .reshape(((), h))?
+        .sum(0)?
+        .reshape(w.shape())?
+        .to_dtype(w.dtype())?;
+    let u = gf.broadcast_mul(&wf)?;
+    let m = (&u * &n)?.mean_keepdim(D::Minus1)?;
+    let dx = (u - n.broadcast_mul(&m)?)?
+        .broadcast_mul(&r)?
+        .to_dtype(x.dtype())?;
+    Ok((dx, dw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn flat(t: &Tensor) -> Vec<f64> {
+        crate::ops::compare::values_f64(t).unwrap()
+    }
+
+    #[test]
+    fn the_docs_example() {
+        let x = Var::new(&[[3f32, 4.0]], &Device::Cpu).unwrap();
+        let w = Var::new(&[1f32, 1.0], &Device::Cpu).unwrap();
+        let norm = RmsNorm::new(w.as_tensor().clone(), 0.0);
+        let y = norm.forward(x.as_tensor()).unwrap();
+        let g = Tensor::new(&[[1f32, 0.0]], &Device::Cpu).unwrap();
+        let grads = (y * g).unwrap().sum_all().unwrap().backward().unwrap();
+        let dx = flat(grads.get(x.as_tensor()).unwrap());
+        let dw = flat(grads.get(w.as_tensor()).unwrap());
+        let r = 1.0 / 12.5f64.sqrt();
+        let n = [3.0 * r, 4.0 * r];
+        let m = n[0] / 2.0;
+        let want_dx = [r * (1.0 - n[0] * m), r * (0.0 - n[1] * m)];
+        assert!((dx[0] - want_dx[0]).abs() < 1e-6 && (dx[1] - want_dx[1]).abs() < 1e-6);
+        assert!((dx[0] - 0.181).abs() < 1e-3 && (dx[1] + 0.136).abs() < 1e-3);
+        assert!((dw[0] - n[0]).abs() < 1e-6 && dw[1].abs() < 1e-9);
+    }
+
+    #[test]
+    fn fused_values_and_gradients_equal_the_composed_norm() {
+        // [2, 3, 8] inputs with a non-constant upstream gradient, weights away from 1
+        let dev = Device::Cpu;
+        let x0 = Tensor::arange(0f32, 48.0, &dev)
+            .unwrap()
+            .reshape((2, 3, 8))
+            .unwrap()
+            .sin()
+            .unwrap();
+        let w0 = (Tensor::arange(0f32, 8.0, &dev).unwrap().cos().unwrap() + 1.5).unwrap();
+        let up = Tensor::arange(0f32, 48.0, &dev)
+            .unwrap()
+            .reshape((2, 3, 8))
+            .unwrap()
+            .cos()
+            .unwrap();
+        let run = |fused: bool| {
+            let x = Var::from_tensor(&x0).unwrap();
+            let w = Var::from_tensor(&w0).unwrap();
+            let norm = RmsNorm::new(w.as_tensor().clone(), 1e-6);
+            let y = if fused {
+                norm.forward(x.as_tensor())
+            } else {
+                norm.forward_composed(x.as_tensor())
+            }
+            .unwrap();
+            let g = (&y * &up).unwrap().sum_all().unwrap().backward().unwrap();
+            (
+                flat(&y),
+                flat(g.get(x.as_tensor()).unwrap()),
+                flat(g.get(w.as_tensor()).unwrap()),
+            )
+        };
+        let (a, b) = (run(true), run(false));
+        for (u, v) in
+            a.0.iter()
+                .zip(&b.0)
+                .chain(a.1.iter().zip(&b.1))
+                .chain(a.2.iter().zip(&b.2))
+        {
+            assert!((u - v).abs() < 1e-5, "{u} vs {v}");
+        }
+    }
+}

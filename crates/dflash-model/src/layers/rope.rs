@@ -1,0 +1,160 @@
+//! Rotary position embedding, transformers' half-split (NeoX) layout, at arbitrary
+//! per-row positions (trees put siblings at the same position).
+//!
+//! `inv_freq[i] = theta^(-2i/d)`; a row at position `p` rotates pair `(x[i], x[i + d/2])` by
+//! angle `p * inv_freq[i]`. llama-architecture GGUFs store Q/K permuted for the interleaved
+//! layout; [`crate::io::gguf`] undoes that at load, so this one layout serves every family.
+
+use candle_core::{DType, Device, Result, Tensor, D};
+
+use crate::ops::with_grad::with_grad;
+
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+}
+
+/// cos/sin tables for a list of positions: each `[n, head_dim / 2]`, or `[b, n, head_dim / 2]`
+/// for a batch of `b` sequences of `n` rows each.
+#[derive(Debug, Clone)]
+pub struct RopeTables {
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+impl Rope {
+    /// RoPE over the first `rotary_dim` features of each head (`rotary_dim` = head_dim unless
+    /// partial).
+    pub fn new(rotary_dim: usize, theta: f64) -> Self {
+        let inv_freq = (0..rotary_dim / 2)
+            .map(|i| (1.0 / theta.powf((2 * i) as f64 / rotary_dim as f64)) as f32)
+            .collect();
+        Self { inv_freq }
+    }
+
+    pub fn tables(&self, positions: &[usize], dtype: DType, device: &Device) -> Result<RopeTables> {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for &f in &self.inv_freq {
+                let a = (p as f32) * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let n = positions.len();
+        Ok(RopeTables {
+            cos: Tensor::from_vec(cos, (n, half), device)?.to_dtype(dtype)?,
+            sin: Tensor::from_vec(sin, (n, half), device)?.to_dtype(dtype)?,
+        })
+    }
+}
+
+impl RopeTables {
+    /// Rotate `x` of shape `[b, heads, n, head_dim]` (row j at the table's position j). With
+    /// partial RoPE (tables narrower than head_dim / 2) only the first `2 · table width`
+    /// features rotate and the rest pass through, as transformers' qwen3_5 does.
+    /// Through candle-nn's fused kernel (one launch) when every feature rotates and the dtype
+    /// has one, with a closed-form backward where `x` carries a graph (the drafter in
+    /// training): RoPE is a rotation, so `dx` is `g` rotated back, `rope(g, cos, −sin)`.
+    /// Example: d = 2, angle 90° (cos 0, sin 1): x = [1, 0] → [0, 1]; g = [0, 1] → dx = [1, 0].
+    /// Otherwise (partial RoPE, f64) [`RopeTables::apply_composed`].
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        if 2 * self.cos.dim(D::Minus1)? != x.dim(D::Minus1)?
+            || !matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16)
+        {
+            return self.apply_composed(x);
+        }
+        let x = x.contiguous()?;
+        let y = candle_nn::rotary_emb::rope(&x.detach(), &self.cos, &self.sin)?;
+        let (cos, sin) = (self.cos.clone(), self.sin.clone());
+        with_grad(&x, y, "rope", move |_y, g| {
+            candle_nn::rotary_emb::rope(&g.contiguous()?, &cos, &sin.neg()?)
+        })
+    }
+
+    /// [`RopeTables::apply`] from differentiable elementwise ops (any dtype, partial RoPE).
+    pub fn apply_composed(&self, x: &Tensor) -> Result<Tensor> {
+        let d = x.dim(D::Minus1)?;
+        let half = self.cos.dim(D::Minus1)?;
+        let rot = 2 * half;
+        let x1 = x.narrow(D::Minus1, 0, half)?;
+        let x2 = x.narrow(D::Minus1, half, half)?;
+        // batched tables [b, n, half] broadcast over the heads of [b, heads, n, half]
+        let (cos, sin) = if self.cos.rank() == 3 {
+            (&self.cos.unsqueeze(1)?, &self.sin.unsqueeze(1)?)
+        } else {
+            (&self.cos, &self.sin)
+        };
+        let a = (x1.broadcast_mul(cos)? - x2.broadcast_mul(sin)?)?;
+        let b = (x2.broadcast_mul(cos)? + x1.broadcast_mul(sin)?)?;
+        if rot == d {
+            Tensor::cat(&[a, b], D::Minus1)
+        } else {
+            Tensor::cat(&[a, b, x.narrow(D::Minus1, rot, d - rot)?], D::Minus1)
+        }
+    }
+
+    /// The tables of rows `start .. start + len`.
+    pub fn narrow(&self, start: usize, len: usize) -> Result<RopeTables> {
+        Ok(RopeTables {
+            cos: self.cos.narrow(0, start, len)?,
+            sin: self.sin.narrow(0, start, len)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod grad_tests {
+    use super::*;
+    use candle_core::Var;
+
+    fn flat(t: &Tensor) -> Vec<f64> {
+        crate::ops::compare::values_f64(t).unwrap()
+    }
+
+    #[test]
+    fn the_docs_example() {
+        let t = RopeTables {
+            cos: Tensor::new(&[[0f32]], &Device::Cpu).unwrap(),
+            sin: Tensor::new(&[[1f32]], &Device::Cpu).unwrap(),
+        };
+        let x = Var::new(&[[[[1f32, 0.0]]]], &Device::Cpu).unwrap();
+        let y = t.apply(x.as_tensor()).unwrap();
+        assert_eq!(flat(&y), vec![0.0, 1.0]);
+        let g = Tensor::new(&[[[[0f32, 1.0]]]], &Device::Cpu).unwrap();
+        let grads = (y * g).unwrap().sum_all().unwrap().backward().unwrap();
+        assert_eq!(flat(grads.get(x.as_tensor()).unwrap()), vec![1.0, 0.0]);
+    }
+
+    #[test]
+    fn fused_values_and_gradients_equal_the_composed_rotation() {
+        let dev = Device::Cpu;
+        let t = Rope::new(8, 10000.0)
+            .tables(&[0, 3, 3, 7, 40], DType::F32, &dev)
+            .unwrap();
+        let x0 = Tensor::arange(0f32, 2.0 * 3.0 * 5.0 * 8.0, &dev)
+            .unwrap()
+            .reshape((2, 3, 5, 8))
+            .unwrap()
+            .sin()
+            .unwrap();
+        let up = x0.cos().unwrap();
+        let run = |fused: bool| {
+            let x = Var::from_tensor(&x0).unwrap();
+            let y = if fused {
+                t.apply(x.as_tensor())
+            } else {
+                t.apply_composed(x.as_tensor())
+            }
+            .unwrap();
+            let g = (&y * &up).unwrap().sum_all().unwrap().backward().unwrap();
+            (flat(&y), flat(g.get(x.as_tensor()).unwrap()))
+        };
+        let (a, b) = (run(true), run(false));
+        for (u, v) in a.0.iter().zip(&b.0).chain(a.1.iter().zip(&b.1)) {
+            assert!((u - v).abs() < 1e-6, "{u} vs {v}");
+        }
+    }
+}

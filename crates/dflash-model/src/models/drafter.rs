@@ -1,0 +1,495 @@
+//! The DFlash drafter (z-lab's `DFlashDraftModel`), one forward for training and inference.
+//!
+//! Semantics, exactly as z-lab's `dflash==0.1.0`:
+//! 1. context feature `c = hidden_norm(fc(concat(taps)))` for each committed context row;
+//! 2. block stream `x` = the target's embedding of `[anchor, mask × (B-1)]` (× `input_embedding_scale`);
+//! 3. each layer: `h = input_layernorm(x)` (the context is NOT normed again);
+//!    `q = q_norm(q_proj(h))`; `K = k_norm([k_proj(c) | k_proj(h)])`; `V = [v_proj(c) | v_proj(h)]`;
+//!    RoPE at absolute positions (context rows at their own positions, block rows at
+//!    `anchor .. anchor+B`); masked attention (the rule in `dflash_core::visibility`);
+//!    `x = x + o_proj(attn)`; `x = x + mlp(post_attention_layernorm(x))`;
+//! 4. `norm(x)`; logits = the target's LM head on block rows 1..B (row k predicts the token
+//!    at `anchor + k`; row 0 is never used).
+//!
+//! [`DraftLayout::Inference`]: one block on top of a draft KV cache of committed context
+//! (after `k_norm` and RoPE); the caller truncates the cache back to the anchor afterwards.
+//! [`DraftLayout::Training`]: many blocks of one training row (one sequence, or several packed
+//! side by side) at once, every context row given, blocks isolated by the mask. Both masks come from the same rule.
+
+use std::path::Path;
+
+use crate::layers::linear::Linear;
+use anyhow::{bail, Context, Result};
+use candle_core::Module;
+use candle_core::{DType, Tensor, D};
+use dflash_core::config::DrafterConfig;
+use dflash_core::segments::Segments;
+use dflash_core::visibility::{draft_inference, draft_training_parts, DraftRule};
+
+use crate::cache::kv_cache::KvCache;
+use crate::cpu::row_attention::{self, attend_rows, KeyRuns};
+use crate::io::weights::TensorStore;
+use crate::layers::attention::{attend, mask_tensor};
+use crate::layers::mlp::{load_linear, Mlp};
+use crate::layers::norm::RmsNorm;
+use crate::layers::rope::Rope;
+use crate::models::draft_vocab::{DraftHead, DraftVocab};
+use crate::models::target::Target;
+use crate::ops::block_attention::{attend_blocks, context_windows, ContextWindow};
+
+/// Where the rows of one drafter forward sit.
+#[derive(Debug, Clone, Copy)]
+pub enum DraftLayout<'a> {
+    /// One block anchored at `anchor`. The new context rows are positions
+    /// `cache.len() .. anchor`; the block rows `anchor .. anchor + block`.
+    Inference { anchor: usize, block: usize },
+    /// Blocks anchored at `anchors` (row indices) over a training row of `segs.len()` context
+    /// rows: one sequence, or several packed side by side, each at its own positions
+    /// ([`Segments`]). Block j's rows sit at the positions of rows `anchors[j] .. anchors[j] +
+    /// block` of the anchor's sequence. Example: segments [0..5, 5..8], anchor 6 → block rows
+    /// at positions 1, 2, …; context rows 5..8 at positions 0..3.
+    Training {
+        segs: &'a Segments,
+        anchors: &'a [usize],
+        block: usize,
+    },
+}
+
+impl DraftLayout<'_> {
+    fn block_positions(&self) -> Vec<usize> {
+        match *self {
+            DraftLayout::Inference { anchor, block } => (anchor..anchor + block).collect(),
+            DraftLayout::Training {
+                segs,
+                anchors,
+                block,
+            } => anchors
+                .iter()
+                .flat_map(|&a| {
+                    let p = segs.position(a);
+                    p..p + block
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Row × key cells per training attention window (`window_bounds`). Each window costs a fixed
+/// number of kernel launches; each cell past a row's own context is wasted work. Measured on
+/// the H200 before the fused block softmax (a 2,048-token packed row, 1,024 anchors): 64-block
+/// windows (≈ 0.4–2 M cells) 125 ms of drafter forward per row, 4 M-cell windows 214 ms. With
+/// the fused softmax and 1 M cells the whole drafter step of a 512-anchor row is 90 ms
+/// (docs/BENCHMARKS.md, sixth session); other budgets are not measured.
+const WINDOW_CELLS: usize = 1 << 20;
+
+/// A layer's attention mask: the whole `[keys]` mask and each row's visible key runs (for
+/// [`crate::cpu::row_attention`] where it applies), or (training) the two visible parts.
+enum LayerMask {
+    Dense(Tensor, Option<KeyRuns>),
+    Parts {
+        context: Vec<ContextWindow>,
+        block: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct DraftAttention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: RmsNorm,
+    k_norm: RmsNorm,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+#[derive(Debug, Clone)]
+struct DraftLayer {
+    input_layernorm: RmsNorm,
+    self_attn: DraftAttention,
+    post_attention_layernorm: RmsNorm,
+    mlp: Mlp,
+    rule: DraftRule,
+}
+
+pub struct Drafter {
+    pub config: DrafterConfig,
+    layers: Vec<DraftLayer>,
+    norm: RmsNorm,
+    fc: Linear,
+    hidden_norm: RmsNorm,
+    rope: Rope,
+    pub target_layer_ids: Vec<usize>,
+    pub mask_token_id: u32,
+    pub block_size: usize,
+    /// Notes from loading (tap-id conversions, defaults used).
+    pub notes: Vec<String>,
+    /// The tokens its proposals come from (`draft_vocab.json` beside the weights), or the
+    /// whole vocabulary.
+    pub draft_vocab: Option<DraftVocab>,
+}
+
+impl Drafter {
+    /// Load a z-lab-format drafter directory (`config.json` + `model.safetensors`) for `target`.
+    pub fn load_dir(dir: &Path, target: &Target) -> Result<Self> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path)
+            .with_context(|| format!("reading {}", cfg_path.display()))?;
+        let config: DrafterConfig = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a DFlash drafter config", cfg_path.display()))?;
+        let store = TensorStore::from_safetensors(
+            &[dir.join("model.safetensors")],
+            target.dtype,
+            &target.device,
+        )?;
+        let mut d = Self::load(config, &store, target)?;
+        if let Some(v) = DraftVocab::read_dir(dir)? {
+            v.validate(target.config.vocab_size).with_context(|| {
+                format!("{}", dir.join(crate::models::draft_vocab::FILE).display())
+            })?;
+            d.notes.push(format!(
+                "proposals from {} of the {} tokens ({})",
+                v.token_ids.len(),
+                target.config.vocab_size,
+                crate::models::draft_vocab::FILE
+            ));
+            d.draft_vocab = Some(v);
+        }
+        Ok(d)
+    }
+
+    /// Build from a config and HF-named weights (`layers.{i}.self_attn.q_proj.weight`, `fc.weight`, …),
+    /// checked against the target it will run with.
+    pub fn load(config: DrafterConfig, store: &TensorStore, target: &Target) -> Result<Self> {
+        config.validate().context("drafter config")?;
+        let tc = &target.config;
+        if config.hidden_size != tc.hidden_size {
+            bail!(
+                "drafter hidden_size {} does not fit the target's hidden_size {}",
+                config.hidden_size,
+                tc.hidden_size
+            );
+        }
+        if config.vocab_size != tc.vocab_size {
+            bail!(
+                "drafter vocab_size {} does not fit the target's vocab_size {}",
+                config.vocab_size,
+                tc.vocab_size
+            );
+        }
+        if config.num_target_layers != tc.num_hidden_layers {
+            bail!(
+                "drafter num_target_layers {} does not fit the target's {} layers",
+                config.num_target_layers,
+                tc.num_hidden_layers
+            );
+        }
+        let (target_layer_ids, note) = config.resolve_target_layer_ids()?;
+        let mut notes: Vec<String> = note.into_iter().collect();
+        let (h, nh, nkv, hd) = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_kv_heads(),
+            config.head_dim(),
+        );
+        let eps = config.rms_norm_eps;
+        let bias = config.attention_bias.unwrap_or(false);
+        let norm = |name: &str, dim: usize| -> Result<RmsNorm> {
+            Ok(RmsNorm::new(store.get(name, &[dim])?, eps))
+        };
+        let mut layers = Vec::new();
+        for i in 0..config.num_hidden_layers {
+            let p = format!("layers.{i}");
+            let a = format!("{p}.self_attn");
+            layers.push(DraftLayer {
+                input_layernorm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                self_attn: DraftAttention {
+                    q_proj: load_linear(store, &format!("{a}.q_proj"), nh * hd, h, bias)?,
+                    k_proj: load_linear(store, &format!("{a}.k_proj"), nkv * hd, h, bias)?,
+                    v_proj: load_linear(store, &format!("{a}.v_proj"), nkv * hd, h, bias)?,
+                    o_proj: load_linear(store, &format!("{a}.o_proj"), h, nh * hd, bias)?,
+                    q_norm: norm(&format!("{a}.q_norm.weight"), hd)?,
+                    k_norm: norm(&format!("{a}.k_norm.weight"), hd)?,
+                    heads: nh,
+                    kv_heads: nkv,
+                    head_dim: hd,
+                },
+                post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                mlp: Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?,
+                rule: DraftRule::for_layer(config.layer_window(i)),
+            });
+        }
+        let fc = Linear::new(
+            store.get("fc.weight", &[h, target_layer_ids.len() * h])?,
+            None,
+        );
+        let hidden_norm = norm("hidden_norm.weight", h)?;
+        let final_norm = norm("norm.weight", h)?;
+        let extra = store.unused();
+        if !extra.is_empty() {
+            bail!(
+                "drafter checkpoint has tensors this drafter does not use: {}",
+                extra.join(", ")
+            );
+        }
+        if let Some(w) = config
+            .sliding_window
+            .filter(|_| layers.iter().any(|l| l.rule.sliding_window.is_some()))
+        {
+            notes.push(format!(
+                "sliding-attention layers (window {w}) are causal in the block, as z-lab 0.1.0"
+            ));
+        }
+        Ok(Self {
+            rope: Rope::new(hd, config.rope_theta()),
+            mask_token_id: config.mask_token_id().expect("validated"),
+            block_size: config.block_size,
+            target_layer_ids,
+            layers,
+            norm: final_norm,
+            fc,
+            hidden_norm,
+            notes,
+            draft_vocab: None,
+            config,
+        })
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.layers.len())
+    }
+
+    /// The block stream input: the target's embedding of `tokens`, scaled as z-lab does.
+    pub fn embed_block(&self, target: &Target, tokens: &[u32]) -> Result<Tensor> {
+        let e = target.embed(tokens)?;
+        let s = self.config.input_embedding_scale();
+        Ok(if s != 1.0 { (e * s)? } else { e })
+    }
+
+    /// The block tokens `[anchor, mask × (block - 1)]`.
+    pub fn block_tokens(&self, anchor_token: u32, block: usize) -> Vec<u32> {
+        let mut t = vec![self.mask_token_id; block];
+        t[0] = anchor_token;
+        t
+    }
+
+    /// The one drafter forward. `ctx_taps`: `[1, m, L*h]` concatenated taps of the new
+    /// context rows; `block_emb`: `[1, nb, h]`. Returns the normed block hidden states
+    /// `[1, nb, h]`.
+    pub fn forward(
+        &self,
+        ctx_taps: &Tensor,
+        block_emb: &Tensor,
+        layout: DraftLayout<'_>,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        let m = ctx_taps.dim(1)?;
+        let nb = block_emb.dim(1)?;
+        let cache_len = cache.as_ref().map(|c| c.len()).unwrap_or(0);
+        let ctx_positions: Vec<usize> = match layout {
+            DraftLayout::Inference { anchor, block } => {
+                if cache_len + m != anchor || nb != block {
+                    bail!(
+                        "draft inference: cache {cache_len} + context {m} rows must end at the anchor {anchor}, block {nb} must be {block}"
+                    );
+                }
+                (cache_len..anchor).collect()
+            }
+            DraftLayout::Training {
+                segs,
+                anchors,
+                block,
+            } => {
+                if cache.is_some() || m != segs.len() || nb != anchors.len() * block {
+                    bail!(
+                        "draft training: no cache, {} context rows and {} block rows expected",
+                        segs.len(),
+                        anchors.len() * block
+                    );
+                }
+                segs.positions()
+            }
+        };
+        let block_positions = layout.block_positions();
+        let dtype = block_emb.dtype();
+        let device = block_emb.device();
+        let mut all_pos = ctx_positions.clone();
+        all_pos.extend_from_slice(&block_positions);
+        let rope_kv = self.rope.tables(&all_pos, dtype, device)?;
+        let rope_q = rope_kv.narrow(m, nb)?;
+        // masks per distinct rule, from the shared visibility rule: training uses the two
+        // visible parts (context, own block), inference the whole [cache | block] mask
+        let mut masks: Vec<(DraftRule, LayerMask)> = Vec::new();
+        for l in &self.layers {
+            if !masks.iter().any(|(r, _)| *r == l.rule) {
+                let lm = match layout {
+                    DraftLayout::Training {
+                        segs,
+                        anchors,
+                        block,
+                    } => {
+                        let (c, o) = draft_training_parts(l.rule, segs, anchors, block);
+                        // windows: the blocks of one sequence, WINDOW_CELLS at a time,
+                        // score only the context keys their rows may see
+                        let group: Vec<usize> =
+                            anchors.iter().map(|&a| segs.segment_of(a)).collect();
+                        let context = context_windows(&c, &o, block, &group, WINDOW_CELLS, device)?;
+                        LayerMask::Parts { context, block }
+                    }
+                    DraftLayout::Inference { anchor, block } => {
+                        let v = draft_inference(l.rule, anchor, block);
+                        let runs = row_attention::serves(device, dtype, 1, block)
+                            .then(|| KeyRuns::new(&v));
+                        LayerMask::Dense(mask_tensor(&v, dtype, device)?, runs)
+                    }
+                };
+                masks.push((l.rule, lm));
+            }
+        }
+        // 1. context feature (none at anchor 0 with an empty cache)
+        let ctx = if m > 0 {
+            Some(
+                self.hidden_norm
+                    .forward(&self.fc.forward(&ctx_taps.to_dtype(dtype)?)?)?,
+            )
+        } else {
+            None
+        };
+        let with_ctx = |proj: &Linear, hn: &Tensor| -> Result<Tensor> {
+            let b = proj.forward(hn)?;
+            Ok(match &ctx {
+                Some(c) => Tensor::cat(&[proj.forward(c)?, b], 1)?,
+                None => b,
+            })
+        };
+        let mut x = block_emb.clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let a = &layer.self_attn;
+            let hn = layer.input_layernorm.forward(&x)?;
+            let heads = |t: Tensor, n: usize, h: usize| t.reshape((1, n, h, a.head_dim));
+            // 2. q from the block stream only
+            let q = a
+                .q_norm
+                .forward(&heads(a.q_proj.forward(&hn)?, nb, a.heads)?)?
+                .transpose(1, 2)?;
+            let q = rope_q.apply(&q)?;
+            // 3. K/V over [context | block]
+            let k = with_ctx(&a.k_proj, &hn)?;
+            let v = with_ctx(&a.v_proj, &hn)?;
+            let k = a
+                .k_norm
+                .forward(&heads(k, m + nb, a.kv_heads)?)?
+                .transpose(1, 2)?;
+            let k = rope_kv.apply(&k)?;
+            let v = heads(v, m + nb, a.kv_heads)?.transpose(1, 2)?;
+            let (k, v) = match cache.as_deref_mut() {
+                Some(c) => c.append(i, &k, &v)?,
+                None => (k, v),
+            };
+            let scale = 1.0 / (a.head_dim as f64).sqrt();
+            let o = match &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1 {
+                LayerMask::Dense(_, Some(runs)) if row_attention::applies(&q) => {
+                    attend_rows(&q, &k, &v, runs, scale)?
+                }
+                LayerMask::Dense(mask, _) => attend(&q, &k, &v, mask, scale)?,
+                LayerMask::Parts { context, block } => {
+                    attend_blocks(&q, &k, &v, m, context, *block, scale)?
+                }
+            };
+            x = (x + a.o_proj.forward(&o)?)?;
+            x = (&x
+                + layer
+                    .mlp
+                    .forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
+        }
+        if let Some(c) = cache {
+            c.commit(m + nb);
+        }
+        Ok(self.norm.forward(&x)?)
+    }
+
+    /// Draft logits (f32) from normed hidden rows: the target's LM head, then z-lab's
+    /// `output_multiplier` and `final_logit_softcapping`.
+    pub fn logits(&self, target: &Target, hidden: &Tensor) -> Result<Tensor> {
+        self.finish_logits(target.lm_head(hidden)?)
+    }
+
+    /// z-lab's `output_multiplier` and `final_logit_softcapping` on LM-head logits.
+    fn finish_logits(&self, mut l: Tensor) -> Result<Tensor> {
+        let mult = self.config.output_multiplier();
+        if mult != 1.0 {
+            l = (l * mult)?;
+        }
+        if let Some(cap) = self.config.final_logit_softcapping() {
+            l = ((l / cap)?.tanh()? * cap)?;
+        }
+        Ok(l)
+    }
+
+    /// Draft logits for training, in the model's dtype (the LM head's matmul output, no f32
+    /// copy of `rows × vocab`), then z-lab's multiplier and soft-capping as [`Self::logits`].
+    /// The fused cross-entropy ([`crate::ops::cross_entropy`]) reads them in f32.
+    pub fn training_logits(&self, target: &Target, hidden: &Tensor) -> Result<Tensor> {
+        self.finish_logits(target.lm_head_native(hidden)?)
+    }
+
+    /// One inference round's draft: logits `[positions, vocab]` for positions `anchor + 1 ..=
+    /// anchor + positions` (`positions ≤ block - 1`; `block - 1`: the whole block). The layers
+    /// always see the whole block, so a row's logits do not depend on `positions`: a DDTree of
+    /// budget 8 is at most 8 deep and takes 8 of a 16-block's 15 rows through the LM head.
+    /// `new_ctx_taps` `[1, m, L*h]` are the committed rows since the last call (positions
+    /// `cache.len() .. anchor`); afterwards the cache holds exactly the context rows `0 .. anchor`.
+    /// With a `head` the logits are over its vocabulary subset, `[positions, subset]`, column
+    /// `j` being token `head.token(j)` ([`crate::models::draft_vocab`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn draft(
+        &self,
+        target: &Target,
+        head: Option<&DraftHead>,
+        cache: &mut KvCache,
+        new_ctx_taps: &Tensor,
+        anchor_token: u32,
+        anchor: usize,
+        block: usize,
+        positions: usize,
+    ) -> Result<Tensor> {
+        if positions == 0 {
+            anyhow::bail!("draft: no position to draft");
+        }
+        let emb = self.embed_block(target, &self.block_tokens(anchor_token, block))?;
+        let h = self.forward(
+            new_ctx_taps,
+            &emb,
+            DraftLayout::Inference { anchor, block },
+            Some(cache),
+        )?;
+        cache.truncate(anchor)?;
+        let rows = h.narrow(1, 1, positions.min(block - 1))?;
+        let logits = match head {
+            Some(hd) => self.finish_logits(hd.logits(target, &rows)?)?,
+            None => self.logits(target, &rows)?,
+        };
+        Ok(logits.squeeze(0)?)
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Row-wise log-softmax of `[n, vocab]` logits on their device (in f32): DDTree's
+    /// per-position distributions, so that only the log-probabilities leave the device and the
+    /// host picks the top K without an exp over the vocabulary.
+    pub fn log_probs(logits: &Tensor) -> Result<Tensor> {
+        Ok(crate::ops::log_softmax::log_softmax_rows(logits)?)
+    }
+
+    /// Row-wise argmax of `[n, vocab]` logits.
+    pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
+        Ok(logits
+            .argmax(D::Minus1)?
+            .to_dtype(DType::U32)?
+            .to_vec1::<u32>()?)
+    }
+}

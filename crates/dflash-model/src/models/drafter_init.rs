@@ -1,0 +1,209 @@
+//! New drafters: a z-lab-format config for a target, seeded random weights, atomic saving.
+//!
+//! Weights follow transformers' init for Qwen3 (linear weights ~ N(0, 0.02), norm weights 1),
+//! drawn from ChaCha8 with the given seed, so the same seed gives the same drafter anywhere.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor};
+use dflash_core::config::{DFlashSection, DrafterConfig, RopeParameters};
+use dflash_core::taps::default_target_layer_ids;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::Map;
+
+use crate::io::tokenizer::TextTokenizer;
+use crate::models::target::Target;
+
+/// The shape of a new drafter; `None` fields copy the target's.
+#[derive(Debug, Clone)]
+pub struct DrafterShape {
+    pub layers: usize,
+    pub block_size: usize,
+    pub mask_token_id: u32,
+    pub intermediate_size: Option<usize>,
+    pub target_layer_ids: Option<Vec<usize>>,
+}
+
+/// A z-lab `DFlashDraftModel` config for `target`: Qwen3 layers of the target's width and
+/// heads, taps by z-lab's default rule unless given.
+pub fn drafter_config(target: &Target, shape: &DrafterShape) -> Result<DrafterConfig> {
+    let tc = &target.config;
+    if shape.layers == 0 {
+        bail!("a drafter needs at least one layer");
+    }
+    let taps = shape
+        .target_layer_ids
+        .clone()
+        .unwrap_or_else(|| default_target_layer_ids(tc.num_hidden_layers, shape.layers));
+    let cfg = DrafterConfig {
+        architectures: vec!["DFlashDraftModel".into()],
+        model_type: "qwen3".into(),
+        hidden_size: tc.hidden_size,
+        intermediate_size: shape.intermediate_size.unwrap_or(tc.intermediate_size),
+        num_hidden_layers: shape.layers,
+        num_attention_heads: tc.num_attention_heads,
+        num_key_value_heads: Some(tc.num_kv_heads()),
+        head_dim: Some(tc.head_dim()),
+        rms_norm_eps: tc.rms_norm_eps,
+        rope_theta: None,
+        rope_parameters: Some(RopeParameters {
+            rope_theta: Some(tc.rope_theta()),
+            rope_type: Some("default".into()),
+            extra: Map::new(),
+        }),
+        rope_scaling: None,
+        max_position_embeddings: tc.max_position_embeddings,
+        layer_types: Some(vec!["full_attention".into(); shape.layers]),
+        sliding_window: None,
+        attention_bias: Some(false),
+        block_size: shape.block_size,
+        num_target_layers: tc.num_hidden_layers,
+        dflash_config: DFlashSection {
+            target_layer_ids: Some(taps),
+            mask_token_id: Some(shape.mask_token_id),
+            extra: Map::new(),
+        },
+        vocab_size: tc.vocab_size,
+        extra: Map::new(),
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// The mask token for a target without a dedicated one: the highest-id special token that
+/// neither the chat template nor the stop tokens use (SmolLM2: `<empty_output>`, id 16).
+pub fn default_mask_token(tok: &TextTokenizer) -> Option<u32> {
+    let tpl = tok.chat_template.as_deref().unwrap_or("");
+    let mut specials: Vec<(u32, String)> = tok
+        .inner
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| t.special)
+        .map(|(id, t)| (id, t.content))
+        .collect();
+    specials.sort();
+    specials
+        .into_iter()
+        .rev()
+        .find(|(id, s)| !tpl.contains(s.as_str()) && !tok.stop_ids.contains(id))
+        .map(|(id, _)| id)
+}
+
+/// Seeded random weights for `cfg` (f32, CPU), keyed as z-lab saves them.
+pub fn random_weights(cfg: &DrafterConfig, seed: u64) -> Result<HashMap<String, Tensor>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let (h, nh, nkv, hd, inter) = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_kv_heads(),
+        cfg.head_dim(),
+        cfg.intermediate_size,
+    );
+    let n_taps = cfg.resolve_target_layer_ids()?.0.len();
+    let mut normal = |rows: usize, cols: usize| -> Result<Tensor> {
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                // Box-Muller
+                let u1: f64 = rng.random::<f64>().max(1e-300);
+                let u2: f64 = rng.random();
+                ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * 0.02) as f32
+            })
+            .collect();
+        Ok(Tensor::from_vec(v, (rows, cols), &Device::Cpu)?)
+    };
+    let ones = |n: usize| Tensor::ones(n, candle_core::DType::F32, &Device::Cpu);
+    let mut w = HashMap::new();
+    for i in 0..cfg.num_hidden_layers {
+        let p = format!("layers.{i}");
+        w.insert(format!("{p}.self_attn.q_proj.weight"), normal(nh * hd, h)?);
+        w.insert(format!("{p}.self_attn.k_proj.weight"), normal(nkv * hd, h)?);
+        w.insert(format!("{p}.self_attn.v_proj.weight"), normal(nkv * hd, h)?);
+        w.insert(format!("{p}.self_attn.o_proj.weight"), normal(h, nh * hd)?);
+        w.insert(format!("{p}.self_attn.q_norm.weight"), ones(hd)?);
+        w.insert(format!("{p}.self_attn.k_norm.weight"), ones(hd)?);
+        w.insert(format!("{p}.input_layernorm.weight"), ones(h)?);
+        w.insert(format!("{p}.post_attention_layernorm.weight"), ones(h)?);
+        w.insert(format!("{p}.mlp.gate_proj.weight"), normal(inter, h)?);
+        w.insert(format!("{p}.mlp.up_proj.weight"), normal(inter, h)?);
+        w.insert(format!("{p}.mlp.down_proj.weight"), normal(h, inter)?);
+    }
+    w.insert("fc.weight".into(), normal(h, n_taps * h)?);
+    w.insert("hidden_norm.weight".into(), ones(h)?);
+    w.insert("norm.weight".into(), ones(h)?);
+    Ok(w)
+}
+
+/// Write `config.json` + `model.safetensors` into `dir` atomically: everything goes to a
+/// temporary sibling directory, is synced, and replaces `dir` with one rename.
+pub fn save_drafter(
+    dir: &Path,
+    cfg: &DrafterConfig,
+    weights: &HashMap<String, Tensor>,
+) -> Result<()> {
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let name = dir
+        .file_name()
+        .context("output directory has no name")?
+        .to_string_lossy()
+        .to_string();
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)?;
+    let write = || -> Result<()> {
+        let cfg_path = tmp.join("config.json");
+        std::fs::write(&cfg_path, serde_json::to_string_pretty(cfg)? + "\n")?;
+        let st = tmp.join("model.safetensors");
+        candle_core::safetensors::save(weights, &st)?;
+        for f in [&cfg_path, &st] {
+            std::fs::File::open(f)?.sync_all()?;
+        }
+        Ok(())
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e.context(format!("writing the drafter to {}", tmp.display())));
+    }
+    if dir.exists() {
+        let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+        std::fs::rename(dir, &old)?;
+        std::fs::rename(&tmp, dir)?;
+        std::fs::remove_dir_all(&old)?;
+    } else {
+        std::fs::rename(&tmp, dir)?;
+    }
+    Ok(())
+}
+
+/// A seeded random drafter for a loaded target (its default mask token), in the target's
+/// dtype and device: for exercising the decoding loops and for tests.
+pub fn random_drafter(
+    lt: &crate::io::loader::LoadedTarget,
+    layers: usize,
+    block_size: usize,
+    intermediate_size: Option<usize>,
+    seed: u64,
+) -> Result<crate::models::drafter::Drafter> {
+    let mask_token_id = default_mask_token(&lt.tokenizer)
+        .context("the target has no unused special token for a mask")?;
+    let shape = DrafterShape {
+        layers,
+        block_size,
+        mask_token_id,
+        intermediate_size,
+        target_layer_ids: None,
+    };
+    let cfg = drafter_config(&lt.target, &shape)?;
+    let store = crate::io::weights::TensorStore::new(
+        random_weights(&cfg, seed)?,
+        lt.target.dtype,
+        lt.target.device.clone(),
+    );
+    crate::models::drafter::Drafter::load(cfg, &store, &lt.target)
+}

@@ -1,0 +1,272 @@
+//! The host side of a forward ([`Target::prepare`]): token ids, RoPE rows, the attention
+//! rule (one key interval per row, an additive mask, or each row's key runs) and, for hybrid
+//! targets, each new row's parent, copied to the device once.
+
+use anyhow::{bail, Context, Result};
+use candle_core::Tensor;
+use dflash_core::visibility::Visibility;
+
+use super::{Mixer, Target};
+use crate::cpu::row_attention::{self, KeyRuns};
+use crate::layers::attention::{mask_tensor_cols, mask_tensors};
+use crate::layers::rope::RopeTables;
+use crate::ops::interval_softmax::RowIntervals;
+
+/// The parent of each new row for linear-attention layers: its nearest visible earlier new
+/// row under the mask (causal: the previous row; tree: its parent node), `None` for a row
+/// that sees no earlier new row.
+pub(super) fn parents_from_mask(mask: &Visibility, cache_len: usize) -> Vec<Option<usize>> {
+    (0..mask.rows)
+        .map(|i| (0..i).rev().find(|&j| mask.get(i, cache_len + j)))
+        .collect()
+}
+
+/// A forward's inputs on the device ([`Target::prepare`]).
+pub struct ForwardInputs {
+    /// Token ids `[b · n]`.
+    pub(super) ids: Tensor,
+    pub(super) rope: RopeTables,
+    /// The attention rule: one interval of keys per row where every row has one (the fused
+    /// softmax), else the additive mask `[n, cache + n]` (one sequence) or
+    /// `[b, 1, 1, n, cache + n]` in the compute dtype of the attention scores (f32; f64 for f64
+    /// models). The fixed layout always has the additive mask (the captured buffer).
+    pub(super) mask: AttnMask,
+    /// Each row's visible keys, for [`crate::cpu::row_attention`] (f32 CPU inference of one
+    /// sequence with at most [`crate::cpu::row_attention::MAX_ROWS`] rows; else `None`).
+    pub(super) runs: Option<KeyRuns>,
+    /// Linear-attention parents of the new rows (hybrid targets only).
+    pub(super) parents: Vec<Option<usize>>,
+    pub(super) b: usize,
+    pub(super) n: usize,
+    /// The cache length the mask was built for.
+    pub(super) cache_len: usize,
+    pub(super) layout: CacheLayout,
+}
+
+impl ForwardInputs {
+    /// Rows per sequence.
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// Copy these fixed-layout inputs into `dst`'s device buffers, in place (the buffers a
+    /// captured forward reads): same row count and capacity, another cache length.
+    /// Example: the AR step at cache 40 captured; `prepare(.., 41, Some(cap)).write_into(&mut
+    /// captured)` makes a replay compute the step at cache 41.
+    pub fn write_into(&self, dst: &mut ForwardInputs) -> Result<()> {
+        let (CacheLayout::Fixed { index: si, cap: sc }, CacheLayout::Fixed { index: di, cap: dc }) =
+            (&self.layout, &dst.layout)
+        else {
+            bail!("write_into: both inputs must have the fixed layout");
+        };
+        if sc != dc || self.n != dst.n || self.b != dst.b {
+            bail!(
+                "write_into: {} rows at capacity {sc} into buffers of {} rows at capacity {dc}",
+                self.n,
+                dst.n
+            );
+        }
+        for (src, d) in [
+            (&self.ids, &dst.ids),
+            (&self.rope.cos, &dst.rope.cos),
+            (&self.rope.sin, &dst.rope.sin),
+            (self.mask.additive()?, dst.mask.additive()?),
+            (si, di),
+        ] {
+            d.slice_set(src, 0, 0)?;
+        }
+        dst.cache_len = self.cache_len;
+        Ok(())
+    }
+}
+
+/// A forward's attention rule on the device ([`ForwardInputs`]).
+#[derive(Debug, Clone)]
+pub(super) enum AttnMask {
+    Additive(Tensor),
+    Intervals(RowIntervals),
+}
+
+impl AttnMask {
+    pub(super) fn additive(&self) -> Result<&Tensor> {
+        match self {
+            AttnMask::Additive(t) => Ok(t),
+            AttnMask::Intervals(_) => bail!("an interval mask has no additive buffer"),
+        }
+    }
+}
+
+/// Which keys each query row of a forward sees: the mask, and each row's key runs where
+/// [`crate::cpu::row_attention`] runs the attention.
+#[derive(Clone, Copy)]
+pub(super) struct Keys<'a> {
+    pub(super) mask: &'a AttnMask,
+    pub(super) runs: Option<&'a KeyRuns>,
+}
+
+/// Where a forward writes its new rows' K/V and which cache columns it attends over.
+#[derive(Debug, Clone)]
+pub enum CacheLayout {
+    /// After the committed rows, into a cache that grows as needed; attention over
+    /// `[cache | new]`, the mask's `cache + n` columns.
+    Append,
+    /// The same rows (`cache .. cache + n`), written through a device index into a cache of
+    /// exactly `cap` rows ([`KvCache::reserve_exact`]); attention over all `cap` rows, the mask
+    /// `[n, cap]` hiding the columns past the new rows. Every shape is fixed by `n` and `cap`,
+    /// so a captured forward can be replayed at any cache length (CUDA graphs).
+    /// Example: cache 37, n 16, cap 64 → rows 37..53 written, mask columns 53..64 hidden.
+    Fixed {
+        /// `[1, hkv, n, head_dim]` u32: the row of each new K/V element.
+        index: Tensor,
+        cap: usize,
+    },
+}
+
+impl Target {
+    /// The host side of a forward: token ids, RoPE rows and the attention rule copied to the
+    /// device (and, for hybrid targets, each new row's parent). Everything after it
+    /// ([`Target::forward_prepared`]) runs on device tensors, which is what a CUDA graph can
+    /// capture. `tokens`, `positions` and `masks` as [`Target::forward_batch`], `cache_len`
+    /// the cache's length.
+    ///
+    /// `cap`: `None` appends the new rows to a growing cache ([`CacheLayout::Append`]);
+    /// `Some(cap)` is the fixed layout ([`CacheLayout::Fixed`]): one sequence of an
+    /// attention-only target, its `n` new rows at cache rows `cache_len ..` of a cache of
+    /// exactly `cap` rows, attention over all of them with the columns past the visibility
+    /// hidden.
+    /// Examples: one AR step on a 512-row cache, `cap` `None`: ids `[t]`, RoPE rows of
+    /// position 512, mask `[1, 513]` all visible; the same step with `cap` 1024: mask
+    /// `[1, 1024]` with columns 0..=512 visible, index rows all 512.
+    pub fn prepare(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        masks: &[Visibility],
+        cache_len: usize,
+        cap: Option<usize>,
+    ) -> Result<ForwardInputs> {
+        if let Some(cap) = cap {
+            if self.is_hybrid() {
+                bail!("fixed-shape forwards need an attention-only target: the linear-attention layers of this hybrid target keep a state, not rows");
+            }
+            if masks.len() != 1 {
+                bail!("a fixed-shape forward is for one sequence");
+            }
+            if cache_len + tokens.len() > cap {
+                bail!(
+                    "a fixed-shape forward of {} rows on a {cache_len}-row cache needs more than its capacity of {cap} rows",
+                    tokens.len()
+                );
+            }
+        }
+        let mask_cols = cap;
+        let b = masks.len();
+        if b == 0
+            || tokens.is_empty()
+            || !tokens.len().is_multiple_of(b)
+            || positions.len() != tokens.len()
+        {
+            bail!(
+                "forward needs one position per token and the same number of tokens per sequence (got {} tokens, {} positions, {b} sequences)",
+                tokens.len(),
+                positions.len()
+            );
+        }
+        let n = tokens.len() / b;
+        if let Some(mask) = masks
+            .iter()
+            .find(|m| m.rows != n || m.cols != cache_len + n)
+        {
+            bail!(
+                "mask is {}x{}, expected {}x{} (new rows x [cache {} | new {}])",
+                mask.rows,
+                mask.cols,
+                n,
+                cache_len + n,
+                cache_len,
+                n
+            );
+        }
+        if b > 1 && self.is_hybrid() {
+            bail!("a batch of {b} sequences needs an attention-only target: the linear-attention layers of this hybrid target keep one sequence's state");
+        }
+        let max_pos = positions.iter().copied().max().unwrap_or(0);
+        if max_pos >= self.config.max_position_embeddings {
+            bail!(
+                "position {max_pos} exceeds the context length ({})",
+                self.config.max_position_embeddings
+            );
+        }
+        self.check_tokens(tokens)?;
+        let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
+        let mut rope = self.rope.tables(positions, self.dtype, &self.device)?;
+        if b > 1 {
+            // [b·n, half] → [b, n, half]: each sequence's rows at their own positions
+            let half = rope.cos.dim(1)?;
+            rope.cos = rope.cos.reshape((b, n, half))?;
+            rope.sin = rope.sin.reshape((b, n, half))?;
+        }
+        let parents = if self.is_hybrid() {
+            parents_from_mask(&masks[0], cache_len)
+        } else {
+            Vec::new()
+        };
+        // in the attention scores' dtype: no cast per layer (−1 kernel per layer)
+        let cd = crate::layers::norm::compute_dtype(self.dtype);
+        let mask = match (mask_cols, masks) {
+            (Some(cols), [one]) => {
+                AttnMask::Additive(mask_tensor_cols(one, cols, cd, &self.device)?)
+            }
+            (Some(_), _) => bail!("a widened mask is for one sequence"),
+            (None, _) => match RowIntervals::from_visibilities(masks, &self.device)? {
+                Some(iv) => AttnMask::Intervals(iv),
+                None => AttnMask::Additive(mask_tensors(masks, cd, &self.device)?),
+            },
+        };
+        // f32 CPU inference of a few rows: each row over its own keys (bit-identical rows
+        // whatever the other rows, e.g. a tree's verify row and the AR step of the same tokens)
+        let runs = match masks {
+            [one]
+                if mask_cols.is_none() && row_attention::serves(&self.device, self.dtype, b, n) =>
+            {
+                Some(KeyRuns::new(one))
+            }
+            _ => None,
+        };
+        let layout = match cap {
+            None => CacheLayout::Append,
+            Some(cap) => CacheLayout::Fixed {
+                index: self.fixed_index(n, cache_len)?,
+                cap,
+            },
+        };
+        Ok(ForwardInputs {
+            ids,
+            rope,
+            mask,
+            runs,
+            parents,
+            b,
+            n,
+            cache_len,
+            layout,
+        })
+    }
+
+    /// The fixed layout's write index `[1, hkv, n, head_dim]`: the cache row of each new K/V
+    /// element (rows `cache_len ..`).
+    fn fixed_index(&self, n: usize, cache_len: usize) -> Result<Tensor> {
+        let (hkv, d) = self
+            .layers
+            .iter()
+            .find_map(|l| match &l.mixer {
+                Mixer::Attention(a) => Some((a.kv_heads, a.head_dim)),
+                Mixer::GatedDeltaNet(_) => None,
+            })
+            .context("the target has no attention layer")?;
+        let index: Vec<u32> = (0..hkv)
+            .flat_map(|_| (0..n).flat_map(move |j| std::iter::repeat_n((cache_len + j) as u32, d)))
+            .collect();
+        Ok(Tensor::from_vec(index, (1, hkv, n, d), &self.device)?)
+    }
+}

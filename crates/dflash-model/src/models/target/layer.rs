@@ -1,0 +1,208 @@
+//! The device side of a forward ([`Target::forward_prepared`]): the decoder layers (softmax
+//! attention or Gated DeltaNet, then the MLP), the cache writes, the taps and the logits.
+
+use anyhow::{bail, Result};
+use candle_core::{Module, Tensor};
+
+use super::inputs::{AttnMask, CacheLayout, ForwardInputs, Keys};
+use super::{Rows, Target, TargetOutput};
+use crate::cache::kv_cache::KvCache;
+use crate::cpu::row_attention::{self, attend_rows};
+use crate::layers::attention::{attend, attend_intervals};
+use crate::layers::gdn::GatedDeltaNet;
+use crate::layers::linear::Linear;
+use crate::layers::mlp::Mlp;
+use crate::layers::norm::RmsNorm;
+use crate::layers::rope::RopeTables;
+
+#[derive(Debug, Clone)]
+pub(super) struct Attention {
+    pub(super) q_proj: Linear,
+    pub(super) k_proj: Linear,
+    pub(super) v_proj: Linear,
+    pub(super) o_proj: Linear,
+    pub(super) q_norm: Option<RmsNorm>,
+    pub(super) k_norm: Option<RmsNorm>,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) head_dim: usize,
+    pub(super) gated: bool,
+}
+
+impl Attention {
+    pub(super) fn forward(
+        &self,
+        x: &Tensor,
+        rope: &RopeTables,
+        keys: Keys,
+        layout: &CacheLayout,
+        cache: &mut KvCache,
+        layer: usize,
+    ) -> Result<Tensor> {
+        let (b, n, _) = x.dims3()?;
+        let split = |t: Tensor, h: usize, norm: &Option<RmsNorm>| -> Result<Tensor> {
+            let t = t.reshape((b, n, h, self.head_dim))?;
+            let t = match norm {
+                Some(nm) => nm.forward(&t)?,
+                None => t,
+            };
+            Ok(t.transpose(1, 2)?)
+        };
+        // 1. projections → [b, heads, n, d]; qwen3 normalises each head before RoPE
+        let (q, gate) = if self.gated {
+            // q_proj yields [query | gate] per head
+            let qg = self
+                .q_proj
+                .forward(x)?
+                .reshape((b, n, self.heads, 2 * self.head_dim))?;
+            let gate = qg.narrow(3, self.head_dim, self.head_dim)?.reshape((
+                b,
+                n,
+                self.heads * self.head_dim,
+            ))?;
+            let q = qg.narrow(3, 0, self.head_dim)?.contiguous()?.reshape((
+                b,
+                n,
+                self.heads * self.head_dim,
+            ))?;
+            (split(q, self.heads, &self.q_norm)?, Some(gate))
+        } else {
+            (
+                split(self.q_proj.forward(x)?, self.heads, &self.q_norm)?,
+                None,
+            )
+        };
+        let k = split(self.k_proj.forward(x)?, self.kv_heads, &self.k_norm)?;
+        let v = split(self.v_proj.forward(x)?, self.kv_heads, &None)?;
+        // 2. RoPE at each row's own position
+        let q = rope.apply(&q)?;
+        let k = rope.apply(&k)?;
+        // 3. cache: [cache rows | new rows] (fixed layout: all `cap` rows)
+        let (k, v) = match layout {
+            CacheLayout::Append => cache.append(layer, &k, &v)?,
+            CacheLayout::Fixed { index, cap } => cache.write_fixed(layer, &k, &v, index, *cap)?,
+        };
+        // 4. masked attention, grouped K/V
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let o = match (keys.runs, keys.mask) {
+            (Some(r), _) if row_attention::applies(&q) => attend_rows(&q, &k, &v, r, scale)?,
+            (_, AttnMask::Intervals(iv)) => attend_intervals(&q, &k, &v, iv, scale)?,
+            (_, AttnMask::Additive(m)) => attend(&q, &k, &v, m, scale)?,
+        };
+        let o = match gate {
+            Some(g) => (o * candle_nn::ops::sigmoid(&g)?)?,
+            None => o,
+        };
+        Ok(self.o_proj.forward(&o)?)
+    }
+}
+
+/// The token mixer of a layer: softmax attention or Gated DeltaNet (hybrid targets).
+#[derive(Debug, Clone)]
+pub(super) enum Mixer {
+    Attention(Attention),
+    GatedDeltaNet(GatedDeltaNet),
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct DecoderLayer {
+    pub(super) input_layernorm: RmsNorm,
+    pub(super) mixer: Mixer,
+    pub(super) post_attention_layernorm: RmsNorm,
+    pub(super) mlp: Mlp,
+}
+
+impl Target {
+    /// The device side of [`Target::forward_batch`]: the layers, the cache writes, the taps
+    /// and the logits of `rows` from prepared inputs. Copies nothing from the host except
+    /// the row index of [`Rows::These`].
+    pub fn forward_prepared(
+        &self,
+        inputs: &ForwardInputs,
+        cache: &mut KvCache,
+        taps: &[usize],
+        rows: &Rows,
+    ) -> Result<TargetOutput> {
+        let ForwardInputs {
+            ids,
+            rope,
+            mask,
+            runs,
+            parents,
+            b,
+            n,
+            cache_len,
+            layout,
+        } = inputs;
+        let (b, n) = (*b, *n);
+        if cache.len() != *cache_len {
+            bail!(
+                "inputs prepared for a {cache_len}-row cache, the cache has {} rows",
+                cache.len()
+            );
+        }
+        if let Some(&bad) = taps.iter().find(|&&t| t >= self.layers.len()) {
+            bail!(
+                "tap {bad} is out of range: the target has {} layers",
+                self.layers.len()
+            );
+        }
+        let mut x =
+            self.embed_tokens
+                .index_select(ids, 0)?
+                .reshape((b, n, self.config.hidden_size))?;
+        let mut tap_out = vec![None; taps.len()];
+        for (i, layer) in self.layers.iter().enumerate() {
+            let hn = layer.input_layernorm.forward(&x)?;
+            let h = match &layer.mixer {
+                Mixer::Attention(a) => a.forward(
+                    &hn,
+                    rope,
+                    Keys {
+                        mask,
+                        runs: runs.as_ref(),
+                    },
+                    layout,
+                    cache,
+                    i,
+                )?,
+                Mixer::GatedDeltaNet(g) => {
+                    g.forward(&hn, parents, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
+                }
+            };
+            let x1 = (x + h)?;
+            let m = layer
+                .mlp
+                .forward(&layer.post_attention_layernorm.forward(&x1)?)?;
+            x = (x1 + m)?;
+            for (slot, _) in taps.iter().enumerate().filter(|(_, &t)| t == i) {
+                tap_out[slot] = Some(x.clone());
+            }
+        }
+        cache.commit(n);
+        let sel = match rows {
+            Rows::None => None,
+            Rows::All => Some(x.clone()),
+            Rows::Last => Some(x.narrow(1, n - 1, 1)?),
+            Rows::These(r) => {
+                if let Some(&bad) = r.iter().find(|&&i| i >= n) {
+                    bail!("logit row {bad} is out of range for {n} rows");
+                }
+                let idx = Tensor::from_vec(
+                    r.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+                    r.len(),
+                    &self.device,
+                )?;
+                Some(x.index_select(&idx, 1)?)
+            }
+        };
+        let logits = match sel {
+            Some(s) => Some(self.lm_head(&self.norm.forward(&s)?)?),
+            None => None,
+        };
+        Ok(TargetOutput {
+            logits,
+            taps: tap_out.into_iter().map(|t| t.unwrap()).collect(),
+        })
+    }
+}

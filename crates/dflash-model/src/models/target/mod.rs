@@ -1,0 +1,345 @@
+//! The target model: one decoder over every family (llama, qwen2, qwen3, qwen3_5 hybrids),
+//! with the forward speculative decoding needs.
+//!
+//! `forward(tokens, positions, mask over [cache | new rows], cache, taps, rows)` returns the
+//! logits of the requested rows and the requested taps. Tap `i` is the output of decoder
+//! layer `i` (see [`dflash_core::taps`]). Layers hold weights only; the cache, the mask and
+//! the positions are arguments, so the same forward serves prefill, AR decode, chain verify
+//! and tree verify. A forward is two halves: [`Target::prepare`] (`inputs.rs`: the host
+//! side, ids, RoPE rows and the attention rule copied to the device) and
+//! [`Target::forward_prepared`] (`layer.rs`: the layers on device tensors, what a CUDA graph
+//! captures).
+
+mod inputs;
+mod layer;
+
+pub use inputs::{CacheLayout, ForwardInputs};
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Module, Tensor, D};
+use dflash_core::config::TargetConfig;
+use dflash_core::visibility::Visibility;
+
+use crate::cache::kv_cache::KvCache;
+use crate::io::weights::TensorStore;
+use crate::layers::gdn::{GatedDeltaNet, GdnCache, GdnDims};
+use crate::layers::linear::Linear;
+use crate::layers::mlp::{load_linear, Mlp};
+use crate::layers::norm::RmsNorm;
+use crate::layers::rope::Rope;
+use crate::models::families::{spec_for, FamilySpec};
+use layer::{Attention, DecoderLayer, Mixer};
+
+/// Which rows get logits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rows {
+    None,
+    Last,
+    All,
+    These(Vec<usize>),
+}
+
+#[derive(Clone)]
+pub struct TargetOutput {
+    /// `[rows, vocab]`, f32 (`[b, rows, vocab]` from [`Target::forward_batch`]).
+    pub logits: Option<Tensor>,
+    /// One `[n, hidden]` tensor per requested tap, in request order (`[b, n, hidden]` from
+    /// [`Target::forward_batch`]).
+    pub taps: Vec<Tensor>,
+}
+
+impl TargetOutput {
+    /// A batch of one sequence as [`Target::forward`] returns it: logits `[rows, vocab]`,
+    /// taps `[n, hidden]` (views of the batch's tensors).
+    pub fn one_sequence(self) -> Result<TargetOutput> {
+        Ok(TargetOutput {
+            logits: self.logits.map(|l| l.squeeze(0)).transpose()?,
+            taps: self
+                .taps
+                .into_iter()
+                .map(|t| t.squeeze(0))
+                .collect::<candle_core::Result<_>>()?,
+        })
+    }
+}
+
+pub struct Target {
+    pub config: TargetConfig,
+    pub spec: FamilySpec,
+    embed_tokens: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rope: Rope,
+    /// Chain forwards of at least this many rows run the chunked Gated DeltaNet algorithm
+    /// (no per-row states kept: prefill); shorter ones and trees the recurrent one.
+    pub gdn_chunk_min_rows: usize,
+    pub dtype: DType,
+    pub device: Device,
+    /// Tensor names the model took from its file(s).
+    pub loaded_tensors: Vec<String>,
+    /// Tensor names present in the file(s) that the model ignored.
+    pub ignored_tensors: Vec<String>,
+}
+
+impl Target {
+    /// Build a target from HF-named weights (`model.layers.{i}.self_attn.q_proj.weight`, …).
+    pub fn load(config: TargetConfig, store: &TensorStore) -> Result<Self> {
+        config.validate()?;
+        let spec = spec_for(&config)?;
+        let (h, nh, nkv, hd) = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_kv_heads(),
+            config.head_dim(),
+        );
+        let eps = config.rms_norm_eps;
+        let zc = spec.zero_centred_norm;
+        let norm = |name: &str, dim: usize| -> Result<RmsNorm> {
+            let w = store.get(name, &[dim])?;
+            Ok(if zc {
+                RmsNorm::zero_centred(w, eps)
+            } else {
+                RmsNorm::new(w, eps)
+            })
+        };
+        let q_out = if spec.gated_q { 2 * nh * hd } else { nh * hd };
+        let types = config.resolved_layer_types();
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for (i, ty) in types.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let mixer = if ty == "linear_attention" {
+                let dims = GdnDims {
+                    hk: config.linear_num_key_heads.unwrap_or(0),
+                    hv: config.linear_num_value_heads.unwrap_or(0),
+                    dk: config.linear_key_head_dim.unwrap_or(0),
+                    dv: config.linear_value_head_dim.unwrap_or(0),
+                    kernel: config.linear_conv_kernel_dim.unwrap_or(0),
+                };
+                Mixer::GatedDeltaNet(GatedDeltaNet::load(
+                    store,
+                    &format!("{p}.linear_attn"),
+                    h,
+                    dims,
+                    eps,
+                )?)
+            } else {
+                let a = format!("{p}.self_attn");
+                let qk_norm = |n: &str| -> Result<Option<RmsNorm>> {
+                    Ok(if spec.qk_norm {
+                        Some(norm(&format!("{a}.{n}.weight"), hd)?)
+                    } else {
+                        None
+                    })
+                };
+                Mixer::Attention(Attention {
+                    q_proj: load_linear(store, &format!("{a}.q_proj"), q_out, h, spec.qkv_bias)?,
+                    k_proj: load_linear(store, &format!("{a}.k_proj"), nkv * hd, h, spec.qkv_bias)?,
+                    v_proj: load_linear(store, &format!("{a}.v_proj"), nkv * hd, h, spec.qkv_bias)?,
+                    o_proj: load_linear(store, &format!("{a}.o_proj"), h, nh * hd, false)?,
+                    q_norm: qk_norm("q_norm")?,
+                    k_norm: qk_norm("k_norm")?,
+                    heads: nh,
+                    kv_heads: nkv,
+                    head_dim: hd,
+                    gated: spec.gated_q,
+                })
+            };
+            layers.push(DecoderLayer {
+                input_layernorm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                mixer,
+                post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                mlp: Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?,
+            });
+        }
+        let embed_tokens = store.get("model.embed_tokens.weight", &[config.vocab_size, h])?;
+        let lm_head = match store.get_opt("lm_head.weight", &[config.vocab_size, h])? {
+            Some(w) => w,
+            None if config.tie_word_embeddings || !store.contains("lm_head.weight") => {
+                embed_tokens.clone()
+            }
+            None => bail!("missing tensor 'lm_head.weight'"),
+        };
+        // partial RoPE rotates the first head_dim · partial_rotary_factor features (qwen3_5)
+        let rotary = ((hd as f64 * config.rotary_fraction()) as usize) & !1;
+        let rope = Rope::new(rotary, config.rope_theta());
+        Ok(Self {
+            spec,
+            embed_tokens,
+            layers,
+            norm: norm("model.norm.weight", h)?,
+            lm_head: Linear::new(lm_head, None),
+            rope,
+            gdn_chunk_min_rows: 64,
+            dtype: store.dtype,
+            device: store.device.clone(),
+            loaded_tensors: store.used(),
+            ignored_tensors: store.unused(),
+            config,
+        })
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        let mut c = KvCache::new(self.layers.len());
+        for (i, l) in self.layers.iter().enumerate() {
+            if let Mixer::GatedDeltaNet(g) = &l.mixer {
+                c.set_gdn(i, GdnCache::new(g.dims));
+            }
+        }
+        c
+    }
+    /// An empty batched cache of `b` sequences with room for `cap` rows (attention-only
+    /// targets; see [`KvCache::batched`]).
+    pub fn new_batched_cache(&self, b: usize, cap: usize) -> Result<KvCache> {
+        if self.is_hybrid() {
+            bail!("a batched cache needs an attention-only target: the linear-attention layers of this hybrid target keep one sequence's state");
+        }
+        let shapes: Vec<Option<(usize, usize)>> = self
+            .layers
+            .iter()
+            .map(|_| Some((self.config.num_kv_heads(), self.config.head_dim())))
+            .collect();
+        Ok(KvCache::batched(&shapes, b, cap, self.dtype, &self.device)?)
+    }
+    /// True when some layers are linear attention (their state is not a K/V row per token).
+    pub fn is_hybrid(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| matches!(l.mixer, Mixer::GatedDeltaNet(_)))
+    }
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+    pub fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+    pub fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    /// Every token id inside the vocabulary, or an error naming the first that is not.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if let Some(&bad) = tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            bail!(
+                "token id {bad} is outside the vocabulary ({})",
+                self.config.vocab_size
+            );
+        }
+        Ok(())
+    }
+
+    /// Token embeddings `[1, n, hidden]` (the drafter embeds its block with these).
+    pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        self.check_tokens(tokens)?;
+        let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
+        Ok(self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?)
+    }
+
+    /// The LM head on already-normalised hidden states `[.., hidden]` → f32 logits (f64 for f64 models).
+    pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.logits_with(&self.lm_head, hidden)
+    }
+
+    /// `head`'s logits of normalised hidden states, cast to the compute dtype as
+    /// [`Self::lm_head`]'s (a drafter's vocabulary head, [`crate::models::draft_vocab`]).
+    pub fn logits_with(&self, head: &Linear, hidden: &Tensor) -> Result<Tensor> {
+        Ok(head
+            .forward(hidden)?
+            .to_dtype(crate::layers::norm::compute_dtype(self.dtype))?)
+    }
+
+    /// The LM head over vocabulary rows `ids` only (a drafter's vocabulary subset,
+    /// [`crate::models::draft_vocab`]): column `j` of its logits is bit-identical to column `ids[j]`
+    /// of [`Self::lm_head`]'s (the same weight row, the same product).
+    pub fn lm_head_rows(&self, ids: &[u32]) -> Result<Linear> {
+        let idx = Tensor::new(ids, &self.device)?;
+        Ok(Linear::new(
+            self.lm_head.weight().index_select(&idx, 0)?.contiguous()?,
+            None,
+        ))
+    }
+
+    /// The LM head in the weights' dtype (training: the drafter's fused loss reads bf16
+    /// logits; [`Self::lm_head`] is the same matmul cast to the compute dtype).
+    pub fn lm_head_native(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(self.lm_head.forward(hidden)?)
+    }
+
+    /// The embedding table (frozen, shared with the drafter).
+    pub fn embedding_table(&self) -> &Tensor {
+        &self.embed_tokens
+    }
+
+    /// One forward of one sequence: `tokens` at `positions`, `mask` over `[cache | new rows]`.
+    /// Logits are `[rows, vocab]`, taps `[n, hidden]`.
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        mask: &Visibility,
+        cache: &mut KvCache,
+        taps: &[usize],
+        rows: &Rows,
+    ) -> Result<TargetOutput> {
+        let out = self.forward_batch(
+            tokens,
+            positions,
+            std::slice::from_ref(mask),
+            cache,
+            taps,
+            rows,
+        )?;
+        out.one_sequence()
+    }
+
+    /// The target rule in its plain form: `tokens` follow the cache's rows, at positions
+    /// `cache.len() ..`, causal ([`dflash_core::visibility::causal`]). A prompt's prefill on an
+    /// empty cache, or one AR step. Example: cache 3, tokens [a, b] → positions 3, 4; b sees
+    /// rows 0..=4.
+    pub fn forward_causal(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        taps: &[usize],
+        rows: &Rows,
+    ) -> Result<TargetOutput> {
+        let (c, n) = (cache.len(), tokens.len());
+        let positions: Vec<usize> = (c..c + n).collect();
+        self.forward(
+            tokens,
+            &positions,
+            &dflash_core::visibility::causal(c, n),
+            cache,
+            taps,
+            rows,
+        )
+    }
+
+    /// One forward of `b = masks.len()` sequences that each feed `n` new rows on top of their
+    /// own row of a batched cache (`[b, hkv, len, d]`): `tokens` and `positions` are `b · n`,
+    /// sequence-major; `masks[s]` is sequence `s`'s `[n, cache | n]` visibility. Logits are
+    /// `[b, rows, vocab]`, taps `[b, n, hidden]`. Batches of more than one sequence need an
+    /// attention-only target (a linear-attention state is one sequence's).
+    /// Example: 2 sequences, one new token each at positions [7, 3] over a 9-column cache:
+    /// `tokens = [t0, t1]`, `masks[0]` shows columns 2..=9, `masks[1]` columns 6..=9.
+    pub fn forward_batch(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        masks: &[Visibility],
+        cache: &mut KvCache,
+        taps: &[usize],
+        rows: &Rows,
+    ) -> Result<TargetOutput> {
+        let inputs = self.prepare(tokens, positions, masks, cache.len(), None)?;
+        self.forward_prepared(&inputs, cache, taps, rows)
+    }
+
+    /// Concatenate taps along the hidden axis: the drafter's context feature input `[n, L*h]`.
+    pub fn concat_taps(taps: &[Tensor]) -> Result<Tensor> {
+        Ok(Tensor::cat(taps, D::Minus1)?)
+    }
+}

@@ -1,0 +1,90 @@
+//! What dflash-rs's own kernels ([`crate::ops::block_softmax`], [`crate::ops::cross_entropy`],
+//! [`crate::ops::interval_softmax`]) read besides their tensors: a CPU input's contiguous values
+//! (the CPU twins), and small u32 tables (the intervals) kept on the host and on the GPU.
+
+use candle_core::{CpuStorage, Device, Layout, Result, Tensor, WithDType};
+
+/// A small u32 table a kernel reads (one interval, or two, per row): on the host for the CPU
+/// twins and the checks, and uploaded once to a GPU device. Example: the intervals of 8,192
+/// block rows, 32 KiB, one upload per training forward and layer rule.
+#[derive(Debug, Clone)]
+pub(crate) struct KernelTable {
+    pub host: Vec<u32>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    device: Option<Tensor>,
+}
+
+impl KernelTable {
+    pub fn new(host: Vec<u32>, device: &Device) -> Result<Self> {
+        let device = match device {
+            Device::Cpu => None,
+            d => Some(Tensor::from_vec(host.clone(), host.len(), d)?),
+        };
+        Ok(Self { host, device })
+    }
+
+    /// `f` on the table's GPU copy; `what` names the table in the error.
+    #[cfg(feature = "cuda")]
+    pub fn with_cuda_view<R>(
+        &self,
+        what: &str,
+        f: impl FnOnce(candle_core::cuda_backend::cudarc::driver::CudaView<'_, u32>) -> Result<R>,
+    ) -> Result<R> {
+        let Some(t) = &self.device else {
+            candle_core::bail!("{what}: not on the GPU of the op")
+        };
+        let (s, l) = t.storage_and_layout();
+        match &*s {
+            candle_core::Storage::Cuda(c) => f(crate::cuda::ptx::view::<u32>(c, l, what)?),
+            _ => candle_core::bail!("{what}: not on the GPU of the op"),
+        }
+    }
+}
+
+/// The `l.shape().elem_count()` values of a contiguous input, from its offset; `what` names it
+/// in the error. Example: a `[2, 3]` narrow of rows 1..3 of a `[3, 3]` tensor → values 3..9.
+pub(crate) fn cpu_slice<'a, T: WithDType>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    what: &str,
+) -> Result<&'a [T]> {
+    if !l.is_contiguous() {
+        candle_core::bail!("{what}: contiguous input expected");
+    }
+    let o = l.start_offset();
+    Ok(&s.as_slice::<T>()?[o..o + l.shape().elem_count()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_docs_example() {
+        let t = Tensor::arange(0f32, 9.0, &Device::Cpu)
+            .unwrap()
+            .reshape((3, 3))
+            .unwrap()
+            .narrow(0, 1, 2)
+            .unwrap();
+        let (s, l) = t.storage_and_layout();
+        let candle_core::Storage::Cpu(c) = &*s else {
+            unreachable!()
+        };
+        let v = cpu_slice::<f32>(c, l, "x").unwrap();
+        assert_eq!(v, &[3.0, 4.0, 5.0, 6.0, 7.0, 8.0]);
+        let tt = Tensor::zeros((2, 3), candle_core::DType::F32, &Device::Cpu)
+            .unwrap()
+            .t()
+            .unwrap();
+        let (s, l) = tt.storage_and_layout();
+        let candle_core::Storage::Cpu(c) = &*s else {
+            unreachable!()
+        };
+        let err = cpu_slice::<f32>(c, l, "x").unwrap_err();
+        assert!(
+            err.to_string().contains("x: contiguous input expected"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,13 @@
+//! Tensor ops of our own, each with its closed-form backward where training needs one and a
+//! CPU twin for every CUDA kernel: the softmax family, the fused cross-entropy, the drafter's
+//! block attention, the target's interval softmax, and the comparison every parity check uses.
+
+pub mod block_attention;
+pub mod block_softmax;
+pub mod compare;
+pub mod cross_entropy;
+pub mod interval_softmax;
+pub(crate) mod kernel_io;
+pub mod log_softmax;
+pub mod softmax;
+pub mod with_grad;
