@@ -260,7 +260,7 @@ for p in "$@"; do
     restore) restore ;;
     profile) profile ;;
     probes) probes ;;
-    check) need_gguf; $B check device --target "$TARGET" --device "$DEV" > "$OUT/check-device.md" 2>&1
+    check) need_gguf; $B check device --target "$TARGET" --device "$DEV" --dtype bf16 > "$OUT/check-device.md" 2>&1
            log "check: exit $?, $(grep -ci fail "$OUT/check-device.md") lines mention a failure" ;;
     data) data ;;
     plan) plan ;;

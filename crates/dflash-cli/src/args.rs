@@ -49,10 +49,10 @@ pub fn note_cuda_graphs(on: bool, device: &candle_core::Device) {
 }
 
 impl DeviceArgs {
+    /// The dtype and the device (opened; phase profiling synchronises it).
     pub fn parse(&self) -> Result<(candle_core::DType, candle_core::Device)> {
-        Ok((
-            dflash_model::dtype(&self.dtype)?,
-            dflash_model::device(&self.device)?,
-        ))
+        let device = dflash_model::device(&self.device)?;
+        dflash_model::profile::sync_on(&device);
+        Ok((dflash_model::dtype(&self.dtype)?, device))
     }
 }

@@ -1,6 +1,7 @@
-//! `dflash-rs bench`: time per output token per mode, the round's time split, and one target
+//! `dflash-rs bench decode`: time per output token per mode, the round's time split, and one target
 //! forward against its physical floor (weight bytes / measured memory bandwidth).
 
+use crate::args::DeviceArgs;
 use crate::timing::{copy_bandwidth, median, time};
 
 use anyhow::Result;
@@ -8,8 +9,8 @@ use candle_core::DType;
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::{decode_secs_per_token, summarize};
-use dflash_engine::{generate_with, DecodeOptions, Request};
-use dflash_eval::harness::{mode_specs, parse_modes, EvalDrafter};
+use dflash_engine::{generate, DecodeOptions, ModeName, Request};
+use dflash_eval::harness::{mode_specs, EvalDrafter};
 use dflash_model::io::loader::load_target;
 use dflash_model::models::drafter::Drafter;
 use dflash_model::Rows;
@@ -21,20 +22,19 @@ pub struct BenchArgs {
     /// A drafter directory (default for speculative modes: a seeded random 5-layer drafter).
     #[arg(long)]
     pub drafter: Option<std::path::PathBuf>,
-    #[arg(long, default_value = "ar,dflash,ddtree:8")]
-    pub modes: String,
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    /// Comma-separated: ar, dflash, ddtree:N.
+    #[arg(long, value_delimiter = ',', default_value = "ar,dflash,ddtree:8")]
+    pub modes: Vec<ModeName>,
     #[arg(long, default_value_t = 256)]
-    pub new_tokens: usize,
+    pub max_new_tokens: usize,
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
-    /// Verify forwards replayed from CUDA graphs (fixed-shape cache): off, on, or both (each
-    /// mode twice, the graphed rows marked "+graphs"). Attention-only targets.
-    #[arg(long, default_value = "off", value_parser = ["off", "on", "both"])]
-    pub cuda_graphs: String,
+    /// Replay the verify forwards from CUDA graphs (see `generate --cuda-graphs`); the rows
+    /// are marked "+graphs". Attention-only targets.
+    #[arg(long)]
+    pub cuda_graphs: bool,
+    #[command(flatten)]
+    pub run_on: DeviceArgs,
 }
 
 const PROMPTS: &[&str] = &[
@@ -45,12 +45,10 @@ const PROMPTS: &[&str] = &[
 ];
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    let dev = dflash_model::device(&a.device)?;
-    crate::args::note_cuda_graphs(a.cuda_graphs != "off", &dev);
-    let dtype = dflash_model::dtype(&a.dtype)?;
+    let (dtype, dev) = a.run_on.parse()?;
+    crate::args::note_cuda_graphs(a.cuda_graphs, &dev);
     let lt = load_target(&a.target, dtype, &dev)?;
     eprintln!("{lt}");
-    let modes = parse_modes(&a.modes)?;
     let drafter = match &a.drafter {
         Some(d) => Drafter::load_dir(d, &lt.target)?,
         None => dflash_model::models::drafter_init::random_drafter(&lt, 5, 16, None, 0)?,
@@ -59,27 +57,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         label: "d".into(),
         drafter,
     }];
-    let specs = mode_specs(&modes, &drafters, None)?;
+    let specs = mode_specs(&a.modes, &drafters, None)?;
     println!(
         "target {} on {} ({}), {} new tokens × {} prompts, median of {}",
         a.target,
-        a.device,
-        a.dtype,
-        a.new_tokens,
+        a.run_on.device,
+        a.run_on.dtype,
+        a.max_new_tokens,
         PROMPTS.len(),
         a.repeats
     );
     println!("| mode | ms / output token | tok/s | τ pooled | draft ms/round | verify ms/round | other ms/round |");
     println!("|---|---|---|---|---|---|---|");
-    let graph_settings: &[bool] = match a.cuda_graphs.as_str() {
-        "on" => &[true],
-        "both" => &[false, true],
-        _ => &[false],
-    };
-    let runs = specs
-        .iter()
-        .flat_map(|spec| graph_settings.iter().map(move |&g| (spec, g)));
-    for (spec, cuda_graphs) in runs {
+    let cuda_graphs = a.cuda_graphs;
+    for spec in &specs {
         let opts = DecodeOptions { cuda_graphs };
         let d = spec.drafter.map(|i| &drafters[i].drafter);
         let mut tpot = Vec::new();
@@ -90,12 +81,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 let ids = lt.tokenizer.prompt_ids(p, true)?;
                 let req = Request {
                     prompt_ids: ids,
-                    max_new_tokens: a.new_tokens,
+                    max_new_tokens: a.max_new_tokens,
                     sampling: SamplingParams::default(),
                     stop_ids: vec![],
                 };
                 dev.synchronize()?;
-                let g = generate_with(&lt.target, d, spec.mode, &req, opts)?;
+                let g = generate(&lt.target, d, spec.mode, &req, opts)?;
                 dev.synchronize()?;
                 tpots.push(decode_secs_per_token(g.decode_secs, g.new_tokens.len()));
                 rounds.push(g.rounds);

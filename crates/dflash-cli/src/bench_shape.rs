@@ -1,10 +1,11 @@
-//! `dflash-rs bench-shape`: the costs of a target shape we have no weights for (random weights,
+//! `dflash-rs bench shape`: the costs of a target shape we have no weights for (random weights,
 //! e.g. Qwen3-8B), and the speed-up they imply: one AR step, one chain verify of B rows, one
 //! DDTree verify per budget, one draft block of a random drafter, against the memory floor.
 //! Cost model: speed-up(τ) = τ · T_AR / (T_draft + T_verify).
 
 use std::time::Instant;
 
+use crate::args::DeviceArgs;
 use crate::timing::{copy_bandwidth, time};
 
 use anyhow::{Context, Result};
@@ -13,7 +14,7 @@ use clap::Args;
 use dflash_core::config::{DrafterConfig, TargetConfig};
 use dflash_core::tree::DraftTree;
 use dflash_model::io::weights::TensorStore;
-use dflash_model::models::drafter::Drafter;
+use dflash_model::models::drafter::{BlockAt, Drafter};
 use dflash_model::models::drafter_init::{drafter_config, DrafterShape};
 use dflash_model::{Rows, Target};
 
@@ -25,26 +26,21 @@ const QWEN3_8B: &str = r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": 
  "vocab_size": 151936, "tie_word_embeddings": false, "attention_bias": false,
  "torch_dtype": "bfloat16"}"#;
 
-/// The random-weight model `bench-shape` and `bench-train` build.
+/// The random-weight model `bench shape` and `bench train` build.
 #[derive(Args, Debug)]
 pub struct ShapeArgs {
     /// `qwen3-8b`, or a config.json of any supported family.
     #[arg(long, default_value = "qwen3-8b")]
     pub shape: String,
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    #[command(flatten)]
+    pub run_on: DeviceArgs,
 }
 
 impl ShapeArgs {
     /// The device, the dtype and the shape's target config.
     pub fn parse(&self) -> Result<(candle_core::Device, DType, TargetConfig)> {
-        Ok((
-            dflash_model::device(&self.device)?,
-            dflash_model::dtype(&self.dtype)?,
-            shape_config(&self.shape)?,
-        ))
+        let (dtype, device) = self.run_on.parse()?;
+        Ok((device, dtype, shape_config(&self.shape)?))
     }
 }
 
@@ -169,10 +165,12 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         None,
         &mut dcache,
         &ctx_feats.narrow(1, 0, n - 1)?,
-        5,
-        n - 1,
-        a.block_size,
-        a.block_size - 1,
+        BlockAt {
+            token: 5,
+            anchor: n - 1,
+            block: a.block_size,
+            positions: a.block_size - 1,
+        },
     )?;
 
     let verify = |cache: &mut dflash_model::KvCache, tree: &DraftTree| -> Result<()> {
@@ -202,10 +200,12 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
             None,
             &mut dcache,
             &last_row,
-            5,
-            n,
-            a.block_size,
-            a.block_size - 1,
+            BlockAt {
+                token: 5,
+                anchor: n,
+                block: a.block_size,
+                positions: a.block_size - 1,
+            },
         )?;
         let _ = Drafter::argmax_rows(&l)?;
         Ok(())
@@ -243,7 +243,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
 
     println!(
         "random {}-shaped target on {} ({}), {}-row cache, median of {}; {:.2} B parameters, floor {:.3} ms per forward ({:.0} GB/s copy bandwidth)\n",
-        a.model.shape, a.model.device, a.model.dtype, n, a.repeats, params as f64 / 1e9, floor * 1e3, bw / 1e9
+        a.model.shape, a.model.run_on.device, a.model.run_on.dtype, n, a.repeats, params as f64 / 1e9, floor * 1e3, bw / 1e9
     );
     println!("| forward | rows | ms | × floor |\n|---|---|---|---|");
     let row = |name: &str, rows: usize, t: f64| {

@@ -1,23 +1,22 @@
-//! `dflash-rs bench-train`: the drafter's training step on a target shape with random weights
+//! `dflash-rs bench train`: the drafter's training step on a target shape with random weights
 //! (e.g. Qwen3-8B, which we have no weights for): time of the target features and of one
 //! optimizer step, block rows and supervised tokens per second, matmul FLOPs
 //! (`dflash_train::flops`) and MFU against a stated peak. The step is the trainer's own:
-//! `target_features`, `block_loss`, backward, `apply_update`.
+//! `target_features`, `block_loss`, backward, `TrainableDrafter::update`.
 
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
 use dflash_model::models::drafter_init::random_weights;
-use dflash_model::profile::Phases;
 use dflash_train::anchors;
 use dflash_train::config::{LossKind, TrainConfig};
 use dflash_train::data::Sequence;
 use dflash_train::flops::{step_flops, RowShape};
-use dflash_train::loss::{block_loss, target_features};
+use dflash_train::loss::{block_loss, target_features, Objective};
 use dflash_train::optim::AdamW;
 use dflash_train::pack::TrainingRow;
-use dflash_train::trainer::{apply_update, TrainableDrafter};
+use dflash_train::trainer::TrainableDrafter;
 
 use crate::bench_shape::{random_target, ShapeArgs};
 use crate::timing::median;
@@ -80,7 +79,6 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
     let shape = RowShape::of(&row.segs, &anchors, a.block_size);
     let flops = step_flops(&dcfg, taps.len(), vocab, &shape);
 
-    let mut ph = Phases::with(false, &dev);
     let (mut t_feats, mut t_step) = (Vec::new(), Vec::new());
     for i in 0..=a.steps {
         dev.synchronize()?;
@@ -89,27 +87,15 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
         dev.synchronize()?;
         let tf = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        let out = block_loss(
-            &td.drafter,
-            &target,
-            &row,
-            &feats,
-            &anchors,
-            a.block_size,
-            tc.gamma,
-            LossKind::Ce,
-        )?;
+        let obj = Objective {
+            block: a.block_size,
+            gamma: tc.gamma,
+            kind: LossKind::Ce,
+        };
+        let out = block_loss(&td.drafter, &target, &row, &feats, &anchors, obj)?;
         let mut grads = vec![None; td.params.len()];
         td.accumulate_grads(&mut grads, &out.loss.backward()?)?;
-        apply_update(
-            &mut td,
-            &target,
-            &mut opt,
-            grads,
-            tc.grad_clip,
-            1e-4,
-            &mut ph,
-        )?;
+        td.update(&target, &mut opt, grads, tc.grad_clip, 1e-4)?;
         dev.synchronize()?;
         if i > 0 {
             t_feats.push(tf);
@@ -120,7 +106,7 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
     let tflops = flops / ts / 1e12;
     println!(
         "random {}-shaped target, {}-layer drafter (B = {}) on {} ({}): one row of {} tokens, {} anchors, median of {}\n",
-        a.model.shape, a.draft_layers, a.block_size, a.model.device, a.model.dtype, a.seq_len, anchors.len(), a.steps
+        a.model.shape, a.draft_layers, a.block_size, a.model.run_on.device, a.model.run_on.dtype, a.seq_len, anchors.len(), a.steps
     );
     println!("| quantity | value |\n|---|---|");
     println!("| target features (forward, taps) | {:.1} ms |", tf * 1e3);

@@ -1,4 +1,4 @@
-//! `dflash-rs device-check`: does a device compute what the CPU computes?
+//! `dflash-rs check device`: does a device compute what the CPU computes?
 //!
 //! On one prompt: CPU f32 vs device logits and taps (f32 ≤ 1e-4 relative; bf16 reported with
 //! its own tolerance), AR on the device equals AR on the CPU at T = 0, DFlash and DDTree on the
@@ -13,8 +13,10 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use candle_core::{DType, Device};
 use clap::Args;
+
+use crate::args::DeviceArgs;
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, generate_with, DecodeOptions, Generation, Mode, Request};
+use dflash_engine::{generate, DecodeOptions, Generation, Mode, Request};
 use dflash_model::io::loader::{load_target, LoadedTarget};
 use dflash_model::models::drafter::Drafter;
 use dflash_model::ops::compare::rel_err;
@@ -27,13 +29,14 @@ pub struct DeviceCheckArgs {
     /// A drafter directory (default: a seeded random 2-layer drafter).
     #[arg(long)]
     pub drafter: Option<PathBuf>,
-    #[arg(long, default_value = "cuda")]
-    pub device: String,
     #[arg(long, default_value_t = 32)]
-    pub new_tokens: usize,
+    pub max_new_tokens: usize,
     /// Relative tolerance for bf16 logits and taps against CPU f32.
     #[arg(long, default_value_t = 5e-2)]
     pub bf16_tolerance: f64,
+    /// The device under test; f32 is always compared, `--dtype bf16` adds the bf16 rows.
+    #[command(flatten)]
+    pub run_on: DeviceArgs,
 }
 
 /// Relative error of a device forward against the CPU one: (logits, worst tap).
@@ -54,7 +57,7 @@ fn drafter_for(lt: &LoadedTarget, dir: &Option<PathBuf>) -> Result<Drafter> {
 }
 
 /// The fused training kernels on `dev` against the CPU ([`dflash_model::cuda::kernel_check`]), as
-/// device-check rows; `print` also prints them (with an error if one fails).
+/// `check device` rows; `print` also prints them (with an error if one fails).
 pub fn kernel_rows(dev: &Device, print: bool) -> Result<Vec<(String, bool, String)>> {
     let rows: Vec<(String, bool, String)> =
         dflash_model::cuda::kernel_check::compare_with_cpu(dev)?
@@ -79,11 +82,15 @@ pub fn kernel_rows(dev: &Device, print: bool) -> Result<Vec<(String, bool, Strin
 }
 
 pub fn run(a: DeviceCheckArgs) -> Result<()> {
-    let dev = dflash_model::device(&a.device)?;
+    let (dtype, dev) = a.run_on.parse()?;
     let kernels = kernel_rows(&dev, false)?;
     let cpu = load_target(&a.target, DType::F32, &Device::Cpu)?;
     let gpu32 = load_target(&a.target, DType::F32, &dev)?;
-    let gpu16 = load_target(&a.target, DType::BF16, &dev)?;
+    let gpu16 = match dtype {
+        DType::F32 => None,
+        DType::BF16 => Some(load_target(&a.target, DType::BF16, &dev)?),
+        other => bail!("check device compares f32 and bf16, not {other:?}"),
+    };
     eprintln!("{gpu32}");
     let d_cpu = drafter_for(&cpu, &a.drafter)?;
     let taps = d_cpu.target_layer_ids.clone();
@@ -94,7 +101,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
         let mut c = lt.target.new_cache();
         lt.target.forward_causal(&prompt, &mut c, &taps, &Rows::All)
     };
-    let (oc, o32, o16) = (fwd(&cpu)?, fwd(&gpu32)?, fwd(&gpu16)?);
+    let (oc, o32) = (fwd(&cpu)?, fwd(&gpu32)?);
     let mut rows: Vec<(String, bool, String)> = kernels;
     let (l32, t32) = rel_logits_taps(&o32, &oc)?;
     rows.push((
@@ -102,25 +109,28 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
         l32 <= 1e-4 && t32 <= 1e-4,
         format!("logits {l32:.1e}, taps {t32:.1e} (≤ 1e-4)"),
     ));
-    let (l16, t16) = rel_logits_taps(&o16, &oc)?;
-    rows.push((
-        "bf16 logits and taps vs CPU f32".into(),
-        l16 <= a.bf16_tolerance && t16 <= a.bf16_tolerance,
-        format!(
-            "logits {l16:.1e}, taps {t16:.1e} (≤ {:.0e})",
-            a.bf16_tolerance
-        ),
-    ));
+    if let Some(g16) = &gpu16 {
+        let (l16, t16) = rel_logits_taps(&fwd(g16)?, &oc)?;
+        rows.push((
+            "bf16 logits and taps vs CPU f32".into(),
+            l16 <= a.bf16_tolerance && t16 <= a.bf16_tolerance,
+            format!(
+                "logits {l16:.1e}, taps {t16:.1e} (≤ {:.0e})",
+                a.bf16_tolerance
+            ),
+        ));
+    }
     let req = Request {
         prompt_ids: prompt.clone(),
-        max_new_tokens: a.new_tokens,
+        max_new_tokens: a.max_new_tokens,
         sampling: SamplingParams::default(),
         stop_ids: vec![],
     };
-    let ar_cpu = generate(&cpu.target, None, Mode::Ar, &req)?;
-    for (name, lt) in [("f32", &gpu32), ("bf16", &gpu16)] {
+    let ar_cpu = generate(&cpu.target, None, Mode::Ar, &req, Default::default())?;
+    let precisions = std::iter::once(("f32", &gpu32)).chain(gpu16.as_ref().map(|g| ("bf16", g)));
+    for (name, lt) in precisions {
         let t = Instant::now();
-        let ar = generate(&lt.target, None, Mode::Ar, &req)?;
+        let ar = generate(&lt.target, None, Mode::Ar, &req, Default::default())?;
         let ar_secs = t.elapsed().as_secs_f64();
         if name == "f32" {
             rows.push((
@@ -154,7 +164,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
             let plain = match drafter {
                 None => ar.clone(),
                 Some(d) => {
-                    let g = generate(&lt.target, Some(d), mode, &req)?;
+                    let g = generate(&lt.target, Some(d), mode, &req, Default::default())?;
                     let same = g.new_tokens == ar.new_tokens;
                     rows.push((
                         format!("{} = AR on device ({name})", mode.name()),
@@ -173,7 +183,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                     g
                 }
             };
-            let g = generate_with(&lt.target, drafter, mode, &req, graphs)?;
+            let g = generate(&lt.target, drafter, mode, &req, graphs)?;
             let same = g.new_tokens == plain.new_tokens;
             rows.push((
                 format!("{} with CUDA graphs = without ({name})", mode.name()),

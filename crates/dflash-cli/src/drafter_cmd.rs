@@ -11,7 +11,8 @@ use dflash_model::io::loader::load_target;
 use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::Drafter;
 use dflash_model::models::drafter_init::{
-    default_mask_token, drafter_config, random_weights, save_drafter, DrafterShape,
+    default_mask_token, drafter_config, random_weights, save_drafter, write_drafter_into,
+    DrafterShape,
 };
 
 #[derive(Subcommand, Debug)]
@@ -120,12 +121,17 @@ fn export(a: ExportArgs) -> Result<()> {
         .into_iter()
         .map(|(n, t)| Ok((n, t.to_dtype(dtype)?)))
         .collect::<Result<_>>()?;
-    save_drafter(&a.out, &cfg, &w)?;
+    // the weights and the training record in one directory, put in place atomically
     let rec = a.from.join("training.json");
-    if rec.exists() {
-        let bytes = std::fs::read(&rec)?;
-        dflash_train::data::write_atomic(&a.out.join("training.json"), &bytes)?;
-    }
+    dflash_model::io::atomic::replace_dir(&a.out, |tmp| {
+        write_drafter_into(tmp, &cfg, &w)?;
+        if rec.exists() {
+            std::fs::copy(&rec, tmp.join("training.json"))
+                .with_context(|| format!("copying {}", rec.display()))?;
+        }
+        Ok(())
+    })
+    .with_context(|| format!("writing the drafter to {}", a.out.display()))?;
     let bytes = std::fs::metadata(a.out.join("model.safetensors"))?.len();
     eprintln!(
         "wrote {}: {} tensors as {torch_name}, {:.1} MB",

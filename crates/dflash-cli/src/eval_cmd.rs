@@ -5,9 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use dflash_engine::ModeName;
 use dflash_eval::datasets;
-use dflash_eval::doctor::{doctor, Tolerances};
-use dflash_eval::harness::{mode_specs, parse_modes, run, EvalDrafter, EvalOptions};
+use dflash_eval::doctor::{doctor, Status, Tolerances};
+use dflash_eval::harness::{mode_specs, run, EvalDrafter, EvalOptions};
 use dflash_eval::report::{lossless_check, mode_reports, write, Report};
 use dflash_model::io::loader::{dflash_home, load_target};
 use dflash_model::models::drafter::Drafter;
@@ -25,8 +26,12 @@ pub struct EvalArgs {
     #[arg(long)]
     pub limit: Option<usize>,
     /// Comma-separated: ar, dflash, ddtree:N.
-    #[arg(long, default_value = "ar,dflash,ddtree:8,ddtree:32")]
-    pub modes: String,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ar,dflash,ddtree:8,ddtree:32"
+    )]
+    pub modes: Vec<ModeName>,
     #[arg(long)]
     pub block_size: Option<usize>,
     #[arg(long, default_value_t = 2048)]
@@ -50,7 +55,6 @@ pub struct EvalArgs {
 
 pub fn run_eval(a: EvalArgs) -> Result<()> {
     let sampling = a.sampling.params()?;
-    let modes = parse_modes(&a.modes)?;
     let time_limit = match a.time_limit {
         Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t)),
         Some(t) => bail!("--time-limit must be a number of seconds >= 0 (got {t})"),
@@ -78,7 +82,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             drafter: Drafter::load_dir(&dir, &lt.target)?,
         });
     }
-    let specs = mode_specs(&modes, &drafters, a.block_size)?;
+    let specs = mode_specs(&a.modes, &drafters, a.block_size)?;
     if a.block_size.is_some_and(|b| b < 2) {
         bail!("--block-size must be >= 2");
     }
@@ -176,7 +180,11 @@ pub fn run_doctor(a: DoctorArgs) -> Result<()> {
         for c in &r.checks {
             println!(
                 "[{}] {}: {}",
-                if c.pass { "PASS" } else { "FAIL" },
+                match c.status {
+                    Status::Pass => "PASS",
+                    Status::Fail => "FAIL",
+                    Status::Skipped => "SKIP",
+                },
                 c.name,
                 c.detail
             );
@@ -188,7 +196,7 @@ pub fn run_doctor(a: DoctorArgs) -> Result<()> {
     if !r.ok() {
         bail!(
             "doctor found {} problem(s)",
-            r.checks.iter().filter(|c| !c.pass).count()
+            r.checks.iter().filter(|c| c.failed()).count()
         );
     }
     Ok(())

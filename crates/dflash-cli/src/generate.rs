@@ -5,18 +5,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use dflash_core::stats::summarize;
-use dflash_engine::{generate_with, Mode as EngineMode, Request};
+use dflash_engine::{generate, DecodeOptions, Mode, ModeName, Request};
 use dflash_model::io::loader::load_target;
 use dflash_model::models::drafter::Drafter;
-
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum Mode {
-    Ar,
-    Dflash,
-    Ddtree,
-}
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -31,18 +24,17 @@ pub struct GenerateArgs {
     pub chat: bool,
     #[arg(long, default_value_t = 128)]
     pub max_new_tokens: usize,
-    /// Decoding mode; `dflash` and `ddtree` use --drafter, or the drafter that ships for the target.
-    #[arg(long, value_enum)]
-    pub mode: Option<Mode>,
+    /// Decoding mode: ar, dflash or ddtree:N (N = the tree's node budget); the speculative
+    /// modes use --drafter, or the drafter that ships for the target [default: dflash with
+    /// --drafter, else ar].
+    #[arg(long)]
+    pub mode: Option<ModeName>,
     /// A z-lab-format drafter directory (config.json + model.safetensors).
     #[arg(long)]
     pub drafter: Option<PathBuf>,
     /// Block size for DFlash/DDTree (default: the drafter's).
     #[arg(long)]
     pub block_size: Option<usize>,
-    /// DDTree node budget (non-root nodes per tree).
-    #[arg(long, default_value_t = 8)]
-    pub budget: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -63,41 +55,33 @@ pub struct GenerateArgs {
 pub fn run(a: GenerateArgs) -> Result<()> {
     let sampling = a.sampling.params()?;
     let mode = a.mode.unwrap_or(if a.drafter.is_some() {
-        Mode::Dflash
+        ModeName::Dflash
     } else {
-        Mode::Ar
+        ModeName::Ar
     });
     let drafter_dir = match (&a.drafter, mode) {
         (Some(d), _) => Some(d.clone()),
-        (None, Mode::Ar) => None,
+        (None, ModeName::Ar) => None,
         (None, _) => match dflash_model::io::loader::bundled_drafter(&a.target) {
             Some(d) => {
                 eprintln!("using the bundled drafter {}", d.display());
                 Some(d)
             }
             None => bail!(
-                "--mode {} needs --drafter DIR (no drafter ships for target '{}')",
-                if mode == Mode::Dflash {
-                    "dflash"
-                } else {
-                    "ddtree"
-                },
+                "--mode {mode} needs --drafter DIR (no drafter ships for target '{}')",
                 a.target
             ),
         },
     };
-    if mode != Mode::Ar && matches!(a.block_size, Some(0) | Some(1)) {
+    if mode.is_speculative() && matches!(a.block_size, Some(0) | Some(1)) {
         bail!("--block-size must be >= 2 for speculative modes");
-    }
-    if mode == Mode::Ddtree && a.budget == 0 {
-        bail!("--budget must be >= 1");
     }
     let (dtype, device) = a.run_on.parse()?;
     crate::args::note_cuda_graphs(a.cuda_graphs, &device);
     let loaded = load_target(&a.target, dtype, &device)?;
     eprintln!("{loaded}");
-    let drafter = match (&drafter_dir, mode) {
-        (Some(dir), Mode::Dflash | Mode::Ddtree) => {
+    let drafter = match &drafter_dir {
+        Some(dir) if mode.is_speculative() => {
             let d = Drafter::load_dir(dir, &loaded.target)?;
             eprintln!(
                 "loaded drafter {}: {} layers, block {}, taps {:?}, mask token {}",
@@ -117,15 +101,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let block = a
         .block_size
         .unwrap_or_else(|| drafter.as_ref().map(|d| d.block_size).unwrap_or(1));
-    let engine_mode = match mode {
-        Mode::Ar => EngineMode::Ar,
-        Mode::Dflash => EngineMode::Chain { block },
-        Mode::Ddtree => EngineMode::Tree {
-            block,
-            budget: a.budget,
-            top_k: 0,
-        },
-    };
+    let engine_mode = mode.with_block(block);
     let prompt_ids = loaded.tokenizer.prompt_ids(&a.prompt, a.chat)?;
     let req = Request {
         prompt_ids: prompt_ids.clone(),
@@ -134,17 +110,17 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         stop_ids: loaded.tokenizer.stop_ids.clone(),
     };
     let t = Instant::now();
-    let opts = dflash_engine::DecodeOptions {
+    let opts = DecodeOptions {
         cuda_graphs: a.cuda_graphs,
     };
-    let g = generate_with(&loaded.target, drafter.as_ref(), engine_mode, &req, opts)?;
+    let g = generate(&loaded.target, drafter.as_ref(), engine_mode, &req, opts)?;
     let seconds = t.elapsed().as_secs_f64();
     let text = loaded.tokenizer.decode(&g.new_tokens)?;
     let stats = summarize(&[&g.rounds]);
     let mode_name = engine_mode.name();
     // the AR baseline: the same request, the same loop with block 1
-    let vs_ar = if a.compare_ar && mode != Mode::Ar {
-        let ar = generate_with(&loaded.target, None, EngineMode::Ar, &req, opts)?;
+    let vs_ar = if a.compare_ar && mode.is_speculative() {
+        let ar = generate(&loaded.target, None, Mode::Ar, &req, opts)?;
         let per_token = |x: &dflash_engine::Generation| {
             dflash_core::stats::decode_secs_per_token(x.decode_secs, x.new_tokens.len())
         };
@@ -167,7 +143,10 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             "tokens_per_second": g.new_tokens.len() as f64 / seconds,
             "mode": mode_name,
             "block_size": block,
-            "budget": (mode == Mode::Ddtree).then_some(a.budget),
+            "budget": match mode {
+                ModeName::Ddtree(n) => Some(n),
+                _ => None,
+            },
             "stopped_by_token": g.stopped_by_token,
             "speedup_vs_ar": vs_ar.map(|v| v.0),
             "equals_ar": vs_ar.and_then(|v| v.1),

@@ -5,6 +5,8 @@ mod bench_cmd;
 mod bench_shape;
 mod bench_train;
 mod check_cmd;
+#[cfg(test)]
+mod cli_doc;
 mod drafter_cmd;
 mod eval_cmd;
 mod generate;
@@ -39,25 +41,49 @@ enum Command {
     Eval(eval_cmd::EvalArgs),
     /// Check a target/drafter pair for train/eval mismatches.
     Doctor(eval_cmd::DoctorArgs),
-    /// Compare a device (CUDA) against the CPU: logits, taps, AR, DFlash/DDTree losslessness.
-    DeviceCheck(check_cmd::DeviceCheckArgs),
-    /// Time per output token per mode, and one target forward against its floor.
-    Bench(bench_cmd::BenchArgs),
-    /// Costs of a model shape without weights (random, e.g. Qwen3-8B) and the speed-up model.
-    BenchShape(bench_shape::BenchShapeArgs),
-    /// The drafter's training step on a model shape without weights: time, tokens/s, MFU.
-    BenchTrain(bench_train::BenchTrainArgs),
+    /// Benchmarks: decoding per mode, model shapes without weights, the training step.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Checks of the machine: a device against the CPU.
+    #[command(subcommand)]
+    Check(CheckCommand),
     /// Drafter checkpoints.
     #[command(subcommand)]
     Drafter(drafter_cmd::DrafterCommand),
 }
 
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Time per output token per mode, and one target forward against its floor.
+    Decode(bench_cmd::BenchArgs),
+    /// Costs of a model shape without weights (random, e.g. Qwen3-8B) and the speed-up model.
+    Shape(bench_shape::BenchShapeArgs),
+    /// The drafter's training step on a model shape without weights: time, tokens/s, MFU.
+    Train(bench_train::BenchTrainArgs),
+}
+
+#[derive(Subcommand)]
+enum CheckCommand {
+    /// Compare a device (CUDA) against the CPU: kernels, logits, taps, AR, DFlash/DDTree
+    /// losslessness, CUDA graphs.
+    Device(check_cmd::DeviceCheckArgs),
+}
+
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    // `DFLASH_PROFILE=1`: time per phase (dflash_model::profile), printed by the long loops
+    let phases = dflash_model::profile::requested().then_some(dflash_model::profile::PhaseLayer);
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(filter),
         )
-        .with_writer(std::io::stderr)
+        .with(phases)
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -67,11 +93,11 @@ fn main() {
         Command::Train(a) => train_cmd::run_train(a),
         Command::TrainCurves(a) => train_cmd::run_curves(a),
         Command::Eval(a) => eval_cmd::run_eval(a),
-        Command::DeviceCheck(a) => check_cmd::run(a),
-        Command::Bench(a) => bench_cmd::run(a),
-        Command::BenchShape(a) => bench_shape::run(a),
-        Command::BenchTrain(a) => bench_train::run(a),
         Command::Doctor(a) => eval_cmd::run_doctor(a),
+        Command::Bench(BenchCommand::Decode(a)) => bench_cmd::run(a),
+        Command::Bench(BenchCommand::Shape(a)) => bench_shape::run(a),
+        Command::Bench(BenchCommand::Train(a)) => bench_train::run(a),
+        Command::Check(CheckCommand::Device(a)) => check_cmd::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

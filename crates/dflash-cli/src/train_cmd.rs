@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use dflash_model::io::loader::load_target;
-use dflash_train::config::TrainConfig;
+use dflash_train::config::{machine_fields, TrainConfig};
 use dflash_train::prompts;
 use dflash_train::regen::{regenerate, RegenOptions};
-use dflash_train::trainer::{train_with_limits, RunLimits};
+use dflash_train::trainer::{train, TrainOptions};
 
 #[derive(Subcommand, Debug)]
 pub enum DataCommand {
@@ -51,7 +51,7 @@ fn run_vocab(a: VocabArgs) -> Result<()> {
         coverage: Some(coverage),
         token_ids: ids,
     };
-    dflash_train::data::write_atomic(&a.out, serde_json::to_string(&v)?.as_bytes())?;
+    dflash_model::io::atomic::write_file(&a.out, serde_json::to_string(&v)?.as_bytes())?;
     eprintln!(
         "wrote {}: {} tokens, {:.2} % of the supervised tokens",
         a.out.display(),
@@ -134,7 +134,7 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
         )?);
         text.push('\n');
     }
-    dflash_train::data::write_atomic(&a.out, text.as_bytes())?;
+    dflash_model::io::atomic::write_file(&a.out, text.as_bytes())?;
     eprintln!("wrote {}: {} prompts", a.out.display(), all.len());
     Ok(())
 }
@@ -240,24 +240,34 @@ pub struct TrainArgs {
     /// are the same either way; only the time changes.
     #[arg(long, default_value_t = 8192)]
     pub feature_cache_mb: usize,
+    #[command(flatten)]
+    pub run_on: DeviceArgs,
 }
 
 pub fn run_train(a: TrainArgs) -> Result<()> {
     let cfg: TrainConfig = match &a.config {
-        Some(p) => serde_json::from_str(
-            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-        )
-        .with_context(|| format!("{} is not a valid training config", p.display()))?,
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", p.display()))?;
+            if let [field, ..] = machine_fields(&json)[..] {
+                anyhow::bail!(
+                    "{}: '{field}' is not part of a training recipe: pass --{field} on the command line",
+                    p.display()
+                );
+            }
+            serde_json::from_value(json)
+                .with_context(|| format!("{} is not a valid training config", p.display()))?
+        }
         None => TrainConfig::default(),
     };
     cfg.validate()?;
-    let lt = load_target(
-        &a.target,
-        dflash_model::dtype(&cfg.dtype)?,
-        &dflash_model::device(&cfg.device)?,
-    )?;
+    let (dtype, device) = a.run_on.parse()?;
+    let lt = load_target(&a.target, dtype, &device)?;
     eprintln!("{lt}");
-    let limits = RunLimits {
+    let opts = TrainOptions {
+        resume: a.resume,
         time_limit: match a.time_limit {
             Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t)),
             Some(t) => anyhow::bail!("--time-limit must be a number of seconds >= 0 (got {t})"),
@@ -265,7 +275,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         },
         feature_cache_bytes: a.feature_cache_mb.saturating_mul(1 << 20),
     };
-    let s = train_with_limits(&lt, &a.data, &a.out, cfg, a.resume, limits)?;
+    let s = train(&lt, &a.data, &a.out, cfg, &opts)?;
     if let Some(m) = &s.last {
         eprintln!(
             "trained {} steps: loss {:.4}, simulated τ {:.2}{}",
@@ -299,7 +309,7 @@ pub fn run_curves(a: CurvesArgs) -> Result<()> {
         a.run.clone()
     };
     let ms = dflash_train::trainer::read_metrics(&m)?;
-    dflash_train::data::write_atomic(&a.out, dflash_train::curves::svg(&ms).as_bytes())?;
+    dflash_model::io::atomic::write_file(&a.out, dflash_train::curves::svg(&ms).as_bytes())?;
     eprintln!("wrote {}: {} steps", a.out.display(), ms.len());
     Ok(())
 }

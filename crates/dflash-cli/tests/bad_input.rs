@@ -1,31 +1,11 @@
 //! Bad input gets a clear message that names the problem and a non-zero exit; never a panic.
 
-use std::path::{Path, PathBuf};
+use dflash_testkit::{fixtures, smollm2_gguf as smollm2, tmp as tmpdir};
+use std::path::Path;
 use std::process::Command;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dflash-rs"))
-}
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
-}
-fn smollm2() -> PathBuf {
-    let home = std::env::var("DFLASH_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/dflash-rs"));
-    let p = home.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-assets.sh smollm2",
-        p.display()
-    );
-    p
-}
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dflash-bad-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 /// Run `generate` with `args`; it must fail with a message containing `needle`.
 fn fails_with(args: &[&str], needle: &str) {
@@ -150,6 +130,17 @@ fn prompt_longer_than_context() {
     );
 }
 
+/// A mode outside the one grammar (`ar | dflash | ddtree:N`, N >= 1) is refused with it.
+#[test]
+fn unknown_mode() {
+    for mode in ["ddtree", "ddtree:0", "beam"] {
+        fails_with(
+            &["--target", "smollm2-135m", "--prompt", "hi", "--mode", mode],
+            "ar, dflash or ddtree:N",
+        );
+    }
+}
+
 #[test]
 fn invalid_sampling_parameters() {
     let t = smollm2();
@@ -231,7 +222,7 @@ fn bad_draft_vocabulary() {
         "--prompt",
         "hi",
         "--mode",
-        "ddtree",
+        "ddtree:8",
         "--drafter",
         d.to_str().unwrap(),
     ];
@@ -298,7 +289,7 @@ fn speculative_generate_uses_the_bundled_drafter_and_compares_with_ar() {
             "--target",
             "qwen2.5-coder-0.5b",
             "--mode",
-            "ddtree",
+            "ddtree:8",
             "--prompt",
             "x",
         ],

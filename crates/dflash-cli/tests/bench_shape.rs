@@ -1,4 +1,4 @@
-//! `bench-shape` and `bench-train` on a small random Qwen3 shape (the Qwen3-8B shape runs on
+//! `bench shape` and `bench train` on a small random Qwen3 shape (the Qwen3-8B shape runs on
 //! the GPU): every row of the tables and the cost model is printed, bad input is refused by name.
 
 use std::process::Command;
@@ -27,7 +27,7 @@ fn small_shape(name: &str) -> std::path::PathBuf {
 fn bench_shape_reports_every_forward_and_the_cost_model() {
     let cfg = small_shape("bench-shape");
     let o = bin()
-        .args(["bench-shape", "--shape", cfg.to_str().unwrap()])
+        .args(["bench", "shape", "--shape", cfg.to_str().unwrap()])
         .args([
             "--cache",
             "32",
@@ -54,7 +54,7 @@ fn bench_shape_reports_every_forward_and_the_cost_model() {
         assert!(out.contains(row), "missing {row:?} in\n{out}");
     }
     let bad = bin()
-        .args(["bench-shape", "--shape", "/nonexistent/config.json"])
+        .args(["bench", "shape", "--shape", "/nonexistent/config.json"])
         .output()
         .unwrap();
     assert!(!bad.status.success());
@@ -66,7 +66,7 @@ fn bench_train_reports_the_step_and_its_mfu() {
     let cfg = small_shape("bench-train");
     let run = |extra: &[&str]| {
         bin()
-            .args(["bench-train", "--shape", cfg.to_str().unwrap()])
+            .args(["bench", "train", "--shape", cfg.to_str().unwrap()])
             .args([
                 "--seq-len",
                 "40",

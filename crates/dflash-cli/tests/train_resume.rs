@@ -2,18 +2,13 @@
 //! and a training run killed with SIGKILL and resumed reproduces the uninterrupted loss curve
 //! bit for bit (CPU, f32).
 
-use std::path::{Path, PathBuf};
+use dflash_testkit::tmp;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dflash-rs"))
-}
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dflash-resume-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 fn ok(c: &mut Command) {
     let o = c.output().unwrap();

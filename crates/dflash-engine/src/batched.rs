@@ -8,7 +8,7 @@
 //! [`crate::Mode::Ar`] computes for it alone (up to float summation order) and samples with its
 //! own seeded [`Sampler`], so at T = 0 the tokens are the same.
 //!
-//! Scheduling is continuous: whenever an eighth of the slots are free (at the start: all),
+//! Scheduling is continuous: whenever 1/8 of the slots are free (at the start: all),
 //! the next prompts are prefilled, up to 16 per forward in a left-padded batch of their own,
 //! and their K/V rows are copied into the free slots, ending at the cache's current last
 //! column (the cache grows at the front when a prompt is longer than it). Columns no live
@@ -24,7 +24,6 @@ use anyhow::{bail, Result};
 use candle_core::{DType, D};
 use dflash_core::sampling::Sampler;
 use dflash_core::visibility::right_aligned;
-use dflash_model::profile::Phases;
 use dflash_model::{KvCache, Rows, Target};
 
 use crate::decode::check_request;
@@ -94,18 +93,14 @@ pub fn generate_batched(
     if target.is_hybrid() {
         bail!("batched decoding needs an attention-only target: the linear-attention layers of this hybrid target keep one sequence's state (use a batch size of 1)");
     }
-    let mut ph = Phases::new(&target.device);
     let result = Run {
         target,
         requests,
         done: &mut done,
         queue: 0..requests.len(),
-        ph: &mut ph,
     }
     .run(slots);
-    if ph.enabled() {
-        eprintln!("batched decoding, time per phase:\n{}", ph.report());
-    }
+    dflash_model::profile::print_report("batched decoding");
     result
 }
 
@@ -114,7 +109,6 @@ struct Run<'a, F> {
     requests: &'a [Request],
     done: &'a mut F,
     queue: std::ops::Range<usize>,
-    ph: &'a mut Phases,
 }
 
 /// Stop signal: `Err` carries real errors; `Ok(true)` means the caller asked to stop.
@@ -141,6 +135,7 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
     /// Prefill `idx` together (left-padded, right-aligned) into a fresh batched cache; the
     /// sequences with their first token sampled.
     fn prefill(&mut self, idx: &[usize]) -> Result<(KvCache, Vec<Live>)> {
+        let _p = tracing::info_span!(target: "phase", "prefill").entered();
         let p = idx
             .iter()
             .map(|&i| self.requests[i].prompt_ids.len())
@@ -175,7 +170,6 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
                 }
             })
             .collect();
-        self.ph.mark("prefill");
         Ok((cache, live))
     }
 
@@ -199,7 +193,7 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         let mut cache = self.target.new_batched_cache(n_slots, 64)?;
         let mut slot: Vec<Option<Live>> = (0..n_slots).map(|_| None).collect();
         loop {
-            // 1. refill once an eighth of the slots (at the start: all of them) are free
+            // 1. refill once 1/8 of the slots (at the start: all of them) are free
             let free: Vec<usize> = (0..n_slots).filter(|&s| slot[s].is_none()).collect();
             if !free.is_empty()
                 && free.len() * 8 >= n_slots
@@ -220,8 +214,8 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
             // 3. drop the columns no live sequence holds once they are half the cache
             let held = slot.iter().flatten().map(|l| l.held).max().unwrap_or(0);
             if cache.len() >= 64 && cache.len() >= 2 * held {
+                let _p = tracing::info_span!(target: "phase", "compact").entered();
                 cache.drop_front(cache.len() - held)?;
-                self.ph.mark("compact");
             }
         }
     }
@@ -240,6 +234,7 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         let mut free = free.iter();
         for chunk in idx.chunks(PREFILL_CHUNK) {
             let (fresh, live) = self.prefill(chunk)?;
+            let _p = tracing::info_span!(target: "phase", "refill").entered();
             // the chunk's rows end at its last column; the batch's end at the cache's
             if cache.len() < fresh.len() {
                 cache.grow_front(fresh.len() - cache.len())?;
@@ -255,7 +250,6 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
                 }
                 slot[s] = l;
             }
-            self.ph.mark("refill");
         }
         Ok(false)
     }
@@ -264,6 +258,7 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
     /// `Ok(true)`: stop.
     fn step(&mut self, cache: &mut KvCache, slot: &mut [Option<Live>]) -> Stopped {
         let t = cache.len();
+        let phase = tracing::info_span!(target: "phase", "step mask").entered();
         let (mut tokens, mut positions, mut masks) = (Vec::new(), Vec::new(), Vec::new());
         for s in slot.iter() {
             let (tok, held) = s.as_ref().map_or((0, 0), |l| (l.next, l.held));
@@ -271,12 +266,14 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
             positions.push(held);
             masks.push(right_aligned(held, t, 1, 1));
         }
-        self.ph.mark("step mask");
+        drop(phase);
+        let phase = tracing::info_span!(target: "phase", "step forward").entered();
         let out =
             self.target
                 .forward_batch(&tokens, &positions, &masks, cache, &[], &Rows::Last)?;
         let logits = out.logits.unwrap().squeeze(1)?; // [slots, vocab]
-        self.ph.mark("step forward");
+        drop(phase);
+        let phase = tracing::info_span!(target: "phase", "sample").entered();
         let greedy = slot.iter().flatten().all(|l| l.sampler.params.is_greedy());
         let next: Vec<u32> = if greedy {
             // argmax on the device: one token per slot comes back, not the logits
@@ -288,7 +285,7 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
                 .map(|(s, row)| s.as_mut().map_or(0, |l| l.sampler.sample(row)))
                 .collect()
         };
-        self.ph.mark("sample");
+        drop(phase);
         for (s, tok) in slot.iter_mut().zip(next) {
             if let Some(mut l) = s.take() {
                 l.new_tokens.push(tok);

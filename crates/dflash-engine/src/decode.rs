@@ -41,8 +41,10 @@ use dflash_core::stats::RoundOutcome;
 use dflash_core::tree::{top_k_sorted, DraftTree};
 use dflash_model::cuda::graphed::GraphedForward;
 use dflash_model::models::draft_vocab::DraftHead;
-use dflash_model::models::drafter::Drafter;
-use dflash_model::{KvCache, Rows, Target};
+use dflash_model::models::drafter::{BlockAt, Drafter};
+use dflash_model::{KvCache, Rows, Target, TargetOutput};
+
+pub use crate::mode::Mode;
 
 /// One generation request.
 #[derive(Debug, Clone)]
@@ -102,39 +104,6 @@ pub fn compact_cache(cache: &mut KvCache, cache_len: usize, kept: &[usize]) -> R
     Ok(())
 }
 
-/// How each round proposes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum Mode {
-    /// Plain autoregressive decoding: the same loop with block size 1.
-    Ar,
-    /// DFlash: the drafter's argmax chain of `block - 1` tokens.
-    Chain { block: usize },
-    /// DDTree: the best `budget` prefixes of the drafter's `block - 1` distributions, from
-    /// the top `top_k` tokens per depth (0: `min(budget, vocab)`, the paper's rule; 1 forces
-    /// the argmax chain).
-    Tree {
-        block: usize,
-        budget: usize,
-        top_k: usize,
-    },
-}
-
-impl Mode {
-    fn block(&self) -> usize {
-        match *self {
-            Mode::Ar => 1,
-            Mode::Chain { block } | Mode::Tree { block, .. } => block,
-        }
-    }
-    pub fn name(&self) -> String {
-        match *self {
-            Mode::Ar => "ar".into(),
-            Mode::Chain { .. } => "dflash".into(),
-            Mode::Tree { budget, .. } => format!("ddtree:{budget}"),
-        }
-    }
-}
-
 /// How the loop runs its target forwards (not what it computes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DecodeOptions {
@@ -145,198 +114,28 @@ pub struct DecodeOptions {
     pub cuda_graphs: bool,
 }
 
-/// Generate. Modes other than [`Mode::Ar`] need a drafter.
+/// Generate: prefill, then rounds of propose → verify → walk → commit until `max_new_tokens`
+/// or a stop token. Modes other than [`Mode::Ar`] need a drafter.
 pub fn generate(
-    target: &Target,
-    drafter: Option<&Drafter>,
-    mode: Mode,
-    req: &Request,
-) -> Result<Generation> {
-    generate_with(target, drafter, mode, req, DecodeOptions::default())
-}
-
-/// [`generate`] with [`DecodeOptions`].
-pub fn generate_with(
     target: &Target,
     drafter: Option<&Drafter>,
     mode: Mode,
     req: &Request,
     opts: DecodeOptions,
 ) -> Result<Generation> {
-    check_request(target, req)?;
-    if opts.cuda_graphs && target.is_hybrid() {
-        bail!("CUDA graphs need an attention-only target: this hybrid target's linear-attention layers keep a state, not fixed-shape rows");
-    }
-    let block_size = mode.block();
-    if block_size == 0 {
-        bail!("block size must be >= 1");
-    }
-    if let Mode::Tree { budget: 0, .. } = mode {
-        bail!("the tree budget must be >= 1");
-    }
-    let drafter = match (drafter, block_size > 1) {
-        (Some(d), true) => Some(d),
-        (None, true) => bail!("{} needs a drafter", mode.name()),
-        _ => None,
-    };
-    if let Some(d) = drafter {
-        if block_size > d.block_size {
-            tracing::warn!(
-                "block size {block_size} is larger than the drafter's trained block {}",
-                d.block_size
-            );
-        }
-    }
-    let taps: Vec<usize> = drafter
-        .map(|d| d.target_layer_ids.clone())
-        .unwrap_or_default();
-    let mut sampler = Sampler::new(req.sampling);
-    let n = req.prompt_ids.len();
-    let max_len = n + req.max_new_tokens;
-
-    // prefill: the whole prompt, causal, taps of every prompt row
-    let t0 = Instant::now();
-    let mut cache = target.new_cache();
-    let out = target.forward_causal(&req.prompt_ids, &mut cache, &taps, &Rows::Last)?;
-    let first = sampler.sample(&row(out.logits.as_ref().unwrap(), 0)?);
-    let mut ctx = if drafter.is_some() {
-        Some(Target::concat_taps(&out.taps)?.unsqueeze(0)?)
-    } else {
-        None
-    };
-    let mut graphed = if opts.cuda_graphs {
-        // a verify's rows start at the anchor (< max_len); a tree's rows outnumber its depths
-        let rows = match mode {
-            Mode::Tree { budget, .. } => budget + 1,
-            _ => block_size,
-        };
-        Some(GraphedForward::new(&mut cache, max_len + rows, rows)?)
-    } else {
-        None
-    };
-    let prefill_secs = t0.elapsed().as_secs_f64();
-
+    let mut run = Decoding::prefill(target, drafter, mode, req, opts)?;
     let t1 = Instant::now();
-    let mut new_tokens = vec![first];
-    let mut rounds = Vec::new();
-    let mut draft_cache = drafter.map(|d| d.new_cache());
-    // the LM head over the drafter's vocabulary subset, once per decode
-    let head = match drafter.and_then(|d| d.draft_vocab.as_ref()) {
-        Some(v) => Some(DraftHead::new(target, v)?),
-        None => None,
-    };
-    let mut start = n; // position of the anchor
-    let mut stopped = req.stop_ids.contains(&first);
-    while start + 1 < max_len && !stopped {
-        let anchor = *new_tokens.last().unwrap();
-        let depth = block_size.min(max_len - start);
-        // 1. propose
+    while let Some(depth) = run.next_depth() {
         let td = Instant::now();
-        let tree = match (drafter, depth > 1) {
-            (Some(d), true) => {
-                // a tree of `budget` nodes is at most `budget` deep: the distributions below
-                // are never read
-                let positions = match mode {
-                    Mode::Tree { budget, .. } => budget.min(depth - 1),
-                    _ => depth - 1,
-                };
-                let logits = d.draft(
-                    target,
-                    head.as_ref(),
-                    draft_cache.as_mut().unwrap(),
-                    ctx.as_ref().unwrap(),
-                    anchor,
-                    start,
-                    depth,
-                    positions,
-                )?;
-                // logit column → token (the vocabulary head's columns are its subset)
-                let token = |j: u32| head.as_ref().map_or(j, |h| h.token(j));
-                match mode {
-                    Mode::Tree { budget, top_k, .. } => {
-                        let k = if top_k == 0 { budget } else { top_k };
-                        let rows = Drafter::log_probs(&logits)?.to_vec2::<f32>()?;
-                        let top: Vec<Vec<(u32, f32)>> = rows
-                            .iter()
-                            .map(|r| {
-                                let mut t = top_k_sorted(r, k);
-                                t.iter_mut().for_each(|(j, _)| *j = token(*j));
-                                t
-                            })
-                            .collect();
-                        DraftTree::build(anchor, &top, budget)
-                    }
-                    _ => {
-                        let chain: Vec<u32> = Drafter::argmax_rows(&logits)?
-                            .into_iter()
-                            .map(token)
-                            .collect();
-                        DraftTree::chain(anchor, &chain)
-                    }
-                }
-            }
-            _ => DraftTree::chain(anchor, &[]),
-        };
+        let tree = run.propose(depth)?;
         let draft_secs = td.elapsed().as_secs_f64();
-        // 2. verify the whole proposal in one target forward
         let tv = Instant::now();
-        let cache_len = cache.len();
-        let (positions, visibility) = (tree.positions(start), tree.visibility(cache_len));
-        let out = match graphed.as_mut() {
-            Some(g) => g.forward(
-                target,
-                &tree.tokens,
-                &positions,
-                &visibility,
-                &mut cache,
-                &taps,
-            )?,
-            None => target.forward(
-                &tree.tokens,
-                &positions,
-                &visibility,
-                &mut cache,
-                &taps,
-                &Rows::All,
-            )?,
-        };
-        let logits = out.logits.unwrap();
+        let (out, cache_len) = run.verify(&tree)?;
         let verify_secs = tv.elapsed().as_secs_f64();
-        // 3. walk with the target's own samples
         let to = Instant::now();
-        let (path, bonus) =
-            tree.walk(|r| Ok::<u32, anyhow::Error>(sampler.sample(&row(&logits, r)?)))?;
-        // 4. commit, cut at max_new_tokens and at the first stop token
-        let mut produced_tokens: Vec<u32> = path.iter().map(|&r| tree.tokens[r]).collect();
-        produced_tokens.push(bonus);
-        let mut produced = produced_tokens.len().min(max_len - start - 1);
-        if let Some(i) = produced_tokens[..produced]
-            .iter()
-            .position(|t| req.stop_ids.contains(t))
-        {
-            produced = i + 1;
-            stopped = true;
-        }
-        new_tokens.extend_from_slice(&produced_tokens[..produced]);
-        start += produced;
-        // the rows whose K/V stay: the anchor and the committed path before the next anchor
-        let kept: Vec<usize> = std::iter::once(0)
-            .chain(path.iter().copied())
-            .take(produced)
-            .collect();
-        compact_cache(&mut cache, cache_len, &kept)?;
-        if drafter.is_some() && depth > 1 {
-            let idx = Tensor::new(
-                kept.iter().map(|&r| r as u32).collect::<Vec<_>>(),
-                target.embedding_table().device(),
-            )?;
-            ctx = Some(
-                Target::concat_taps(&out.taps)?
-                    .index_select(&idx, 0)?
-                    .unsqueeze(0)?,
-            );
-        }
-        rounds.push(RoundOutcome {
+        let (path, bonus) = run.walk(&tree, &out)?;
+        let produced = run.commit(&tree, &path, bonus, &out, cache_len)?;
+        run.rounds.push(RoundOutcome {
             drafted: tree.len() - 1,
             accepted: path.len(),
             tau_round: produced,
@@ -348,10 +147,258 @@ pub fn generate_with(
         });
     }
     Ok(Generation {
-        new_tokens,
-        rounds,
-        prefill_secs,
+        new_tokens: run.new_tokens,
+        rounds: run.rounds,
+        prefill_secs: run.prefill_secs,
         decode_secs: t1.elapsed().as_secs_f64(),
-        stopped_by_token: stopped,
+        stopped_by_token: run.stopped,
     })
+}
+
+/// The state of one generation between rounds.
+struct Decoding<'a> {
+    target: &'a Target,
+    /// The drafter, when the mode drafts (block > 1).
+    drafter: Option<&'a Drafter>,
+    mode: Mode,
+    req: &'a Request,
+    taps: Vec<usize>,
+    sampler: Sampler,
+    cache: KvCache,
+    /// Fixed-shape verify forwards (`--cuda-graphs`).
+    graphed: Option<GraphedForward>,
+    /// The drafter's cache and its vocabulary head (once per decode).
+    draft_cache: Option<KvCache>,
+    head: Option<DraftHead>,
+    /// Context features committed since the drafter last ran, `[1, m, taps × hidden]`.
+    ctx: Option<Tensor>,
+    /// Position of the anchor: the last committed token, not yet in the target cache.
+    start: usize,
+    new_tokens: Vec<u32>,
+    rounds: Vec<RoundOutcome>,
+    stopped: bool,
+    prefill_secs: f64,
+}
+
+impl<'a> Decoding<'a> {
+    /// Check the request, prefill the whole prompt (causal, taps of every prompt row) and
+    /// sample the first token: the first round's anchor.
+    fn prefill(
+        target: &'a Target,
+        drafter: Option<&'a Drafter>,
+        mode: Mode,
+        req: &'a Request,
+        opts: DecodeOptions,
+    ) -> Result<Self> {
+        check_request(target, req)?;
+        if opts.cuda_graphs && target.is_hybrid() {
+            bail!("CUDA graphs need an attention-only target: this hybrid target's linear-attention layers keep a state, not fixed-shape rows");
+        }
+        let block_size = mode.block();
+        if block_size == 0 {
+            bail!("block size must be >= 1");
+        }
+        if let Mode::Tree { budget: 0, .. } = mode {
+            bail!("the tree budget must be >= 1");
+        }
+        let drafter = match (drafter, block_size > 1) {
+            (Some(d), true) => Some(d),
+            (None, true) => bail!("{} needs a drafter", mode.name()),
+            _ => None,
+        };
+        if let Some(d) = drafter {
+            if block_size > d.block_size {
+                tracing::warn!(
+                    "block size {block_size} is larger than the drafter's trained block {}",
+                    d.block_size
+                );
+            }
+        }
+        let taps: Vec<usize> = drafter
+            .map(|d| d.target_layer_ids.clone())
+            .unwrap_or_default();
+        let mut sampler = Sampler::new(req.sampling);
+        let max_len = req.prompt_ids.len() + req.max_new_tokens;
+
+        let t0 = Instant::now();
+        let mut cache = target.new_cache();
+        let out = target.forward_causal(&req.prompt_ids, &mut cache, &taps, &Rows::Last)?;
+        let first = sampler.sample(&row(out.logits.as_ref().unwrap(), 0)?);
+        let ctx = match drafter {
+            Some(_) => Some(Target::concat_taps(&out.taps)?.unsqueeze(0)?),
+            None => None,
+        };
+        let graphed = if opts.cuda_graphs {
+            // a verify's rows start at the anchor (< max_len); a tree's rows outnumber its depths
+            let rows = match mode {
+                Mode::Tree { budget, .. } => budget + 1,
+                _ => block_size,
+            };
+            Some(GraphedForward::new(&mut cache, max_len + rows, rows)?)
+        } else {
+            None
+        };
+        let prefill_secs = t0.elapsed().as_secs_f64();
+        let head = match drafter.and_then(|d| d.draft_vocab.as_ref()) {
+            Some(v) => Some(DraftHead::new(target, v)?),
+            None => None,
+        };
+        Ok(Self {
+            target,
+            drafter,
+            mode,
+            req,
+            taps,
+            sampler,
+            cache,
+            graphed,
+            draft_cache: drafter.map(|d| d.new_cache()),
+            head,
+            ctx,
+            start: req.prompt_ids.len(),
+            stopped: req.stop_ids.contains(&first),
+            new_tokens: vec![first],
+            rounds: Vec::new(),
+            prefill_secs,
+        })
+    }
+
+    /// The next round's depth (rows of its block, cut at the length cap), or `None` when the
+    /// generation is done.
+    fn next_depth(&self) -> Option<usize> {
+        let max_len = self.req.prompt_ids.len() + self.req.max_new_tokens;
+        (self.start + 1 < max_len && !self.stopped)
+            .then(|| self.mode.block().min(max_len - self.start))
+    }
+
+    /// Stage 1, propose: the drafter's chain or tree below the anchor (AR: the anchor alone).
+    fn propose(&mut self, depth: usize) -> Result<DraftTree> {
+        let anchor = *self.new_tokens.last().unwrap();
+        let d = match (self.drafter, depth > 1) {
+            (Some(d), true) => d,
+            _ => return Ok(DraftTree::chain(anchor, &[])),
+        };
+        // a tree of `budget` nodes is at most `budget` deep: the distributions below are
+        // never read
+        let positions = match self.mode {
+            Mode::Tree { budget, .. } => budget.min(depth - 1),
+            _ => depth - 1,
+        };
+        let logits = d.draft(
+            self.target,
+            self.head.as_ref(),
+            self.draft_cache.as_mut().unwrap(),
+            self.ctx.as_ref().unwrap(),
+            BlockAt {
+                token: anchor,
+                anchor: self.start,
+                block: depth,
+                positions,
+            },
+        )?;
+        // logit column → token (the vocabulary head's columns are its subset)
+        let head = self.head.as_ref();
+        let token = |j: u32| head.map_or(j, |h| h.token(j));
+        Ok(match self.mode {
+            Mode::Tree { budget, top_k, .. } => {
+                let k = if top_k == 0 { budget } else { top_k };
+                let rows = Drafter::log_probs(&logits)?.to_vec2::<f32>()?;
+                let top: Vec<Vec<(u32, f32)>> = rows
+                    .iter()
+                    .map(|r| {
+                        let mut t = top_k_sorted(r, k);
+                        t.iter_mut().for_each(|(j, _)| *j = token(*j));
+                        t
+                    })
+                    .collect();
+                DraftTree::build(anchor, &top, budget)
+            }
+            _ => {
+                let chain: Vec<u32> = Drafter::argmax_rows(&logits)?
+                    .into_iter()
+                    .map(token)
+                    .collect();
+                DraftTree::chain(anchor, &chain)
+            }
+        })
+    }
+
+    /// Stage 2, verify: the whole proposal in ONE target forward (the ancestor-only mask); returns
+    /// the forward's logits and taps, and the cache length before it.
+    fn verify(&mut self, tree: &DraftTree) -> Result<(TargetOutput, usize)> {
+        let cache_len = self.cache.len();
+        let (positions, visibility) = (tree.positions(self.start), tree.visibility(cache_len));
+        let out = match self.graphed.as_mut() {
+            Some(g) => g.forward(
+                self.target,
+                &tree.tokens,
+                &positions,
+                &visibility,
+                &mut self.cache,
+                &self.taps,
+            )?,
+            None => self.target.forward(
+                &tree.tokens,
+                &positions,
+                &visibility,
+                &mut self.cache,
+                &self.taps,
+                &Rows::All,
+            )?,
+        };
+        Ok((out, cache_len))
+    }
+
+    /// Stage 3, walk: the tree walked with the target's own samples: the accepted path (tree rows) and the
+    /// bonus token.
+    fn walk(&mut self, tree: &DraftTree, out: &TargetOutput) -> Result<(Vec<usize>, u32)> {
+        let logits = out.logits.as_ref().unwrap();
+        let sampler = &mut self.sampler;
+        tree.walk(|r| Ok::<u32, anyhow::Error>(sampler.sample(&row(logits, r)?)))
+    }
+
+    /// Stage 4, commit: the path and the bonus, cut at `max_new_tokens` and at the first stop token;
+    /// keep the committed rows' K/V and taps (the bonus is the next anchor). Returns how many
+    /// tokens the round committed (τ_round).
+    fn commit(
+        &mut self,
+        tree: &DraftTree,
+        path: &[usize],
+        bonus: u32,
+        out: &TargetOutput,
+        cache_len: usize,
+    ) -> Result<usize> {
+        let max_len = self.req.prompt_ids.len() + self.req.max_new_tokens;
+        let mut produced_tokens: Vec<u32> = path.iter().map(|&r| tree.tokens[r]).collect();
+        produced_tokens.push(bonus);
+        let mut produced = produced_tokens.len().min(max_len - self.start - 1);
+        if let Some(i) = produced_tokens[..produced]
+            .iter()
+            .position(|t| self.req.stop_ids.contains(t))
+        {
+            produced = i + 1;
+            self.stopped = true;
+        }
+        self.new_tokens
+            .extend_from_slice(&produced_tokens[..produced]);
+        self.start += produced;
+        // the rows whose K/V stay: the anchor and the committed path before the next anchor
+        let kept: Vec<usize> = std::iter::once(0)
+            .chain(path.iter().copied())
+            .take(produced)
+            .collect();
+        compact_cache(&mut self.cache, cache_len, &kept)?;
+        if self.drafter.is_some() {
+            let idx = Tensor::new(
+                kept.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                self.target.embedding_table().device(),
+            )?;
+            self.ctx = Some(
+                Target::concat_taps(&out.taps)?
+                    .index_select(&idx, 0)?
+                    .unsqueeze(0)?,
+            );
+        }
+        Ok(produced)
+    }
 }

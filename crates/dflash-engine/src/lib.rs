@@ -3,5 +3,7 @@
 
 pub mod batched;
 pub mod decode;
+pub mod mode;
 
-pub use decode::{generate, generate_with, DecodeOptions, Generation, Mode, Request};
+pub use decode::{generate, DecodeOptions, Generation, Request};
+pub use mode::{Mode, ModeName};

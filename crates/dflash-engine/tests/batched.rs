@@ -3,13 +3,11 @@
 //! (continuous refill and cache compaction are exercised), stop tokens and a request that
 //! does not fit the context.
 
-mod common;
-
-use common::*;
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::batched::{generate_batched, BatchedOutput, Flow};
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::Target;
+use dflash_testkit::*;
 
 fn run_batched(t: &Target, reqs: &[Request], slots: usize) -> Vec<Option<BatchedOutput>> {
     let mut out = vec![None; reqs.len()];
@@ -27,7 +25,7 @@ fn run_batched(t: &Target, reqs: &[Request], slots: usize) -> Vec<Option<Batched
 fn assert_equals_ar(t: &Target, reqs: &[Request], slots: usize) {
     let batched = run_batched(t, reqs, slots);
     for (i, r) in reqs.iter().enumerate() {
-        match generate(t, None, Mode::Ar, r) {
+        match generate(t, None, Mode::Ar, r, Default::default()) {
             Ok(ar) => {
                 let b = batched[i].as_ref().unwrap();
                 assert_eq!(b.new_tokens, ar.new_tokens, "request {i}, {slots} slots");
@@ -80,12 +78,12 @@ fn batched_equals_sequential_on_tiny_target_with_sampling() {
         reqs.push(req(&prompt, 10 + 7 * i, sampling, &[]));
     }
     // a stop token that the greedy continuation of request 0 produces
-    let ar0 = generate(&t, None, Mode::Ar, &reqs[0]).unwrap();
+    let ar0 = generate(&t, None, Mode::Ar, &reqs[0], Default::default()).unwrap();
     reqs[0].stop_ids = vec![ar0.new_tokens[4]];
     // one request that cannot fit the context: reported as an error, others unaffected
     let ctx = t.config.max_position_embeddings;
     reqs.push(req(&base, ctx, SamplingParams::default(), &[]));
-    assert!(generate(&t, None, Mode::Ar, reqs.last().unwrap()).is_err());
+    assert!(generate(&t, None, Mode::Ar, reqs.last().unwrap(), Default::default()).is_err());
     for slots in [1, 2, 4, 16] {
         assert_equals_ar(&t, &reqs, slots);
     }

@@ -5,13 +5,11 @@
 //! which this test catches. Floors: measured τ (see the drafter's README) minus a margin.
 //! Also DDTree's claim on a trained drafter: τ(DDTree-8) ≥ τ(DFlash chain).
 
-mod common;
-
-use common::*;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::summarize;
 use dflash_engine::{generate, Mode};
 use dflash_model::models::drafter::Drafter;
+use dflash_testkit::*;
 
 /// Chat prompts like the training data's (ShareGPT / evals first turns), not from it.
 const PROMPTS: &[&str] = &[
@@ -20,13 +18,9 @@ const PROMPTS: &[&str] = &[
     "Explain what a variable is in programming.",
     "Give me three tips for learning a new language.",
 ];
-/// Pooled τ floors at T = 0, 64 new tokens (CPU, f32). Measured 2026-11-30 with the drafter of
-/// that day: DFlash 1.167, DDTree-8 1.416; with the sixth session's weights (shipped since):
-/// DFlash 1.140, DDTree-8 1.440; with the seventh session's (5× the data, shipped since):
-/// DFlash 1.286, DDTree-8 1.575; with the eighth session's (1.9× the data): DFlash 1.377,
-/// DDTree-8 1.714; with the ninth session's (1.4× the data, shipped since): DFlash 1.424,
-/// DDTree-8 1.762 (1.416 / 1.738 drafting from its 8,192-token `draft_vocab.json`, as shipped).
-/// A random drafter gives 1.00–1.02.
+/// Pooled τ floors at T = 0, 64 new tokens (CPU, f32). The shipped weights measure DFlash 1.416
+/// and DDTree-8 1.738 here (drafting from their 8,192-token `draft_vocab.json`; 1.424 / 1.762
+/// from the full vocabulary); a random drafter gives 1.00–1.02.
 const CHAIN_FLOOR: f64 = 1.35;
 const TREE8_FLOOR: f64 = 1.65;
 
@@ -41,8 +35,15 @@ fn bundled_drafter_is_lossless_and_above_its_tau_floor() {
     for p in PROMPTS {
         let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
         let r = req(&ids, 64, SamplingParams::default(), &lt.tokenizer.stop_ids);
-        let ar = generate(&lt.target, None, Mode::Ar, &r).unwrap();
-        let chain = generate(&lt.target, Some(&d), Mode::Chain { block: 16 }, &r).unwrap();
+        let ar = generate(&lt.target, None, Mode::Ar, &r, Default::default()).unwrap();
+        let chain = generate(
+            &lt.target,
+            Some(&d),
+            Mode::Chain { block: 16 },
+            &r,
+            Default::default(),
+        )
+        .unwrap();
         assert_eq!(
             chain.new_tokens, ar.new_tokens,
             "DFlash differs from AR on {p:?}"
@@ -56,6 +57,7 @@ fn bundled_drafter_is_lossless_and_above_its_tau_floor() {
                 top_k: 0,
             },
             &r,
+            Default::default(),
         )
         .unwrap();
         assert_eq!(

@@ -4,22 +4,20 @@
 //! per-path sequential forwards: `dflash-model/tests/qwen3_tiny.rs`,
 //! `additive_mask_equals_rows_done_separately`.)
 
-mod common;
-
-use common::*;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::tree::DraftTree;
 use dflash_core::visibility::causal;
 use dflash_engine::decode::compact_cache;
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::Rows;
+use dflash_testkit::*;
 
 #[test]
 fn tree_is_lossless_on_the_tiny_target() {
     let t = tiny();
     let d = quiet(&t);
     let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[]);
-    let ar = generate(&t, None, Mode::Ar, &r).unwrap();
+    let ar = generate(&t, None, Mode::Ar, &r, Default::default()).unwrap();
     for budget in [1, 4, 8, 32, 64] {
         let g = generate(
             &t,
@@ -30,6 +28,7 @@ fn tree_is_lossless_on_the_tiny_target() {
                 top_k: 0,
             },
             &r,
+            Default::default(),
         )
         .unwrap();
         assert_eq!(g.new_tokens, ar.new_tokens, "budget {budget}");
@@ -42,7 +41,14 @@ fn tree_tau_is_at_least_chain_tau_here() {
     let t = tiny();
     let d = quiet(&t);
     let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[]);
-    let chain = generate(&t, Some(&d), Mode::Chain { block: 8 }, &r).unwrap();
+    let chain = generate(
+        &t,
+        Some(&d),
+        Mode::Chain { block: 8 },
+        &r,
+        Default::default(),
+    )
+    .unwrap();
     let tree = generate(
         &t,
         Some(&d),
@@ -52,6 +58,7 @@ fn tree_tau_is_at_least_chain_tau_here() {
             top_k: 0,
         },
         &r,
+        Default::default(),
     )
     .unwrap();
     assert!(
@@ -74,7 +81,7 @@ fn smollm2_tree_is_lossless() {
             sampling: SamplingParams::default(),
             stop_ids: lt.tokenizer.stop_ids.clone(),
         };
-        let ar = generate(&lt.target, None, Mode::Ar, &r).unwrap();
+        let ar = generate(&lt.target, None, Mode::Ar, &r, Default::default()).unwrap();
         let g = generate(
             &lt.target,
             Some(&d),
@@ -84,6 +91,7 @@ fn smollm2_tree_is_lossless() {
                 top_k: 0,
             },
             &r,
+            Default::default(),
         )
         .unwrap();
         assert_eq!(g.new_tokens, ar.new_tokens, "{p:?} budget {budget}");
@@ -95,7 +103,14 @@ fn forced_chain_reproduces_dflash_round_by_round() {
     let t = tiny();
     let d = quiet(&t);
     let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[]);
-    let chain = generate(&t, Some(&d), Mode::Chain { block: 8 }, &r).unwrap();
+    let chain = generate(
+        &t,
+        Some(&d),
+        Mode::Chain { block: 8 },
+        &r,
+        Default::default(),
+    )
+    .unwrap();
     let tree = generate(
         &t,
         Some(&d),
@@ -105,6 +120,7 @@ fn forced_chain_reproduces_dflash_round_by_round() {
             top_k: 1,
         },
         &r,
+        Default::default(),
     )
     .unwrap();
     assert_eq!(tree.new_tokens, chain.new_tokens);
@@ -210,7 +226,9 @@ fn tree_sampling_distribution_equals_ar() {
     let mut accepted = 0;
     for s in 0..n {
         let r = req(&p, 3, SamplingParams::new(0.02, 0.95, 0, s).unwrap(), &[]);
-        a[generate(&t, None, Mode::Ar, &r).unwrap().new_tokens[2] as usize] += 1;
+        a[generate(&t, None, Mode::Ar, &r, Default::default())
+            .unwrap()
+            .new_tokens[2] as usize] += 1;
         let r = req(
             &p,
             3,
@@ -226,6 +244,7 @@ fn tree_sampling_distribution_equals_ar() {
                 top_k: 0,
             },
             &r,
+            Default::default(),
         )
         .unwrap();
         accepted += g.rounds.iter().filter(|r| r.accepted > 0).count();

@@ -3,15 +3,13 @@
 //! equals AR's (seeded chi-square); edges (short budgets, stop tokens inside accepted runs,
 //! B = 2) and drafters that do not fit.
 
-mod common;
-
 use candle_core::{DType, Device};
-use common::*;
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, generate_with, DecodeOptions, Mode};
+use dflash_engine::{generate, DecodeOptions, Mode};
 use dflash_model::io::loader::load_target;
 use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::Drafter;
+use dflash_testkit::*;
 
 #[test]
 fn smollm2_random_drafter_is_lossless_at_t0() {
@@ -32,9 +30,16 @@ fn smollm2_random_drafter_is_lossless_at_t0() {
     for (i, p) in prompts.iter().enumerate() {
         let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
         let r = req(&ids, 12, SamplingParams::default(), &lt.tokenizer.stop_ids);
-        let ar = generate(&lt.target, None, Mode::Ar, &r).unwrap();
+        let ar = generate(&lt.target, None, Mode::Ar, &r, Default::default()).unwrap();
         let block = [8, 4, 2][i % 3];
-        let sp = generate(&lt.target, Some(&d), Mode::Chain { block }, &r).unwrap();
+        let sp = generate(
+            &lt.target,
+            Some(&d),
+            Mode::Chain { block },
+            &r,
+            Default::default(),
+        )
+        .unwrap();
         assert_eq!(sp.new_tokens, ar.new_tokens, "prompt {p:?}, block {block}");
         let committed: usize = sp.rounds.iter().map(|r| r.tau_round).sum();
         assert_eq!(
@@ -50,13 +55,27 @@ fn tiny_target_long_acceptances_are_lossless() {
     let t = tiny();
     let d = quiet(&t);
     let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[]);
-    let ar = generate(&t, None, Mode::Ar, &r).unwrap();
+    let ar = generate(&t, None, Mode::Ar, &r, Default::default()).unwrap();
     for b in [2, 3, 5, 8] {
-        let sp = generate(&t, Some(&d), Mode::Chain { block: b }, &r).unwrap();
+        let sp = generate(
+            &t,
+            Some(&d),
+            Mode::Chain { block: b },
+            &r,
+            Default::default(),
+        )
+        .unwrap();
         assert_eq!(sp.new_tokens, ar.new_tokens, "block {b}");
         assert!(sp.rounds.iter().all(|r| r.tau_round <= b));
     }
-    let sp = generate(&t, Some(&d), Mode::Chain { block: 8 }, &r).unwrap();
+    let sp = generate(
+        &t,
+        Some(&d),
+        Mode::Chain { block: 8 },
+        &r,
+        Default::default(),
+    )
+    .unwrap();
     assert!(
         sp.rounds.iter().any(|r| r.accepted >= 5),
         "the fixture drafter must get long acceptances"
@@ -86,8 +105,8 @@ fn fixed_shape_verify_decodes_like_the_plain_loop() {
     ] {
         let r = req(&tiny_prompt(), n, SamplingParams::default(), &[]);
         let d = (mode != Mode::Ar).then_some(&d);
-        let plain = generate(&t, d, mode, &r).unwrap();
-        let fixed = generate_with(&t, d, mode, &r, opts).unwrap();
+        let plain = generate(&t, d, mode, &r, Default::default()).unwrap();
+        let fixed = generate(&t, d, mode, &r, opts).unwrap();
         assert_eq!(fixed.new_tokens, plain.new_tokens, "{}", mode.name());
         let acc = |g: &dflash_engine::Generation| -> Vec<usize> {
             g.rounds.iter().map(|r| r.accepted).collect()
@@ -102,8 +121,15 @@ fn max_new_tokens_below_block_size() {
     let d = quiet(&t);
     for n in 1..=7 {
         let r = req(&tiny_prompt(), n, SamplingParams::default(), &[]);
-        let ar = generate(&t, None, Mode::Ar, &r).unwrap();
-        let sp = generate(&t, Some(&d), Mode::Chain { block: 8 }, &r).unwrap();
+        let ar = generate(&t, None, Mode::Ar, &r, Default::default()).unwrap();
+        let sp = generate(
+            &t,
+            Some(&d),
+            Mode::Chain { block: 8 },
+            &r,
+            Default::default(),
+        )
+        .unwrap();
         assert_eq!(sp.new_tokens.len(), n);
         assert_eq!(sp.new_tokens, ar.new_tokens, "max_new_tokens {n}");
         assert!(
@@ -119,8 +145,15 @@ fn stop_token_inside_an_accepted_run() {
     let d = quiet(&t);
     // the tiny target loops on 180 and the drafter accepts long runs of it
     let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[180]);
-    let ar = generate(&t, None, Mode::Ar, &r).unwrap();
-    let sp = generate(&t, Some(&d), Mode::Chain { block: 8 }, &r).unwrap();
+    let ar = generate(&t, None, Mode::Ar, &r, Default::default()).unwrap();
+    let sp = generate(
+        &t,
+        Some(&d),
+        Mode::Chain { block: 8 },
+        &r,
+        Default::default(),
+    )
+    .unwrap();
     assert_eq!(sp.new_tokens, ar.new_tokens);
     assert_eq!(*sp.new_tokens.last().unwrap(), 180);
     assert!(sp.stopped_by_token);
@@ -216,9 +249,18 @@ fn sampling_distribution_equals_ar() {
         let sa = SamplingParams::new(0.02, 0.95, 0, s).unwrap();
         let sb = SamplingParams::new(0.02, 0.95, 0, 1_000_000 + s).unwrap();
         let r = req(&prompt, 3, sa, &[]);
-        ar_counts[generate(&t, None, Mode::Ar, &r).unwrap().new_tokens[2] as usize] += 1;
+        ar_counts[generate(&t, None, Mode::Ar, &r, Default::default())
+            .unwrap()
+            .new_tokens[2] as usize] += 1;
         let r = req(&prompt, 3, sb, &[]);
-        let g = generate(&t, Some(&d), Mode::Chain { block: 8 }, &r).unwrap();
+        let g = generate(
+            &t,
+            Some(&d),
+            Mode::Chain { block: 8 },
+            &r,
+            Default::default(),
+        )
+        .unwrap();
         accepted_rounds += g.rounds.iter().filter(|r| r.accepted > 0).count();
         sp_counts[g.new_tokens[2] as usize] += 1;
     }

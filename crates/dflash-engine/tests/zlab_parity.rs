@@ -2,18 +2,16 @@
 //! (a) block forwards without and with the draft KV cache; (b) greedy `dflash_generate`
 //! round by round; and the training (many blocks + mask) vs inference (one block + cache) path.
 
-mod common;
-
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
-use common::{fixtures, max_abs, rel_err};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::visibility::causal;
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::io::loader::load_hf_weights;
-use dflash_model::models::drafter::{DraftLayout, Drafter};
+use dflash_model::models::drafter::{BlockAt, DraftLayout, Drafter};
 use dflash_model::{Rows, Target};
+use dflash_testkit::{fixtures, max_abs, rel_err};
 
 fn target() -> Target {
     let (cfg, store) =
@@ -77,10 +75,12 @@ fn block_forward_matches_zlab() {
                 None,
                 &mut cache,
                 &taps.unsqueeze(0).unwrap(),
-                block[0],
-                12,
-                block.len(),
-                block.len() - 1,
+                BlockAt {
+                    token: block[0],
+                    anchor: 12,
+                    block: block.len(),
+                    positions: block.len() - 1,
+                },
             )
             .unwrap();
         let e = rel_err(&logits, &r[&format!("{name}.nocache.logits")]);
@@ -98,10 +98,12 @@ fn block_forward_matches_zlab() {
                 None,
                 &mut cache,
                 &taps.narrow(0, 0, 8).unwrap().unsqueeze(0).unwrap(),
-                b1[0],
-                8,
-                8,
-                7,
+                BlockAt {
+                    token: b1[0],
+                    anchor: 8,
+                    block: 8,
+                    positions: 7,
+                },
             )
             .unwrap();
         let e = rel_err(&l1, &r[&format!("{name}.cache1.logits")]);
@@ -113,10 +115,12 @@ fn block_forward_matches_zlab() {
                 None,
                 &mut cache,
                 &taps.narrow(0, 8, 4).unwrap().unsqueeze(0).unwrap(),
-                b2[0],
-                12,
-                8,
-                7,
+                BlockAt {
+                    token: b2[0],
+                    anchor: 12,
+                    block: 8,
+                    positions: 7,
+                },
             )
             .unwrap();
         let e = rel_err(&l2, &r[&format!("{name}.cache2.logits")]);
@@ -145,6 +149,7 @@ fn greedy_generation_matches_zlab_round_by_round() {
                 block: d.block_size,
             },
             &req,
+            Default::default(),
         )
         .unwrap();
         let want_out = ids(&g["output_ids"]);
@@ -204,10 +209,12 @@ fn drafted_tokens_match_zlab() {
                 None,
                 &mut cache,
                 &taps,
-                out[anchor],
-                anchor,
-                b.len(),
-                b.len() - 1,
+                BlockAt {
+                    token: out[anchor],
+                    anchor,
+                    block: b.len(),
+                    positions: b.len() - 1,
+                },
             )
             .unwrap();
         assert_eq!(
@@ -219,7 +226,18 @@ fn drafted_tokens_match_zlab() {
         let k = 3.min(b.len() - 1);
         let mut cache = d.new_cache();
         let first = d
-            .draft(&t, None, &mut cache, &taps, out[anchor], anchor, b.len(), k)
+            .draft(
+                &t,
+                None,
+                &mut cache,
+                &taps,
+                BlockAt {
+                    token: out[anchor],
+                    anchor,
+                    block: b.len(),
+                    positions: k,
+                },
+            )
             .unwrap();
         assert_eq!(first.dims(), &[k, logits.dim(1).unwrap()]);
         let diff = max_abs(&first, &logits.narrow(0, 0, k).unwrap());
@@ -272,8 +290,19 @@ fn training_path_equals_inference_path() {
             let split = a / 2;
             if split > 0 {
                 let first = taps.narrow(0, 0, split).unwrap().unsqueeze(0).unwrap();
-                d.draft(&t, None, &mut cache, &first, seq[split], split, b, b - 1)
-                    .unwrap();
+                d.draft(
+                    &t,
+                    None,
+                    &mut cache,
+                    &first,
+                    BlockAt {
+                        token: seq[split],
+                        anchor: split,
+                        block: b,
+                        positions: b - 1,
+                    },
+                )
+                .unwrap();
             }
             let rest = taps
                 .narrow(0, split, a - split)
@@ -281,7 +310,18 @@ fn training_path_equals_inference_path() {
                 .unsqueeze(0)
                 .unwrap();
             let infer_logits = d
-                .draft(&t, None, &mut cache, &rest, seq[a], a, b, b - 1)
+                .draft(
+                    &t,
+                    None,
+                    &mut cache,
+                    &rest,
+                    BlockAt {
+                        token: seq[a],
+                        anchor: a,
+                        block: b,
+                        positions: b - 1,
+                    },
+                )
                 .unwrap();
             let diff = max_abs(&train_logits, &infer_logits);
             assert!(

@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::RoundOutcome;
-use dflash_engine::{generate_with, Generation, Mode, Request};
+use dflash_engine::{generate, Generation, Mode, ModeName, Request};
 use dflash_model::io::loader::LoadedTarget;
 use dflash_model::io::tokenizer::ChatMessage;
 use dflash_model::models::drafter::Drafter;
@@ -17,27 +17,6 @@ use crate::datasets::EvalItem;
 pub struct EvalDrafter {
     pub label: String,
     pub drafter: Drafter,
-}
-
-/// A mode as the user names it: `ar`, `dflash`, `ddtree:N`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModeName {
-    Ar,
-    Dflash,
-    Ddtree(usize),
-}
-
-pub fn parse_modes(s: &str) -> Result<Vec<ModeName>> {
-    s.split(',')
-        .map(|m| match m.trim() {
-            "ar" => Ok(ModeName::Ar),
-            "dflash" => Ok(ModeName::Dflash),
-            x => match x.strip_prefix("ddtree:").map(|n| n.parse::<usize>()) {
-                Some(Ok(n)) if n > 0 => Ok(ModeName::Ddtree(n)),
-                _ => bail!("unknown mode '{x}' (ar, dflash, ddtree:N with N >= 1)"),
-            },
-        })
-        .collect()
 }
 
 /// One mode with one drafter (or none, for AR).
@@ -62,19 +41,9 @@ pub fn mode_specs(
     }];
     for (di, d) in drafters.iter().enumerate() {
         let b = block.unwrap_or(d.drafter.block_size);
-        for m in modes {
-            let (name, mode) = match *m {
-                ModeName::Ar => continue,
-                ModeName::Dflash => ("dflash".to_string(), Mode::Chain { block: b }),
-                ModeName::Ddtree(n) => (
-                    format!("ddtree:{n}"),
-                    Mode::Tree {
-                        block: b,
-                        budget: n,
-                        top_k: 0,
-                    },
-                ),
-            };
+        for m in modes.iter().filter(|m| m.is_speculative()) {
+            let mode = m.with_block(b);
+            let name = mode.name();
             let label = if drafters.len() > 1 {
                 format!("{name}[{}]", d.label)
             } else {
@@ -87,7 +56,7 @@ pub fn mode_specs(
             });
         }
     }
-    if out.len() == 1 && modes.iter().any(|m| *m != ModeName::Ar) {
+    if out.len() == 1 && modes.iter().any(ModeName::is_speculative) {
         bail!("speculative modes need --drafter");
     }
     Ok(out)
@@ -215,7 +184,7 @@ fn decode_turn(
         sampling,
         stop_ids: lt.tokenizer.stop_ids.clone(),
     };
-    generate_with(
+    generate(
         &lt.target,
         spec.drafter.map(|d| &drafters[d].drafter),
         spec.mode,

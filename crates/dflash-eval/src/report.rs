@@ -247,9 +247,9 @@ fn svg_bars(title: &str, groups: &[(String, Vec<f64>)], xlabels: &[String], ymax
 
 /// Write report.json, report.md and the plots into `out`.
 pub fn write(report: &Report, out: &Path) -> Result<()> {
-    use dflash_train::data::write_atomic;
+    use dflash_model::io::atomic::write_file;
     std::fs::create_dir_all(out)?;
-    write_atomic(
+    write_file(
         &out.join("report.json"),
         (serde_json::to_string_pretty(report)? + "\n").as_bytes(),
     )?;
@@ -274,7 +274,7 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
         })
         .collect();
     let labels: Vec<String> = (0..maxt).map(|t| t.to_string()).collect();
-    write_atomic(
+    write_file(
         &out.join("tau_histogram.svg"),
         svg_bars(
             "tokens committed per round (fraction of rounds)",
@@ -294,7 +294,7 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
         .map(|m| (m.mode.clone(), m.tau.per_position_acceptance.clone()))
         .collect();
     let klabels: Vec<String> = (1..=maxk).map(|k| k.to_string()).collect();
-    write_atomic(
+    write_file(
         &out.join("acceptance.svg"),
         svg_bars(
             "P(draft k accepted | drafts 1..k-1 accepted)",
@@ -314,7 +314,7 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
         .iter()
         .map(|m| m.tau.tau_pooled)
         .fold(1.0, f64::max);
-    write_atomic(
+    write_file(
         &out.join("tau.svg"),
         svg_bars(
             &format!("τ (pooled) on {}", report.dataset),
@@ -404,6 +404,6 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
         md,
         "\n![τ](tau.svg) ![histogram](tau_histogram.svg) ![acceptance](acceptance.svg)"
     );
-    write_atomic(&out.join("report.md"), md.as_bytes())?;
+    write_file(&out.join("report.md"), md.as_bytes())?;
     Ok(())
 }

@@ -2,13 +2,15 @@
 //! is lossless; the doctor passes a consistent pair and names the cause of three classic
 //! mismatches (a perturbed tapped layer, tap ids shifted by one, a drafter for another target).
 
+use dflash_testkit::{smollm2, tmp};
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
+use dflash_engine::ModeName;
 use dflash_eval::datasets;
-use dflash_eval::doctor::{doctor, Tolerances};
-use dflash_eval::harness::{mode_specs, parse_modes, run, EvalDrafter, EvalOptions};
+use dflash_eval::doctor::{doctor, Status, Tolerances};
+use dflash_eval::harness::{mode_specs, run, EvalDrafter, EvalOptions};
 use dflash_eval::report::{lossless_check, mode_reports, write, Report};
 use dflash_model::io::loader::{dflash_home, load_target, LoadedTarget};
 use dflash_model::models::drafter::Drafter;
@@ -19,21 +21,6 @@ use dflash_train::config::TrainConfig;
 use dflash_train::prompts::Prompt;
 use dflash_train::regen::{regenerate, RegenOptions};
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dflash-eval-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-fn smollm2() -> LoadedTarget {
-    let p = dflash_home().join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/fetch-assets.sh smollm2",
-        p.display()
-    );
-    load_target(p.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap()
-}
 fn random_drafter(lt: &LoadedTarget, seed: u64) -> Drafter {
     dflash_model::models::drafter_init::random_drafter(lt, 1, 4, Some(128), seed).unwrap()
 }
@@ -45,7 +32,12 @@ fn reports_are_consistent_and_lossless_on_every_dataset() {
         label: "a".into(),
         drafter: random_drafter(&lt, 1),
     }];
-    let specs = mode_specs(&parse_modes("ar,dflash,ddtree:4").unwrap(), &drafters, None).unwrap();
+    let specs = mode_specs(
+        &ModeName::parse_list("ar,dflash,ddtree:4").unwrap(),
+        &drafters,
+        None,
+    )
+    .unwrap();
     for name in datasets::NAMES {
         let items = datasets::load(name, &dflash_home(), Some(2)).unwrap();
         let opts = EvalOptions {
@@ -132,7 +124,7 @@ fn two_drafters_side_by_side() {
             drafter: random_drafter(&lt, 2),
         },
     ];
-    let specs = mode_specs(&parse_modes("ar,dflash").unwrap(), &drafters, None).unwrap();
+    let specs = mode_specs(&ModeName::parse_list("ar,dflash").unwrap(), &drafters, None).unwrap();
     let labels: Vec<&str> = specs.iter().map(|s| s.label.as_str()).collect();
     assert_eq!(labels, vec!["ar", "dflash[ours]", "dflash[ref]"]);
     let items = datasets::load("gsm8k", &dflash_home(), Some(1)).unwrap();
@@ -160,7 +152,7 @@ fn two_drafters_side_by_side() {
     for (w, r) in warmed.iter().zip(&runs) {
         assert_eq!((&w.mode, &w.item, &w.tokens), (&r.mode, &r.item, &r.tokens));
     }
-    assert!(parse_modes("ar,ddtree:0").is_err() && parse_modes("beam").is_err());
+    assert!(ModeName::parse_list("ar,ddtree:0").is_err() && ModeName::parse_list("beam").is_err());
 }
 
 /// The divergence diagnostic's top-2 logit gap works on a bf16 target (it read f32 values out of
@@ -294,7 +286,7 @@ fn trained_pair(name: &str) -> (PathBuf, PathBuf, PathBuf) {
         ..Default::default()
     };
     let out = tmp(&format!("{name}-run"));
-    dflash_train::trainer::train(&lt, &data, &out, cfg, false).unwrap();
+    dflash_train::trainer::train(&lt, &data, &out, cfg, &Default::default()).unwrap();
     (target, out.join("best"), data)
 }
 
@@ -339,7 +331,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     let failed: Vec<&str> = r
         .checks
         .iter()
-        .filter(|c| !c.pass)
+        .filter(|c| c.failed())
         .map(|c| c.name.as_str())
         .collect();
     assert!(
@@ -361,7 +353,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     let r = run_doctor(&target, &shifted, Some(&data));
     let taps = r.checks.iter().find(|c| c.name == "tap ids").unwrap();
     assert!(
-        !taps.pass && taps.detail.contains("shifted by 1"),
+        taps.failed() && taps.detail.contains("shifted by 1"),
         "{taps:?}"
     );
     assert!(r.likely_cause.unwrap().starts_with("tap ids"));
@@ -390,8 +382,34 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
             .iter()
             .find(|c| c.name == "simulated vs measured τ")
             .unwrap();
-        assert_eq!(c.pass, pass, "{name}: {c:?}");
+        assert_eq!(!c.failed(), pass, "{name}: {c:?}");
         assert_eq!(c.detail.contains("none recorded"), pass, "{c:?}");
+    }
+
+    // (e) the same drafter without its training record, as a z-lab checkpoint comes: the
+    // checks that read the record are skipped with a note, and the consistent pair passes
+    let bare = tmp("doc-bare");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(drafter.join(f), bare.join(f)).unwrap();
+    }
+    let r = run_doctor(&target, &bare, Some(&data));
+    assert!(
+        r.ok(),
+        "a pair without a training record must pass: {:#?}",
+        r.checks
+    );
+    let status = |name: &str| r.checks.iter().find(|c| c.name == name).unwrap().status;
+    for name in [
+        "training record",
+        "target identity",
+        "tap ids",
+        "tap statistics",
+        "simulated vs measured τ",
+    ] {
+        assert_eq!(status(name), Status::Skipped, "{name}: {:#?}", r.checks);
+    }
+    for name in ["configuration", "target tensors", "train/infer parity"] {
+        assert_eq!(status(name), Status::Pass, "{name}: {:#?}", r.checks);
     }
 
     // (c) a drafter made for another target (SmolLM2)
@@ -412,7 +430,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     let r = run_doctor(&target, &other, None);
     let conf = &r.checks[0];
     assert!(
-        !conf.pass && conf.detail.contains("hidden_size"),
+        conf.failed() && conf.detail.contains("hidden_size"),
         "{conf:?}"
     );
 }

@@ -3,7 +3,7 @@
 //! drafter is trained briefly on the target's own outputs, so rounds accept some drafts and
 //! reject others (both rollbacks exercised).
 
-use std::path::PathBuf;
+use dflash_testkit::{fixtures, tmp};
 
 use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
@@ -14,16 +14,9 @@ use dflash_train::config::TrainConfig;
 use dflash_train::prompts::Prompt;
 use dflash_train::regen::{regenerate, RegenOptions};
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dflash-hybrid-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 #[test]
 fn chain_and_tree_are_lossless_on_a_hybrid_target() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen35-tiny");
+    let dir = fixtures().join("qwen35-tiny");
     let lt = load_target(dir.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
     assert!(lt.target.is_hybrid());
     let prompts: Vec<Prompt> = (0..6u32)
@@ -66,7 +59,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
         ..Default::default()
     };
     let out = tmp("run");
-    dflash_train::trainer::train(&lt, &data, &out, cfg, false).unwrap();
+    dflash_train::trainer::train(&lt, &data, &out, cfg, &Default::default()).unwrap();
     let d = Drafter::load_dir(&out.join("best"), &lt.target).unwrap();
     let mut accepted_some = false;
     let mut rejected_some = false;
@@ -84,7 +77,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
             sampling: SamplingParams::default(),
             stop_ids: vec![],
         };
-        let ar = generate(&lt.target, None, Mode::Ar, &req).unwrap();
+        let ar = generate(&lt.target, None, Mode::Ar, &req, Default::default()).unwrap();
         for mode in [
             Mode::Chain { block: 6 },
             Mode::Chain { block: 3 },
@@ -99,7 +92,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
                 top_k: 0,
             },
         ] {
-            let g = generate(&lt.target, Some(&d), mode, &req).unwrap();
+            let g = generate(&lt.target, Some(&d), mode, &req, Default::default()).unwrap();
             assert_eq!(
                 g.new_tokens,
                 ar.new_tokens,

@@ -1,98 +1,152 @@
-//! Wall time per phase of a loop, for finding where the time goes on a device whose kernels
-//! run asynchronously. Off unless `DFLASH_PROFILE` is set: then each [`Phases::mark`]
-//! synchronises the device first, so a phase's time includes its kernels (and the loop runs
-//! slower; these numbers are for attribution, not for benchmarks).
+//! Wall time per phase of a loop, through `tracing` spans, for finding where the time goes on a
+//! device whose kernels run asynchronously.
 //!
-//! Example: `mark("features")` after the target forward and `mark("backward")` after the
-//! backward give "features 31%, backward 45%, …" in [`Phases::report`].
+//! Code marks a phase with a span of target [`PHASE`]:
+//! `let _p = tracing::info_span!(target: "phase", "backward").entered();`. Nothing is
+//! recorded unless the binary installs [`PhaseLayer`] (the CLI does when `DFLASH_PROFILE` is
+//! set); then the layer synchronises the device named by [`sync_on`] when a phase span is
+//! entered and exited, so a phase's time includes its kernels (the loop runs slower: these
+//! numbers are for attribution, not for benchmarks), and [`report`] lists the totals.
+//!
+//! Example: spans "target features", "drafter layers", "backward" around a training step's
+//! parts give "target features 31%, drafter layers 24%, backward 45%" in [`report`].
 
+use std::sync::Mutex;
 use std::time::Instant;
 
 use candle_core::Device;
+use tracing::span::{Attributes, Id};
+use tracing::Subscriber;
+use tracing_subscriber::layer::{Context, Layer};
+use tracing_subscriber::registry::LookupSpan;
 
-pub struct Phases {
-    enabled: bool,
-    device: Device,
-    last: Instant,
-    /// (phase, seconds, count), in first-seen order.
-    totals: Vec<(&'static str, f64, usize)>,
+/// The `tracing` target of phase spans.
+pub const PHASE: &str = "phase";
+
+/// (phase, seconds, count), in first-seen order.
+static TOTALS: Mutex<Vec<(&'static str, f64, usize)>> = Mutex::new(Vec::new());
+/// The device synchronised at the edges of a phase.
+static SYNC: Mutex<Option<Device>> = Mutex::new(None);
+
+/// Synchronise `device` at the edges of every phase from now on (the device a command runs
+/// on; the CPU needs none).
+pub fn sync_on(device: &Device) {
+    *SYNC.lock().unwrap_or_else(|e| e.into_inner()) = (!device.is_cpu()).then(|| device.clone());
 }
 
-impl Phases {
-    pub fn new(device: &Device) -> Self {
-        Self::with(std::env::var_os("DFLASH_PROFILE").is_some(), device)
-    }
+/// Whether `DFLASH_PROFILE` asks for phase times.
+pub fn requested() -> bool {
+    std::env::var_os("DFLASH_PROFILE").is_some()
+}
 
-    pub fn with(enabled: bool, device: &Device) -> Self {
-        Self {
-            enabled,
-            device: device.clone(),
-            last: Instant::now(),
-            totals: Vec::new(),
+fn synchronize() {
+    if let Some(d) = SYNC.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        let _ = d.synchronize();
+    }
+}
+
+/// The layer that times phase spans (the time between entering and leaving, summed over
+/// visits). A phase inside another phase is part of the outer one's time and is not counted
+/// again (e.g. the target features of validation rows count as "validation").
+pub struct PhaseLayer;
+
+/// The span `id` when it is a phase that no outer phase contains.
+fn outer_phase<'a, S: Subscriber + for<'l> LookupSpan<'l>>(
+    id: &Id,
+    ctx: &'a Context<'_, S>,
+) -> Option<tracing_subscriber::registry::SpanRef<'a, S>> {
+    let span = ctx.span(id)?;
+    let phase = |s: &tracing_subscriber::registry::SpanRef<'_, S>| s.metadata().target() == PHASE;
+    (phase(&span) && !span.scope().skip(1).any(|s| phase(&s))).then_some(span)
+}
+
+struct Entered(Instant);
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for PhaseLayer {
+    fn on_new_span(&self, _: &Attributes<'_>, _: &Id, _: Context<'_, S>) {}
+
+    fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
+        if let Some(span) = outer_phase(id, &ctx) {
+            synchronize();
+            span.extensions_mut().replace(Entered(Instant::now()));
         }
     }
 
-    pub fn enabled(&self) -> bool {
-        self.enabled
-    }
-
-    /// Close the phase that ran since the previous mark (or construction).
-    pub fn mark(&mut self, phase: &'static str) {
-        if !self.enabled {
+    fn on_exit(&self, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = outer_phase(id, &ctx) else {
             return;
-        }
-        let _ = self.device.synchronize();
-        let now = Instant::now();
-        let dt = (now - self.last).as_secs_f64();
-        self.last = now;
-        match self.totals.iter_mut().find(|(p, _, _)| *p == phase) {
+        };
+        let Some(Entered(t0)) = span.extensions_mut().remove::<Entered>() else {
+            return;
+        };
+        synchronize();
+        let dt = t0.elapsed().as_secs_f64();
+        let name = span.metadata().name();
+        let mut totals = TOTALS.lock().unwrap_or_else(|e| e.into_inner());
+        match totals.iter_mut().find(|(p, _, _)| *p == name) {
             Some(t) => {
                 t.1 += dt;
                 t.2 += 1;
             }
-            None => self.totals.push((phase, dt, 1)),
+            None => totals.push((name, dt, 1)),
         }
     }
+}
 
-    /// Restart the clock without charging any phase (e.g. after bookkeeping).
-    pub fn skip(&mut self) {
-        if self.enabled {
-            let _ = self.device.synchronize();
-            self.last = Instant::now();
-        }
-    }
-
-    /// One line per phase: total seconds, share, count and mean milliseconds.
-    pub fn report(&self) -> String {
-        let total: f64 = self.totals.iter().map(|t| t.1).sum();
-        let mut s = String::new();
-        for (p, secs, n) in &self.totals {
-            s.push_str(&format!(
+/// One line per phase recorded so far: total seconds, share, count and mean milliseconds
+/// (empty when nothing was recorded); the totals start again from zero.
+pub fn report() -> String {
+    let totals = std::mem::take(&mut *TOTALS.lock().unwrap_or_else(|e| e.into_inner()));
+    let total: f64 = totals.iter().map(|t| t.1).sum();
+    totals
+        .iter()
+        .map(|(p, secs, n)| {
+            format!(
                 "{p:<20} {secs:>9.3} s {:>5.1}%  {n:>7} × {:>9.3} ms\n",
                 100.0 * secs / total.max(1e-12),
                 1e3 * secs / *n as f64
-            ));
-        }
-        s
+            )
+        })
+        .collect()
+}
+
+/// Print [`report`] under `title` when phases were recorded.
+pub fn print_report(title: &str) {
+    let r = report();
+    if !r.is_empty() {
+        eprintln!("{title}, time per phase:\n{r}");
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracing_subscriber::layer::SubscriberExt;
 
     #[test]
-    fn phases_accumulate_in_order() {
-        let mut p = Phases::with(true, &Device::Cpu);
-        p.mark("a");
-        p.mark("b");
-        p.mark("a");
-        let r = p.report();
+    fn phases_accumulate_in_first_seen_order() {
+        let sub = tracing_subscriber::registry().with(PhaseLayer);
+        tracing::subscriber::with_default(sub, || {
+            for name in ["a", "b", "a"] {
+                let _p = match name {
+                    "a" => tracing::info_span!(target: "phase", "a").entered(),
+                    _ => tracing::info_span!(target: "phase", "b").entered(),
+                };
+            }
+            // spans of other targets are not phases, phases inside phases count as the outer
+            let _other = tracing::info_span!("not a phase").entered();
+            let _outer = tracing::info_span!(target: "phase", "b").entered();
+            let _inner = tracing::info_span!(target: "phase", "a").entered();
+        });
+        let r = report();
         let lines: Vec<&str> = r.lines().collect();
-        assert_eq!(lines.len(), 2);
+        assert_eq!(lines.len(), 2, "{r}");
         assert!(lines[0].starts_with('a') && lines[0].contains("2 ×"), "{r}");
-        assert!(lines[1].starts_with('b') && lines[1].contains("1 ×"), "{r}");
-        let off = Phases::with(false, &Device::Cpu);
-        assert!(off.report().is_empty());
+        assert!(lines[1].starts_with('b') && lines[1].contains("2 ×"), "{r}");
+        // the report drains the totals; nothing is recorded without the layer
+        assert!(report().is_empty());
+        let _p = tracing::info_span!(target: "phase", "c").entered();
+        drop(_p);
+        assert!(report().is_empty());
     }
 }

@@ -2,13 +2,11 @@
 //! (tests/reference/target_reference.py): tokenizer, chat template, greedy continuations,
 //! taps and last-position logits at f32.
 
-mod common;
-
 use candle_core::{DType, Device};
-use common::*;
 use dflash_core::visibility::causal;
 use dflash_model::io::loader::load_target;
 use dflash_model::Rows;
+use dflash_testkit::*;
 
 fn check_model(name: &str, rel: &str, fetch: &str) {
     let path = asset(rel, fetch);

@@ -3,13 +3,11 @@
 //! prefill, prefill + multi-token forward from the cached states, token-by-token decode; the
 //! chunked and recurrent paths agree; rollback (accept none / a prefix / all) and tree verify.
 
-mod common;
-
 use candle_core::{DType, Device, Tensor};
-use common::*;
 use dflash_core::visibility::{causal, tree};
 use dflash_model::io::loader::load_hf_weights;
 use dflash_model::{Rows, Target};
+use dflash_testkit::*;
 
 fn hybrid(chunk_min_rows: usize) -> Target {
     let (cfg, store) =

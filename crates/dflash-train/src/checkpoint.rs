@@ -9,9 +9,9 @@
 //! OUT/latest                      "step-000200"
 //! OUT/best/{config.json, model.safetensors, training.json}   lowest validation loss
 //! ```
-//! A checkpoint directory is written under a temporary name, synced and renamed into place;
-//! `latest` is replaced atomically afterwards, so a kill at any moment leaves the previous
-//! checkpoint intact.
+//! Every directory is built under a temporary name and put in place atomically, `latest` is
+//! replaced atomically after its checkpoint exists ([`dflash_model::io::atomic`]): a kill at
+//! any moment leaves the previous checkpoint, `best/` and `latest` whole.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,8 +22,9 @@ use dflash_core::config::DrafterConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
-use crate::data::write_atomic;
 use crate::fingerprint::Fingerprint;
+use dflash_model::io::atomic::write_file;
+use dflash_model::models::drafter_init::write_drafter_into;
 
 /// Written beside the drafter weights: how it was trained and for which target.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -58,59 +59,23 @@ pub fn step_name(step: usize) -> String {
     format!("step-{step:06}")
 }
 
-fn sync_dir_files(dir: &Path) -> Result<()> {
-    for e in std::fs::read_dir(dir)? {
-        let p = e?.path();
-        if p.is_file() {
-            std::fs::File::open(&p)?.sync_all()?;
-        }
-    }
-    Ok(())
-}
-
-/// Write the drafter files (config.json, model.safetensors, training.json) into `dir`.
+/// Write the drafter files (config.json, model.safetensors as f32, training.json) into `dir`
+/// (a directory that `dflash_model::io::atomic::replace_dir` then puts in place).
 pub fn write_drafter_files(
     dir: &Path,
     cfg: &DrafterConfig,
     weights: &HashMap<String, Tensor>,
     rec: &TrainingRecord,
 ) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_string_pretty(cfg)? + "\n",
-    )?;
     let cpu: HashMap<String, Tensor> = weights
         .iter()
         .map(|(k, v)| Ok((k.clone(), v.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)))
         .collect::<Result<_>>()?;
-    candle_core::safetensors::save(&cpu, dir.join("model.safetensors"))?;
+    write_drafter_into(dir, cfg, &cpu)?;
     std::fs::write(
         dir.join("training.json"),
         serde_json::to_string_pretty(rec)? + "\n",
     )?;
-    sync_dir_files(dir)
-}
-
-/// Replace `dst` by a directory built in `build` (under a temporary sibling name).
-pub fn replace_dir(dst: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let parent = dst.parent().context("checkpoint path has no parent")?;
-    std::fs::create_dir_all(parent)?;
-    let name = dst
-        .file_name()
-        .context("no name")?
-        .to_string_lossy()
-        .to_string();
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    if let Err(e) = build(&tmp) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    if dst.exists() {
-        std::fs::remove_dir_all(dst)?;
-    }
-    std::fs::rename(&tmp, dst).with_context(|| format!("renaming into {}", dst.display()))?;
     Ok(())
 }
 
@@ -129,7 +94,7 @@ impl CheckpointPaths {
         }
     }
     pub fn set_latest(&self, step: usize) -> Result<()> {
-        write_atomic(&self.out.join("latest"), step_name(step).as_bytes())
+        write_file(&self.out.join("latest"), step_name(step).as_bytes())
     }
     /// Remove all but the newest `keep` step directories.
     pub fn prune(&self, keep: usize) -> Result<()> {
@@ -169,7 +134,7 @@ pub fn write_trainer_state(
         dir.join("state.json"),
         serde_json::to_string_pretty(state)? + "\n",
     )?;
-    sync_dir_files(dir)
+    Ok(())
 }
 
 pub fn read_trainer_state(

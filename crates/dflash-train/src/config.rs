@@ -66,8 +66,39 @@ pub struct TrainConfig {
     pub val_every: usize,
     /// Sequences held out from the end of the data for validation.
     pub val_sequences: usize,
-    pub dtype: String,
-    pub device: String,
+    /// Where a run computes is the command line's (`train --device --dtype`), not the
+    /// recipe's; configs and training records that still name them are read with them
+    /// ignored (`train --config` refuses a file that names them, [`machine_fields`]).
+    #[serde(default, skip_serializing)]
+    pub dtype: Ignored,
+    #[serde(default, skip_serializing)]
+    pub device: Ignored,
+}
+
+/// A field read and ignored; every two compare equal.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ignored;
+
+impl PartialEq for Ignored {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl<'de> Deserialize<'de> for Ignored {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d)?;
+        Ok(Ignored)
+    }
+}
+
+/// The machine fields (`device`, `dtype`) a config file's JSON names: they belong on the
+/// command line. Example: `{"lr": 1e-3, "device": "cuda"}` → `["device"]`.
+pub fn machine_fields(json: &serde_json::Value) -> Vec<&'static str> {
+    ["device", "dtype"]
+        .into_iter()
+        .filter(|k| json.get(k).is_some())
+        .collect()
 }
 
 impl Default for TrainConfig {
@@ -103,8 +134,8 @@ impl Default for TrainConfig {
             keep_last: 3,
             val_every: 200,
             val_sequences: 8,
-            dtype: "f32".into(),
-            device: "cpu".into(),
+            dtype: Ignored,
+            device: Ignored,
         }
     }
 }
@@ -159,6 +190,26 @@ impl TrainConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record written with the machine in the recipe still reads (the fields ignored, the
+    /// rest kept); a config file that names them is flagged; unknown fields stay refused.
+    #[test]
+    fn machine_fields_are_read_ignored_and_flagged() {
+        let j = serde_json::json!({"lr": 1e-3, "device": "cuda", "dtype": "bf16"});
+        let c: TrainConfig = serde_json::from_value(j.clone()).unwrap();
+        assert_eq!(
+            c,
+            TrainConfig {
+                lr: 1e-3,
+                ..Default::default()
+            }
+        );
+        let written = serde_json::to_value(&c).unwrap();
+        assert!(written.get("device").is_none() && written.get("lr").is_some());
+        assert_eq!(machine_fields(&j), ["device", "dtype"]);
+        assert!(machine_fields(&written).is_empty());
+        assert!(serde_json::from_value::<TrainConfig>(serde_json::json!({"lrr": 1})).is_err());
+    }
 
     #[test]
     fn schedule_warms_up_then_decays() {

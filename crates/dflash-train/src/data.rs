@@ -7,7 +7,7 @@
 //! ```
 //! Example: prompt of 20 tokens and a response of 30 → 50 ids, loss_mask 20 zeros then 30 ones.
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -80,28 +80,6 @@ pub fn parse_jsonl<T: serde::de::DeserializeOwned>(text: &str, path: &Path) -> R
         .collect()
 }
 
-/// Write `bytes` to `path` atomically: a temporary sibling, fsync, rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name().context("no file name")?.to_string_lossy(),
-        std::process::id()
-    ));
-    {
-        let mut f =
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming into {}", path.display()))?;
-    Ok(())
-}
-
 pub fn shard_name(i: usize) -> String {
     format!("shard-{i:05}.jsonl")
 }
@@ -112,7 +90,7 @@ pub fn write_shard(path: &Path, seqs: &[Sequence]) -> Result<()> {
         serde_json::to_writer(&mut out, s)?;
         out.push(b'\n');
     }
-    write_atomic(path, &out)
+    dflash_model::io::atomic::write_file(path, &out)
 }
 
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
@@ -136,7 +114,7 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
 }
 
 pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
-    write_atomic(
+    dflash_model::io::atomic::write_file(
         &dir.join("manifest.json"),
         (serde_json::to_string_pretty(m)? + "\n").as_bytes(),
     )

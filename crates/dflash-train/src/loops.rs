@@ -1,7 +1,7 @@
 //! Responses cut where they start repeating themselves.
 //!
 //! A small target decoding greedily often falls into a loop and repeats it until the length
-//! cap: in the ninth session's SmolLM2 data, 87 % of the 13.2 M supervised tokens sat in
+//! cap: in the bundled drafter's SmolLM2 data, 87 % of the 13.2 M supervised tokens sat in
 //! responses whose 8-grams were more than half repeats. A loop costs a drafter little to learn
 //! and a training step as much as any text, so training can cut each response after its loop
 //! has begun: at the first window of `w` supervised tokens that already occurred earlier in

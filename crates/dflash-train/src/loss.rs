@@ -16,7 +16,6 @@ use dflash_core::stats::AcceptCounts;
 use dflash_core::visibility::packed;
 use dflash_model::models::drafter::{DraftLayout, Drafter};
 use dflash_model::ops::cross_entropy::cross_entropy_rows;
-use dflash_model::profile::Phases;
 use dflash_model::{Rows, Target};
 
 use crate::config::LossKind;
@@ -90,36 +89,37 @@ pub fn labels_and_weights(
     (labels, weights)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a block is trained on: its size B, the decay γ of the row weights, CE or KL.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Objective {
+    pub block: usize,
+    pub gamma: f64,
+    pub kind: LossKind,
+}
+
+impl Objective {
+    /// The objective of a training config.
+    pub fn of(cfg: &crate::config::TrainConfig) -> Self {
+        Self {
+            block: cfg.block_size,
+            gamma: cfg.gamma,
+            kind: cfg.loss,
+        }
+    }
+}
+
+/// The loss of `anchors`' blocks of one training row (the module doc's objective), with the
+/// acceptance counts of the drafter's argmax. Phases (`dflash_model::profile`): drafter
+/// layers, LM head, loss, acceptance counts.
 pub fn block_loss(
     drafter: &Drafter,
     target: &Target,
     row: &TrainingRow,
     feats: &Features,
     anchors: &[usize],
-    block: usize,
-    gamma: f64,
-    kind: LossKind,
+    obj: Objective,
 ) -> Result<LossOutput> {
-    let mut ph = Phases::with(false, feats.taps.device());
-    block_loss_profiled(
-        drafter, target, row, feats, anchors, block, gamma, kind, &mut ph,
-    )
-}
-
-/// [`block_loss`], marking its phases in `ph` (drafter layers, LM head, loss, acceptance).
-#[allow(clippy::too_many_arguments)]
-pub fn block_loss_profiled(
-    drafter: &Drafter,
-    target: &Target,
-    row: &TrainingRow,
-    feats: &Features,
-    anchors: &[usize],
-    block: usize,
-    gamma: f64,
-    kind: LossKind,
-    ph: &mut Phases,
-) -> Result<LossOutput> {
+    let Objective { block, gamma, kind } = obj;
     if anchors.is_empty() {
         bail!("no anchors: the sequence needs two consecutive supervised tokens");
     }
@@ -128,6 +128,7 @@ pub fn block_loss_profiled(
         .iter()
         .flat_map(|&a| drafter.block_tokens(row.seq.ids[a], block))
         .collect();
+    let phase = tracing::info_span!(target: "phase", "drafter layers").entered();
     let emb = drafter.embed_block(target, &block_tokens)?;
     let layout = DraftLayout::Training {
         segs: &row.segs,
@@ -135,7 +136,7 @@ pub fn block_loss_profiled(
         block,
     };
     let hidden = drafter.forward(&feats.taps, &emb, layout, None)?;
-    ph.mark("drafter layers");
+    drop(phase);
     // block rows 1..B of every block (row 0, the anchor, is never trained): a narrow of
     // [anchors, B, h], whose backward is a zero-padded copy (not an index_add)
     let h = hidden.dim(2)?;
@@ -151,15 +152,19 @@ pub fn block_loss_profiled(
     }
     let (per_row, pred, logits) = match kind {
         LossKind::Ce => {
+            let phase = tracing::info_span!(target: "phase", "LM head").entered();
             // logits in the model's dtype, into the fused cross-entropy (f32 inside)
             let logits = drafter.training_logits(target, &hidden_rows)?.squeeze(0)?; // [R, V]
-            ph.mark("LM head");
+            drop(phase);
+            let _loss = tracing::info_span!(target: "phase", "loss").entered();
             let (per_row, pred) = cross_entropy_rows(&logits, &labels)?;
             (per_row, pred, logits)
         }
         LossKind::Kl => {
+            let phase = tracing::info_span!(target: "phase", "LM head").entered();
             let logits = drafter.logits(target, &hidden_rows)?.squeeze(0)?; // [R, V] f32
-            ph.mark("LM head");
+            drop(phase);
+            let _loss = tracing::info_span!(target: "phase", "loss").entered();
             let tl = feats
                 .target_logits
                 .as_ref()
@@ -182,14 +187,13 @@ pub fn block_loss_profiled(
     };
     let w = Tensor::from_vec(weights.clone(), weights.len(), &dev)?.to_dtype(per_row.dtype())?;
     let loss = ((per_row * w)?.sum_all()? / wsum)?;
-    ph.mark("loss");
+    let _counts = tracing::info_span!(target: "phase", "acceptance counts").entered();
     // acceptance counts from the argmax: a draft without a supervised label ends the walk
     let mut counts = AcceptCounts::new(block - 1);
     for j in 0..anchors.len() {
         let rows = j * (block - 1)..(j + 1) * (block - 1);
         counts.add_block(rows.map(|r| (weights[r] != 0.0).then(|| pred[r] == labels[r])));
     }
-    ph.mark("acceptance counts");
     Ok(LossOutput {
         loss,
         weight_sum: wsum,

@@ -127,7 +127,7 @@ pub fn regenerate_one(
     seed: u64,
 ) -> Result<Sequence> {
     let req = build_request(lt, prompt, opts, seed)?;
-    let g = generate(&lt.target, None, Mode::Ar, &req)?;
+    let g = generate(&lt.target, None, Mode::Ar, &req, Default::default())?;
     Ok(to_sequence(&req.prompt_ids, &g.new_tokens))
 }
 

@@ -2,16 +2,14 @@
 //! differences at f64; the training mask is the rule written out by hand; nothing at or after
 //! an anchor leaks into its block.
 
-mod common;
-
 use candle_core::{DType, Tensor, Var};
-use common::*;
 use dflash_core::segments::Segments;
 use dflash_core::visibility::{draft_training, DraftRule};
 use dflash_model::models::drafter_init::{drafter_config, random_weights, DrafterShape};
 use dflash_model::ops::compare::max_abs;
+use dflash_testkit::*;
 use dflash_train::config::LossKind;
-use dflash_train::loss::{block_loss, target_features};
+use dflash_train::loss::{block_loss, target_features, Objective};
 use dflash_train::pack::{pack, TrainingRow};
 use dflash_train::trainer::TrainableDrafter;
 
@@ -51,7 +49,19 @@ fn gradients_reach_trainable_parameters_only() {
             kind == LossKind::Kl,
         )
         .unwrap();
-        let out = block_loss(&td.drafter, &lt.target, &s, &f, &[6, 9, 14], 4, 7.0, kind).unwrap();
+        let out = block_loss(
+            &td.drafter,
+            &lt.target,
+            &s,
+            &f,
+            &[6, 9, 14],
+            Objective {
+                block: 4,
+                gamma: 7.0,
+                kind,
+            },
+        )
+        .unwrap();
         let g = out.loss.backward().unwrap();
         for (n, p) in &td.params {
             let gi = g
@@ -90,9 +100,11 @@ fn gradient_matches_finite_differences_at_f64() {
             &s,
             &f,
             &anchors,
-            4,
-            7.0,
-            LossKind::Ce,
+            Objective {
+                block: 4,
+                gamma: 7.0,
+                kind: LossKind::Ce,
+            },
         )
         .unwrap()
         .loss
@@ -105,9 +117,11 @@ fn gradient_matches_finite_differences_at_f64() {
         &s,
         &f,
         &anchors,
-        4,
-        7.0,
-        LossKind::Ce,
+        Objective {
+            block: 4,
+            gamma: 7.0,
+            kind: LossKind::Ce,
+        },
     )
     .unwrap();
     let grads = out.loss.backward().unwrap();
@@ -187,7 +201,19 @@ fn nothing_at_or_after_the_anchor_leaks() {
     let s = TrainingRow::single(sequence(3, 4, 24));
     let a = 12usize;
     let f = target_features(&lt.target, &td.drafter.target_layer_ids, &s, false).unwrap();
-    let base = block_loss(&td.drafter, &lt.target, &s, &f, &[a], 4, 7.0, LossKind::Ce).unwrap();
+    let base = block_loss(
+        &td.drafter,
+        &lt.target,
+        &s,
+        &f,
+        &[a],
+        Objective {
+            block: 4,
+            gamma: 7.0,
+            kind: LossKind::Ce,
+        },
+    )
+    .unwrap();
     // (1) noise on the context features at positions >= a
     let taps = f.taps.squeeze(0).unwrap();
     let (l, w) = taps.dims2().unwrap();
@@ -204,7 +230,19 @@ fn nothing_at_or_after_the_anchor_leaks() {
         taps: perturbed.unsqueeze(0).unwrap(),
         target_logits: None,
     };
-    let out = block_loss(&td.drafter, &lt.target, &s, &f2, &[a], 4, 7.0, LossKind::Ce).unwrap();
+    let out = block_loss(
+        &td.drafter,
+        &lt.target,
+        &s,
+        &f2,
+        &[a],
+        Objective {
+            block: 4,
+            gamma: 7.0,
+            kind: LossKind::Ce,
+        },
+    )
+    .unwrap();
     let d = max_abs(&out.draft_logits, &base.draft_logits).unwrap();
     assert!(
         d <= 1e-6,
@@ -224,9 +262,11 @@ fn nothing_at_or_after_the_anchor_leaks() {
         &s3,
         &f3,
         &[a],
-        4,
-        7.0,
-        LossKind::Ce,
+        Objective {
+            block: 4,
+            gamma: 7.0,
+            kind: LossKind::Ce,
+        },
     )
     .unwrap();
     let d = max_abs(&out3.draft_logits, &base.draft_logits).unwrap();
@@ -248,7 +288,19 @@ fn nothing_at_or_after_the_anchor_leaks() {
         taps: bump.unsqueeze(0).unwrap(),
         target_logits: None,
     };
-    let out4 = block_loss(&td.drafter, &lt.target, &s, &f4, &[a], 4, 7.0, LossKind::Ce).unwrap();
+    let out4 = block_loss(
+        &td.drafter,
+        &lt.target,
+        &s,
+        &f4,
+        &[a],
+        Objective {
+            block: 4,
+            gamma: 7.0,
+            kind: LossKind::Ce,
+        },
+    )
+    .unwrap();
     let d = max_abs(&out4.draft_logits, &base.draft_logits).unwrap();
     assert!(d <= 1e-6, "the anchor's own feature leaked by {d}");
 }
@@ -275,9 +327,11 @@ fn packed_rows_equal_their_sequences_alone() {
         row,
         &fp,
         &packed_anchors,
-        4,
-        7.0,
-        LossKind::Kl,
+        Objective {
+            block: 4,
+            gamma: 7.0,
+            kind: LossKind::Kl,
+        },
     )
     .unwrap();
     let (mut num, mut den) = (0.0, 0.0);
@@ -288,7 +342,19 @@ fn packed_rows_equal_their_sequences_alone() {
         let n = s.ids.len();
         let d = max_abs(&f.taps, &fp.taps.narrow(1, off, n).unwrap()).unwrap();
         assert!(d < 1e-4, "target features differ by {d}");
-        let out = block_loss(&td.drafter, &lt.target, &alone, &f, a, 4, 7.0, LossKind::Kl).unwrap();
+        let out = block_loss(
+            &td.drafter,
+            &lt.target,
+            &alone,
+            &f,
+            a,
+            Objective {
+                block: 4,
+                gamma: 7.0,
+                kind: LossKind::Kl,
+            },
+        )
+        .unwrap();
         num += out.loss.to_scalar::<f32>().unwrap() as f64 * out.weight_sum;
         den += out.weight_sum;
         logits.push(out.draft_logits);

@@ -3,7 +3,7 @@
 //! ([`crate::ops::cross_entropy`]), values and gradients, on fixed pseudo-random inputs of the
 //! drafter's shape (9/3 heads of 64, B = 16, several windows, two packed sequences); and the
 //! target's interval softmax ([`crate::ops::interval_softmax`]) on a batch of right-aligned rows.
-//! `device-check` and `bench-train` run it before trusting a GPU's numbers.
+//! `check device` and `bench train` run it before trusting a GPU's numbers.
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use dflash_core::segments::Segments;

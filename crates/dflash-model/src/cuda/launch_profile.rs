@@ -25,7 +25,7 @@
 //! small uploads (kept on the device, keyed by content): after one warm-up run, the same work
 //! uploads nothing, and its capture replays correctly.
 //!
-//! Example (measured, `docs/BENCHMARKS.md`, fifth session): an AR step of SmolLM2-135M's shape
+//! Example (measured, `docs/BENCHMARKS.md`): an AR step of SmolLM2-135M's shape
 //! on the H200 counts 814 kernels and 1,502 allocations and frees; the host needs 5.8 ms to
 //! enqueue them, the GPU 3.9 ms to run them back to back, a graph replay 2.7 ms. The step is the
 //! host's; graphs remove the host's share, and what remains is the number of kernels.

@@ -4,7 +4,7 @@
 //! 16 per DFlash verify, 9 or 33 per DDTree verify. Reading the weights from memory is then
 //! most of the cost, and it can be nearly the same for 16 rows as for 1 if each weight is read
 //! once and used for every input row. candle's general matmul packs the weights on every call
-//! and costs 1.5–3× more than that (docs/BENCHMARKS.md, seventh session).
+//! and costs 1.5–3× more than that (docs/BENCHMARKS.md).
 //!
 //! [`Linear`] therefore multiplies an f32 CPU input that nothing differentiates (inference)
 //! by a copy of its weights re-laid as panels ([`crate::cpu::panels`], AVX-512), made when the

@@ -3,7 +3,7 @@
 //! Drafting reads the target's whole LM head for every drafted row (SmolLM2: 49,152 × 576
 //! f32, 113 MB, ≈ 4 ms per round on the 2-core CPU: as long as the drafter's five layers),
 //! though the target writes few of those tokens: 8,192 of them cover 99.6 % of SmolLM2's
-//! regenerated responses (ninth session). With `draft_vocab.json` beside its weights, a
+//! regenerated responses (the bundled drafter's data). With `draft_vocab.json` beside its weights, a
 //! drafter's proposals come from those tokens only (FR-Spec's frequency-ranked drafting):
 //! the LM head's rows of the subset, whose logits are bit-identical to the full head's for
 //! those tokens, and log-probabilities normalised over the subset. Verification is unchanged,

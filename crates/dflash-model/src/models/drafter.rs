@@ -79,7 +79,7 @@ impl DraftLayout<'_> {
 /// the H200 before the fused block softmax (a 2,048-token packed row, 1,024 anchors): 64-block
 /// windows (≈ 0.4–2 M cells) 125 ms of drafter forward per row, 4 M-cell windows 214 ms. With
 /// the fused softmax and 1 M cells the whole drafter step of a 512-anchor row is 90 ms
-/// (docs/BENCHMARKS.md, sixth session); other budgets are not measured.
+/// (docs/BENCHMARKS.md); other budgets are not measured.
 const WINDOW_CELLS: usize = 1 << 20;
 
 /// A layer's attention mask: the whole `[keys]` mask and each row's visible key runs (for
@@ -129,6 +129,20 @@ pub struct Drafter {
     /// The tokens its proposals come from (`draft_vocab.json` beside the weights), or the
     /// whole vocabulary.
     pub draft_vocab: Option<DraftVocab>,
+}
+
+/// Where one inference round's draft block sits: the anchor `token` (committed, not yet in
+/// the target cache) at position `anchor`, a block of `block` rows (the anchor and `block - 1`
+/// mask tokens), and how many of the rows after the anchor go through the LM head
+/// (`positions ≤ block - 1`). Example: anchor token 42 at position 20, block 16, a DDTree of
+/// budget 8 → `BlockAt { token: 42, anchor: 20, block: 16, positions: 8 }`: logits for
+/// positions 21 ..= 28.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockAt {
+    pub token: u32,
+    pub anchor: usize,
+    pub block: usize,
+    pub positions: usize,
 }
 
 impl Drafter {
@@ -435,26 +449,28 @@ impl Drafter {
         self.finish_logits(target.lm_head_native(hidden)?)
     }
 
-    /// One inference round's draft: logits `[positions, vocab]` for positions `anchor + 1 ..=
-    /// anchor + positions` (`positions ≤ block - 1`; `block - 1`: the whole block). The layers
+    /// One inference round's draft ([`BlockAt`]): logits `[positions, vocab]` for positions
+    /// `anchor + 1 ..= anchor + positions` (`positions ≤ block - 1`; `block - 1`: the whole block). The layers
     /// always see the whole block, so a row's logits do not depend on `positions`: a DDTree of
     /// budget 8 is at most 8 deep and takes 8 of a 16-block's 15 rows through the LM head.
     /// `new_ctx_taps` `[1, m, L*h]` are the committed rows since the last call (positions
     /// `cache.len() .. anchor`); afterwards the cache holds exactly the context rows `0 .. anchor`.
     /// With a `head` the logits are over its vocabulary subset, `[positions, subset]`, column
     /// `j` being token `head.token(j)` ([`crate::models::draft_vocab`]).
-    #[allow(clippy::too_many_arguments)]
     pub fn draft(
         &self,
         target: &Target,
         head: Option<&DraftHead>,
         cache: &mut KvCache,
         new_ctx_taps: &Tensor,
-        anchor_token: u32,
-        anchor: usize,
-        block: usize,
-        positions: usize,
+        at: BlockAt,
     ) -> Result<Tensor> {
+        let BlockAt {
+            token: anchor_token,
+            anchor,
+            block,
+            positions,
+        } = at;
         if positions == 0 {
             anyhow::bail!("draft: no position to draft");
         }

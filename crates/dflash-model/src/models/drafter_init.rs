@@ -136,49 +136,33 @@ pub fn random_weights(cfg: &DrafterConfig, seed: u64) -> Result<HashMap<String, 
     Ok(w)
 }
 
-/// Write `config.json` + `model.safetensors` into `dir` atomically: everything goes to a
-/// temporary sibling directory, is synced, and replaces `dir` with one rename.
+/// Write a drafter (`config.json`, `model.safetensors`) into the directory `dir` (created;
+/// not atomic: callers write into a directory that [`crate::io::atomic::replace_dir`] puts in
+/// place).
+pub fn write_drafter_into(
+    dir: &Path,
+    cfg: &DrafterConfig,
+    weights: &HashMap<String, Tensor>,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(cfg)? + "\n",
+    )?;
+    candle_core::safetensors::save(weights, dir.join("model.safetensors"))
+        .with_context(|| format!("writing {}/model.safetensors", dir.display()))?;
+    Ok(())
+}
+
+/// Save a drafter in z-lab format into `dir`, replacing it atomically (its old content, if
+/// any, stays whole until the new one is complete: [`crate::io::atomic`]).
 pub fn save_drafter(
     dir: &Path,
     cfg: &DrafterConfig,
     weights: &HashMap<String, Tensor>,
 ) -> Result<()> {
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let name = dir
-        .file_name()
-        .context("output directory has no name")?
-        .to_string_lossy()
-        .to_string();
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp)?;
-    let write = || -> Result<()> {
-        let cfg_path = tmp.join("config.json");
-        std::fs::write(&cfg_path, serde_json::to_string_pretty(cfg)? + "\n")?;
-        let st = tmp.join("model.safetensors");
-        candle_core::safetensors::save(weights, &st)?;
-        for f in [&cfg_path, &st] {
-            std::fs::File::open(f)?.sync_all()?;
-        }
-        Ok(())
-    };
-    if let Err(e) = write() {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e.context(format!("writing the drafter to {}", tmp.display())));
-    }
-    if dir.exists() {
-        let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-        std::fs::rename(dir, &old)?;
-        std::fs::rename(&tmp, dir)?;
-        std::fs::remove_dir_all(&old)?;
-    } else {
-        std::fs::rename(&tmp, dir)?;
-    }
-    Ok(())
+    crate::io::atomic::replace_dir(dir, |tmp| write_drafter_into(tmp, cfg, weights))
+        .with_context(|| format!("writing the drafter to {}", dir.display()))
 }
 
 /// A seeded random drafter for a loaded target (its default mask token), in the target's

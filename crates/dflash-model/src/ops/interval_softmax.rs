@@ -2,7 +2,7 @@
 //! a chain's verify, batched decoding: the causal and right-aligned rules): scale, mask and
 //! softmax in one pass over the scores as the matmul wrote them, instead of a scale, a cast to
 //! f32, a broadcast mask add, the softmax and a cast back (five full passes; a SmolLM2 prefill
-//! of 16 prompts spent two thirds of its GPU time there, `docs/BENCHMARKS.md`, sixth session).
+//! of 16 prompts spent two thirds of its GPU time there, `docs/BENCHMARKS.md`).
 //! Forward only: the target has no gradient ([`crate::layers::attention::attend_intervals`] refuses
 //! inputs that carry a graph).
 //!

@@ -1,39 +1,10 @@
-#![allow(dead_code)]
-//! Test support: the tiny random Qwen3 target as a loadable directory (with a word-level
-//! tokenizer over its 256 ids), and data directories written for it.
+//! Data directories for the trainer, written for a target directory.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
-use dflash_model::io::loader::{identity_hash, load_target, LoadedTarget};
+use dflash_model::io::loader::identity_hash;
 use dflash_train::data::{write_manifest, write_shard, Manifest, Sequence, ShardInfo, FORMAT};
-
-pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
-}
-
-pub fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dflash-train-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// A private copy of tests/fixtures/qwen3-tiny (a random tiny Qwen3 with a word-level
-/// tokenizer "t0" … "t255"), so a test may alter it.
-pub fn tiny_target_dir(name: &str) -> PathBuf {
-    let d = tmp(&format!("target-{name}"));
-    for e in std::fs::read_dir(fixtures().join("qwen3-tiny")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
-    }
-    d
-}
-
-pub fn load(dir: &Path, dtype: DType) -> LoadedTarget {
-    load_target(dir.to_str().unwrap(), dtype, &Device::Cpu).unwrap()
-}
 
 /// A data directory of `seqs` for the target in `target_dir`.
 pub fn write_data(dir: &Path, target_dir: &Path, seqs: &[Sequence]) {

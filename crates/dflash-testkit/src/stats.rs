@@ -1,56 +1,4 @@
-#![allow(dead_code)]
-//! Shared fixtures and statistics for the engine tests.
-
-use std::path::PathBuf;
-
-use candle_core::{DType, Device, Tensor};
-use dflash_core::sampling::SamplingParams;
-use dflash_engine::Request;
-use dflash_model::io::loader::load_hf_weights;
-use dflash_model::models::drafter::Drafter;
-use dflash_model::Target;
-
-pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
-}
-/// The random tiny Qwen3 target of tests/fixtures/qwen3-tiny.
-pub fn tiny() -> Target {
-    let (cfg, store) =
-        load_hf_weights(&fixtures().join("qwen3-tiny"), DType::F32, &Device::Cpu).unwrap();
-    Target::load(cfg, &store).unwrap()
-}
-/// z-lab's "quiet" random drafter for it (long acceptances once the target loops).
-pub fn quiet(t: &Target) -> Drafter {
-    Drafter::load_dir(&fixtures().join("dflash-tiny/quiet"), t).unwrap()
-}
-/// The prompt of qwen3-tiny/reference.json.
-pub fn tiny_prompt() -> Vec<u32> {
-    vec![37, 235, 140, 72, 255, 137, 203, 133, 79, 192, 144, 129]
-}
-/// Where the tiny target settles into its loop: drafts get accepted from here on.
-pub fn loop_prompt() -> Vec<u32> {
-    [tiny_prompt(), vec![210, 213, 107, 175, 174, 175, 62, 74]].concat()
-}
-/// SmolLM2-135M from the asset cache (f32, CPU).
-pub fn smollm2() -> dflash_model::io::loader::LoadedTarget {
-    let path = dflash_model::io::loader::dflash_home()
-        .join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/fetch-assets.sh smollm2",
-        path.display()
-    );
-    dflash_model::io::loader::load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap()
-}
-
-pub fn req(prompt: &[u32], n: usize, sampling: SamplingParams, stop: &[u32]) -> Request {
-    Request {
-        prompt_ids: prompt.to_vec(),
-        max_new_tokens: n,
-        sampling,
-        stop_ids: stop.to_vec(),
-    }
-}
+//! Statistics for the losslessness tests at T > 0.
 
 /// Regularized upper incomplete gamma Q(a, x) (Numerical Recipes' series / continued fraction).
 pub fn gamma_q(a: f64, x: f64) -> f64 {
@@ -139,13 +87,4 @@ pub fn chi_square_p(a: &[usize], b: &[usize]) -> f64 {
     }
     let df = (cats.len() - 1) as f64;
     gamma_q(df / 2.0, stat / 2.0)
-}
-
-/// max |a - b| / max |b| (`dflash_model::ops::compare`)
-pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
-    dflash_model::ops::compare::rel_err(a, b).unwrap()
-}
-/// max |a - b| (`dflash_model::ops::compare`)
-pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
-    dflash_model::ops::compare::max_abs(a, b).unwrap()
 }

@@ -1,0 +1,197 @@
+//! The tiny Qwen3's fixed-shape forwards (the layouts a CUDA graph captures): `prepare` then
+//! `forward_prepared`, the fixed-capacity cache layout and `GraphedForward`, each against the
+//! plain forward (which `qwen3_tiny.rs` anchors to transformers).
+
+use candle_core::Tensor;
+use dflash_core::visibility::causal;
+use dflash_model::Rows;
+use dflash_testkit::*;
+
+/// The split a CUDA graph captures: `prepare` (host copies) then `forward_prepared` (device
+/// work) gives `forward`'s logits bit for bit, and inputs prepared for another cache length
+/// are refused by name instead of attending over the wrong columns.
+#[test]
+fn prepared_forward_equals_forward_and_refuses_another_cache_length() {
+    let t = tiny();
+    let mut a = t.new_cache();
+    let mut b = t.new_cache();
+    t.forward_causal(&[3, 4, 5], &mut a, &[], &Rows::None)
+        .unwrap();
+    t.forward_causal(&[3, 4, 5], &mut b, &[], &Rows::None)
+        .unwrap();
+    let whole = t
+        .forward(&[6, 7], &[3, 4], &causal(3, 2), &mut a, &[0], &Rows::All)
+        .unwrap();
+    let inputs = t
+        .prepare(&[6, 7], &[3, 4], &[causal(3, 2)], 3, None)
+        .unwrap();
+    let split = t
+        .forward_prepared(&inputs, &mut b, &[0], &Rows::All)
+        .unwrap();
+    let v = |x: &Tensor| x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(
+        v(whole.logits.as_ref().unwrap()),
+        v(split.logits.as_ref().unwrap())
+    );
+    assert_eq!(v(&whole.taps[0]), v(&split.taps[0]));
+    assert_eq!(b.len(), 5);
+    let err = t
+        .forward_prepared(&inputs, &mut b, &[], &Rows::All)
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("prepared for a 3-row cache"),
+        "{err}"
+    );
+}
+
+/// The fixed layout (`prepare` with a capacity: K/V written through a device index into a cache of
+/// exactly `cap` rows, attention over all of them with the extra columns masked) gives the
+/// append layout's logits, taps and cache rows; and its limits are named.
+#[test]
+fn fixed_layout_forward_equals_append_forward() {
+    let t = tiny();
+    let meta = json(&fixtures().join("qwen3-tiny/reference.json"));
+    let toks = ids(&meta["ids"]);
+    let (k, n) = (7, toks.len() - 7);
+    let pos: Vec<usize> = (0..toks.len()).collect();
+    let mut a = t.new_cache();
+    let mut f = t.new_cache();
+    for c in [&mut a, &mut f] {
+        t.forward_causal(&toks[..k], c, &[], &Rows::None).unwrap();
+    }
+    let cap = toks.len() + 5;
+    f.reserve_exact(cap).unwrap();
+    let want = t
+        .forward(
+            &toks[k..],
+            &pos[k..],
+            &causal(k, n),
+            &mut a,
+            &[1],
+            &Rows::All,
+        )
+        .unwrap();
+    let inputs = t
+        .prepare(&toks[k..], &pos[k..], &[causal(k, n)], k, Some(cap))
+        .unwrap();
+    let got = t
+        .forward_prepared(&inputs, &mut f, &[1], &Rows::All)
+        .unwrap();
+    let d = max_abs(&got.logits.unwrap(), &want.logits.unwrap());
+    assert!(d <= 1e-5, "logits differ by {d}");
+    assert!(max_abs(&got.taps[0], &want.taps[0]) <= 1e-5);
+    assert_eq!(f.len(), a.len());
+    for layer in 0..2 {
+        let (ka, va) = a.layer(layer).unwrap().unwrap();
+        let (kf, vf) = f.layer(layer).unwrap().unwrap();
+        assert!(max_abs(&ka, &kf) <= 1e-6 && max_abs(&va, &vf) <= 1e-6);
+    }
+    // past the capacity, and a cache of another capacity, are refused by name
+    let err = t
+        .prepare(&[1, 2], &[k, k + 1], &[causal(k, 2)], k, Some(k + 1))
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("capacity of 8 rows"), "{err}");
+    let mut small = t.new_cache();
+    t.forward_causal(&toks[..k], &mut small, &[], &Rows::None)
+        .unwrap();
+    let one = t
+        .prepare(&[1], &[k], &[causal(k, 1)], k, Some(cap))
+        .unwrap();
+    let err = t
+        .forward_prepared(&one, &mut small, &[], &Rows::All)
+        .err()
+        .unwrap();
+    assert!(
+        format!("{err:#}").contains("reserve_exact first"),
+        "{err:#}"
+    );
+}
+
+/// AR through `GraphedForward` (on the CPU: the fixed layout on one set of input buffers,
+/// rewritten in place every step, as a GPU graph replay reads them) equals plain greedy AR,
+/// and the buffers are reused (one slot for n = 1).
+#[test]
+fn graphed_forward_decodes_like_plain_ar() {
+    use dflash_model::cuda::graphed::GraphedForward;
+    let t = tiny();
+    let meta = json(&fixtures().join("qwen3-tiny/reference.json"));
+    let prompt = ids(&meta["ids"]);
+    let steps = 12;
+    let want = greedy(&t, &prompt, steps);
+    let mut cache = t.new_cache();
+    let o = t
+        .forward_causal(&prompt, &mut cache, &[], &Rows::Last)
+        .unwrap();
+    let first = |o: &dflash_model::TargetOutput, row: usize| -> u32 {
+        let l = o.logits.as_ref().unwrap();
+        let r = l.get(l.dim(0).unwrap() - 1 - row).unwrap();
+        dflash_core::sampling::argmax(&r.to_vec1::<f32>().unwrap())
+    };
+    let mut got = vec![first(&o, 0)];
+    let mut g = GraphedForward::new(&mut cache, prompt.len() + steps, 1).unwrap();
+    while got.len() < steps {
+        let c = cache.len();
+        let o = g
+            .forward(
+                &t,
+                &[*got.last().unwrap()],
+                &[c],
+                &causal(c, 1),
+                &mut cache,
+                &[],
+            )
+            .unwrap();
+        got.push(first(&o, 0));
+    }
+    assert_eq!(got, want);
+    assert_eq!(g.captured_rows(), vec![1]);
+    assert_eq!(g.eager_calls, 0);
+}
+
+/// Forwards shorter than `pad_to` run padded to it (padding rows that only see the cache
+/// and themselves) and give the unpadded forward's logits, taps and cache length: one slot
+/// serves every verify length of a decoding loop.
+#[test]
+fn graphed_forward_pads_short_forwards_to_one_shape() {
+    use dflash_model::cuda::graphed::GraphedForward;
+    let t = tiny();
+    let meta = json(&fixtures().join("qwen3-tiny/reference.json"));
+    let prompt = ids(&meta["ids"]);
+    let mut plain = t.new_cache();
+    let mut fixed = t.new_cache();
+    for c in [&mut plain, &mut fixed] {
+        t.forward_causal(&prompt, c, &[], &Rows::None).unwrap();
+    }
+    let mut g = GraphedForward::new(&mut fixed, prompt.len() + 20, 6).unwrap();
+    for n in [6usize, 4, 1, 3] {
+        let c = plain.len();
+        let toks: Vec<u32> = (0..n as u32).map(|i| 7 + 11 * i).collect();
+        let pos: Vec<usize> = (c..c + n).collect();
+        let want = t
+            .forward(&toks, &pos, &causal(c, n), &mut plain, &[1], &Rows::All)
+            .unwrap();
+        let got = g
+            .forward(&t, &toks, &pos, &causal(c, n), &mut fixed, &[1])
+            .unwrap();
+        let (gl, wl) = (got.logits.unwrap(), want.logits.unwrap());
+        assert_eq!(gl.dims(), wl.dims(), "{n} rows");
+        assert!(max_abs(&gl, &wl) <= 1e-5, "{n} rows");
+        assert!(max_abs(&got.taps[0], &want.taps[0]) <= 1e-5, "{n} rows");
+        assert_eq!(fixed.len(), plain.len(), "{n} rows");
+    }
+    assert_eq!(g.captured_rows(), vec![6]);
+    // no tokens, or a mask of another shape, is an error, not a panic
+    let c = fixed.len();
+    let err = g
+        .forward(&t, &[], &[], &causal(c, 0), &mut fixed, &[1])
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("a forward of 0 tokens"), "{err}");
+    let err = g
+        .forward(&t, &[1, 2], &[c, c + 1], &causal(c, 3), &mut fixed, &[1])
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("needs a 2x"), "{err}");
+}

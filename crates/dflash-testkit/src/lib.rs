@@ -1,0 +1,20 @@
+//! Test support shared by every crate's tests (a dev-dependency only): where the fixtures and
+//! the cached assets are, the tiny random targets and SmolLM2, reference tensors and error
+//! metrics, data directories for the trainer, and a chi-square test.
+//!
+//! Tests import it as `use dflash_testkit as common;`, so `common::tiny()` reads the same
+//! everywhere.
+
+mod data;
+mod paths;
+mod refs;
+mod stats;
+mod targets;
+
+pub use data::{sequence, write_data};
+pub use paths::{asset, fixtures, smollm2_gguf, tmp};
+pub use refs::{ids, json, load_ref, max_abs, rel_err};
+pub use stats::{chi_square_p, gamma_q};
+pub use targets::{
+    greedy, load, loop_prompt, quiet, req, smollm2, tiny, tiny_prompt, tiny_target_dir,
+};

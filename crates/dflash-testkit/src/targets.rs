@@ -1,0 +1,94 @@
+//! Targets and drafters the tests run: the random tiny Qwen3 of `tests/fixtures/qwen3-tiny`
+//! (a word-level tokenizer "t0" … "t255"), z-lab's random drafters for it, and SmolLM2-135M
+//! from the asset cache.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use dflash_core::sampling::SamplingParams;
+use dflash_engine::Request;
+use dflash_model::io::loader::{load_hf_weights, load_target, LoadedTarget};
+use dflash_model::models::drafter::Drafter;
+use dflash_model::Target;
+
+use crate::paths::{fixtures, smollm2_gguf, tmp};
+
+/// The random tiny Qwen3 target of tests/fixtures/qwen3-tiny (f32, CPU).
+pub fn tiny() -> Target {
+    let (cfg, store) =
+        load_hf_weights(&fixtures().join("qwen3-tiny"), DType::F32, &Device::Cpu).unwrap();
+    Target::load(cfg, &store).unwrap()
+}
+
+/// A private copy of tests/fixtures/qwen3-tiny, so a test may alter it.
+pub fn tiny_target_dir(name: &str) -> PathBuf {
+    let d = tmp(&format!("target-{name}"));
+    for e in std::fs::read_dir(fixtures().join("qwen3-tiny")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), d.join(e.file_name())).unwrap();
+    }
+    d
+}
+
+/// A target directory or file loaded on the CPU in `dtype`.
+pub fn load(dir: &Path, dtype: DType) -> LoadedTarget {
+    load_target(dir.to_str().unwrap(), dtype, &Device::Cpu).unwrap()
+}
+
+/// z-lab's "quiet" random drafter for the tiny target (long acceptances once the target
+/// loops).
+pub fn quiet(t: &Target) -> Drafter {
+    Drafter::load_dir(&fixtures().join("dflash-tiny/quiet"), t).unwrap()
+}
+
+/// The prompt of qwen3-tiny/reference.json.
+pub fn tiny_prompt() -> Vec<u32> {
+    vec![37, 235, 140, 72, 255, 137, 203, 133, 79, 192, 144, 129]
+}
+
+/// Where the tiny target settles into its loop: drafts get accepted from here on.
+pub fn loop_prompt() -> Vec<u32> {
+    [tiny_prompt(), vec![210, 213, 107, 175, 174, 175, 62, 74]].concat()
+}
+
+/// SmolLM2-135M-Instruct from the asset cache (f32, CPU).
+pub fn smollm2() -> LoadedTarget {
+    load(&smollm2_gguf(), DType::F32)
+}
+
+/// A request of `n` new tokens.
+pub fn req(prompt: &[u32], n: usize, sampling: SamplingParams, stop: &[u32]) -> Request {
+    Request {
+        prompt_ids: prompt.to_vec(),
+        max_new_tokens: n,
+        sampling,
+        stop_ids: stop.to_vec(),
+    }
+}
+
+/// Greedy continuation with the KV cache, one token per forward, as the references do it.
+pub fn greedy(t: &Target, prompt: &[u32], steps: usize) -> Vec<u32> {
+    use dflash_core::visibility::causal;
+    let mut cache = t.new_cache();
+    let mut new = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let start = cache.len();
+        let pos: Vec<usize> = (start..start + new.len()).collect();
+        let o = t
+            .forward(
+                &new,
+                &pos,
+                &causal(start, new.len()),
+                &mut cache,
+                &[],
+                &dflash_model::Rows::Last,
+            )
+            .unwrap();
+        let l: Vec<f32> = o.logits.unwrap().squeeze(0).unwrap().to_vec1().unwrap();
+        let next = dflash_core::sampling::argmax(&l);
+        out.push(next);
+        new = vec![next];
+    }
+    out
+}

@@ -1,0 +1,165 @@
+//! The trainable drafter: its weights as variables (f32 masters), the drafter built on them,
+//! gradient accumulation and the optimizer update.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Tensor, Var};
+use dflash_core::config::DrafterConfig;
+use dflash_model::io::weights::TensorStore;
+use dflash_model::models::drafter::Drafter;
+use dflash_model::Target;
+
+use crate::optim::{clip_grad_norm, AdamW};
+
+/// The trainable drafter: named variables (sorted) and the drafter built on them.
+pub struct TrainableDrafter {
+    pub config: DrafterConfig,
+    pub params: Vec<(String, Var)>,
+    pub drafter: Drafter,
+}
+
+impl TrainableDrafter {
+    /// f32 variables (f64 for an f64 target: gradient checks); the drafter computes in the
+    /// target's dtype (bf16 on GPU), so the variables are the master weights.
+    pub fn new(
+        config: DrafterConfig,
+        weights: &HashMap<String, Tensor>,
+        t: &Target,
+    ) -> Result<Self> {
+        let master = dflash_model::layers::norm::compute_dtype(t.dtype);
+        let mut names: Vec<&String> = weights.keys().collect();
+        names.sort();
+        let mut params = Vec::new();
+        let mut map = HashMap::new();
+        for n in names {
+            let var = Var::from_tensor(&weights[n].to_dtype(master)?.to_device(&t.device)?)?;
+            map.insert(n.clone(), var.as_tensor().clone());
+            params.push((n.clone(), var));
+        }
+        let drafter = Drafter::load(
+            config.clone(),
+            &TensorStore::new(map, t.dtype, t.device.clone()),
+            t,
+        )?;
+        Ok(Self {
+            config,
+            params,
+            drafter,
+        })
+    }
+
+    pub fn weights(&self) -> HashMap<String, Tensor> {
+        self.params
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect()
+    }
+
+    /// Add the gradients of `g` to `acc` (one slot per parameter, in `params` order; a slot
+    /// stays `None` until some row gives that parameter a gradient).
+    pub fn accumulate_grads(
+        &self,
+        acc: &mut [Option<Tensor>],
+        g: &candle_core::backprop::GradStore,
+    ) -> Result<()> {
+        for (slot, (_, p)) in acc.iter_mut().zip(&self.params) {
+            if let Some(gi) = g.get(p.as_tensor()) {
+                *slot = Some(match slot.take() {
+                    Some(a) => (a + gi)?,
+                    None => gi.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// After an optimizer step: when the drafter computes in another dtype than its master
+    /// weights (bf16 on GPU), its weights are casts taken at build time, so cast them anew.
+    /// (At the master dtype the drafter's tensors share storage with the variables.)
+    pub fn refresh(&mut self, t: &Target) -> Result<()> {
+        if self
+            .params
+            .first()
+            .is_some_and(|(_, p)| p.dtype() != t.dtype)
+        {
+            let store = TensorStore::new(self.weights(), t.dtype, t.device.clone());
+            self.drafter = Drafter::load(self.config.clone(), &store, t)?;
+        }
+        Ok(())
+    }
+
+    /// One optimizer update from the summed gradients of a step's rows (a parameter without
+    /// one counts as 0): global-norm clipping at `grad_clip`, AdamW at `lr`, the compute-dtype
+    /// copies refreshed. Returns the gradient norm before clipping; a non-finite norm leaves
+    /// the weights as they were. The trainer and `bench train` both update through here.
+    pub fn update(
+        &mut self,
+        target: &Target,
+        opt: &mut AdamW,
+        grads: Vec<Option<Tensor>>,
+        grad_clip: f64,
+        lr: f64,
+    ) -> Result<f64> {
+        let mut grads: Vec<Tensor> = grads
+            .into_iter()
+            .zip(&self.params)
+            .map(|(g, (_, p))| {
+                g.map(Ok)
+                    .unwrap_or_else(|| Tensor::zeros(p.shape(), p.dtype(), p.device()))
+            })
+            .collect::<candle_core::Result<_>>()?;
+        let grad_norm = {
+            let _p = tracing::info_span!(target: "phase", "clip").entered();
+            clip_grad_norm(&mut grads, grad_clip)?
+        };
+        if !grad_norm.is_finite() {
+            return Ok(grad_norm);
+        }
+        {
+            let _p = tracing::info_span!(target: "phase", "optimizer").entered();
+            opt.update(&self.params, &grads, lr)?;
+        }
+        let _p = tracing::info_span!(target: "phase", "refresh bf16 copies").entered();
+        self.refresh(target)?;
+        Ok(grad_norm)
+    }
+}
+
+/// The weights of an existing drafter directory, checked against the run's drafter config
+/// (same shape, taps, block size and mask token), as f32.
+pub(super) fn init_weights_from(
+    dir: &Path,
+    dcfg: &DrafterConfig,
+) -> Result<HashMap<String, Tensor>> {
+    let text = std::fs::read_to_string(dir.join("config.json"))
+        .with_context(|| format!("init_from: reading {}/config.json", dir.display()))?;
+    let theirs: DrafterConfig = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "init_from: {}/config.json is not a drafter config",
+            dir.display()
+        )
+    })?;
+    let same = theirs.hidden_size == dcfg.hidden_size
+        && theirs.intermediate_size == dcfg.intermediate_size
+        && theirs.num_hidden_layers == dcfg.num_hidden_layers
+        && theirs.num_attention_heads == dcfg.num_attention_heads
+        && theirs.num_kv_heads() == dcfg.num_kv_heads()
+        && theirs.head_dim() == dcfg.head_dim()
+        && theirs.block_size == dcfg.block_size
+        && theirs.mask_token_id() == dcfg.mask_token_id()
+        && theirs.resolve_target_layer_ids()?.0 == dcfg.resolve_target_layer_ids()?.0;
+    if !same {
+        bail!(
+            "init_from: the drafter in {} has another shape, block size, mask token or taps than this run's config",
+            dir.display()
+        );
+    }
+    let w =
+        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
+            .with_context(|| format!("init_from: reading {}/model.safetensors", dir.display()))?;
+    w.into_iter()
+        .map(|(n, t)| Ok((n, t.to_dtype(DType::F32)?)))
+        .collect()
+}

@@ -1,0 +1,105 @@
+//! Training rows and their objective: which sequences train, the seeded epoch order, one
+//! row's loss (training and validation alike) and validation.
+
+use anyhow::Result;
+use candle_core::DType;
+use dflash_core::stats::AcceptCounts;
+use dflash_model::io::loader::LoadedTarget;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::drafter::TrainableDrafter;
+use super::features::FeatureCache;
+use crate::anchors;
+use crate::config::{LossKind, TrainConfig};
+use crate::data::Sequence;
+use crate::loss::{block_loss, target_features, LossOutput, Objective};
+use crate::pack::TrainingRow;
+
+/// Sequences cut after their first loop (`loop_window`, [`crate::loops`]) and to
+/// `max_length`, and the ones without two consecutive supervised tokens dropped (counted).
+/// Returns (sequences, dropped, supervised tokens cut as loops).
+pub fn usable_sequences(seqs: Vec<Sequence>, cfg: &TrainConfig) -> (Vec<Sequence>, usize, usize) {
+    let (mut dropped, mut looped) = (0, 0);
+    let kept = seqs
+        .into_iter()
+        .filter_map(|mut s| {
+            if let Some(w) = cfg.loop_window {
+                looped += crate::loops::cut_loop(&mut s, w);
+            }
+            s.ids.truncate(cfg.max_length);
+            s.loss_mask.truncate(cfg.max_length);
+            if anchors::candidates(&s.loss_mask).is_empty() {
+                dropped += 1;
+                None
+            } else {
+                Some(s)
+            }
+        })
+        .collect();
+    (kept, dropped, looped)
+}
+
+/// The order of `n` rows in `epoch`: a ChaCha8 permutation seeded by (`seed`, `epoch`).
+pub(super) fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..n).collect();
+    p.shuffle(&mut ChaCha8Rng::seed_from_u64(anchors::seed_for(
+        seed,
+        epoch,
+        usize::MAX,
+    )));
+    p
+}
+
+/// One training row's objective: the clean target forward for its features (or the ones
+/// `cache` kept for `key`), anchors drawn with `anchor_seed`, the block loss. Training and
+/// validation both go through here.
+pub fn row_loss(
+    td: &TrainableDrafter,
+    lt: &LoadedTarget,
+    cfg: &TrainConfig,
+    row: &TrainingRow,
+    anchor_seed: u64,
+    (cache, key): (&mut FeatureCache, usize),
+) -> Result<LossOutput> {
+    let feats = cache.get(key, || {
+        let _p = tracing::info_span!(target: "phase", "target features").entered();
+        target_features(
+            &lt.target,
+            &td.drafter.target_layer_ids,
+            row,
+            cfg.loss == LossKind::Kl,
+        )
+    })?;
+    let a = anchors::sample(row.anchor_candidates(), cfg.num_anchors, anchor_seed);
+    block_loss(&td.drafter, &lt.target, row, &feats, &a, Objective::of(cfg))
+}
+
+/// Loss and acceptance on held-out sequences (fixed anchors), the features of `seqs[i]` kept
+/// in `cache` under key `key0 + i` (a cache of budget 0 keeps none).
+pub fn validate(
+    td: &TrainableDrafter,
+    lt: &LoadedTarget,
+    cfg: &TrainConfig,
+    seqs: &[Sequence],
+    (cache, key0): (&mut FeatureCache, usize),
+) -> Result<(f64, AcceptCounts)> {
+    let _p = tracing::info_span!(target: "phase", "validation").entered();
+    let mut counts = AcceptCounts::new(cfg.block_size - 1);
+    let (mut num, mut den) = (0.0, 0.0);
+    for (i, s) in seqs.iter().enumerate() {
+        let out = row_loss(
+            td,
+            lt,
+            cfg,
+            &TrainingRow::single(s.clone()),
+            anchors::seed_for(cfg.seed, usize::MAX - 1, i),
+            (&mut *cache, key0 + i),
+        )?;
+        num += out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * out.weight_sum;
+        den += out.weight_sum;
+        counts.merge(&out.counts);
+    }
+    Ok((num / den.max(1e-12), counts))
+}
