@@ -71,7 +71,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     println!("|---|---|---|---|---|---|---|");
     let cuda_graphs = a.cuda_graphs;
     for spec in &specs {
-        let opts = DecodeOptions { cuda_graphs };
+        let opts = DecodeOptions {
+            cuda_graphs,
+            ..Default::default()
+        };
         let d = spec.drafter.map(|i| &drafters[i].drafter);
         let mut tpot = Vec::new();
         let mut last = None;

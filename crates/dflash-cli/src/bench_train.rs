@@ -40,6 +40,10 @@ pub struct BenchTrainArgs {
     /// Dense peak of the device in TFLOP/s at this dtype, for MFU (H200 bf16: 989).
     #[arg(long)]
     pub peak_tflops: Option<f64>,
+    /// Also write the figures as one JSON row (`shape`, `impl`, `features_ms`, `step_ms`,
+    /// `supervised_tok_s`, `mfu_pct`, …) to this file, for `docs/bench/`.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: BenchTrainArgs) -> Result<()> {
@@ -83,7 +87,10 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
     for i in 0..=a.steps {
         dev.synchronize()?;
         let t = Instant::now();
-        let feats = target_features(&target, &taps, &row, false)?;
+        let feats = {
+            let _p = tracing::info_span!(target: "phase", "target features").entered();
+            target_features(&target, &taps, &row, false)?
+        };
         dev.synchronize()?;
         let tf = t.elapsed().as_secs_f64();
         let t = Instant::now();
@@ -94,7 +101,11 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
         };
         let out = block_loss(&td.drafter, &target, &row, &feats, &anchors, obj)?;
         let mut grads = vec![None; td.params.len()];
-        td.accumulate_grads(&mut grads, &out.loss.backward()?)?;
+        let g = {
+            let _p = tracing::info_span!(target: "phase", "backward").entered();
+            out.loss.backward()?
+        };
+        td.accumulate_grads(&mut grads, &g)?;
         td.update(&target, &mut opt, grads, tc.grad_clip, 1e-4)?;
         dev.synchronize()?;
         if i > 0 {
@@ -124,9 +135,29 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
     );
     println!("| matmul FLOPs per step | {:.3} TFLOP |", flops / 1e12);
     println!("| achieved | {tflops:.2} TFLOP/s |");
-    match a.peak_tflops {
-        Some(p) => println!("| MFU (peak {p} TFLOP/s) | {:.2} % |", 100.0 * tflops / p),
-        None => println!("| MFU | pass --peak-tflops |"),
+    let mfu = a.peak_tflops.map(|p| 100.0 * tflops / p);
+    match (a.peak_tflops, mfu) {
+        (Some(p), Some(m)) => println!("| MFU (peak {p} TFLOP/s) | {m:.2} % |"),
+        _ => println!("| MFU | pass --peak-tflops |"),
+    }
+    dflash_model::profile::print_report("bench train");
+    if let Some(path) = &a.json {
+        let row = serde_json::json!({
+            "shape": a.model.shape,
+            "impl": "dflash-rs",
+            "features_ms": tf * 1e3,
+            "step_ms": ts * 1e3,
+            "supervised_tok_s": (a.seq_len - 1) as f64 / (tf + ts),
+            "mfu_pct": mfu,
+            "tflop_per_step": flops / 1e12,
+            "seq_len": a.seq_len,
+            "anchors": anchors.len(),
+            "block_size": a.block_size,
+            "draft_layers": a.draft_layers,
+            "device": a.model.run_on.device,
+            "dtype": a.model.run_on.dtype,
+        });
+        dflash_model::io::atomic::write_file(path, format!("{row}\n").as_bytes())?;
     }
     Ok(())
 }

@@ -142,7 +142,10 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
         let d = drafter_for(lt, &a.drafter)?;
         // each mode plain (speculative ones = AR), then with its verify forwards replayed
         // from CUDA graphs (= the plain run)
-        let graphs = DecodeOptions { cuda_graphs: true };
+        let graphs = DecodeOptions {
+            cuda_graphs: true,
+            ..Default::default()
+        };
         let ms_per_token = |g: &Generation| g.decode_secs * 1e3 / g.new_tokens.len() as f64;
         for (mode, drafter) in [
             (Mode::Ar, None),

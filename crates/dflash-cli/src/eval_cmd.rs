@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use dflash_engine::ModeName;
+use dflash_engine::{Acceptance, ModeName};
 use dflash_eval::datasets;
 use dflash_eval::doctor::{doctor, Status, Tolerances};
 use dflash_eval::harness::{mode_specs, run, EvalDrafter, EvalOptions};
@@ -47,6 +47,12 @@ pub struct EvalArgs {
     /// Untimed tokens per mode before the timed items (PTX compilation, allocations; 0: none).
     #[arg(long, default_value_t = 32)]
     pub warmup_tokens: usize,
+    /// How a DFlash chain accepts drafts at T > 0: residual (drafts sampled from the
+    /// drafter, kept with probability min(1, p/q), the bonus from the residual) or
+    /// exact-match (greedy drafts kept while they equal the target's sample). Both are
+    /// lossless.
+    #[arg(long, default_value = "residual")]
+    pub acceptance: Acceptance,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -103,6 +109,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             time_limit,
             decode: dflash_engine::DecodeOptions {
                 cuda_graphs: a.cuda_graphs,
+                acceptance: a.acceptance,
             },
             warmup_tokens: a.warmup_tokens,
         },
@@ -125,6 +132,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         temperature: sampling.temperature,
         max_new_tokens: a.max_new_tokens,
         warmup_tokens: a.warmup_tokens,
+        acceptance: a.acceptance,
         items_done,
         items_asked: items.len(),
         modes: modes_r,

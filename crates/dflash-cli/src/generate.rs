@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use dflash_core::stats::summarize;
-use dflash_engine::{generate, DecodeOptions, Mode, ModeName, Request};
+use dflash_engine::{generate, Acceptance, DecodeOptions, Mode, ModeName, Request};
 use dflash_model::io::loader::load_target;
 use dflash_model::models::drafter::Drafter;
 
@@ -46,6 +46,12 @@ pub struct GenerateArgs {
     /// max-new-tokens rows; attention-only targets). Also for the AR of --compare-ar.
     #[arg(long)]
     pub cuda_graphs: bool,
+    /// How a DFlash chain accepts drafts at T > 0: residual (drafts sampled from the
+    /// drafter, kept with probability min(1, p/q), the bonus from the residual) or
+    /// exact-match (greedy drafts kept while they equal the target's sample). Both are
+    /// lossless.
+    #[arg(long, default_value = "residual")]
+    pub acceptance: Acceptance,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -112,6 +118,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let t = Instant::now();
     let opts = DecodeOptions {
         cuda_graphs: a.cuda_graphs,
+        acceptance: a.acceptance,
     };
     let g = generate(&loaded.target, drafter.as_ref(), engine_mode, &req, opts)?;
     let seconds = t.elapsed().as_secs_f64();

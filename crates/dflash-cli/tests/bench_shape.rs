@@ -79,9 +79,30 @@ fn bench_train_reports_the_step_and_its_mfu() {
             .output()
             .unwrap()
     };
-    let o = run(&["--anchors", "6", "--steps", "1", "--peak-tflops", "1"]);
+    let json = small_shape("bench-train-json").with_extension("row.json");
+    let o = run(&[
+        "--anchors",
+        "6",
+        "--steps",
+        "1",
+        "--peak-tflops",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // the JSON row carries the table's figures under the names docs/bench/ uses
+    let row: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(row["impl"], "dflash-rs");
+    assert_eq!(row["anchors"], 6);
+    for k in ["features_ms", "step_ms", "supervised_tok_s", "mfu_pct"] {
+        assert!(row[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {row}");
+    }
+    let tok_s = row["supervised_tok_s"].as_f64().unwrap();
+    let ms = row["features_ms"].as_f64().unwrap() + row["step_ms"].as_f64().unwrap();
+    assert!((tok_s - 39.0 / (ms / 1e3)).abs() <= 1e-6 * tok_s, "{row}");
     for row in [
         "one row of 40 tokens, 6 anchors",
         "| target features (forward, taps) |",

@@ -4,9 +4,11 @@
 //! - [`taps`]: the tap convention (tap i = output of layer i = transformers' `hidden_states[i+1]`);
 //! - [`visibility`]: which keys each query sees (target, draft, tree), written once;
 //! - [`sampling`]: sampling parameters and the seeded sampler;
+//! - [`acceptance`]: speculative sampling's acceptance rule at T > 0 (draft vs target);
 //! - [`stats`]: τ and acceptance statistics, defined once;
 //! - [`segments`]: packed training rows (several sequences side by side).
 
+pub mod acceptance;
 pub mod config;
 pub mod sampling;
 pub mod segments;

@@ -148,6 +148,23 @@ pub fn sampling_probs(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f32)> {
         .collect()
 }
 
+/// [`sampling_probs`] as a dense vector over the vocabulary (0 for the tokens the rule drops):
+/// the same probabilities bit for bit, without a ranking when neither top-k nor top-p drops
+/// anything. What speculative sampling compares draft and target with
+/// ([`crate::acceptance`]). E.g. logits [0, 2, 1, −1], T = 1, top-p 0.7 → [0, .731, .269, 0].
+pub fn dense_probs(logits: &[f32], p: &SamplingParams) -> Vec<f32> {
+    if p.top_p >= 1.0 && kept_len(logits, p) == logits.len() {
+        let w = weights(logits, p.temperature);
+        let sum = kept_mass(&w, None);
+        return w.iter().map(|&x| x / sum).collect();
+    }
+    let mut dense = vec![0.0; logits.len()];
+    for (t, q) in sampling_probs(logits, p) {
+        dense[t as usize] = q;
+    }
+    dense
+}
+
 /// The token a uniform draw `u` in [0, 1) picks from a distribution in [`sampling_probs`]
 /// order: the first whose cumulative probability exceeds `u` (the last one if rounding leaves
 /// the total below `u`). E.g. [(1, .731), (2, .269)], u = .8 → token 2. The reference that
@@ -205,6 +222,11 @@ impl Sampler {
             params,
             rng: ChaCha8Rng::seed_from_u64(params.seed),
         }
+    }
+
+    /// One uniform number in [0, 1) from this generation's stream.
+    pub(crate) fn uniform(&mut self) -> f32 {
+        self.rng.random()
     }
 
     /// The target's own next token given these logits: a draw from [`sampling_probs`] (the same

@@ -23,14 +23,15 @@
 //! (a, b, z, ·) → accepted 2, bonus z, committed [a, b, z], cache truncated to 23 rows
 //! (positions 0..=22: prompt, x, a, b), next anchor z at position 23, τ_round 3.
 //!
-//! **Why this is lossless.** Every committed token is a sample of the target's own rule
-//! (greedy, or temperature/top-k/top-p) given exactly the committed prefix before it: `d_k` is
-//! committed only if it equals the target's sample `t_k` at that prefix, and the bonus *is*
-//! `t_k`. Rows after the first mismatch are never sampled, so each committed token consumes
-//! one fresh draw, just as AR does; the drafts only decide how many of those draws one
-//! target forward yields. At T = 0 the output therefore equals AR token for token; at T > 0
-//! its distribution equals AR's (greedy drafts + exact match is rejection sampling with a
-//! one-hot q: accept with prob min(1, p(d)/1) = p(d) — the probability that t_k = d_k).
+//! **Why this is lossless.** At T = 0 every committed token is the target's argmax given
+//! exactly the committed prefix before it: `d_k` is committed only if it equals the target's
+//! token `t_k` at that prefix, and the bonus *is* `t_k`, so the output equals AR token for
+//! token. At T > 0 a chain by default draws its drafts from the drafter's distribution `q` and
+//! keeps `d_k` with probability min(1, p(d_k)/q(d_k)), the bonus drawn from the residual
+//! max(0, p − q) (speculative sampling, [`dflash_core::acceptance`]): each committed token is
+//! distributed as the target's own sample. With [`Acceptance::ExactMatch`] (and for DDTree
+//! trees) the drafts are greedy and kept while they equal the target's own sample: rejection
+//! sampling with a one-hot q, also exact, but it accepts less.
 
 use std::time::Instant;
 
@@ -104,7 +105,8 @@ pub fn compact_cache(cache: &mut KvCache, cache_len: usize, kept: &[usize]) -> R
     Ok(())
 }
 
-/// How the loop runs its target forwards (not what it computes).
+/// How the loop runs: its target forwards, and which acceptance rule a chain uses at T > 0
+/// (both rules are lossless; the output distribution is the target's either way).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DecodeOptions {
     /// Verify forwards through [`GraphedForward`]: the cache gets a fixed capacity of
@@ -112,6 +114,44 @@ pub struct DecodeOptions {
     /// once and replayed after (on the CPU: the same fixed-shape forwards, no graphs).
     /// Attention-only targets.
     pub cuda_graphs: bool,
+    pub acceptance: Acceptance,
+}
+
+/// How a DFlash chain accepts drafts at T > 0 (at T = 0 both are the exact match of argmaxes;
+/// DDTree trees use the exact match).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Acceptance {
+    /// Speculative sampling: drafts drawn from the drafter's distribution, kept with
+    /// probability min(1, p/q), the bonus from the residual ([`dflash_core::acceptance`]), as
+    /// z-lab's `dflash_generate`.
+    #[default]
+    Residual,
+    /// Greedy drafts, kept while they equal the target's own sample.
+    ExactMatch,
+}
+
+impl std::fmt::Display for Acceptance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Acceptance::Residual => "residual",
+            Acceptance::ExactMatch => "exact-match",
+        })
+    }
+}
+
+impl std::str::FromStr for Acceptance {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "residual" => Ok(Acceptance::Residual),
+            "exact-match" => Ok(Acceptance::ExactMatch),
+            x => Err(format!(
+                "unknown acceptance rule '{x}': residual or exact-match"
+            )),
+        }
+    }
 }
 
 /// Generate: prefill, then rounds of propose → verify → walk → commit until `max_new_tokens`
@@ -172,6 +212,11 @@ struct Decoding<'a> {
     head: Option<DraftHead>,
     /// Context features committed since the drafter last ran, `[1, m, taps × hidden]`.
     ctx: Option<Tensor>,
+    /// The chain's acceptance at T > 0.
+    acceptance: Acceptance,
+    /// The drafter's distribution of each draft of this round, dense over the vocabulary, when
+    /// the drafts were sampled (speculative sampling).
+    draft_q: Option<Vec<Vec<f32>>>,
     /// Position of the anchor: the last committed token, not yet in the target cache.
     start: usize,
     new_tokens: Vec<u32>,
@@ -255,6 +300,8 @@ impl<'a> Decoding<'a> {
             draft_cache: drafter.map(|d| d.new_cache()),
             head,
             ctx,
+            acceptance: opts.acceptance,
+            draft_q: None,
             start: req.prompt_ids.len(),
             stopped: req.stop_ids.contains(&first),
             new_tokens: vec![first],
@@ -313,6 +360,28 @@ impl<'a> Decoding<'a> {
                     .collect();
                 DraftTree::build(anchor, &top, budget)
             }
+            _ if self.samples_drafts() => {
+                let vocab = self.target.vocab_size();
+                let mut qs = Vec::new();
+                let mut chain = Vec::new();
+                for r in Drafter::rows_f32(&logits)? {
+                    let q_cols = self.sampler.draft_distribution(&r);
+                    let q = match head {
+                        Some(h) => {
+                            let mut q = vec![0.0; vocab];
+                            for (j, &x) in q_cols.iter().enumerate() {
+                                q[h.token(j as u32) as usize] = x;
+                            }
+                            q
+                        }
+                        None => q_cols,
+                    };
+                    chain.push(self.sampler.draw_draft(&q));
+                    qs.push(q);
+                }
+                self.draft_q = Some(qs);
+                DraftTree::chain(anchor, &chain)
+            }
             _ => {
                 let chain: Vec<u32> = Drafter::argmax_rows(&logits)?
                     .into_iter()
@@ -321,6 +390,14 @@ impl<'a> Decoding<'a> {
                 DraftTree::chain(anchor, &chain)
             }
         })
+    }
+
+    /// Whether this round's chain is drawn from the drafter's distribution (speculative
+    /// sampling at T > 0) rather than its argmax.
+    fn samples_drafts(&self) -> bool {
+        !self.sampler.params.is_greedy()
+            && self.acceptance == Acceptance::Residual
+            && matches!(self.mode, Mode::Chain { .. })
     }
 
     /// Stage 2, verify: the whole proposal in ONE target forward (the ancestor-only mask); returns
@@ -354,6 +431,11 @@ impl<'a> Decoding<'a> {
     fn walk(&mut self, tree: &DraftTree, out: &TargetOutput) -> Result<(Vec<usize>, u32)> {
         let logits = out.logits.as_ref().unwrap();
         let sampler = &mut self.sampler;
+        if let Some(qs) = self.draft_q.take() {
+            // a chain's rows are 0 (the anchor), 1 … n (the drafts)
+            let (kept, bonus) = sampler.walk_chain(&tree.tokens[1..], &qs, |r| row(logits, r))?;
+            return Ok(((1..=kept).collect(), bonus));
+        }
         tree.walk(|r| Ok::<u32, anyhow::Error>(sampler.sample(&row(logits, r)?)))
     }
 

@@ -5,5 +5,5 @@ pub mod batched;
 pub mod decode;
 pub mod mode;
 
-pub use decode::{generate, DecodeOptions, Generation, Request};
+pub use decode::{generate, Acceptance, DecodeOptions, Generation, Request};
 pub use mode::{Mode, ModeName};

@@ -14,7 +14,8 @@ use std::str::FromStr;
 pub enum Mode {
     /// Plain autoregressive decoding: the same loop with block size 1.
     Ar,
-    /// DFlash: the drafter's argmax chain of `block - 1` tokens.
+    /// DFlash: the drafter's chain of `block - 1` tokens (its argmax; at T > 0 drawn from its
+    /// distribution under `Acceptance::Residual`).
     Chain { block: usize },
     /// DDTree: the best `budget` prefixes of the drafter's `block - 1` distributions, from
     /// the top `top_k` tokens per depth (0: `min(budget, vocab)`, the paper's rule; 1 forces

@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, DecodeOptions, Mode};
+use dflash_engine::{generate, Acceptance, DecodeOptions, Mode};
 use dflash_model::io::loader::load_target;
 use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::Drafter;
@@ -90,7 +90,10 @@ fn tiny_target_long_acceptances_are_lossless() {
 fn fixed_shape_verify_decodes_like_the_plain_loop() {
     let t = tiny();
     let d = quiet(&t);
-    let opts = DecodeOptions { cuda_graphs: true };
+    let opts = DecodeOptions {
+        cuda_graphs: true,
+        ..Default::default()
+    };
     for (mode, n) in [
         (Mode::Ar, 20),
         (Mode::Chain { block: 8 }, 45),
@@ -233,45 +236,64 @@ fn chi_square_helper_detects_a_difference() {
     assert!((gamma_q(1.0, 2.0) - (-2.0f64).exp()).abs() < 1e-10);
 }
 
+/// The second and third new tokens' distributions, 4,000 seeded generations each, a DFlash
+/// chain under both acceptance rules against AR. The prefix is where the tiny target settles
+/// into its loop and the drafter's drafts get accepted, so the accept path (not only the bonus
+/// path) decides many samples; at T = 0.7 the drafts are drawn from a spread-out q, so the
+/// residual rule's rejections and residual draws decide many others.
 #[test]
 fn sampling_distribution_equals_ar() {
-    // The third new token's distribution, 5k seeded generations each, speculative vs AR. The
-    // prefix is where the tiny target settles into its loop and the drafter's drafts get
-    // accepted, so the accept path (not only the bonus path) decides many samples.
     let t = tiny();
     let d = quiet(&t);
     let prompt = loop_prompt();
-    let n = 5000;
-    let mut accepted_rounds = 0;
-    let mut ar_counts = vec![0usize; 256];
-    let mut sp_counts = vec![0usize; 256];
-    for s in 0..n {
-        let sa = SamplingParams::new(0.02, 0.95, 0, s).unwrap();
-        let sb = SamplingParams::new(0.02, 0.95, 0, 1_000_000 + s).unwrap();
-        let r = req(&prompt, 3, sa, &[]);
-        ar_counts[generate(&t, None, Mode::Ar, &r, Default::default())
-            .unwrap()
-            .new_tokens[2] as usize] += 1;
-        let r = req(&prompt, 3, sb, &[]);
-        let g = generate(
-            &t,
-            Some(&d),
-            Mode::Chain { block: 8 },
-            &r,
-            Default::default(),
-        )
-        .unwrap();
-        accepted_rounds += g.rounds.iter().filter(|r| r.accepted > 0).count();
-        sp_counts[g.new_tokens[2] as usize] += 1;
+    let n = 4000u64;
+    let counts = |temperature: f64, seed0: u64, mode: Mode, acceptance: Acceptance| {
+        let mut c = [vec![0usize; 256], vec![0usize; 256]];
+        let mut accepted_rounds = 0;
+        for s in 0..n {
+            let sp = SamplingParams::new(temperature, 0.95, 0, seed0 + s).unwrap();
+            let opts = DecodeOptions {
+                acceptance,
+                ..Default::default()
+            };
+            let drafter = (mode != Mode::Ar).then_some(&d);
+            let g = generate(&t, drafter, mode, &req(&prompt, 3, sp, &[]), opts).unwrap();
+            accepted_rounds += g.rounds.iter().filter(|r| r.accepted > 0).count();
+            c[0][g.new_tokens[1] as usize] += 1;
+            c[1][g.new_tokens[2] as usize] += 1;
+        }
+        (c, accepted_rounds)
+    };
+    let chain = Mode::Chain { block: 8 };
+    for temperature in [0.02, 0.7] {
+        let (ar, _) = counts(temperature, 0, Mode::Ar, Acceptance::Residual);
+        let mut accepted_by = Vec::new();
+        for acceptance in [Acceptance::Residual, Acceptance::ExactMatch] {
+            let (sp, accepted) = counts(temperature, 1_000_000, chain, acceptance);
+            eprintln!("T {temperature}, {acceptance}: accepted rounds {accepted}");
+            accepted_by.push(accepted);
+            // at T = 0.7 the target rarely samples exactly the greedy draft: the exact match
+            // accepts little there, which is what the residual rule is for
+            if acceptance == Acceptance::Residual || temperature < 0.1 {
+                assert!(
+                    accepted > n as usize / 10,
+                    "T {temperature}, {acceptance}: too few accepted drafts ({accepted}) to test the accept path"
+                );
+            }
+            for (pos, (a, b)) in ar.iter().zip(&sp).enumerate() {
+                let p = chi_square_p(a, b);
+                assert!(
+                    p > 0.01,
+                    "T {temperature}, {acceptance}: new token {} differs from AR: p = {p}",
+                    pos + 1
+                );
+            }
+        }
+        if temperature > 0.1 {
+            assert!(
+                accepted_by[0] > 10 * accepted_by[1],
+                "T {temperature}: the residual rule should accept far more than the exact match: {accepted_by:?}"
+            );
+        }
     }
-    assert!(
-        accepted_rounds > n as usize / 10,
-        "too few accepted drafts ({accepted_rounds}) to test the accept path"
-    );
-    eprintln!(
-        "accepted rounds {accepted_rounds}, distinct third tokens {}",
-        ar_counts.iter().filter(|&&c| c > 0).count()
-    );
-    let p = chi_square_p(&ar_counts, &sp_counts);
-    assert!(p > 0.01, "speculative sampling differs from AR: p = {p}");
 }

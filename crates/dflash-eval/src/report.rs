@@ -59,6 +59,8 @@ pub struct Report {
     pub max_new_tokens: usize,
     /// Untimed tokens each mode decoded before the timed items (`EvalOptions::warmup_tokens`).
     pub warmup_tokens: usize,
+    /// How DFlash chains accepted drafts at T > 0.
+    pub acceptance: dflash_engine::Acceptance,
     /// Items evaluated, and in the dataset slice asked for (fewer when a time limit stopped it).
     pub items_done: usize,
     pub items_asked: usize,
@@ -336,12 +338,13 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
     );
     let _ = writeln!(
         md,
-        "- device {}, dtype {}, temperature {}, max new tokens {}, warm-up {} untimed tokens per mode",
+        "- device {}, dtype {}, temperature {}, max new tokens {}, warm-up {} untimed tokens per mode, chain acceptance {}",
         report.device,
         report.dtype,
         report.temperature,
         report.max_new_tokens,
-        report.warmup_tokens
+        report.warmup_tokens,
+        report.acceptance
     );
     let _ = writeln!(md, "- versions: {}", report.versions);
     if report.items_done < report.items_asked {

@@ -85,6 +85,7 @@ fn reports_are_consistent_and_lossless_on_every_dataset() {
             temperature: 0.0,
             max_new_tokens: 10,
             warmup_tokens: 0,
+            acceptance: Default::default(),
             items_done: items.len(),
             items_asked: items.len(),
             modes,

@@ -13,6 +13,15 @@ use dflash_train::loss::{block_loss, target_features, Objective};
 use dflash_train::pack::{pack, TrainingRow};
 use dflash_train::trainer::TrainableDrafter;
 
+/// The objective these tests train: blocks of 4, γ = 7, of the given kind.
+fn obj(kind: LossKind) -> Objective {
+    Objective {
+        block: 4,
+        gamma: 7.0,
+        kind,
+    }
+}
+
 fn setup(dtype: DType) -> (dflash_model::io::loader::LoadedTarget, TrainableDrafter) {
     let dir = tiny_target_dir(&format!("obj-{dtype:?}"));
     let lt = load(&dir, dtype);
@@ -49,19 +58,7 @@ fn gradients_reach_trainable_parameters_only() {
             kind == LossKind::Kl,
         )
         .unwrap();
-        let out = block_loss(
-            &td.drafter,
-            &lt.target,
-            &s,
-            &f,
-            &[6, 9, 14],
-            Objective {
-                block: 4,
-                gamma: 7.0,
-                kind,
-            },
-        )
-        .unwrap();
+        let out = block_loss(&td.drafter, &lt.target, &s, &f, &[6, 9, 14], obj(kind)).unwrap();
         let g = out.loss.backward().unwrap();
         for (n, p) in &td.params {
             let gi = g
@@ -94,36 +91,13 @@ fn gradient_matches_finite_differences_at_f64() {
     let f = target_features(&lt.target, &td.drafter.target_layer_ids, &s, false).unwrap();
     let anchors = [5usize, 8, 12];
     let loss = || -> f64 {
-        block_loss(
-            &td.drafter,
-            &lt.target,
-            &s,
-            &f,
-            &anchors,
-            Objective {
-                block: 4,
-                gamma: 7.0,
-                kind: LossKind::Ce,
-            },
-        )
-        .unwrap()
-        .loss
-        .to_scalar::<f64>()
-        .unwrap()
+        block_loss(&td.drafter, &lt.target, &s, &f, &anchors, obj(LossKind::Ce))
+            .unwrap()
+            .loss
+            .to_scalar::<f64>()
+            .unwrap()
     };
-    let out = block_loss(
-        &td.drafter,
-        &lt.target,
-        &s,
-        &f,
-        &anchors,
-        Objective {
-            block: 4,
-            gamma: 7.0,
-            kind: LossKind::Ce,
-        },
-    )
-    .unwrap();
+    let out = block_loss(&td.drafter, &lt.target, &s, &f, &anchors, obj(LossKind::Ce)).unwrap();
     let grads = out.loss.backward().unwrap();
     let probes = [
         ("fc.weight", 7usize),
@@ -201,19 +175,7 @@ fn nothing_at_or_after_the_anchor_leaks() {
     let s = TrainingRow::single(sequence(3, 4, 24));
     let a = 12usize;
     let f = target_features(&lt.target, &td.drafter.target_layer_ids, &s, false).unwrap();
-    let base = block_loss(
-        &td.drafter,
-        &lt.target,
-        &s,
-        &f,
-        &[a],
-        Objective {
-            block: 4,
-            gamma: 7.0,
-            kind: LossKind::Ce,
-        },
-    )
-    .unwrap();
+    let base = block_loss(&td.drafter, &lt.target, &s, &f, &[a], obj(LossKind::Ce)).unwrap();
     // (1) noise on the context features at positions >= a
     let taps = f.taps.squeeze(0).unwrap();
     let (l, w) = taps.dims2().unwrap();
@@ -230,19 +192,7 @@ fn nothing_at_or_after_the_anchor_leaks() {
         taps: perturbed.unsqueeze(0).unwrap(),
         target_logits: None,
     };
-    let out = block_loss(
-        &td.drafter,
-        &lt.target,
-        &s,
-        &f2,
-        &[a],
-        Objective {
-            block: 4,
-            gamma: 7.0,
-            kind: LossKind::Ce,
-        },
-    )
-    .unwrap();
+    let out = block_loss(&td.drafter, &lt.target, &s, &f2, &[a], obj(LossKind::Ce)).unwrap();
     let d = max_abs(&out.draft_logits, &base.draft_logits).unwrap();
     assert!(
         d <= 1e-6,
@@ -256,19 +206,7 @@ fn nothing_at_or_after_the_anchor_leaks() {
         *t = (*t + 17) % 250 + 1;
     }
     let f3 = target_features(&lt.target, &td.drafter.target_layer_ids, &s3, false).unwrap();
-    let out3 = block_loss(
-        &td.drafter,
-        &lt.target,
-        &s3,
-        &f3,
-        &[a],
-        Objective {
-            block: 4,
-            gamma: 7.0,
-            kind: LossKind::Ce,
-        },
-    )
-    .unwrap();
+    let out3 = block_loss(&td.drafter, &lt.target, &s3, &f3, &[a], obj(LossKind::Ce)).unwrap();
     let d = max_abs(&out3.draft_logits, &base.draft_logits).unwrap();
     assert!(
         d <= 1e-6,
@@ -288,19 +226,7 @@ fn nothing_at_or_after_the_anchor_leaks() {
         taps: bump.unsqueeze(0).unwrap(),
         target_logits: None,
     };
-    let out4 = block_loss(
-        &td.drafter,
-        &lt.target,
-        &s,
-        &f4,
-        &[a],
-        Objective {
-            block: 4,
-            gamma: 7.0,
-            kind: LossKind::Ce,
-        },
-    )
-    .unwrap();
+    let out4 = block_loss(&td.drafter, &lt.target, &s, &f4, &[a], obj(LossKind::Ce)).unwrap();
     let d = max_abs(&out4.draft_logits, &base.draft_logits).unwrap();
     assert!(d <= 1e-6, "the anchor's own feature leaked by {d}");
 }
@@ -327,11 +253,7 @@ fn packed_rows_equal_their_sequences_alone() {
         row,
         &fp,
         &packed_anchors,
-        Objective {
-            block: 4,
-            gamma: 7.0,
-            kind: LossKind::Kl,
-        },
+        obj(LossKind::Kl),
     )
     .unwrap();
     let (mut num, mut den) = (0.0, 0.0);
@@ -342,19 +264,7 @@ fn packed_rows_equal_their_sequences_alone() {
         let n = s.ids.len();
         let d = max_abs(&f.taps, &fp.taps.narrow(1, off, n).unwrap()).unwrap();
         assert!(d < 1e-4, "target features differ by {d}");
-        let out = block_loss(
-            &td.drafter,
-            &lt.target,
-            &alone,
-            &f,
-            a,
-            Objective {
-                block: 4,
-                gamma: 7.0,
-                kind: LossKind::Kl,
-            },
-        )
-        .unwrap();
+        let out = block_loss(&td.drafter, &lt.target, &alone, &f, a, obj(LossKind::Kl)).unwrap();
         num += out.loss.to_scalar::<f32>().unwrap() as f64 * out.weight_sum;
         den += out.weight_sum;
         logits.push(out.draft_logits);

@@ -502,6 +502,11 @@ impl Drafter {
     }
 
     /// Row-wise argmax of `[n, vocab]` logits.
+    /// `[n, vocab]` logits as host rows in f32 (the drafter's distributions at T > 0).
+    pub fn rows_f32(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
+        Ok(logits.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+    }
+
     pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
         Ok(logits
             .argmax(D::Minus1)?
