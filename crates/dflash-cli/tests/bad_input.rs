@@ -130,15 +130,20 @@ fn prompt_longer_than_context() {
     );
 }
 
-/// A mode outside the one grammar (`ar | dflash | ddtree:N`, N >= 1) is refused with it.
+/// A mode outside the one grammar (`ar | dflash | ddtree:N`, N >= 1), or an acceptance rule
+/// other than `residual | exact-match`, is refused with the grammar.
 #[test]
-fn unknown_mode() {
+fn unknown_mode_or_acceptance_rule() {
     for mode in ["ddtree", "ddtree:0", "beam"] {
         fails_with(
             &["--target", "smollm2-135m", "--prompt", "hi", "--mode", mode],
             "ar, dflash or ddtree:N",
         );
     }
+    fails_with(
+        &["--prompt", "hi", "--acceptance", "greedy"],
+        "residual or exact-match",
+    );
 }
 
 #[test]
