@@ -7,7 +7,7 @@
 
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::summarize;
-use dflash_engine::{generate, Mode};
+use dflash_engine::Mode;
 use dflash_model::models::drafter::Drafter;
 use dflash_testkit::*;
 
@@ -35,20 +35,13 @@ fn bundled_drafter_is_lossless_and_above_its_tau_floor() {
     for p in PROMPTS {
         let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
         let r = req(&ids, 64, SamplingParams::default(), &lt.tokenizer.stop_ids);
-        let ar = generate(&lt.target, None, Mode::Ar, &r, Default::default()).unwrap();
-        let chain = generate(
-            &lt.target,
-            Some(&d),
-            Mode::Chain { block: 16 },
-            &r,
-            Default::default(),
-        )
-        .unwrap();
+        let ar = decode(&lt.target, None, Mode::Ar, &r);
+        let chain = decode(&lt.target, Some(&d), Mode::Chain { block: 16 }, &r);
         assert_eq!(
             chain.new_tokens, ar.new_tokens,
             "DFlash differs from AR on {p:?}"
         );
-        let tree = generate(
+        let tree = decode(
             &lt.target,
             Some(&d),
             Mode::Tree {
@@ -57,9 +50,7 @@ fn bundled_drafter_is_lossless_and_above_its_tau_floor() {
                 top_k: 0,
             },
             &r,
-            Default::default(),
-        )
-        .unwrap();
+        );
         assert_eq!(
             tree.new_tokens, ar.new_tokens,
             "DDTree-8 differs from AR on {p:?}"

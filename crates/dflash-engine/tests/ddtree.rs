@@ -8,7 +8,7 @@ use dflash_core::sampling::SamplingParams;
 use dflash_core::tree::DraftTree;
 use dflash_core::visibility::causal;
 use dflash_engine::decode::compact_cache;
-use dflash_engine::{generate, Mode, Request};
+use dflash_engine::{Mode, Request};
 use dflash_model::Rows;
 use dflash_testkit::*;
 
@@ -17,9 +17,9 @@ fn tree_is_lossless_on_the_tiny_target() {
     let t = tiny();
     let d = quiet(&t);
     let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[]);
-    let ar = generate(&t, None, Mode::Ar, &r, Default::default()).unwrap();
+    let ar = decode(&t, None, Mode::Ar, &r);
     for budget in [1, 4, 8, 32, 64] {
-        let g = generate(
+        let g = decode(
             &t,
             Some(&d),
             Mode::Tree {
@@ -28,9 +28,7 @@ fn tree_is_lossless_on_the_tiny_target() {
                 top_k: 0,
             },
             &r,
-            Default::default(),
-        )
-        .unwrap();
+        );
         assert_eq!(g.new_tokens, ar.new_tokens, "budget {budget}");
         assert!(g.rounds.iter().all(|r| r.tree_size.unwrap() <= budget));
     }
@@ -41,15 +39,8 @@ fn tree_tau_is_at_least_chain_tau_here() {
     let t = tiny();
     let d = quiet(&t);
     let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[]);
-    let chain = generate(
-        &t,
-        Some(&d),
-        Mode::Chain { block: 8 },
-        &r,
-        Default::default(),
-    )
-    .unwrap();
-    let tree = generate(
+    let chain = decode(&t, Some(&d), Mode::Chain { block: 8 }, &r);
+    let tree = decode(
         &t,
         Some(&d),
         Mode::Tree {
@@ -58,9 +49,7 @@ fn tree_tau_is_at_least_chain_tau_here() {
             top_k: 0,
         },
         &r,
-        Default::default(),
-    )
-    .unwrap();
+    );
     assert!(
         tree.rounds.len() <= chain.rounds.len(),
         "tree {} rounds vs chain {}",
@@ -81,8 +70,8 @@ fn smollm2_tree_is_lossless() {
             sampling: SamplingParams::default(),
             stop_ids: lt.tokenizer.stop_ids.clone(),
         };
-        let ar = generate(&lt.target, None, Mode::Ar, &r, Default::default()).unwrap();
-        let g = generate(
+        let ar = decode(&lt.target, None, Mode::Ar, &r);
+        let g = decode(
             &lt.target,
             Some(&d),
             Mode::Tree {
@@ -91,9 +80,7 @@ fn smollm2_tree_is_lossless() {
                 top_k: 0,
             },
             &r,
-            Default::default(),
-        )
-        .unwrap();
+        );
         assert_eq!(g.new_tokens, ar.new_tokens, "{p:?} budget {budget}");
     }
 }
@@ -103,15 +90,8 @@ fn forced_chain_reproduces_dflash_round_by_round() {
     let t = tiny();
     let d = quiet(&t);
     let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[]);
-    let chain = generate(
-        &t,
-        Some(&d),
-        Mode::Chain { block: 8 },
-        &r,
-        Default::default(),
-    )
-    .unwrap();
-    let tree = generate(
+    let chain = decode(&t, Some(&d), Mode::Chain { block: 8 }, &r);
+    let tree = decode(
         &t,
         Some(&d),
         Mode::Tree {
@@ -120,9 +100,7 @@ fn forced_chain_reproduces_dflash_round_by_round() {
             top_k: 1,
         },
         &r,
-        Default::default(),
-    )
-    .unwrap();
+    );
     assert_eq!(tree.new_tokens, chain.new_tokens);
     let a: Vec<(usize, usize, usize)> = chain
         .rounds
@@ -226,16 +204,14 @@ fn tree_sampling_distribution_equals_ar() {
     let mut accepted = 0;
     for s in 0..n {
         let r = req(&p, 3, SamplingParams::new(0.02, 0.95, 0, s).unwrap(), &[]);
-        a[generate(&t, None, Mode::Ar, &r, Default::default())
-            .unwrap()
-            .new_tokens[2] as usize] += 1;
+        a[decode(&t, None, Mode::Ar, &r).new_tokens[2] as usize] += 1;
         let r = req(
             &p,
             3,
             SamplingParams::new(0.02, 0.95, 0, 5_000_000 + s).unwrap(),
             &[],
         );
-        let g = generate(
+        let g = decode(
             &t,
             Some(&d),
             Mode::Tree {
@@ -244,9 +220,7 @@ fn tree_sampling_distribution_equals_ar() {
                 top_k: 0,
             },
             &r,
-            Default::default(),
-        )
-        .unwrap();
+        );
         accepted += g.rounds.iter().filter(|r| r.accepted > 0).count();
         b[g.new_tokens[2] as usize] += 1;
     }

@@ -30,16 +30,9 @@ fn smollm2_random_drafter_is_lossless_at_t0() {
     for (i, p) in prompts.iter().enumerate() {
         let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
         let r = req(&ids, 12, SamplingParams::default(), &lt.tokenizer.stop_ids);
-        let ar = generate(&lt.target, None, Mode::Ar, &r, Default::default()).unwrap();
+        let ar = decode(&lt.target, None, Mode::Ar, &r);
         let block = [8, 4, 2][i % 3];
-        let sp = generate(
-            &lt.target,
-            Some(&d),
-            Mode::Chain { block },
-            &r,
-            Default::default(),
-        )
-        .unwrap();
+        let sp = decode(&lt.target, Some(&d), Mode::Chain { block }, &r);
         assert_eq!(sp.new_tokens, ar.new_tokens, "prompt {p:?}, block {block}");
         let committed: usize = sp.rounds.iter().map(|r| r.tau_round).sum();
         assert_eq!(
@@ -55,27 +48,13 @@ fn tiny_target_long_acceptances_are_lossless() {
     let t = tiny();
     let d = quiet(&t);
     let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[]);
-    let ar = generate(&t, None, Mode::Ar, &r, Default::default()).unwrap();
+    let ar = decode(&t, None, Mode::Ar, &r);
     for b in [2, 3, 5, 8] {
-        let sp = generate(
-            &t,
-            Some(&d),
-            Mode::Chain { block: b },
-            &r,
-            Default::default(),
-        )
-        .unwrap();
+        let sp = decode(&t, Some(&d), Mode::Chain { block: b }, &r);
         assert_eq!(sp.new_tokens, ar.new_tokens, "block {b}");
         assert!(sp.rounds.iter().all(|r| r.tau_round <= b));
     }
-    let sp = generate(
-        &t,
-        Some(&d),
-        Mode::Chain { block: 8 },
-        &r,
-        Default::default(),
-    )
-    .unwrap();
+    let sp = decode(&t, Some(&d), Mode::Chain { block: 8 }, &r);
     assert!(
         sp.rounds.iter().any(|r| r.accepted >= 5),
         "the fixture drafter must get long acceptances"
@@ -108,7 +87,7 @@ fn fixed_shape_verify_decodes_like_the_plain_loop() {
     ] {
         let r = req(&tiny_prompt(), n, SamplingParams::default(), &[]);
         let d = (mode != Mode::Ar).then_some(&d);
-        let plain = generate(&t, d, mode, &r, Default::default()).unwrap();
+        let plain = decode(&t, d, mode, &r);
         let fixed = generate(&t, d, mode, &r, opts).unwrap();
         assert_eq!(fixed.new_tokens, plain.new_tokens, "{}", mode.name());
         let acc = |g: &dflash_engine::Generation| -> Vec<usize> {
@@ -124,15 +103,8 @@ fn max_new_tokens_below_block_size() {
     let d = quiet(&t);
     for n in 1..=7 {
         let r = req(&tiny_prompt(), n, SamplingParams::default(), &[]);
-        let ar = generate(&t, None, Mode::Ar, &r, Default::default()).unwrap();
-        let sp = generate(
-            &t,
-            Some(&d),
-            Mode::Chain { block: 8 },
-            &r,
-            Default::default(),
-        )
-        .unwrap();
+        let ar = decode(&t, None, Mode::Ar, &r);
+        let sp = decode(&t, Some(&d), Mode::Chain { block: 8 }, &r);
         assert_eq!(sp.new_tokens.len(), n);
         assert_eq!(sp.new_tokens, ar.new_tokens, "max_new_tokens {n}");
         assert!(
@@ -148,15 +120,8 @@ fn stop_token_inside_an_accepted_run() {
     let d = quiet(&t);
     // the tiny target loops on 180 and the drafter accepts long runs of it
     let r = req(&tiny_prompt(), 48, SamplingParams::default(), &[180]);
-    let ar = generate(&t, None, Mode::Ar, &r, Default::default()).unwrap();
-    let sp = generate(
-        &t,
-        Some(&d),
-        Mode::Chain { block: 8 },
-        &r,
-        Default::default(),
-    )
-    .unwrap();
+    let ar = decode(&t, None, Mode::Ar, &r);
+    let sp = decode(&t, Some(&d), Mode::Chain { block: 8 }, &r);
     assert_eq!(sp.new_tokens, ar.new_tokens);
     assert_eq!(*sp.new_tokens.last().unwrap(), 180);
     assert!(sp.stopped_by_token);

@@ -7,11 +7,11 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Tensor};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::visibility::causal;
-use dflash_engine::{generate, Mode, Request};
+use dflash_engine::{Mode, Request};
 use dflash_model::io::loader::load_hf_weights;
 use dflash_model::models::drafter::{BlockAt, DraftLayout, Drafter};
 use dflash_model::{Rows, Target};
-use dflash_testkit::{fixtures, max_abs, rel_err};
+use dflash_testkit::{decode, fixtures, max_abs, rel_err};
 
 fn target() -> Target {
     let (cfg, store) =
@@ -142,16 +142,14 @@ fn greedy_generation_matches_zlab_round_by_round() {
             sampling: SamplingParams::default(),
             stop_ids: vec![],
         };
-        let out = generate(
+        let out = decode(
             &t,
             Some(&d),
             Mode::Chain {
                 block: d.block_size,
             },
             &req,
-            Default::default(),
-        )
-        .unwrap();
+        );
         let want_out = ids(&g["output_ids"]);
         assert_eq!(
             out.new_tokens,

@@ -3,11 +3,11 @@
 //! drafter is trained briefly on the target's own outputs, so rounds accept some drafts and
 //! reject others (both rollbacks exercised).
 
-use dflash_testkit::{fixtures, tmp};
+use dflash_testkit::{decode, fixtures, tmp};
 
 use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, Mode, Request};
+use dflash_engine::{Mode, Request};
 use dflash_model::io::loader::load_target;
 use dflash_model::models::drafter::Drafter;
 use dflash_train::config::TrainConfig;
@@ -77,7 +77,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
             sampling: SamplingParams::default(),
             stop_ids: vec![],
         };
-        let ar = generate(&lt.target, None, Mode::Ar, &req, Default::default()).unwrap();
+        let ar = decode(&lt.target, None, Mode::Ar, &req);
         for mode in [
             Mode::Chain { block: 6 },
             Mode::Chain { block: 3 },
@@ -92,7 +92,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
                 top_k: 0,
             },
         ] {
-            let g = generate(&lt.target, Some(&d), mode, &req, Default::default()).unwrap();
+            let g = decode(&lt.target, Some(&d), mode, &req);
             assert_eq!(
                 g.new_tokens,
                 ar.new_tokens,

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::Request;
+use dflash_engine::{generate, Generation, Mode, Request};
 use dflash_model::io::loader::{load_hf_weights, load_target, LoadedTarget};
 use dflash_model::models::drafter::Drafter;
 use dflash_model::Target;
@@ -64,6 +64,12 @@ pub fn req(prompt: &[u32], n: usize, sampling: SamplingParams, stop: &[u32]) -> 
         sampling,
         stop_ids: stop.to_vec(),
     }
+}
+
+/// One generation with the default decode options (no CUDA graphs, the residual rule at
+/// T > 0); a failure panics with its message.
+pub fn decode(t: &Target, drafter: Option<&Drafter>, mode: Mode, r: &Request) -> Generation {
+    generate(t, drafter, mode, r, Default::default()).unwrap()
 }
 
 /// Greedy continuation with the KV cache, one token per forward, as the references do it.
