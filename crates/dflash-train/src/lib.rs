@@ -3,6 +3,7 @@
 
 pub mod anchors;
 pub mod checkpoint;
+pub mod collective;
 pub mod config;
 pub mod curves;
 pub mod data;

@@ -25,6 +25,7 @@ pub use drafter::TrainableDrafter;
 pub use features::FeatureCache;
 pub use rows::{row_loss, usable_sequences, validate};
 
+use crate::collective::{Collective, Single};
 use crate::config::TrainConfig;
 use crate::progress::Progress;
 
@@ -95,41 +96,66 @@ pub fn train(
     cfg: TrainConfig,
     opts: &TrainOptions,
 ) -> Result<TrainSummary> {
+    train_rank(lt, data_dir, out, cfg, opts, &Single)
+}
+
+/// [`train`] as one rank of a data-parallel group: every rank of `comm` calls this with the
+/// same arguments; each computes its slice of every step's rows and the gradients are summed
+/// over the ranks (the order that makes N ranks equal one rank: [`crate::collective`]). Rank 0
+/// alone validates and writes metrics, checkpoints and curves; its clock decides a time-limited
+/// stop. A resumed run may use another number of ranks (the step's rows are re-sliced).
+pub fn train_rank(
+    lt: &LoadedTarget,
+    data_dir: &Path,
+    out: &Path,
+    cfg: TrainConfig,
+    opts: &TrainOptions,
+    comm: &dyn Collective,
+) -> Result<TrainSummary> {
     let started = Instant::now();
-    let mut run = run::Run::open(lt, data_dir, out, cfg, opts)?;
+    let mut run = run::Run::open(lt, data_dir, out, cfg, opts, comm)?;
     let total = run.total;
-    let mut pb = Progress::new(total, "train", "steps");
-    pb.set_position(run.state.steps_done);
+    let lead = run.lead();
+    let mut pb = lead.then(|| Progress::new(total, "train", "steps"));
+    if let Some(pb) = &mut pb {
+        pb.set_position(run.state.steps_done);
+    }
     let mut last = None;
     let mut stopped_at_time_limit = false;
     while run.state.steps_done < total {
         let step = run.step()?;
         let done = run.state.steps_done;
-        stopped_at_time_limit =
-            done < total && opts.time_limit.is_some_and(|l| started.elapsed() >= l);
+        if let Some(limit) = opts.time_limit {
+            let past = (started.elapsed() >= limit) as u8 as f64;
+            stopped_at_time_limit = done < total && comm.all_gather(&[past])?[0] == 1.0;
+        }
         let save =
             done.is_multiple_of(run.cfg.save_every) || done == total || stopped_at_time_limit;
         // every checkpoint records its own validation (a time-limited stop or a save between
         // validation steps too), so that its training.json always has the numbers the doctor
         // compares with
-        let val = if !run.val_seqs.is_empty() && (done.is_multiple_of(run.cfg.val_every) || save) {
-            Some(run.validate()?)
-        } else {
-            None
-        };
+        let val =
+            if lead && !run.val_seqs.is_empty() && (done.is_multiple_of(run.cfg.val_every) || save)
+            {
+                Some(run.validate()?)
+            } else {
+                None
+            };
         let m = run.record(&step, val.as_ref())?;
-        pb.inc(
-            1,
-            format!(
-                "loss {:.4} sim-τ {:.2} {:.0} tok/s{}",
-                m.loss,
-                m.simulated_tau,
-                m.tokens_per_sec,
-                m.val_loss
-                    .map(|v| format!(", val loss {v:.4}"))
-                    .unwrap_or_default()
-            ),
-        );
+        if let Some(pb) = &mut pb {
+            pb.inc(
+                1,
+                format!(
+                    "loss {:.4} sim-τ {:.2} {:.0} tok/s{}",
+                    m.loss,
+                    m.simulated_tau,
+                    m.tokens_per_sec,
+                    m.val_loss
+                        .map(|v| format!(", val loss {v:.4}"))
+                        .unwrap_or_default()
+                ),
+            );
+        }
         if save {
             run.checkpoint(&m, val.as_ref())?;
         }
@@ -138,9 +164,11 @@ pub fn train(
             break;
         }
     }
-    pb.finish();
-    dflash_model::profile::print_report("training");
-    if stopped_at_time_limit {
+    if let Some(pb) = pb {
+        pb.finish();
+        dflash_model::profile::print_report("training");
+    }
+    if lead && stopped_at_time_limit {
         eprintln!(
             "time limit reached after step {}/{total}: checkpoint saved, continue with --resume",
             run.state.steps_done

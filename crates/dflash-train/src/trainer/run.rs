@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Tensor, Var};
 use dflash_core::config::DrafterConfig;
 use dflash_core::stats::AcceptCounts;
 use dflash_model::io::atomic::{replace_dir, write_file};
@@ -24,6 +24,7 @@ use crate::checkpoint::{
     read_trainer_state, write_drafter_files, write_trainer_state, CheckpointPaths, TrainerState,
     TrainingRecord,
 };
+use crate::collective::{halving_sum, rank_slice, Collective};
 use crate::config::TrainConfig;
 use crate::data::{read_sequences, Manifest, Sequence};
 use crate::fingerprint::{fingerprint, Fingerprint};
@@ -42,6 +43,7 @@ pub(super) struct StepOutcome {
 /// A training run: its inputs, the drafter and optimizer, and where it is.
 pub(super) struct Run<'a> {
     pub lt: &'a LoadedTarget,
+    comm: &'a dyn Collective,
     pub cfg: TrainConfig,
     pub out: PathBuf,
     pub paths: CheckpointPaths,
@@ -59,8 +61,10 @@ pub(super) struct Run<'a> {
     /// Steps of the whole run (the schedule's length).
     pub total: usize,
     pub metrics_path: PathBuf,
-    metrics_file: std::fs::File,
-    fingerprint: Fingerprint,
+    /// Rank 0's (the other ranks write nothing).
+    metrics_file: Option<std::fs::File>,
+    /// Rank 0's.
+    fingerprint: Option<Fingerprint>,
     pub cache: FeatureCache,
     cache_reported: bool,
     pub latest_checkpoint: Option<PathBuf>,
@@ -79,14 +83,18 @@ impl<'a> Run<'a> {
     /// Read and check the data, pack the rows, build the drafter (random, `init_from`, or the
     /// latest checkpoint with its optimizer state on `--resume`), and open `metrics.jsonl`
     /// (on resume, the lines of steps after the checkpoint dropped: they are recomputed).
+    /// Rank 0 checks and writes the run directory; the other ranks only read it.
     pub fn open(
         lt: &'a LoadedTarget,
         data_dir: &Path,
         out: &Path,
         cfg: TrainConfig,
         opts: &TrainOptions,
+        comm: &'a dyn Collective,
     ) -> Result<Self> {
         cfg.validate()?;
+        rank_slice(cfg.grad_accum, comm.rank(), comm.world())?;
+        let lead = comm.rank() == 0;
         let (manifest, seqs) = read_sequences(data_dir)?;
         let target_hash = identity_hash(&lt.source)?;
         if manifest.target_hash != target_hash {
@@ -98,7 +106,7 @@ impl<'a> Run<'a> {
                 &target_hash[..12]
             );
         }
-        let (train_rows, val_seqs) = split_rows(seqs, &cfg, data_dir)?;
+        let (train_rows, val_seqs) = split_rows(seqs, &cfg, data_dir, lead)?;
         let steps_per_epoch = train_rows.len().div_ceil(cfg.grad_accum);
         let total = cfg.max_steps.unwrap_or(cfg.epochs * steps_per_epoch);
 
@@ -119,8 +127,17 @@ impl<'a> Run<'a> {
         let paths = CheckpointPaths {
             out: out.to_path_buf(),
         };
-        std::fs::create_dir_all(out)?;
-        let latest = open_run_dir(&paths, &cfg, opts.resume)?;
+        let latest = if lead {
+            std::fs::create_dir_all(out)?;
+            agreed(comm, open_run_dir(&paths, &cfg, opts.resume))?
+        } else {
+            agreed(comm, Ok(()))?;
+            if opts.resume {
+                paths.latest()?
+            } else {
+                None
+            }
+        };
         let weights = match &latest {
             Some(dir) => candle_core::safetensors::load(
                 dir.join("drafter/model.safetensors"),
@@ -147,19 +164,31 @@ impl<'a> Run<'a> {
             opt.v = v;
             opt.step = s.adam_step;
             state = s;
-            eprintln!(
-                "resuming from {} (step {})",
-                dir.display(),
-                state.steps_done
-            );
+            if lead {
+                eprintln!(
+                    "resuming from {} (step {})",
+                    dir.display(),
+                    state.steps_done
+                );
+            }
         }
         let metrics_path = out.join("metrics.jsonl");
-        let metrics_file = open_metrics(&metrics_path, opts.resume.then_some(state.steps_done))?;
-        let fingerprint = fingerprint(lt, &td.drafter.target_layer_ids)?;
+        let (metrics_file, fingerprint) = if lead {
+            (
+                Some(open_metrics(
+                    &metrics_path,
+                    opts.resume.then_some(state.steps_done),
+                )?),
+                Some(fingerprint(lt, &td.drafter.target_layer_ids)?),
+            )
+        } else {
+            (None, None)
+        };
         let manifest_sha = sha256_file(&data_dir.join("manifest.json"))?;
         let order = permutation(train_rows.len(), cfg.seed, state.epoch);
         Ok(Self {
             lt,
+            comm,
             out: out.to_path_buf(),
             paths,
             manifest,
@@ -188,61 +217,95 @@ impl<'a> Run<'a> {
     }
 
     /// One optimizer step over `grad_accum` rows in the epoch's order: each row's loss and
-    /// backward, the gradients summed, one update at the schedule's learning rate.
+    /// backward (this rank's slice of the rows, [`rank_slice`]), the gradients summed as the
+    /// halving tree of [`crate::collective`] and over the ranks, one update at the schedule's
+    /// learning rate (the same on every rank, so the ranks' weights stay equal).
     pub fn step(&mut self) -> Result<StepOutcome> {
-        let cfg = &self.cfg;
-        let mut grads: Vec<Option<Tensor>> = vec![None; self.td.params.len()];
-        let (mut loss_num, mut loss_den) = (0.0, 0.0);
-        let mut counts = AcceptCounts::new(cfg.block_size - 1);
-        let mut supervised = 0;
-        for _ in 0..cfg.grad_accum {
+        let a = self.cfg.grad_accum;
+        // the step's rows: every rank walks them all, so the state (epoch, position) is global
+        let mut plan = Vec::with_capacity(a);
+        for _ in 0..a {
             if self.state.position >= self.order.len() {
                 self.state.epoch += 1;
                 self.state.position = 0;
-                self.order = permutation(self.train_rows.len(), cfg.seed, self.state.epoch);
+                self.order = permutation(self.train_rows.len(), self.cfg.seed, self.state.epoch);
             }
-            let si = self.order[self.state.position];
+            plan.push((self.order[self.state.position], self.state.epoch));
             self.state.position += 1;
-            let row = &self.train_rows[si];
-            let out = row_loss(
-                &self.td,
-                self.lt,
-                cfg,
-                row,
-                anchors::seed_for(cfg.seed, self.state.epoch, si),
-                (&mut self.cache, si),
-            )?;
-            let l = {
-                let _p = tracing::info_span!(target: "phase", "loss to host").entered();
-                out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?
-            };
-            if !l.is_finite() {
-                bail!(
-                    "loss is {l} at step {}: stopping; the last good checkpoint is {}",
-                    self.state.steps_done + 1,
-                    self.latest_checkpoint
-                        .as_ref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_else(|| "none (no checkpoint yet)".into())
-                );
-            }
-            let g = {
-                let _p = tracing::info_span!(target: "phase", "backward").entered();
-                (out.loss / cfg.grad_accum as f64)?.backward()?
-            };
-            {
-                let _p = tracing::info_span!(target: "phase", "accumulate grads").entered();
-                self.td.accumulate_grads(&mut grads, &g)?;
-            }
-            loss_num += l * out.weight_sum;
-            loss_den += out.weight_sum;
-            counts.merge(&out.counts);
-            supervised += row.seq.supervised();
         }
-        let lr = cfg.lr_at(self.state.steps_done, self.total);
-        let grad_norm = self
-            .td
-            .update(&self.lt.target, &mut self.opt, grads, cfg.grad_clip, lr)?;
+        let mine = rank_slice(a, self.comm.rank(), self.comm.world())?;
+        let mut stats: Vec<f64> = Vec::new();
+        let positions = self.cfg.block_size - 1;
+        let local = halving_sum(
+            mine.start,
+            mine.end,
+            &mut |j| {
+                let (si, epoch) = plan[j];
+                let out = row_loss(
+                    &self.td,
+                    self.lt,
+                    &self.cfg,
+                    &self.train_rows[si],
+                    anchors::seed_for(self.cfg.seed, epoch, si),
+                    (&mut self.cache, si),
+                )?;
+                let l = {
+                    let _p = tracing::info_span!(target: "phase", "loss to host").entered();
+                    out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?
+                };
+                if !l.is_finite() {
+                    bail!(
+                        "loss is {l} at step {}: stopping; the last good checkpoint is {}",
+                        self.state.steps_done + 1,
+                        self.latest_checkpoint
+                            .as_ref()
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_else(|| "none (no checkpoint yet)".into())
+                    );
+                }
+                let g = {
+                    let _p = tracing::info_span!(target: "phase", "backward").entered();
+                    (out.loss / a as f64)?.backward()?
+                };
+                stats.extend(row_stats(l, out.weight_sum, &out.counts, positions));
+                Ok(self
+                    .td
+                    .params
+                    .iter()
+                    .map(|(_, p)| g.get(p.as_tensor()).cloned())
+                    .collect())
+            },
+            &add_grads,
+        );
+        let local = agreed(self.comm, local)?;
+        let grads = if self.comm.world() == 1 {
+            local
+        } else {
+            let _p = tracing::info_span!(target: "phase", "all-reduce grads").entered();
+            all_reduce_grads(self.comm, &self.td.params, local)?
+        };
+        // the rows' numbers from every rank, merged in the step's row order
+        let all = self.comm.all_gather(&stats)?;
+        let (mut loss_num, mut loss_den) = (0.0, 0.0);
+        let mut counts = AcceptCounts::new(positions);
+        for row in all.chunks(row_stats_len(positions)) {
+            let (l, w, c) = parse_row_stats(row, positions);
+            loss_num += l * w;
+            loss_den += w;
+            counts.merge(&c);
+        }
+        let supervised = plan
+            .iter()
+            .map(|&(si, _)| self.train_rows[si].seq.supervised())
+            .sum();
+        let lr = self.cfg.lr_at(self.state.steps_done, self.total);
+        let grad_norm = self.td.update(
+            &self.lt.target,
+            &mut self.opt,
+            grads,
+            self.cfg.grad_clip,
+            lr,
+        )?;
         if !grad_norm.is_finite() {
             bail!(
                 "gradient norm is {grad_norm} at step {}: stopping",
@@ -252,7 +315,7 @@ impl<'a> Run<'a> {
         self.state.steps_done += 1;
         self.state.adam_step = self.opt.step;
         self.tokens_total += supervised;
-        if !self.cache_reported && self.state.position >= self.order.len() {
+        if self.lead() && !self.cache_reported && self.state.position >= self.order.len() {
             self.cache_reported = true;
             eprintln!(
                 "feature cache: {:.0} MB kept for {} rows of {} (budget {:.0} MB)",
@@ -271,6 +334,11 @@ impl<'a> Run<'a> {
         })
     }
 
+    /// Rank 0: the rank that validates and writes metrics, checkpoints and curves.
+    pub fn lead(&self) -> bool {
+        self.comm.rank() == 0
+    }
+
     /// Loss and acceptance on the validation sequences (their features in the run's cache).
     pub fn validate(&mut self) -> Result<(f64, AcceptCounts)> {
         let key0 = self.train_rows.len();
@@ -283,7 +351,7 @@ impl<'a> Run<'a> {
         )
     }
 
-    /// The step's line of `metrics.jsonl`, written.
+    /// The step's line of `metrics.jsonl`, written by rank 0.
     pub fn record(
         &mut self,
         s: &StepOutcome,
@@ -305,15 +373,20 @@ impl<'a> Run<'a> {
             val_simulated_tau: val.map(|v| v.1.simulated_tau()),
             val_simulated_decoding_tau: val.map(|v| v.1.simulated_decoding_tau()),
         };
-        self.metrics_file
-            .write_all((serde_json::to_string(&m)? + "\n").as_bytes())?;
-        self.metrics_file.flush()?;
+        if let Some(f) = &mut self.metrics_file {
+            f.write_all((serde_json::to_string(&m)? + "\n").as_bytes())?;
+            f.flush()?;
+        }
         Ok(m)
     }
 
     /// A checkpoint of this step (drafter + trainer state), `latest`, `best/` when the
     /// validation loss is the lowest so far, the oldest checkpoints pruned, `curves.svg`.
+    /// Rank 0 alone writes (the other ranks return at once).
     pub fn checkpoint(&mut self, m: &StepMetrics, val: Option<&(f64, AcceptCounts)>) -> Result<()> {
+        let Some(fingerprint) = self.fingerprint.clone() else {
+            return Ok(());
+        };
         let _p = tracing::info_span!(target: "phase", "checkpoint").entered();
         let is_best = match (val, self.state.best_val_loss) {
             (Some((vl, _)), Some(b)) => *vl < b,
@@ -335,7 +408,7 @@ impl<'a> Run<'a> {
             val_loss: val.map(|v| v.0),
             val_acceptance: val.map(|v| v.1.rates()).unwrap_or_default(),
             val_simulated_tau: val.map(|v| v.1.simulated_tau()),
-            fingerprint: self.fingerprint.clone(),
+            fingerprint,
         };
         let w = self.td.weights();
         let dir = self.paths.step_dir(self.state.steps_done);
@@ -370,16 +443,17 @@ fn split_rows(
     seqs: Vec<Sequence>,
     cfg: &TrainConfig,
     data_dir: &Path,
+    notes: bool,
 ) -> Result<(Vec<TrainingRow>, Vec<Sequence>)> {
     let supervised: usize = seqs.iter().map(Sequence::supervised).sum();
     let (seqs, dropped, looped) = usable_sequences(seqs, cfg);
-    if let Some(w) = cfg.loop_window {
+    if let (Some(w), true) = (cfg.loop_window, notes) {
         eprintln!(
             "loop_window {w}: {looped} of {supervised} supervised tokens cut as repetition loops ({:.0} %)",
             100.0 * looped as f64 / supervised.max(1) as f64
         );
     }
-    if dropped > 0 {
+    if dropped > 0 && notes {
         eprintln!(
             "note: {dropped} sequence(s) without two consecutive supervised tokens were skipped"
         );
@@ -397,11 +471,13 @@ fn split_rows(
                 &permutation(train_seqs.len(), cfg.seed, usize::MAX),
                 len,
             );
-            eprintln!(
-                "packed {} training sequences into {} rows",
-                train_seqs.len(),
-                rows.len()
-            );
+            if notes {
+                eprintln!(
+                    "packed {} training sequences into {} rows",
+                    train_seqs.len(),
+                    rows.len()
+                );
+            }
             rows
         }
         None => train_seqs
@@ -465,4 +541,86 @@ fn open_metrics(path: &Path, resumed_at: Option<usize>) -> Result<std::fs::File>
     }
     write_file(path, kept.as_bytes())?;
     Ok(std::fs::OpenOptions::new().append(true).open(path)?)
+}
+
+/// The parameters' gradients summed element-wise (a missing one is `None`).
+fn add_grads(a: Vec<Option<Tensor>>, b: Vec<Option<Tensor>>) -> Result<Vec<Option<Tensor>>> {
+    a.into_iter()
+        .zip(b)
+        .map(|(x, y)| {
+            Ok(match (x, y) {
+                (Some(x), Some(y)) => Some((x + y)?),
+                (x, None) => x,
+                (None, y) => y,
+            })
+        })
+        .collect()
+}
+
+/// Every rank's gradients summed over the ranks, in one flat bucket (a missing gradient
+/// counts as zeros).
+fn all_reduce_grads(
+    comm: &dyn Collective,
+    params: &[(String, Var)],
+    grads: Vec<Option<Tensor>>,
+) -> Result<Vec<Option<Tensor>>> {
+    let flat = grads
+        .iter()
+        .zip(params)
+        .map(|(g, (_, p))| match g {
+            Some(g) => g.flatten_all(),
+            None => Tensor::zeros(p.elem_count(), p.dtype(), p.device()),
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let sum = comm.all_reduce_sum(&Tensor::cat(&flat, 0)?)?;
+    let mut off = 0;
+    params
+        .iter()
+        .map(|(_, p)| {
+            let n = p.elem_count();
+            let g = sum.narrow(0, off, n)?.reshape(p.shape())?;
+            off += n;
+            Ok(Some(g))
+        })
+        .collect()
+}
+
+/// `r` when every rank's `r` is `Ok`; otherwise every rank stops (the failed rank with its own
+/// error), so that no rank waits in a collective a failed rank never reaches.
+pub(super) fn agreed<T>(comm: &dyn Collective, r: Result<T>) -> Result<T> {
+    if comm.world() == 1 {
+        return r;
+    }
+    let ok = comm.all_gather(&[r.is_ok() as u8 as f64])?;
+    match (r, ok.iter().position(|&v| v == 0.0)) {
+        (Err(e), _) => Err(e),
+        (Ok(_), Some(bad)) => bail!("rank {bad} failed (its error is above): stopping"),
+        (Ok(v), None) => Ok(v),
+    }
+}
+
+/// One row's numbers for the other ranks: loss, weight, anchors, Σ 1/τ, offered, reached.
+fn row_stats(l: f64, w: f64, c: &AcceptCounts, positions: usize) -> Vec<f64> {
+    let mut full = AcceptCounts::new(positions);
+    full.merge(c);
+    let mut v = vec![l, w, full.anchors as f64, full.inverse_tau_sum];
+    v.extend(full.offered.iter().map(|&x| x as f64));
+    v.extend(full.reached.iter().map(|&x| x as f64));
+    v
+}
+
+fn row_stats_len(positions: usize) -> usize {
+    4 + 2 * positions
+}
+
+fn parse_row_stats(v: &[f64], positions: usize) -> (f64, f64, AcceptCounts) {
+    let mut c = AcceptCounts::new(positions);
+    c.anchors = v[2] as u64;
+    c.inverse_tau_sum = v[3];
+    c.offered = v[4..4 + positions].iter().map(|&x| x as u64).collect();
+    c.reached = v[4 + positions..4 + 2 * positions]
+        .iter()
+        .map(|&x| x as u64)
+        .collect();
+    (v[0], v[1], c)
 }

@@ -1,0 +1,228 @@
+//! Data-parallel ranks: the collective the trainer sums gradients through, and the summation
+//! order that makes N ranks equal one rank.
+//!
+//! A step's rows are summed as a **halving tree** over their index ([`halving_sum`]): rows
+//! `0..8` sum as `((g0+g1)+(g2+g3)) + ((g4+g5)+(g6+g7))`. Rank r of N takes the contiguous
+//! slice `r·A/N .. (r+1)·A/N` of the step's A rows and sums it with the same tree; the ranks'
+//! partial sums are then added with the halving tree over ranks. With 2 ranks and A = 8, rank 0
+//! holds `(g0+g1)+(g2+g3)` and rank 1 `(g4+g5)+(g6+g7)` — the two halves of the one-rank tree —
+//! so when N is a power of two dividing A, N ranks compute the one-rank sum bit for bit at f32.
+//! (For other N the sums differ by rounding only.)
+//!
+//! [`Single`] is one rank; [`ThreadGroup`] is N ranks as threads of one process (the CPU ranks
+//! CI runs). A multi-GPU implementation sums through NCCL behind the same trait.
+
+use std::sync::{Arc, Barrier, Mutex};
+
+use anyhow::{bail, Result};
+use candle_core::Tensor;
+
+/// What the trainer needs from a group of ranks. Every rank calls the same methods in the
+/// same order (a rank that skips one deadlocks the others, as with any collective).
+pub trait Collective: Sync {
+    /// This rank, `0..world()`.
+    fn rank(&self) -> usize;
+    /// The number of ranks.
+    fn world(&self) -> usize;
+    /// The element-wise sum of every rank's `t` (same shape and dtype on every rank), taken
+    /// as [`halving_sum`] over the ranks.
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor>;
+    /// Every rank's `v`, concatenated in rank order.
+    fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>>;
+    /// Wait until every rank got here.
+    fn barrier(&self) -> Result<()>;
+}
+
+/// One rank: every collective is the identity.
+pub struct Single;
+
+impl Collective for Single {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.clone())
+    }
+    fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>> {
+        Ok(v.to_vec())
+    }
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// What one exchange of a [`ThreadGroup`] holds: one slot per rank.
+#[derive(Default)]
+struct Slots {
+    tensors: Vec<Option<Tensor>>,
+    values: Vec<Vec<f64>>,
+}
+
+/// N ranks as threads of one process, exchanging through shared slots: each rank deposits
+/// its value, waits for all, computes the same reduction from all slots, and waits again
+/// before the slots are reused.
+pub struct ThreadGroup {
+    rank: usize,
+    world: usize,
+    barrier: Arc<Barrier>,
+    slots: Arc<Mutex<Slots>>,
+}
+
+impl ThreadGroup {
+    /// The `world` ranks of one group (hand one to each thread).
+    pub fn new(world: usize) -> Vec<ThreadGroup> {
+        let barrier = Arc::new(Barrier::new(world));
+        let slots = Arc::new(Mutex::new(Slots {
+            tensors: vec![None; world],
+            values: vec![Vec::new(); world],
+        }));
+        (0..world)
+            .map(|rank| ThreadGroup {
+                rank,
+                world,
+                barrier: barrier.clone(),
+                slots: slots.clone(),
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Slots>> {
+        self.slots
+            .lock()
+            .map_err(|_| anyhow::anyhow!("rank {}: another rank panicked", self.rank))
+    }
+}
+
+impl Collective for ThreadGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
+        self.lock()?.tensors[self.rank] = Some(t.clone());
+        self.barrier.wait();
+        let all: Vec<Tensor> = self.lock()?.tensors.iter().flatten().cloned().collect();
+        self.barrier.wait();
+        if all.len() != self.world {
+            bail!("rank {}: a rank gave no tensor to the sum", self.rank);
+        }
+        halving_sum(0, all.len(), &mut |i| Ok(all[i].clone()), &|a, b| {
+            Ok((a + b)?)
+        })
+    }
+    fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>> {
+        self.lock()?.values[self.rank] = v.to_vec();
+        self.barrier.wait();
+        let all = self.lock()?.values.concat();
+        self.barrier.wait();
+        Ok(all)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.barrier.wait();
+        Ok(())
+    }
+}
+
+/// The sum of `leaf(lo) .. leaf(hi − 1)` as a halving tree: the range split at its middle
+/// (`lo + (hi − lo + 1) / 2`), each half summed the same way, then the halves added. Leaves are
+/// visited in order and at most one partial sum per level is alive, so rows can be computed
+/// (and their backward run) inside `leaf`. For 0..5: `((l0+l1)+l2) + (l3+l4)`.
+pub fn halving_sum<T>(
+    lo: usize,
+    hi: usize,
+    leaf: &mut dyn FnMut(usize) -> Result<T>,
+    add: &dyn Fn(T, T) -> Result<T>,
+) -> Result<T> {
+    match hi - lo {
+        0 => bail!("halving_sum over an empty range"),
+        1 => leaf(lo),
+        n => {
+            let mid = lo + n.div_ceil(2);
+            let a = halving_sum(lo, mid, leaf, add)?;
+            let b = halving_sum(mid, hi, leaf, add)?;
+            add(a, b)
+        }
+    }
+}
+
+/// The slice of a step's `rows` that `rank` of `world` computes: contiguous, equal.
+pub fn rank_slice(rows: usize, rank: usize, world: usize) -> Result<std::ops::Range<usize>> {
+    if world == 0 || !rows.is_multiple_of(world) {
+        bail!("grad_accum {rows} is not a multiple of the {world} ranks: every rank must take as many rows per step (choose grad_accum = k · ranks)");
+    }
+    let k = rows / world;
+    Ok(rank * k..(rank + 1) * k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(lo: usize, hi: usize) -> String {
+        halving_sum(lo, hi, &mut |i| Ok(format!("{i}")), &|a, b| {
+            Ok(format!("({a}+{b})"))
+        })
+        .unwrap()
+    }
+
+    /// Two and four ranks' halving trees are the halves and quarters of the one-rank tree.
+    #[test]
+    fn rank_slices_are_subtrees_of_the_one_rank_tree() {
+        assert_eq!(tree(0, 5), "(((0+1)+2)+(3+4))");
+        for (world, rows) in [(2, 8), (4, 8), (2, 6), (4, 12), (8, 8)] {
+            let parts: Vec<String> = (0..world)
+                .map(|r| {
+                    let s = rank_slice(rows, r, world).unwrap();
+                    tree(s.start, s.end)
+                })
+                .collect();
+            let over_ranks = halving_sum(0, world, &mut |r| Ok(parts[r].clone()), &|a, b| {
+                Ok(format!("({a}+{b})"))
+            })
+            .unwrap();
+            assert_eq!(over_ranks, tree(0, rows), "{world} ranks, {rows} rows");
+        }
+        // three ranks do not split the tree: the sums then differ by rounding only
+        let parts: Vec<String> = (0..3).map(|r| tree(2 * r, 2 * r + 2)).collect();
+        let over = halving_sum(0, 3, &mut |r| Ok(parts[r].clone()), &|a, b| {
+            Ok(format!("({a}+{b})"))
+        })
+        .unwrap();
+        assert_ne!(over, tree(0, 6));
+    }
+
+    #[test]
+    fn uneven_slices_are_refused_by_name() {
+        let e = rank_slice(6, 0, 4).unwrap_err().to_string();
+        assert!(e.contains("grad_accum 6") && e.contains("4 ranks"), "{e}");
+    }
+
+    #[test]
+    fn thread_ranks_sum_and_gather_in_rank_order() {
+        let group = ThreadGroup::new(3);
+        let out: Vec<(Vec<f32>, Vec<f64>)> = std::thread::scope(|s| {
+            let hs: Vec<_> = group
+                .iter()
+                .map(|g| {
+                    s.spawn(move || {
+                        let r = g.rank() as f32;
+                        let t = Tensor::new(&[r, 10.0 * r], &candle_core::Device::Cpu).unwrap();
+                        let sum = g.all_reduce_sum(&t).unwrap().to_vec1::<f32>().unwrap();
+                        let all = g.all_gather(&[g.rank() as f64; 2]).unwrap();
+                        (sum, all)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (sum, all) in out {
+            assert_eq!(sum, vec![3.0, 30.0]);
+            assert_eq!(all, vec![0.0, 0.0, 1.0, 1.0, 2.0, 2.0]);
+        }
+    }
+}
