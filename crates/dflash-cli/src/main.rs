@@ -10,6 +10,7 @@ mod cli_doc;
 mod drafter_cmd;
 mod eval_cmd;
 mod generate;
+mod launch;
 mod timing;
 mod train_cmd;
 

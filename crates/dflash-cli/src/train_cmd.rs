@@ -240,6 +240,20 @@ pub struct TrainArgs {
     /// are the same either way; only the time changes.
     #[arg(long, default_value_t = 8192)]
     pub feature_cache_mb: usize,
+    /// Train on this many GPUs of this node, one process (rank) each, the gradients summed
+    /// through NCCL (a CUDA build); `grad_accum` rows per step are split evenly over the ranks
+    /// of all nodes. 0: one process on --device.
+    #[arg(long, default_value_t = 0)]
+    pub gpus: usize,
+    /// Nodes in the group (with --gpus on each).
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+    /// This node's number, 0..nnodes.
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
+    /// HOST:PORT where global rank 0 (node 0) hands the NCCL group id to the others.
+    #[arg(long, default_value = "127.0.0.1:29511")]
+    pub rendezvous: String,
     #[command(flatten)]
     pub run_on: DeviceArgs,
 }
@@ -263,9 +277,34 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         None => TrainConfig::default(),
     };
     cfg.validate()?;
-    let (dtype, device) = a.run_on.parse()?;
+    let rank = crate::launch::rank_env()?;
+    if a.gpus > 0 && rank.is_none() {
+        let l = crate::launch::Launch {
+            gpus: a.gpus,
+            nnodes: a.nnodes,
+            node_rank: a.node_rank,
+            rendezvous: a.rendezvous.clone(),
+        };
+        l.check(cfg.grad_accum)?;
+        if !cfg!(feature = "cuda") {
+            anyhow::bail!(
+                "--gpus needs a CUDA build (scripts/cuda-build.sh): this binary has no NCCL"
+            );
+        }
+        return crate::launch::launch(&l);
+    }
+    let (dtype, device) = match &rank {
+        // a launched rank trains on its own GPU
+        Some(r) => (
+            dflash_model::dtype(&a.run_on.dtype)?,
+            dflash_model::device(&format!("cuda:{}", r.local_rank))?,
+        ),
+        None => a.run_on.parse()?,
+    };
     let lt = load_target(&a.target, dtype, &device)?;
-    eprintln!("{lt}");
+    if rank.as_ref().is_none_or(|r| r.rank == 0) {
+        eprintln!("{lt}");
+    }
     let opts = TrainOptions {
         resume: a.resume,
         time_limit: match a.time_limit {
@@ -275,7 +314,10 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         },
         feature_cache_bytes: a.feature_cache_mb.saturating_mul(1 << 20),
     };
-    let s = train(&lt, &a.data, &a.out, cfg, &opts)?;
+    let s = match &rank {
+        None => train(&lt, &a.data, &a.out, cfg, &opts)?,
+        Some(r) => train_as_rank(&lt, &a, cfg, &opts, r, &device)?,
+    };
     if let Some(m) = &s.last {
         eprintln!(
             "trained {} steps: loss {:.4}, simulated τ {:.2}{}",
@@ -291,6 +333,36 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         eprintln!("latest checkpoint: {}", p.join("drafter").display());
     }
     Ok(())
+}
+
+/// One launched rank's training (NCCL on its GPU).
+#[cfg(feature = "cuda")]
+fn train_as_rank(
+    lt: &dflash_model::io::loader::LoadedTarget,
+    a: &TrainArgs,
+    cfg: TrainConfig,
+    opts: &TrainOptions,
+    r: &crate::launch::RankEnv,
+    device: &candle_core::Device,
+) -> Result<dflash_train::trainer::TrainSummary> {
+    let comm = crate::launch::nccl_rank(r, device)?;
+    dflash_train::trainer::train_rank(lt, &a.data, &a.out, cfg, opts, &comm)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn train_as_rank(
+    _: &dflash_model::io::loader::LoadedTarget,
+    _: &TrainArgs,
+    _: TrainConfig,
+    _: &TrainOptions,
+    r: &crate::launch::RankEnv,
+    _: &candle_core::Device,
+) -> Result<dflash_train::trainer::TrainSummary> {
+    anyhow::bail!(
+        "rank {} of {}: this binary has no NCCL (build with scripts/cuda-build.sh)",
+        r.rank,
+        r.world
+    )
 }
 
 #[derive(Args, Debug)]

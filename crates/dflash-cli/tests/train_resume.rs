@@ -222,3 +222,34 @@ fn killed_run_resumes_bit_for_bit() {
     // and the f32 one decodes
     decodes(&b.join("best"));
 }
+
+/// `train --gpus N`: a group that cannot exist is refused by name before anything loads, and a
+/// CPU build says that it has no NCCL.
+#[test]
+fn gpu_launcher_refuses_impossible_groups_by_name() {
+    let d = tmp("launcher");
+    let cfg = d.join("cfg.json");
+    std::fs::write(&cfg, r#"{"grad_accum": 4}"#).unwrap();
+    let run = |extra: &[&str]| {
+        let o = bin()
+            .args(["train", "--data", "nowhere", "--out"])
+            .arg(d.join("out"))
+            .arg("--config")
+            .arg(&cfg)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        String::from_utf8_lossy(&o.stderr).to_string()
+    };
+    let e = run(&["--gpus", "3"]);
+    assert!(e.contains("grad_accum 4") && e.contains("3 ranks"), "{e}");
+    let e = run(&["--gpus", "2", "--nnodes", "2", "--node-rank", "2"]);
+    assert!(e.contains("--node-rank 2"), "{e}");
+    let e = run(&["--gpus", "2", "--rendezvous", "localhost"]);
+    assert!(e.contains("HOST:PORT"), "{e}");
+    if !cfg!(feature = "cuda") {
+        let e = run(&["--gpus", "2"]);
+        assert!(e.contains("needs a CUDA build"), "{e}");
+    }
+}

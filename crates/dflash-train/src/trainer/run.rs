@@ -278,7 +278,7 @@ impl<'a> Run<'a> {
             &add_grads,
         );
         let local = agreed(self.comm, local)?;
-        let grads = if self.comm.world() == 1 {
+        let grads = if self.comm.is_single() {
             local
         } else {
             let _p = tracing::info_span!(target: "phase", "all-reduce grads").entered();
@@ -588,7 +588,7 @@ fn all_reduce_grads(
 /// `r` when every rank's `r` is `Ok`; otherwise every rank stops (the failed rank with its own
 /// error), so that no rank waits in a collective a failed rank never reaches.
 pub(super) fn agreed<T>(comm: &dyn Collective, r: Result<T>) -> Result<T> {
-    if comm.world() == 1 {
+    if comm.is_single() {
         return r;
     }
     let ok = comm.all_gather(&[r.is_ok() as u8 as f64])?;

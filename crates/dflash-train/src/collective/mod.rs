@@ -10,7 +10,12 @@
 //! (For other N the sums differ by rounding only.)
 //!
 //! [`Single`] is one rank; [`ThreadGroup`] is N ranks as threads of one process (the CPU ranks
-//! CI runs). A multi-GPU implementation sums through NCCL behind the same trait.
+//! CI runs); `nccl::NcclRank` (with the `cuda` feature) is one GPU process of N, found through
+//! [`rendezvous`].
+
+#[cfg(feature = "cuda")]
+pub mod nccl;
+pub mod rendezvous;
 
 use std::sync::{Arc, Barrier, Mutex};
 
@@ -27,10 +32,15 @@ pub trait Collective: Sync {
     /// The element-wise sum of every rank's `t` (same shape and dtype on every rank), taken
     /// as [`halving_sum`] over the ranks.
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor>;
-    /// Every rank's `v`, concatenated in rank order.
+    /// Every rank's `v` (of the same length on every rank), concatenated in rank order.
     fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>>;
     /// Wait until every rank got here.
     fn barrier(&self) -> Result<()>;
+    /// True for [`Single`] only: the trainer then skips the sums (one rank of NCCL still runs
+    /// them, so that a world of one exercises NCCL).
+    fn is_single(&self) -> bool {
+        false
+    }
 }
 
 /// One rank: every collective is the identity.
@@ -51,6 +61,9 @@ impl Collective for Single {
     }
     fn barrier(&self) -> Result<()> {
         Ok(())
+    }
+    fn is_single(&self) -> bool {
+        true
     }
 }
 

@@ -1,0 +1,119 @@
+//! Ranks on GPUs through NCCL (one process per GPU): the [`Collective`] the trainer sums its
+//! gradients through when `train --gpus N` launches it. The sum is NCCL's (ring or tree, its
+//! choice): N GPU ranks equal one rank up to rounding, not bit for bit as the CPU ranks do.
+
+use anyhow::{anyhow, bail, Result};
+use candle_core::cuda::cudarc::nccl::safe::{Comm, Id, ReduceOp};
+use candle_core::backend::BackendStorage;
+use candle_core::{CudaStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
+
+use super::Collective;
+
+/// One rank of an NCCL group, on this process's GPU (the device's own stream, so the
+/// collectives are ordered with the kernels around them).
+pub struct NcclRank {
+    comm: Comm,
+    device: candle_core::CudaDevice,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread as long as one thread at a time
+// does; the trainer drives its rank from one thread.
+unsafe impl Send for NcclRank {}
+unsafe impl Sync for NcclRank {}
+
+/// A new NCCL unique id (rank 0 makes it and hands it to the others: [`super::rendezvous`]).
+pub fn unique_id() -> Result<[u8; 128]> {
+    let id = Id::new()
+        .map_err(|e| anyhow!("NCCL: no unique id ({e:?}): is libnccl.so.2 on LD_LIBRARY_PATH?"))?;
+    Ok(id.internal().map(|c| c as u8))
+}
+
+impl NcclRank {
+    /// Join the group `id` as `rank` of `world` on `device` (a CUDA device).
+    pub fn new(device: &Device, rank: usize, world: usize, id: [u8; 128]) -> Result<Self> {
+        let Device::Cuda(dev) = device else {
+            bail!("NCCL ranks need a CUDA device, not {device:?}");
+        };
+        let comm = Comm::from_rank(
+            dev.cuda_stream(),
+            rank,
+            world,
+            Id::uninit(id.map(|b| b as std::ffi::c_char)),
+        )
+        .map_err(|e| anyhow!("NCCL: rank {rank} of {world} could not join ({e:?})"))?;
+        Ok(Self {
+            comm,
+            device: dev.clone(),
+        })
+    }
+}
+
+impl Collective for NcclRank {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn world(&self) -> usize {
+        self.comm.world_size()
+    }
+    fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
+        Ok(t.contiguous()?.apply_op1_no_bwd(&AllReduce(&self.comm))?)
+    }
+    fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>> {
+        let stream = self.device.cuda_stream();
+        let send = stream.clone_htod(v)?;
+        let mut recv = stream.alloc_zeros::<f64>(v.len() * self.world())?;
+        self.comm
+            .all_gather(&send, &mut recv)
+            .map_err(|e| anyhow!("NCCL all-gather: {e:?}"))?;
+        Ok(stream.clone_dtoh(&recv)?)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.all_gather(&[0.0])?;
+        Ok(())
+    }
+}
+
+/// The element-wise sum over the ranks, into a fresh tensor.
+struct AllReduce<'a>(&'a Comm);
+
+impl CustomOp1 for AllReduce<'_> {
+    fn name(&self) -> &'static str {
+        "nccl-all-reduce"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
+        candle_core::bail!("an NCCL all-reduce needs its tensor on the GPU")
+    }
+
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        let dev = s.device().clone();
+        let range = l.start_offset()..l.start_offset() + l.shape().elem_count();
+        let err = |e| candle_core::Error::Msg(format!("NCCL all-reduce: {e:?}"));
+        let out = match s.dtype() {
+            DType::F32 => {
+                let src = s.as_cuda_slice::<f32>()?.slice(range);
+                let mut dst = dev.alloc_zeros::<f32>(l.shape().elem_count())?;
+                self.0
+                    .all_reduce(&src, &mut dst, &ReduceOp::Sum)
+                    .map_err(err)?;
+                CudaStorage::wrap_cuda_slice(dst, dev)
+            }
+            DType::F64 => {
+                let src = s.as_cuda_slice::<f64>()?.slice(range);
+                let mut dst = dev.alloc_zeros::<f64>(l.shape().elem_count())?;
+                self.0
+                    .all_reduce(&src, &mut dst, &ReduceOp::Sum)
+                    .map_err(err)?;
+                CudaStorage::wrap_cuda_slice(dst, dev)
+            }
+            other => {
+                candle_core::bail!("NCCL all-reduce: {other:?} gradients (f32 or f64 expected)")
+            }
+        };
+        Ok((out, l.shape().clone()))
+    }
+}
