@@ -171,6 +171,14 @@ pub struct DoctorArgs {
     /// The training data directory: measures τ on its validation shard.
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// Write the canary dump (taps, the drafter's round inputs, block logits and drafts for
+    /// fixed prompts: docs/DOCTOR.md) into this directory instead of running the checklist.
+    #[arg(long, conflicts_with = "against")]
+    pub canary: Option<PathBuf>,
+    /// Check another stack's canary dump (same layout) against this target and drafter,
+    /// quantity by quantity, instead of running the checklist.
+    #[arg(long)]
+    pub against: Option<PathBuf>,
     #[command(flatten)]
     pub run_on: DeviceArgs,
     #[arg(long)]
@@ -181,7 +189,17 @@ pub fn run_doctor(a: DoctorArgs) -> Result<()> {
     let (dtype, device) = a.run_on.parse()?;
     let lt = load_target(&a.target, dtype, &device)?;
     eprintln!("{lt}");
-    let r = doctor(&lt, &a.drafter, a.data.as_deref(), &Tolerances::default())?;
+    if let Some(out) = &a.canary {
+        dflash_eval::doctor::write_canary(&lt, &a.drafter, out)?;
+        eprintln!("wrote the canary dump to {}", out.display());
+        return Ok(());
+    }
+    let r = match &a.against {
+        Some(dump) => {
+            dflash_eval::doctor::doctor_against(&lt, &a.drafter, dump, &Tolerances::default())?
+        }
+        None => doctor(&lt, &a.drafter, a.data.as_deref(), &Tolerances::default())?,
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

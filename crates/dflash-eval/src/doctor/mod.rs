@@ -10,6 +10,8 @@
 //! has no training record, so the checks that read one are skipped with a note, and the
 //! drafter fails only on a real problem.
 
+mod against;
+pub mod canary;
 mod checks;
 mod probes;
 
@@ -91,6 +93,8 @@ pub struct Tolerances {
     pub tap_rel_cross_dtype: f64,
     pub tau_rel: f64,
     pub parity_abs: f32,
+    /// `--against`: another stack's block logits may differ by this much of our logits' std.
+    pub logit_rel: f64,
 }
 
 impl Default for Tolerances {
@@ -100,6 +104,7 @@ impl Default for Tolerances {
             tap_rel_cross_dtype: 5e-2,
             tau_rel: 0.25,
             parity_abs: 1e-4,
+            logit_rel: 1e-3,
         }
     }
 }
@@ -173,4 +178,32 @@ pub fn doctor(
         checks: found,
         likely_cause,
     })
+}
+
+/// `doctor --against DIR`: another stack's canary dump against dflash-rs with this target and
+/// the drafter in `drafter_dir` ([`canary`] documents the layout); the first failed check is
+/// the likely cause.
+pub fn doctor_against(
+    lt: &LoadedTarget,
+    drafter_dir: &Path,
+    dump: &Path,
+    tol: &Tolerances,
+) -> Result<DoctorReport> {
+    let d = Drafter::load_dir(drafter_dir, &lt.target)?;
+    let theirs = canary::Canary::read(dump)?;
+    let checks = against::against(lt, &d, &theirs, tol)?;
+    let likely_cause = checks
+        .iter()
+        .find(|c| c.failed())
+        .map(|c| format!("{}: {}", c.name, c.detail));
+    Ok(DoctorReport {
+        checks,
+        likely_cause,
+    })
+}
+
+/// `doctor --canary OUT`: dflash-rs's canary dump for this target and drafter.
+pub fn write_canary(lt: &LoadedTarget, drafter_dir: &Path, out: &Path) -> Result<()> {
+    let d = Drafter::load_dir(drafter_dir, &lt.target)?;
+    canary::capture(lt, &d, &canary::canary_prompts(lt)?)?.write(out)
 }

@@ -3,8 +3,8 @@
 //! choice): N GPU ranks equal one rank up to rounding, not bit for bit as the CPU ranks do.
 
 use anyhow::{anyhow, bail, Result};
-use candle_core::cuda::cudarc::nccl::safe::{Comm, Id, ReduceOp};
 use candle_core::backend::BackendStorage;
+use candle_core::cuda::cudarc::nccl::safe::{Comm, Id, ReduceOp};
 use candle_core::{CudaStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 
 use super::Collective;
