@@ -8,6 +8,7 @@
                                               layers (no fla) in bf16: the tiny Qwen3.5 hybrid and
                                               a seeded random drafter for it, saved as
                                               tests/fixtures/dflash-tiny/hybrid/
+  tests/fixtures/canary/qwen35-tiny-fallback-f32/  the same in f32
 
 Each round is z-lab's own block forward (`DFlashDraftModel.forward` without a cache): the
 context features `extract_context_feature(hidden_states, target_layer_ids)[:, :anchor]`, the
@@ -130,8 +131,10 @@ def main():
     hybrid = AutoModelForCausalLM.from_pretrained(str(FIX / "qwen35-tiny"), dtype=torch.float32).eval()
     hd = hybrid_drafter(hybrid)
     hd.save_pretrained(str(FIX / "dflash-tiny" / "hybrid"), safe_serialization=True)
-    hybrid, hd = hybrid.to(torch.bfloat16), hd.to(torch.bfloat16)
     tok = Tokenizer.from_file(str(FIX / "qwen35-tiny" / "tokenizer.json"))
+    dump(hybrid, hd, tok, FIX / "canary" / "qwen35-tiny-fallback-f32",
+         version + ", the torch fallback of the Gated DeltaNet layers (no fla), f32", "f32")
+    hybrid, hd = hybrid.to(torch.bfloat16), hd.to(torch.bfloat16)
     dump(hybrid, hd, tok, FIX / "canary" / "qwen35-tiny-fallback",
          version + ", the torch fallback of the Gated DeltaNet layers (no fla), bf16", "bf16")
 

@@ -6,14 +6,17 @@
 //! and its `full` drafter (`tests/reference/canary_reference.py` wrote
 //! `tests/fixtures/canary/qwen3-tiny-zlab`). The faults of the evaluation side cannot arise
 //! inside dflash-rs (one visibility rule, one position rule, one tap convention, one drafter
-//! forward), so they are injected where another stack meets ours: its dump.
+//! forward), so they are injected where another stack meets ours: its dump. The training-side
+//! faults are injected into dflash-rs's own dump, whose `train` rounds come from dflash-rs's
+//! trainer (`block_loss`, hard CE): the faithful trainer.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use candle_core::{DType, Tensor};
 use dflash_eval::doctor::canary::{
-    capture, context_key, layer_outputs, logits_key, tap_key, Canary, PromptAt,
+    capture, ce_and_kl, context_key, layer_outputs, logits_key, tap_key, target_logits_key,
+    train_context_key, Canary, PromptAt,
 };
 use dflash_eval::doctor::{doctor_against, write_canary, DoctorReport, Tolerances};
 use dflash_model::io::loader::LoadedTarget;
@@ -193,18 +196,23 @@ fn unguarded_empty_context_is_named() {
 /// (5) Hidden states from another linear-attention path: the tiny Qwen3.5 hybrid's dump by
 /// transformers' torch fallback of the Gated DeltaNet layers in bf16 (no fla;
 /// `canary_reference.py`) against dflash-rs at f32: the taps of the first tapped layer, a
-/// Gated DeltaNet layer, diverge and the check names the linear-attention kernel.
+/// Gated DeltaNet layer, diverge and the check names the linear-attention kernel. The same
+/// path at f32 passes.
 #[test]
 fn another_linear_attention_path_is_named() {
     let lt = load(&fixtures().join("qwen35-tiny"), DType::F32);
-    let dump = fixtures().join("canary/qwen35-tiny-fallback");
-    let r = doctor_against(
-        &lt,
-        &fixtures().join("dflash-tiny/hybrid"),
-        &dump,
-        &Tolerances::default(),
-    )
-    .unwrap();
+    let hybrid = |dump: &str| {
+        doctor_against(
+            &lt,
+            &fixtures().join("dflash-tiny/hybrid"),
+            &fixtures().join("canary").join(dump),
+            &Tolerances::default(),
+        )
+        .unwrap()
+    };
+    let f32_fallback = hybrid("qwen35-tiny-fallback-f32");
+    assert!(f32_fallback.ok(), "{:#?}", f32_fallback.checks);
+    let r = hybrid("qwen35-tiny-fallback");
     assert_named(&r, "canary: target taps", "another linear-attention kernel");
     // the round inputs are their own taps, correctly sliced: only the taps are named
     assert!(!r.checks[3].failed(), "{:#?}", r.checks);
@@ -292,4 +300,131 @@ fn broken_dumps_are_refused_by_name() {
     z.write(&d).unwrap();
     let e = Canary::read(&d).unwrap_err().to_string();
     assert!(e.contains("p1.r1.logits") && e.contains("missing"), "{e}");
+}
+
+/// dflash-rs's own dump (its `train` rounds from the trainer's `block_loss`).
+fn ours(lt: &LoadedTarget) -> Canary {
+    let d = Drafter::load_dir(&drafter_dir(), &lt.target).unwrap();
+    let prompts = dflash_eval::doctor::canary::canary_prompts(lt).unwrap();
+    capture(lt, &d, &prompts).unwrap()
+}
+
+/// The rounds with training, as (prompt, round).
+fn trained(c: &Canary) -> Vec<(usize, usize)> {
+    let mut v = Vec::new();
+    for (pi, p) in c.meta.prompts.iter().enumerate() {
+        for (ri, r) in p.rounds.iter().enumerate() {
+            if r.train.is_some() {
+                v.push((pi, ri));
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn the_faithful_trainer_passes_the_training_checks() {
+    let lt = target();
+    let c = ours(&lt);
+    assert!(!trained(&c).is_empty());
+    let r = against(&lt, &c, "train-ok");
+    assert!(r.ok(), "{:#?}", r.checks);
+    assert!(
+        r.checks
+            .iter()
+            .any(|c| c.name == "canary: training objective"
+                && c.detail.contains("hard cross-entropy"))
+    );
+}
+
+/// (7) Noise on the combined hidden states leaking into the target's logits: the target logits
+/// the trainer's loss targets came from carry noise (a fixed pattern of 0.5 logit std).
+#[test]
+fn noise_in_the_target_logits_is_named() {
+    let lt = target();
+    let mut c = ours(&lt);
+    for (pi, ri) in trained(&c) {
+        let k = target_logits_key(pi, ri);
+        let t = &c.tensors[&k];
+        let std = t
+            .flatten_all()
+            .unwrap()
+            .var_keepdim(0)
+            .unwrap()
+            .sqrt()
+            .unwrap();
+        let n = t.elem_count() as u32;
+        let noise = Tensor::arange(0u32, n, t.device())
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .affine(1.3, 0.0)
+            .unwrap()
+            .sin()
+            .unwrap()
+            .reshape(t.shape())
+            .unwrap()
+            .broadcast_mul(&(std * 0.5).unwrap())
+            .unwrap();
+        let noisy = (t + noise).unwrap();
+        c.tensors.insert(k, noisy);
+    }
+    let r = against(&lt, &c, "noise");
+    assert_named(&r, "canary: training targets", "noise on the hidden states");
+}
+
+/// (8) The fc fed the target layer that defines the loss target: the trainer's drafter was
+/// given the target's features through the block's own positions, the rows the labels are
+/// computed from.
+#[test]
+fn a_shortcut_to_the_loss_target_is_named() {
+    let lt = target();
+    let mut c = ours(&lt);
+    let b = c.meta.block_size;
+    for (pi, ri) in trained(&c) {
+        let n = c.meta.prompts[pi].ids.len();
+        let feats = Tensor::cat(
+            &c.meta
+                .taps
+                .iter()
+                .map(|l| c.tensors[&tap_key(pi, *l)].clone())
+                .collect::<Vec<_>>(),
+            1,
+        )
+        .unwrap();
+        let round = &mut c.meta.prompts[pi].rounds[ri];
+        let rows = (round.anchor + b).min(n);
+        round.train.as_mut().unwrap().context_rows = rows;
+        c.tensors
+            .insert(train_context_key(pi, ri), feats.narrow(0, 0, rows).unwrap());
+    }
+    let r = against(&lt, &c, "shortcut");
+    assert_named(
+        &r,
+        "canary: training inputs",
+        "a shortcut to the loss target",
+    );
+}
+
+/// (9) A 70 % soft-KL mixture instead of hard cross-entropy: the trainer's loss is
+/// 0.7 · KL(target ‖ drafter) + 0.3 · CE of the same logits.
+#[test]
+fn a_soft_kl_mixture_is_named_with_its_weight() {
+    let lt = target();
+    let mut c = ours(&lt);
+    let b1 = c.meta.block_size - 1;
+    for (pi, ri) in trained(&c) {
+        let q = c.rows(&logits_key(pi, ri), b1).unwrap().clone();
+        let p = c.rows(&target_logits_key(pi, ri), b1).unwrap().clone();
+        let t = c.meta.prompts[pi].rounds[ri].train.as_mut().unwrap();
+        if let Some((ce, kl)) = ce_and_kl(&q, &p, t).unwrap() {
+            t.loss = 0.7 * kl + 0.3 * ce;
+        }
+    }
+    let r = against(&lt, &c, "soft-kl");
+    assert_named(
+        &r,
+        "canary: training objective",
+        "0.70 · KL(target ‖ drafter) + 0.30 · CE",
+    );
 }

@@ -2,7 +2,8 @@
 //! dflash-rs computes for the same prompts, quantity by quantity in the order data flows —
 //! format, token ids, the target's taps, the drafter's round inputs (context rows, positions,
 //! visibility), the block logits, the drafts — each a [`Check`] with its largest divergence.
-//! The first failed check names the likely cause, e.g. "taps of layer 2 equal dflash-rs's
+//! Then, when the dump has training rounds, the training side
+//! ([`super::against_training`]). The first failed check names the likely cause, e.g. "taps of layer 2 equal dflash-rs's
 //! layer 1 output: `hidden_states[i]` for `hidden_states[i+1]`?" or "round inputs include the
 //! anchor's own feature".
 
@@ -16,7 +17,7 @@ use super::{Check, Tolerances};
 
 /// max |a − b| / std(b) over two same-shape tensors (∞ when a holds a non-finite value or the
 /// shapes differ).
-fn deviation(a: &Tensor, b: &Tensor) -> Result<f64> {
+pub(super) fn deviation(a: &Tensor, b: &Tensor) -> Result<f64> {
     if a.dims() != b.dims() {
         return Ok(f64::INFINITY);
     }
@@ -87,6 +88,9 @@ pub fn against(
     let inputs_agree = !checks.iter().any(Check::failed);
     checks.push(logits_check(theirs, &ours, tol, inputs_agree)?);
     checks.push(drafts_check(theirs, &ours));
+    checks.extend(super::against_training::training_checks(
+        theirs, &ours, tol,
+    )?);
     Ok(checks)
 }
 

@@ -10,10 +10,17 @@
 //!   `0 .. context_rows`), `block_positions` are the position ids of the block's rows,
 //!   `visibility[layer][row]` lists the key intervals `[lo, hi)` (absolute positions) that the
 //!   block's row sees in that drafter layer, and `drafts` the greedy tokens after the anchor.
+//!   A round may also carry `train`: what a trainer did with the same block,
+//!   `{context_rows, labels, weights, loss}` (the context rows its drafter was given, the label
+//!   and loss weight of each position after the anchor, the loss it computed for the block).
 //! - `canary.safetensors` (f32): `p{i}.tap{L}` `[n, hidden]` the target's output of layer L on
 //!   prompt i; `p{i}.r{j}.context` `[context_rows, taps · hidden]` the drafter's context input of
 //!   round j (the taps concatenated in `taps` order, before `fc`); `p{i}.r{j}.logits`
-//!   `[block − 1, vocab]` the block's logits for the positions after the anchor.
+//!   `[block − 1, vocab]` the block's logits for the positions after the anchor; with `train`,
+//!   `p{i}.r{j}.train_context` `[train.context_rows, taps · hidden]` and
+//!   `p{i}.r{j}.target_logits` `[block − 1, vocab]`, the target logits the trainer's loss
+//!   targets came from (row k − 1 predicts position anchor + k: the target's logits at
+//!   position anchor + k − 1).
 //!
 //! Example: prompt of 10 tokens, B = 8 → rounds at anchors 0, 5 and 9; the round at 5 gives the
 //! drafter 5 context rows (positions 0..=4, not 5: the anchor's own feature is not context),
@@ -43,7 +50,22 @@ pub struct CanaryRound {
     /// `[layer][row]` → key intervals `[lo, hi)` in absolute positions.
     pub visibility: Vec<Vec<Vec<[usize; 2]>>>,
     pub drafts: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train: Option<TrainRound>,
 }
+
+/// What a trainer did with a round's block (dflash-rs: `dflash_train::loss::block_loss` on the
+/// prompt as one fully supervised sequence, hard CE, γ = [`GAMMA`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainRound {
+    pub context_rows: usize,
+    pub labels: Vec<u32>,
+    pub weights: Vec<f32>,
+    pub loss: f64,
+}
+
+/// The position decay of the canary's training rounds (the paper's and the default config's).
+pub const GAMMA: f64 = 7.0;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CanaryPrompt {
@@ -78,6 +100,12 @@ pub fn context_key(prompt: usize, round: usize) -> String {
 }
 pub fn logits_key(prompt: usize, round: usize) -> String {
     format!("p{prompt}.r{round}.logits")
+}
+pub fn train_context_key(prompt: usize, round: usize) -> String {
+    format!("p{prompt}.r{round}.train_context")
+}
+pub fn target_logits_key(prompt: usize, round: usize) -> String {
+    format!("p{prompt}.r{round}.target_logits")
 }
 
 /// The anchors of a prompt of `n` tokens: 0 (an empty context), the middle, the last token.
@@ -152,7 +180,8 @@ pub fn capture(lt: &LoadedTarget, d: &Drafter, prompts: &[PromptAt]) -> Result<C
         let mut cache = lt.target.new_cache();
         let out = lt
             .target
-            .forward_causal(ids, &mut cache, &d.target_layer_ids, &Rows::None)?;
+            .forward_causal(ids, &mut cache, &d.target_layer_ids, &Rows::All)?;
+        let target_logits = out.logits.clone().context("the target gave no logits")?;
         for (t, l) in out.taps.iter().zip(&d.target_layer_ids) {
             tensors.insert(tap_key(pi, *l), host_f32(t)?);
         }
@@ -182,6 +211,14 @@ pub fn capture(lt: &LoadedTarget, d: &Drafter, prompts: &[PromptAt]) -> Result<C
             let drafts = logits.argmax(1)?.to_vec1::<u32>()?;
             tensors.insert(context_key(pi, ri), host_f32(&ctx.squeeze(0)?)?);
             tensors.insert(logits_key(pi, ri), logits);
+            let train = if a + 1 < ids.len() {
+                let (round, tl) = train_round(lt, d, ids, &feats, &target_logits, a)?;
+                tensors.insert(train_context_key(pi, ri), host_f32(&ctx.squeeze(0)?)?);
+                tensors.insert(target_logits_key(pi, ri), tl);
+                Some(round)
+            } else {
+                None
+            };
             rounds.push(CanaryRound {
                 anchor: a,
                 anchor_token: ids[a],
@@ -189,6 +226,7 @@ pub fn capture(lt: &LoadedTarget, d: &Drafter, prompts: &[PromptAt]) -> Result<C
                 block_positions: (a..a + b).collect(),
                 visibility: rules.iter().map(|r| block_visibility(*r, a, b)).collect(),
                 drafts,
+                train,
             });
         }
         metas.push(CanaryPrompt {
@@ -208,6 +246,79 @@ pub fn capture(lt: &LoadedTarget, d: &Drafter, prompts: &[PromptAt]) -> Result<C
         },
         tensors,
     })
+}
+
+/// dflash-rs's trainer on the block at `a`: the prompt as one fully supervised sequence, its
+/// labels and weights (`labels_and_weights`) and hard-CE loss (`block_loss`, the trainer's own
+/// objective), and the target logits the labels are the sequence's tokens of (rows at
+/// positions `a .. a + B − 1`, the last row repeated past the end).
+fn train_round(
+    lt: &LoadedTarget,
+    d: &Drafter,
+    ids: &[u32],
+    feats: &Tensor,
+    target_logits: &Tensor,
+    a: usize,
+) -> Result<(TrainRound, Tensor)> {
+    use dflash_train::loss::{block_loss, labels_and_weights, Features, Objective};
+    let b = d.block_size;
+    let row = dflash_train::pack::TrainingRow::single(dflash_train::data::Sequence {
+        ids: ids.to_vec(),
+        loss_mask: vec![1; ids.len()],
+    });
+    let (labels, weights) = labels_and_weights(&row, &[a], b, GAMMA);
+    let f = Features {
+        taps: feats.unsqueeze(0)?,
+        target_logits: None,
+    };
+    let obj = Objective {
+        block: b,
+        gamma: GAMMA,
+        kind: dflash_train::config::LossKind::Ce,
+    };
+    let out = block_loss(d, &lt.target, &row, &f, &[a], obj)?;
+    let rows: Vec<u32> = (1..b)
+        .map(|k| (a + k - 1).min(ids.len() - 1) as u32)
+        .collect();
+    let idx = Tensor::new(rows.as_slice(), target_logits.device())?;
+    let tl = host_f32(&target_logits.index_select(&idx, 0)?)?;
+    Ok((
+        TrainRound {
+            context_rows: a,
+            labels,
+            weights,
+            loss: out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+        },
+        tl,
+    ))
+}
+
+/// Hard CE and KL(target ‖ drafter) of one training round, each the weighted mean over its
+/// positions (`Σ w·x / Σ w`, as `block_loss`), from the drafter's block logits `q` and the
+/// target logits `p`, in f64; `None` when no position has weight.
+pub fn ce_and_kl(q: &Tensor, p: &Tensor, t: &TrainRound) -> Result<Option<(f64, f64)>> {
+    let q = q.to_vec2::<f32>()?;
+    let p = p.to_vec2::<f32>()?;
+    let logsm = |row: &[f32]| -> Vec<f64> {
+        let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+        row.iter().map(|&x| x as f64 - lse).collect()
+    };
+    let (mut ce, mut kl, mut wsum) = (0.0, 0.0, 0.0);
+    for (k, &w) in t.weights.iter().enumerate() {
+        if w == 0.0 {
+            continue;
+        }
+        let (lq, lp) = (logsm(&q[k]), logsm(&p[k]));
+        ce += w as f64 * -lq[t.labels[k] as usize];
+        kl += w as f64
+            * lp.iter()
+                .zip(&lq)
+                .map(|(a, b)| a.exp() * (a - b))
+                .sum::<f64>();
+        wsum += w as f64;
+    }
+    Ok((wsum > 0.0).then(|| (ce / wsum, kl / wsum)))
 }
 
 /// The canary prompts of the doctor's fingerprint, tokenized by the target, at their default
@@ -268,6 +379,15 @@ impl Canary {
             for (ri, r) in p.rounds.iter().enumerate() {
                 c.rows(&context_key(pi, ri), r.context_rows)?;
                 c.rows(&logits_key(pi, ri), c.meta.block_size - 1)?;
+                if let Some(t) = &r.train {
+                    c.rows(&train_context_key(pi, ri), t.context_rows)?;
+                    c.rows(&target_logits_key(pi, ri), c.meta.block_size - 1)?;
+                    if t.labels.len() != c.meta.block_size - 1
+                        || t.weights.len() != c.meta.block_size - 1
+                    {
+                        bail!("canary dump: prompt {pi}, round {ri}: train.labels and train.weights need {} entries", c.meta.block_size - 1);
+                    }
+                }
             }
         }
         Ok(c)

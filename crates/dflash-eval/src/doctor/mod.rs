@@ -11,6 +11,7 @@
 //! drafter fails only on a real problem.
 
 mod against;
+mod against_training;
 pub mod canary;
 mod checks;
 mod probes;
