@@ -46,10 +46,11 @@ pub struct GenerateArgs {
     /// max-new-tokens rows; attention-only targets). Also for the AR of --compare-ar.
     #[arg(long)]
     pub cuda_graphs: bool,
-    /// How a DFlash chain accepts drafts at T > 0: residual (drafts sampled from the
-    /// drafter, kept with probability min(1, p/q), the bonus from the residual) or
-    /// exact-match (greedy drafts kept while they equal the target's sample). Both are
-    /// lossless.
+    /// How drafts are accepted at T > 0: residual (a chain's drafts sampled from the
+    /// drafter, kept with probability min(1, p/q), the bonus from the residual; a DDTree's
+    /// tokens drawn without replacement, each node's children judged in turn against the
+    /// residual) or exact-match (greedy drafts, a tree of the top-K, kept while they equal the
+    /// target's sample). Both are lossless.
     #[arg(long, default_value = "residual")]
     pub acceptance: Acceptance,
     #[command(flatten)]

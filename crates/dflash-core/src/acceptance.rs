@@ -47,6 +47,11 @@ fn pick(w: impl Iterator<Item = f32>, sum: f64, u: f32) -> u32 {
     last
 }
 
+/// [`pick`] over a slice (the bonus draws of [`crate::sampled_tree`]).
+pub(crate) fn pick_weighted(w: &[f32], sum: f64, u: f32) -> u32 {
+    pick(w.iter().copied(), sum, u)
+}
+
 /// The verdict on draft `d` drawn from `q`, against `p` (dense distributions over the same
 /// vocabulary), given two uniform numbers: `u_accept` decides the draft, `u_bonus` draws the
 /// bonus on a rejection.

@@ -10,6 +10,7 @@
 
 pub mod acceptance;
 pub mod config;
+pub mod sampled_tree;
 pub mod sampling;
 pub mod segments;
 pub mod stats;

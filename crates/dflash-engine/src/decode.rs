@@ -29,9 +29,11 @@
 //! token. At T > 0 a chain by default draws its drafts from the drafter's distribution `q` and
 //! keeps `d_k` with probability min(1, p(d_k)/q(d_k)), the bonus drawn from the residual
 //! max(0, p − q) (speculative sampling, [`dflash_core::acceptance`]): each committed token is
-//! distributed as the target's own sample. With [`Acceptance::ExactMatch`] (and for DDTree
-//! trees) the drafts are greedy and kept while they equal the target's own sample: rejection
-//! sampling with a one-hot q, also exact, but it accepts less.
+//! distributed as the target's own sample. A DDTree at T > 0 draws its tokens without
+//! replacement from the drafter's distributions and walks each node's children by recursive
+//! rejection sampling ([`dflash_core::sampled_tree`]). With [`Acceptance::ExactMatch`] the
+//! drafts are greedy (a tree of the top-K) and kept while they equal the target's own sample:
+//! also exact, but it accepts less at T ≈ 1.
 
 use std::time::Instant;
 
@@ -46,6 +48,14 @@ use dflash_model::models::drafter::{BlockAt, Drafter};
 use dflash_model::{KvCache, Rows, Target, TargetOutput};
 
 pub use crate::mode::Mode;
+
+/// A round's drafts drawn from the drafter's distributions, with what the walk judges them by.
+enum Sampled {
+    /// A chain: the distribution of each draft.
+    Chain(Vec<Vec<f32>>),
+    /// A tree with its per-depth distributions.
+    Tree(dflash_core::sampled_tree::SampledTree),
+}
 
 /// One generation request.
 #[derive(Debug, Clone)]
@@ -117,17 +127,17 @@ pub struct DecodeOptions {
     pub acceptance: Acceptance,
 }
 
-/// How a DFlash chain accepts drafts at T > 0 (at T = 0 both are the exact match of argmaxes;
-/// DDTree trees use the exact match).
+/// How drafts are accepted at T > 0 (at T = 0 both are the exact match of argmaxes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Acceptance {
-    /// Speculative sampling: drafts drawn from the drafter's distribution, kept with
+    /// Speculative sampling: a chain's drafts drawn from the drafter's distribution, kept with
     /// probability min(1, p/q), the bonus from the residual ([`dflash_core::acceptance`]), as
-    /// z-lab's `dflash_generate`.
+    /// z-lab's `dflash_generate`; a DDTree's tokens drawn without replacement and walked by
+    /// recursive rejection sampling ([`dflash_core::sampled_tree`]).
     #[default]
     Residual,
-    /// Greedy drafts, kept while they equal the target's own sample.
+    /// Greedy drafts (a DDTree of the top-K), kept while they equal the target's own sample.
     ExactMatch,
 }
 
@@ -216,7 +226,9 @@ struct Decoding<'a> {
     acceptance: Acceptance,
     /// The drafter's distribution of each draft of this round, dense over the vocabulary, when
     /// the drafts were sampled (speculative sampling).
-    draft_q: Option<Vec<Vec<f32>>>,
+    /// The round's drafts when they were drawn from the drafter's distributions (T > 0 with
+    /// the residual rule): the walk judges them against those distributions.
+    sampled: Option<Sampled>,
     /// Position of the anchor: the last committed token, not yet in the target cache.
     start: usize,
     new_tokens: Vec<u32>,
@@ -301,7 +313,7 @@ impl<'a> Decoding<'a> {
             head,
             ctx,
             acceptance: opts.acceptance,
-            draft_q: None,
+            sampled: None,
             start: req.prompt_ids.len(),
             stopped: req.stop_ids.contains(&first),
             new_tokens: vec![first],
@@ -346,6 +358,23 @@ impl<'a> Decoding<'a> {
         // logit column → token (the vocabulary head's columns are its subset)
         let head = self.head.as_ref();
         let token = |j: u32| head.map_or(j, |h| h.token(j));
+        if self.samples_drafts() {
+            let qs = self.draft_distributions(&logits)?;
+            return Ok(match self.mode {
+                Mode::Tree { budget, top_k, .. } => {
+                    let k = if top_k == 0 { budget } else { top_k };
+                    let st = self.sampler.sampled_tree(anchor, qs, budget, k);
+                    let tree = st.tree.clone();
+                    self.sampled = Some(Sampled::Tree(st));
+                    tree
+                }
+                _ => {
+                    let chain: Vec<u32> = qs.iter().map(|q| self.sampler.draw_draft(q)).collect();
+                    self.sampled = Some(Sampled::Chain(qs));
+                    DraftTree::chain(anchor, &chain)
+                }
+            });
+        }
         Ok(match self.mode {
             Mode::Tree { budget, top_k, .. } => {
                 let k = if top_k == 0 { budget } else { top_k };
@@ -360,28 +389,6 @@ impl<'a> Decoding<'a> {
                     .collect();
                 DraftTree::build(anchor, &top, budget)
             }
-            _ if self.samples_drafts() => {
-                let vocab = self.target.vocab_size();
-                let mut qs = Vec::new();
-                let mut chain = Vec::new();
-                for r in Drafter::rows_f32(&logits)? {
-                    let q_cols = self.sampler.draft_distribution(&r);
-                    let q = match head {
-                        Some(h) => {
-                            let mut q = vec![0.0; vocab];
-                            for (j, &x) in q_cols.iter().enumerate() {
-                                q[h.token(j as u32) as usize] = x;
-                            }
-                            q
-                        }
-                        None => q_cols,
-                    };
-                    chain.push(self.sampler.draw_draft(&q));
-                    qs.push(q);
-                }
-                self.draft_q = Some(qs);
-                DraftTree::chain(anchor, &chain)
-            }
             _ => {
                 let chain: Vec<u32> = Drafter::argmax_rows(&logits)?
                     .into_iter()
@@ -392,12 +399,33 @@ impl<'a> Decoding<'a> {
         })
     }
 
-    /// Whether this round's chain is drawn from the drafter's distribution (speculative
-    /// sampling at T > 0) rather than its argmax.
+    /// The drafter's distribution at each drafted position under the request's rule, dense
+    /// over the target's vocabulary (a vocabulary head's columns scattered to their tokens).
+    fn draft_distributions(&self, logits: &Tensor) -> Result<Vec<Vec<f32>>> {
+        let vocab = self.target.vocab_size();
+        Drafter::rows_f32(logits)?
+            .iter()
+            .map(|r| {
+                let q_cols = self.sampler.draft_distribution(r);
+                Ok(match self.head.as_ref() {
+                    Some(h) => {
+                        let mut q = vec![0.0; vocab];
+                        for (j, &x) in q_cols.iter().enumerate() {
+                            q[h.token(j as u32) as usize] = x;
+                        }
+                        q
+                    }
+                    None => q_cols,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether this round's drafts are drawn from the drafter's distribution (speculative
+    /// sampling at T > 0: a chain, or a tree by [`dflash_core::sampled_tree`]) rather than its
+    /// argmax or top-K.
     fn samples_drafts(&self) -> bool {
-        !self.sampler.params.is_greedy()
-            && self.acceptance == Acceptance::Residual
-            && matches!(self.mode, Mode::Chain { .. })
+        !self.sampler.params.is_greedy() && self.acceptance == Acceptance::Residual
     }
 
     /// Stage 2, verify: the whole proposal in ONE target forward (the ancestor-only mask); returns
@@ -431,10 +459,17 @@ impl<'a> Decoding<'a> {
     fn walk(&mut self, tree: &DraftTree, out: &TargetOutput) -> Result<(Vec<usize>, u32)> {
         let logits = out.logits.as_ref().unwrap();
         let sampler = &mut self.sampler;
-        if let Some(qs) = self.draft_q.take() {
-            // a chain's rows are 0 (the anchor), 1 … n (the drafts)
-            let (kept, bonus) = sampler.walk_chain(&tree.tokens[1..], &qs, |r| row(logits, r))?;
-            return Ok(((1..=kept).collect(), bonus));
+        match self.sampled.take() {
+            Some(Sampled::Chain(qs)) => {
+                // a chain's rows are 0 (the anchor), 1 … n (the drafts)
+                let (kept, bonus) =
+                    sampler.walk_chain(&tree.tokens[1..], &qs, |r| row(logits, r))?;
+                return Ok(((1..=kept).collect(), bonus));
+            }
+            Some(Sampled::Tree(st)) => {
+                return sampler.walk_sampled_tree(&st, |r| row(logits, r));
+            }
+            None => {}
         }
         tree.walk(|r| Ok::<u32, anyhow::Error>(sampler.sample(&row(logits, r)?)))
     }

@@ -8,6 +8,7 @@ use dflash_core::sampling::SamplingParams;
 use dflash_core::tree::DraftTree;
 use dflash_core::visibility::causal;
 use dflash_engine::decode::compact_cache;
+use dflash_engine::decode::{generate, Acceptance, DecodeOptions};
 use dflash_engine::{Mode, Request};
 use dflash_model::Rows;
 use dflash_testkit::*;
@@ -193,41 +194,66 @@ fn compacted_cache_equals_prefill_of_the_committed_sequence() {
     assert!(d <= 1e-5, "next-step logits differ by {d}");
 }
 
+/// As `lossless.rs::sampling_distribution_equals_ar`, with DDTree-8: the second and third new
+/// tokens' distributions over 3,000 seeded generations against AR's, under both acceptance
+/// rules, at T = 0.02 (the accept path decides most samples) and T = 0.7 (the sampled tree's
+/// rejections and residual draws decide many), and the residual rule accepts far more nodes
+/// than the exact match at T = 0.7.
 #[test]
 fn tree_sampling_distribution_equals_ar() {
-    // as lossless.rs::sampling_distribution_equals_ar, with DDTree-8
     let t = tiny();
     let d = quiet(&t);
     let p = loop_prompt();
     let n = 3000u64;
-    let (mut a, mut b) = (vec![0usize; 256], vec![0usize; 256]);
-    let mut accepted = 0;
-    for s in 0..n {
-        let r = req(&p, 3, SamplingParams::new(0.02, 0.95, 0, s).unwrap(), &[]);
-        a[decode(&t, None, Mode::Ar, &r).new_tokens[2] as usize] += 1;
-        let r = req(
-            &p,
-            3,
-            SamplingParams::new(0.02, 0.95, 0, 5_000_000 + s).unwrap(),
-            &[],
-        );
-        let g = decode(
-            &t,
-            Some(&d),
-            Mode::Tree {
-                block: 8,
-                budget: 8,
-                top_k: 0,
-            },
-            &r,
-        );
-        accepted += g.rounds.iter().filter(|r| r.accepted > 0).count();
-        b[g.new_tokens[2] as usize] += 1;
+    let tree = Mode::Tree {
+        block: 8,
+        budget: 8,
+        top_k: 0,
+    };
+    let counts = |temperature: f64, seed0: u64, mode: Mode, acceptance: Acceptance| {
+        let mut c = [vec![0usize; 256], vec![0usize; 256]];
+        let mut accepted = 0;
+        for s in 0..n {
+            let sp = SamplingParams::new(temperature, 0.95, 0, seed0 + s).unwrap();
+            let opts = DecodeOptions {
+                acceptance,
+                ..Default::default()
+            };
+            let drafter = (mode != Mode::Ar).then_some(&d);
+            let g = generate(&t, drafter, mode, &req(&p, 3, sp, &[]), opts).unwrap();
+            accepted += g.rounds.iter().map(|r| r.accepted).sum::<usize>();
+            c[0][g.new_tokens[1] as usize] += 1;
+            c[1][g.new_tokens[2] as usize] += 1;
+        }
+        (c, accepted)
+    };
+    for temperature in [0.02, 0.7] {
+        let (ar, _) = counts(temperature, 0, Mode::Ar, Acceptance::Residual);
+        let mut accepted_by = Vec::new();
+        for acceptance in [Acceptance::Residual, Acceptance::ExactMatch] {
+            let (sp, accepted) = counts(temperature, 5_000_000, tree, acceptance);
+            eprintln!("T {temperature}, {acceptance}: accepted nodes {accepted}");
+            accepted_by.push(accepted);
+            if acceptance == Acceptance::Residual || temperature < 0.1 {
+                assert!(
+                    accepted > n as usize / 10,
+                    "T {temperature}, {acceptance}: too few accepted nodes ({accepted})"
+                );
+            }
+            for (pos, (a, b)) in ar.iter().zip(&sp).enumerate() {
+                let pv = chi_square_p(a, b);
+                assert!(
+                    pv > 0.01,
+                    "T {temperature}, {acceptance}: new token {} differs from AR: p = {pv}",
+                    pos + 1
+                );
+            }
+        }
+        if temperature > 0.1 {
+            assert!(
+                accepted_by[0] > 2 * accepted_by[1],
+                "T {temperature}: the sampled tree should accept far more than the exact match: {accepted_by:?}"
+            );
+        }
     }
-    assert!(
-        accepted > n as usize / 10,
-        "too few accepted nodes ({accepted})"
-    );
-    let pv = chi_square_p(&a, &b);
-    assert!(pv > 0.01, "DDTree sampling differs from AR: p = {pv}");
 }
