@@ -338,7 +338,7 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
     );
     let _ = writeln!(
         md,
-        "- device {}, dtype {}, temperature {}, max new tokens {}, warm-up {} untimed tokens per mode, chain acceptance {}",
+        "- device {}, dtype {}, temperature {}, max new tokens {}, warm-up {} untimed tokens per mode, acceptance {}",
         report.device,
         report.dtype,
         report.temperature,
