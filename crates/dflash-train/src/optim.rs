@@ -3,6 +3,7 @@
 
 use anyhow::Result;
 use candle_core::{DType, Tensor, Var};
+use dflash_model::ops::adamw::{adamw_step, AdamStep};
 
 pub struct AdamW {
     pub beta1: f64,
@@ -11,8 +12,9 @@ pub struct AdamW {
     pub weight_decay: f64,
     /// Optimizer steps taken.
     pub step: usize,
-    pub m: Vec<Tensor>,
-    pub v: Vec<Tensor>,
+    /// Per parameter `[2, n]`: the first moments, then the second, updated in place
+    /// ([`dflash_model::ops::adamw`]).
+    state: Vec<Tensor>,
 }
 
 impl AdamW {
@@ -23,45 +25,86 @@ impl AdamW {
         eps: f64,
         weight_decay: f64,
     ) -> Result<Self> {
-        let zeros = |p: &Var| Tensor::zeros(p.shape(), p.dtype(), p.device());
         Ok(Self {
             beta1,
             beta2,
             eps,
             weight_decay,
             step: 0,
-            m: params
+            state: params
                 .iter()
-                .map(|(_, p)| zeros(p))
-                .collect::<candle_core::Result<_>>()?,
-            v: params
-                .iter()
-                .map(|(_, p)| zeros(p))
+                .map(|(_, p)| Tensor::zeros((2, p.elem_count()), p.dtype(), p.device()))
                 .collect::<candle_core::Result<_>>()?,
         })
     }
 
+    /// The first (`which` 0) or second (1) moments, shaped as their parameters (views of the
+    /// state: they follow later steps).
+    fn moments(&self, params: &[(String, Var)], which: usize) -> Result<Vec<Tensor>> {
+        self.state
+            .iter()
+            .zip(params)
+            .map(|(s, (_, p))| Ok(s.get(which)?.reshape(p.shape())?))
+            .collect()
+    }
+
+    /// The first moments, shaped as their parameters.
+    pub fn m(&self, params: &[(String, Var)]) -> Result<Vec<Tensor>> {
+        self.moments(params, 0)
+    }
+
+    /// The second moments, shaped as their parameters.
+    pub fn v(&self, params: &[(String, Var)]) -> Result<Vec<Tensor>> {
+        self.moments(params, 1)
+    }
+
+    /// Restore the moments (a resumed run), one pair per parameter.
+    pub fn set_moments(&mut self, m: &[Tensor], v: &[Tensor]) -> Result<()> {
+        if m.len() != self.state.len() || v.len() != self.state.len() {
+            anyhow::bail!(
+                "optimizer state: {} and {} moments for {} parameters",
+                m.len(),
+                v.len(),
+                self.state.len()
+            );
+        }
+        for ((s, m), v) in self.state.iter_mut().zip(m).zip(v) {
+            let st = Tensor::stack(&[m.flatten_all()?, v.flatten_all()?], 0)?
+                .to_dtype(s.dtype())?
+                .to_device(s.device())?;
+            if st.dims() != s.dims() {
+                anyhow::bail!(
+                    "optimizer state: moments of shape {:?} for a parameter of {} values",
+                    m.dims(),
+                    s.dim(1)?
+                );
+            }
+            *s = st;
+        }
+        Ok(())
+    }
+
+    /// One AdamW step of every parameter at `lr`, in place (weight decay on matrices only).
     pub fn update(&mut self, params: &[(String, Var)], grads: &[Tensor], lr: f64) -> Result<()> {
         self.step += 1;
         let t = self.step as i32;
         let (b1, b2) = (self.beta1, self.beta2);
-        let c1 = 1.0 - b1.powi(t);
-        let c2 = 1.0 - b2.powi(t);
-        for (i, ((_, p), g)) in params.iter().zip(grads).enumerate() {
-            let g = g.to_dtype(p.dtype())?;
-            self.m[i] = ((&self.m[i] * b1)? + (&g * (1.0 - b1))?)?;
-            self.v[i] = ((&self.v[i] * b2)? + (g.sqr()? * (1.0 - b2))?)?;
-            let mhat = (&self.m[i] / c1)?;
-            let vhat = (&self.v[i] / c2)?;
-            let upd = (mhat / (vhat.sqrt()? + self.eps)?)?;
-            let w = p.as_tensor();
+        for ((s, (_, p)), g) in self.state.iter().zip(params).zip(grads) {
             let decay = if p.rank() >= 2 {
                 1.0 - lr * self.weight_decay
             } else {
                 1.0
             };
-            let new = ((w * decay)? - (upd * lr)?)?;
-            p.set(&new)?;
+            let step = AdamStep {
+                beta1: b1,
+                beta2: b2,
+                inv_c1: 1.0 / (1.0 - b1.powi(t)),
+                inv_c2: 1.0 / (1.0 - b2.powi(t)),
+                eps: self.eps,
+                decay,
+                lr,
+            };
+            adamw_step(p.as_tensor(), s, g, step)?;
         }
         Ok(())
     }

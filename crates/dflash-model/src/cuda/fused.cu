@@ -1,5 +1,6 @@
 // dflash-rs's own kernels: the block-masked softmax of the drafter's training attention, the
-// fused cross-entropy of its loss, and the interval-masked softmax of the target's attention.
+// fused cross-entropy of its loss, the interval-masked softmax of the target's attention, and
+// the AdamW step (two element-wise kernels; `adamw.rs`).
 // Compiled to PTX by build.rs (feature `cuda`), loaded by `crate::cuda_kernels`. The CPU twins
 // of every kernel live in the Rust modules that launch them (`block_softmax.rs`,
 // `cross_entropy.rs`, `interval_softmax.rs`); `crate::kernel_check` compares the two.
@@ -221,3 +222,31 @@ __device__ void interval_softmax_fwd(const T* s, T* p, const uint32_t* iv, int r
 
 INSTANTIATE(f32, float)
 INSTANTIATE(bf16, __nv_bfloat16)
+
+// AdamW, f32 master weights, element-wise with a grid-stride loop. Every operation is rounded
+// as the CPU twin rounds it (`x * mul + add` as two IEEE operations, no fused multiply-add), so
+// the two agree bit for bit. `mv` holds the first moments (n values), then the second.
+__device__ __forceinline__ float aff(float x, float mul, float add) {
+    return __fadd_rn(__fmul_rn(x, mul), add);
+}
+
+extern "C" __global__ void adamw_moments_f32(float* mv, const float* g, unsigned long long n,
+    float b1, float omb1, float b2, float omb2) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        float gi = g[i];
+        mv[i] = __fadd_rn(aff(mv[i], b1, 0.0f), aff(gi, omb1, 0.0f));
+        mv[n + i] = __fadd_rn(aff(mv[n + i], b2, 0.0f), aff(__fmul_rn(gi, gi), omb2, 0.0f));
+    }
+}
+
+extern "C" __global__ void adamw_apply_f32(float* p, const float* mv, unsigned long long n,
+    float inv_c1, float inv_c2, float eps, float decay, float lr) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        float mhat = aff(mv[i], inv_c1, 0.0f);
+        float vhat = aff(mv[n + i], inv_c2, 0.0f);
+        float upd = __fdiv_rn(mhat, aff(__fsqrt_rn(vhat), 1.0f, eps));
+        p[i] = __fsub_rn(aff(p[i], decay, 0.0f), aff(upd, lr, 0.0f));
+    }
+}

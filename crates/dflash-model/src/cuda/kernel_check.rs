@@ -103,6 +103,31 @@ fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     .collect()
 }
 
+/// Three AdamW steps of a `[64, 300]` parameter on `dev` (f32 master weights): the weights and
+/// the moments `[2, n]`, on the CPU.
+fn adamw(dev: &Device) -> Result<Vec<Tensor>> {
+    use crate::ops::adamw::{adamw_step, AdamStep};
+    let w = fill(&[64, 300], 8, 1.0)?.to_device(dev)?;
+    let st = Tensor::zeros((2, 64 * 300), DType::F32, dev)?;
+    for t in 1..=3i32 {
+        let g = fill(&[64, 300], 9 + t as u64, 0.1)?.to_device(dev)?;
+        let s = AdamStep {
+            beta1: 0.9,
+            beta2: 0.95,
+            inv_c1: 1.0 / (1.0 - 0.9f64.powi(t)),
+            inv_c2: 1.0 / (1.0 - 0.95f64.powi(t)),
+            eps: 1e-8,
+            decay: 1.0 - 6e-4 * 0.01,
+            lr: 6e-4,
+        };
+        adamw_step(&w, &st, &g, s)?;
+    }
+    [w, st]
+        .into_iter()
+        .map(|t| t.to_device(&Device::Cpu))
+        .collect()
+}
+
 /// Compare `dev` (f32 and bf16) with the CPU (f32). Tolerances: 1e-4 relative in f32, 3e-2
 /// in bf16 (inputs and outputs rounded to 8 bits of mantissa).
 pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
@@ -127,6 +152,18 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             });
         }
     }
+    // the AdamW kernels round every operation as their CPU twin does
+    for ((name, a), b) in ["adamw weights (F32)", "adamw moments (F32)"]
+        .iter()
+        .zip(&adamw(dev)?)
+        .zip(&adamw(&Device::Cpu)?)
+    {
+        checks.push(KernelCheck {
+            name: name.to_string(),
+            rel_err: rel_err(a, b)? as f64,
+            tolerance: 1e-6,
+        });
+    }
     Ok(checks)
 }
 
@@ -139,7 +176,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 14);
+        assert_eq!(checks.len(), 16);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -1,6 +1,7 @@
 //! dflash-rs's own CUDA kernels (`src/cuda/fused.cu`, compiled to PTX by `build.rs`): the
-//! block softmax of the drafter's training attention ([`crate::ops::block_softmax`]) and the fused
-//! cross-entropy of its loss ([`crate::ops::cross_entropy`]). Loaded once per device through candle's
+//! block softmax of the drafter's training attention ([`crate::ops::block_softmax`]), the fused
+//! cross-entropy of its loss ([`crate::ops::cross_entropy`]), the target's interval softmax and
+//! the AdamW step ([`crate::ops::adamw`]). Loaded once per device through candle's
 //! custom-module cache.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig};

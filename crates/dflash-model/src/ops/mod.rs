@@ -2,6 +2,7 @@
 //! CPU twin for every CUDA kernel: the softmax family, the fused cross-entropy, the drafter's
 //! block attention, the target's interval softmax, and the comparison every parity check uses.
 
+pub mod adamw;
 pub mod block_attention;
 pub mod block_softmax;
 pub mod compare;

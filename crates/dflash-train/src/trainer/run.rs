@@ -160,8 +160,7 @@ impl<'a> Run<'a> {
         };
         if let Some(dir) = &latest {
             let (m, v, s) = read_trainer_state(&dir.join("trainer"), &names, &lt.target.device)?;
-            opt.m = m;
-            opt.v = v;
+            opt.set_moments(&m, &v)?;
             opt.step = s.adam_step;
             state = s;
             if lead {
@@ -417,8 +416,8 @@ impl<'a> Run<'a> {
             write_trainer_state(
                 &tmp.join("trainer"),
                 &self.names,
-                &self.opt.m,
-                &self.opt.v,
+                &self.opt.m(&self.td.params)?,
+                &self.opt.v(&self.td.params)?,
                 &self.state,
             )
         })?;
