@@ -173,7 +173,9 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         },
     )?;
 
-    let verify = |cache: &mut dflash_model::KvCache, tree: &DraftTree| -> Result<()> {
+    // what the loop reads back: at T = 0 one arg-max per row (picked on the device), at T > 0
+    // the logits of every row
+    let forward = |cache: &mut dflash_model::KvCache, tree: &DraftTree, rows: bool| -> Result<()> {
         let o = target.forward(
             &tree.tokens,
             &tree.positions(n),
@@ -182,16 +184,22 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
             &taps,
             &Rows::All,
         )?;
-        // what the loop reads back: the logits of every row
-        let _ = o.logits.unwrap().to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        let logits = o.logits.context("the forward returned no logits")?;
+        if rows {
+            let _ = logits.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+        } else {
+            let _ = dflash_model::ops::argmax::argmax_rows(&logits)?;
+        }
         cache.truncate(n)?;
         Ok(())
     };
+    let verify = |cache: &mut dflash_model::KvCache, tree: &DraftTree| forward(cache, tree, false);
     let t_ar = time(&dev, a.repeats, || {
         verify(&mut cache, &DraftTree::chain(1, &[]))
     })?;
     let chain = DraftTree::chain(1, &vec![2u32; a.block_size - 1]);
     let t_chain = time(&dev, a.repeats, || verify(&mut cache, &chain))?;
+    let t_chain_rows = time(&dev, a.repeats, || forward(&mut cache, &chain, true))?;
     let last_row = ctx_feats.narrow(1, n - 1, 1)?;
     let t_draft = time(&dev, a.repeats, || {
         dcache.truncate(n - 1)?;
@@ -245,6 +253,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         "random {}-shaped target on {} ({}), {}-row cache, median of {}; {:.2} B parameters, floor {:.3} ms per forward ({:.0} GB/s copy bandwidth)\n",
         a.model.shape, a.model.run_on.device, a.model.run_on.dtype, n, a.repeats, params as f64 / 1e9, floor * 1e3, bw / 1e9
     );
+    println!("Verifies read back what the decoding loop reads at T = 0: one arg-max per row, picked on the device.\n");
     println!("| forward | rows | ms | × floor |\n|---|---|---|---|");
     let row = |name: &str, rows: usize, t: f64| {
         println!("| {name} | {rows} | {:.3} | {:.1} |", t * 1e3, t / floor)
@@ -254,6 +263,14 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         &format!("chain verify (B = {})", a.block_size),
         a.block_size,
         t_chain,
+    );
+    row(
+        &format!(
+            "chain verify (B = {}), every row's logits to the host (T > 0)",
+            a.block_size
+        ),
+        a.block_size,
+        t_chain_rows,
     );
     for (b, rows, t) in &tree_rows {
         row(&format!("DDTree-{b} verify"), *rows, *t);

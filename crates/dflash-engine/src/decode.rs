@@ -471,6 +471,12 @@ impl<'a> Decoding<'a> {
             }
             None => {}
         }
+        if sampler.params.is_greedy() {
+            // T = 0: the target's token of every row, picked on the device (one index per row
+            // leaves it, not the rows), by the host's rule
+            let best = dflash_model::ops::argmax::argmax_rows(logits)?;
+            return tree.walk(|r| Ok::<u32, anyhow::Error>(best[r]));
+        }
         tree.walk(|r| Ok::<u32, anyhow::Error>(sampler.sample(&row(logits, r)?)))
     }
 

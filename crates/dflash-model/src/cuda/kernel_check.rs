@@ -152,6 +152,20 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             });
         }
     }
+    // the arg-max of each row: the same index, ties (the values repeat) and NaN included
+    let mut x = fill(&[48, 3001], 5, 8.0)?;
+    x = x.slice_assign(&[0..1, 0..1], &Tensor::new(&[[f32::NAN]], &Device::Cpu)?)?;
+    x = x.slice_assign(&[1..2, 7..8], &Tensor::new(&[[f32::NAN]], &Device::Cpu)?)?;
+    let (a, b) = (
+        crate::ops::argmax::argmax_rows(&x.to_device(dev)?)?,
+        crate::ops::argmax::argmax_rows(&x)?,
+    );
+    let differ = a.iter().zip(&b).filter(|(p, q)| p != q).count();
+    checks.push(KernelCheck {
+        name: "argmax rows (F32), fraction of rows that differ".into(),
+        rel_err: differ as f64 / b.len() as f64,
+        tolerance: 0.0,
+    });
     // the AdamW kernels round every operation as their CPU twin does
     for ((name, a), b) in ["adamw weights (F32)", "adamw moments (F32)"]
         .iter()
@@ -176,7 +190,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 16);
+        assert_eq!(checks.len(), 17);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -3,6 +3,7 @@
 //! block attention, the target's interval softmax, and the comparison every parity check uses.
 
 pub mod adamw;
+pub mod argmax;
 pub mod block_attention;
 pub mod block_softmax;
 pub mod compare;
