@@ -201,12 +201,14 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     let t_chain = time(&dev, a.repeats, || verify(&mut cache, &chain))?;
     let t_chain_rows = time(&dev, a.repeats, || forward(&mut cache, &chain, true))?;
     let last_row = ctx_feats.narrow(1, n - 1, 1)?;
-    let t_draft = time(&dev, a.repeats, || {
+    // a draft block and what the round reads from it: 0 the chain's argmax per row, 1 DDTree-32's
+    // candidates picked on the device, 2 every row's log-probabilities to the host
+    let draft = |dcache: &mut dflash_model::KvCache, read: u8| -> Result<()> {
         dcache.truncate(n - 1)?;
         let l = drafter.draft(
             &target,
             None,
-            &mut dcache,
+            dcache,
             &last_row,
             BlockAt {
                 token: 5,
@@ -215,9 +217,19 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
                 positions: a.block_size - 1,
             },
         )?;
-        let _ = Drafter::argmax_rows(&l)?;
+        match read {
+            0 => drop(Drafter::argmax_rows(&l)?),
+            1 => drop(dflash_model::ops::top_k::top_k_rows(
+                &Drafter::log_probs(&l)?,
+                32,
+            )?),
+            _ => drop(Drafter::log_probs(&l)?.to_vec2::<f32>()?),
+        }
         Ok(())
-    })?;
+    };
+    let t_draft = time(&dev, a.repeats, || draft(&mut dcache, 0))?;
+    let t_draft_top = time(&dev, a.repeats, || draft(&mut dcache, 1))?;
+    let t_draft_rows = time(&dev, a.repeats, || draft(&mut dcache, 2))?;
     let mut tree_rows = Vec::new();
     for &b in &budgets {
         let tree = synthetic_tree(b, a.block_size - 1, vocab);
@@ -275,13 +287,22 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     for (b, rows, t) in &tree_rows {
         row(&format!("DDTree-{b} verify"), *rows, *t);
     }
-    println!(
-        "| draft block ({} layers, B = {}) | {} | {:.3} | |",
-        a.draft_layers,
-        a.block_size,
-        a.block_size,
-        t_draft * 1e3
-    );
+    for (read, t) in [
+        ("argmax per row", t_draft),
+        (
+            "DDTree-32's top 32 per row picked on the device",
+            t_draft_top,
+        ),
+        ("every row's log-probabilities to the host", t_draft_rows),
+    ] {
+        println!(
+            "| draft block ({} layers, B = {}), {read} | {} | {:.3} | |",
+            a.draft_layers,
+            a.block_size,
+            a.block_size,
+            t * 1e3
+        );
+    }
     if !graphs.is_empty() {
         println!("\nWhere a forward's time goes (`Target::forward_prepared`: the device part, after `prepare` copied ids, RoPE rows and mask; `dflash_model::cuda::launch_profile`), median of {}. Kernels and layout uploads counted by a CUDA-graph capture that is never launched; \"param cache\": candle's device cache of small uploads, warmed by one run; host enqueue and GPU time of the same kernels enqueued behind a GPU blocker; graph replay: the forward captured (with the param cache) and relaunched.\n", a.repeats);
         println!("| forward | rows | kernels | uploads (no cache / cache) | allocs / frees | prepare ms | eager ms | eager, param cache ms | host enqueue ms | GPU ms | graph replay ms | replay × floor | replay vs eager logits, max abs Δ |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");

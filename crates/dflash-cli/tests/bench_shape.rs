@@ -47,7 +47,9 @@ fn bench_shape_reports_every_forward_and_the_cost_model() {
         "| chain verify (B = 16) | 16 |",
         "| DDTree-4 verify | 5 |",
         "| DDTree-16 verify | 17 |",
-        "| draft block (2 layers, B = 16) |",
+        "| draft block (2 layers, B = 16), argmax per row |",
+        "| draft block (2 layers, B = 16), DDTree-32's top 32 per row picked on the device |",
+        "| chain verify (B = 16), every row's logits to the host (T > 0) | 16 |",
         "| DFlash chain |",
         "| DDTree-16 |",
     ] {

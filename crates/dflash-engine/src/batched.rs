@@ -21,7 +21,7 @@
 //! slot 1, and A keeps columns 0..4 of slot 0.
 
 use anyhow::{bail, Result};
-use candle_core::{DType, D};
+
 use dflash_core::sampling::Sampler;
 use dflash_core::visibility::right_aligned;
 use dflash_model::{KvCache, Rows, Target};
@@ -276,8 +276,8 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         let phase = tracing::info_span!(target: "phase", "sample").entered();
         let greedy = slot.iter().flatten().all(|l| l.sampler.params.is_greedy());
         let next: Vec<u32> = if greedy {
-            // argmax on the device: one token per slot comes back, not the logits
-            logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1()?
+            // argmax on the device (the host's first-max rule): one token per slot comes back
+            dflash_model::ops::argmax::argmax_rows(&logits)?
         } else {
             let rows = logits.to_vec2::<f32>()?;
             slot.iter_mut()

@@ -41,10 +41,11 @@ use anyhow::{bail, Result};
 use candle_core::Tensor;
 use dflash_core::sampling::{Sampler, SamplingParams};
 use dflash_core::stats::RoundOutcome;
-use dflash_core::tree::{top_k_sorted, DraftTree};
+use dflash_core::tree::DraftTree;
 use dflash_model::cuda::graphed::GraphedForward;
 use dflash_model::models::draft_vocab::DraftHead;
 use dflash_model::models::drafter::{BlockAt, Drafter};
+use dflash_model::ops::top_k::top_k_rows;
 use dflash_model::{KvCache, Rows, Target, TargetOutput};
 
 pub use crate::mode::Mode;
@@ -378,15 +379,9 @@ impl<'a> Decoding<'a> {
         Ok(match self.mode {
             Mode::Tree { budget, top_k, .. } => {
                 let k = if top_k == 0 { budget } else { top_k };
-                let rows = Drafter::log_probs(&logits)?.to_vec2::<f32>()?;
-                let top: Vec<Vec<(u32, f32)>> = rows
-                    .iter()
-                    .map(|r| {
-                        let mut t = top_k_sorted(r, k);
-                        t.iter_mut().for_each(|(j, _)| *j = token(*j));
-                        t
-                    })
-                    .collect();
+                // the candidates picked where the log-probabilities are: k per row leave it
+                let mut top = top_k_rows(&Drafter::log_probs(&logits)?, k)?;
+                top.iter_mut().flatten().for_each(|(j, _)| *j = token(*j));
                 DraftTree::build(anchor, &top, budget)
             }
             _ => {

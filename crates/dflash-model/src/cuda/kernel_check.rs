@@ -166,6 +166,25 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         rel_err: differ as f64 / b.len() as f64,
         tolerance: 0.0,
     });
+    // the top k of each row (DDTree's candidates): the same tokens in the same order; rows of
+    // 9,000 values span three segments of the GPU's first stage, the last shorter than k = 1000
+    let long = fill(&[6, 9000], 11, 8.0)?;
+    for (x, k) in [(&x, 40), (&x, 100), (&long, 1000)] {
+        let (a, b) = (
+            crate::ops::top_k::top_k_rows(&x.to_device(dev)?, k)?,
+            crate::ops::top_k::top_k_rows(x, k)?,
+        );
+        let differ = a
+            .iter()
+            .zip(&b)
+            .filter(|(p, q)| p.iter().map(|t| t.0).ne(q.iter().map(|t| t.0)))
+            .count();
+        checks.push(KernelCheck {
+            name: format!("top-{k} rows (F32), fraction of rows that differ"),
+            rel_err: differ as f64 / b.len() as f64,
+            tolerance: 0.0,
+        });
+    }
     // the AdamW kernels round every operation as their CPU twin does
     for ((name, a), b) in ["adamw weights (F32)", "adamw moments (F32)"]
         .iter()
@@ -190,7 +209,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 17);
+        assert_eq!(checks.len(), 20);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -501,12 +501,12 @@ impl Drafter {
         Ok(crate::ops::log_softmax::log_softmax_rows(logits)?)
     }
 
-    /// Row-wise argmax of `[n, vocab]` logits.
     /// `[n, vocab]` logits as host rows in f32 (the drafter's distributions at T > 0).
     pub fn rows_f32(logits: &Tensor) -> Result<Vec<Vec<f32>>> {
         Ok(logits.to_dtype(DType::F32)?.to_vec2::<f32>()?)
     }
 
+    /// Row-wise argmax of `[n, vocab]` logits.
     pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
         Ok(logits
             .argmax(D::Minus1)?

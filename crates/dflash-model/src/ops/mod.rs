@@ -12,4 +12,5 @@ pub mod interval_softmax;
 pub(crate) mod kernel_io;
 pub mod log_softmax;
 pub mod softmax;
+pub mod top_k;
 pub mod with_grad;
