@@ -8,7 +8,7 @@ use dflash_core::sampling::SamplingParams;
 use dflash_core::tree::DraftTree;
 use dflash_core::visibility::causal;
 use dflash_engine::decode::compact_cache;
-use dflash_engine::decode::{generate, Acceptance, DecodeOptions};
+use dflash_engine::decode::Acceptance;
 use dflash_engine::{Mode, Request};
 use dflash_model::Rows;
 use dflash_testkit::*;
@@ -203,7 +203,6 @@ fn compacted_cache_equals_prefill_of_the_committed_sequence() {
 fn tree_sampling_distribution_equals_ar() {
     let t = tiny();
     let d = quiet(&t);
-    let p = loop_prompt();
     let n = 3000u64;
     let tree = Mode::Tree {
         block: 8,
@@ -211,21 +210,9 @@ fn tree_sampling_distribution_equals_ar() {
         top_k: 0,
     };
     let counts = |temperature: f64, seed0: u64, mode: Mode, acceptance: Acceptance| {
-        let mut c = [vec![0usize; 256], vec![0usize; 256]];
-        let mut accepted = 0;
-        for s in 0..n {
-            let sp = SamplingParams::new(temperature, 0.95, 0, seed0 + s).unwrap();
-            let opts = DecodeOptions {
-                acceptance,
-                ..Default::default()
-            };
-            let drafter = (mode != Mode::Ar).then_some(&d);
-            let g = generate(&t, drafter, mode, &req(&p, 3, sp, &[]), opts).unwrap();
-            accepted += g.rounds.iter().map(|r| r.accepted).sum::<usize>();
-            c[0][g.new_tokens[1] as usize] += 1;
-            c[1][g.new_tokens[2] as usize] += 1;
-        }
-        (c, accepted)
+        let (c, _, drafts) =
+            sampled_counts(&t, Some(&d), mode, acceptance, (temperature, seed0, n));
+        (c, drafts)
     };
     for temperature in [0.02, 0.7] {
         let (ar, _) = counts(temperature, 0, Mode::Ar, Acceptance::Residual);

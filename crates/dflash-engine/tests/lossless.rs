@@ -210,24 +210,11 @@ fn chi_square_helper_detects_a_difference() {
 fn sampling_distribution_equals_ar() {
     let t = tiny();
     let d = quiet(&t);
-    let prompt = loop_prompt();
     let n = 4000u64;
     let counts = |temperature: f64, seed0: u64, mode: Mode, acceptance: Acceptance| {
-        let mut c = [vec![0usize; 256], vec![0usize; 256]];
-        let mut accepted_rounds = 0;
-        for s in 0..n {
-            let sp = SamplingParams::new(temperature, 0.95, 0, seed0 + s).unwrap();
-            let opts = DecodeOptions {
-                acceptance,
-                ..Default::default()
-            };
-            let drafter = (mode != Mode::Ar).then_some(&d);
-            let g = generate(&t, drafter, mode, &req(&prompt, 3, sp, &[]), opts).unwrap();
-            accepted_rounds += g.rounds.iter().filter(|r| r.accepted > 0).count();
-            c[0][g.new_tokens[1] as usize] += 1;
-            c[1][g.new_tokens[2] as usize] += 1;
-        }
-        (c, accepted_rounds)
+        let (c, rounds, _) =
+            sampled_counts(&t, Some(&d), mode, acceptance, (temperature, seed0, n));
+        (c, rounds)
     };
     let chain = Mode::Chain { block: 8 };
     for temperature in [0.02, 0.7] {

@@ -56,15 +56,7 @@ fn with_taps(mut c: Canary, taps: HashMap<(usize, usize), Tensor>) -> Canary {
         c.tensors.insert(tap_key(pi, l), t);
     }
     for (pi, p) in c.meta.prompts.iter().enumerate() {
-        let feats = Tensor::cat(
-            &c.meta
-                .taps
-                .iter()
-                .map(|l| c.tensors[&tap_key(pi, *l)].clone())
-                .collect::<Vec<_>>(),
-            1,
-        )
-        .unwrap();
+        let feats = c.features(pi).unwrap();
         for (ri, r) in p.rounds.iter().enumerate() {
             let ctx = feats.narrow(0, 0, r.context_rows).unwrap();
             c.tensors.insert(context_key(pi, ri), ctx);
@@ -100,17 +92,11 @@ fn dflash_rs_against_itself_is_zero_and_against_zlab_within_the_parity_tolerance
 fn context_including_the_anchor_is_named() {
     let lt = target();
     let mut z = zlab();
+    let feats: Vec<Tensor> = (0..z.meta.prompts.len())
+        .map(|pi| z.features(pi).unwrap())
+        .collect();
     for (pi, p) in z.meta.prompts.iter_mut().enumerate() {
-        let n = p.ids.len();
-        let feats = Tensor::cat(
-            &z.meta
-                .taps
-                .iter()
-                .map(|l| z.tensors[&tap_key(pi, *l)].clone())
-                .collect::<Vec<_>>(),
-            1,
-        )
-        .unwrap();
+        let (n, feats) = (p.ids.len(), &feats[pi]);
         for (ri, r) in p.rounds.iter_mut().enumerate() {
             r.context_rows = (r.anchor + 1).min(n);
             z.tensors.insert(
@@ -383,15 +369,7 @@ fn a_shortcut_to_the_loss_target_is_named() {
     let b = c.meta.block_size;
     for (pi, ri) in trained(&c) {
         let n = c.meta.prompts[pi].ids.len();
-        let feats = Tensor::cat(
-            &c.meta
-                .taps
-                .iter()
-                .map(|l| c.tensors[&tap_key(pi, *l)].clone())
-                .collect::<Vec<_>>(),
-            1,
-        )
-        .unwrap();
+        let feats = c.features(pi).unwrap();
         let round = &mut c.meta.prompts[pi].rounds[ri];
         let rows = (round.anchor + b).min(n);
         round.train.as_mut().unwrap().context_rows = rows;

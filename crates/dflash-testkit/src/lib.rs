@@ -16,5 +16,6 @@ pub use paths::{asset, fixtures, smollm2_gguf, tmp};
 pub use refs::{ids, json, load_ref, max_abs, rel_err};
 pub use stats::{chi_square_p, gamma_q};
 pub use targets::{
-    decode, greedy, load, loop_prompt, quiet, req, smollm2, tiny, tiny_prompt, tiny_target_dir,
+    decode, greedy, load, loop_prompt, quiet, req, sampled_counts, smollm2, tiny, tiny_prompt,
+    tiny_target_dir,
 };

@@ -98,3 +98,34 @@ pub fn greedy(t: &Target, prompt: &[u32], steps: usize) -> Vec<u32> {
     }
     out
 }
+
+/// What `n` seeded generations of 3 tokens from [`loop_prompt`] on the tiny target give under
+/// one mode and acceptance rule at `temperature` (seeds `seed0 ..`, top-p 0.95): the counts of
+/// the second and third new tokens over the 256-token vocabulary, the rounds that accepted a
+/// draft, and the drafts accepted. The chi-square tests of losslessness at T > 0 compare these
+/// counts with AR's.
+pub fn sampled_counts(
+    t: &Target,
+    drafter: Option<&Drafter>,
+    mode: Mode,
+    acceptance: dflash_engine::decode::Acceptance,
+    (temperature, seed0, n): (f64, u64, u64),
+) -> ([Vec<usize>; 2], usize, usize) {
+    let prompt = loop_prompt();
+    let mut c = [vec![0usize; 256], vec![0usize; 256]];
+    let (mut rounds, mut drafts) = (0, 0);
+    for s in 0..n {
+        let sp = SamplingParams::new(temperature, 0.95, 0, seed0 + s).unwrap();
+        let opts = dflash_engine::decode::DecodeOptions {
+            acceptance,
+            ..Default::default()
+        };
+        let d = (mode != Mode::Ar).then_some(drafter).flatten();
+        let g = generate(t, d, mode, &req(&prompt, 3, sp, &[]), opts).unwrap();
+        rounds += g.rounds.iter().filter(|r| r.accepted > 0).count();
+        drafts += g.rounds.iter().map(|r| r.accepted).sum::<usize>();
+        c[0][g.new_tokens[1] as usize] += 1;
+        c[1][g.new_tokens[2] as usize] += 1;
+    }
+    (c, rounds, drafts)
+}

@@ -181,15 +181,7 @@ fn round_inputs_check(theirs: &Canary, ours: &Canary, tol: &Tolerances) -> Resul
             let tc = theirs.rows(&context_key(pi, ri), tr.context_rows)?;
             // their context rows against their own taps (a tap divergence is the taps check's)
             let n = tp.ids.len();
-            let their_feats = Tensor::cat(
-                &theirs
-                    .meta
-                    .taps
-                    .iter()
-                    .map(|l| theirs.rows(&tap_key(pi, *l), n).cloned())
-                    .collect::<Result<Vec<_>>>()?,
-                1,
-            )?;
+            let their_feats = theirs.features(pi)?;
             if tr.context_rows == or.context_rows + 1 && tr.anchor < n {
                 let last = tc.narrow(0, or.context_rows, 1)?;
                 let own = their_feats.narrow(0, tr.anchor, 1)?;

@@ -10,7 +10,7 @@ use candle_core::Tensor;
 
 use super::against::deviation;
 use super::canary::{
-    ce_and_kl, logits_key, tap_key, target_logits_key, train_context_key, Canary, TrainRound,
+    ce_and_kl, logits_key, target_logits_key, train_context_key, Canary, TrainRound,
 };
 use super::{Check, Tolerances};
 
@@ -51,15 +51,7 @@ fn inputs(theirs: &Canary, tol: &Tolerances) -> Result<Check> {
     const NAME: &str = "canary: training inputs";
     for (pi, ri, a, t) in train_rounds(theirs) {
         let n = theirs.meta.prompts[pi].ids.len();
-        let feats = Tensor::cat(
-            &theirs
-                .meta
-                .taps
-                .iter()
-                .map(|l| theirs.rows(&tap_key(pi, *l), n).cloned())
-                .collect::<Result<Vec<_>>>()?,
-            1,
-        )?;
+        let feats = theirs.features(pi)?;
         let ctx = theirs.rows(&train_context_key(pi, ri), t.context_rows)?;
         if t.context_rows > a {
             let last = t.context_rows - 1;

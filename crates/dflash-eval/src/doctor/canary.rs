@@ -393,6 +393,25 @@ impl Canary {
         Ok(c)
     }
 
+    /// Prompt `pi`'s taps concatenated in `taps` order `[n, taps · hidden]`: the context
+    /// features a faithful stack gives its drafter (row p is position p's).
+    pub fn features(&self, pi: usize) -> Result<Tensor> {
+        let n = self
+            .meta
+            .prompts
+            .get(pi)
+            .with_context(|| format!("canary dump: no prompt {pi}"))?
+            .ids
+            .len();
+        let taps = self
+            .meta
+            .taps
+            .iter()
+            .map(|l| self.rows(&tap_key(pi, *l), n).cloned())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&taps, 1)?)
+    }
+
     /// Tensor `key`, which must have `rows` rows.
     pub fn rows(&self, key: &str, rows: usize) -> Result<&Tensor> {
         let t = self
