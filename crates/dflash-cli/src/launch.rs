@@ -1,4 +1,4 @@
-//! `train --gpus N`: one process per GPU, as torchrun starts them. The launcher (the process
+//! `train --gpus N` and `data generate --gpus N`: one process per GPU, as torchrun starts them. The launcher (the process
 //! the person started) re-runs this binary with the same arguments once per local GPU, with
 //! the rank in the environment; each rank joins the NCCL group (its id handed out by global
 //! rank 0 over `--rendezvous`) and trains its slice of every step. If a rank fails, the
@@ -34,7 +34,7 @@ impl Launch {
     }
 
     /// Refuse a group that cannot exist, by name.
-    pub fn check(&self, grad_accum: usize) -> Result<()> {
+    pub fn check(&self) -> Result<()> {
         if self.nnodes == 0 || self.node_rank >= self.nnodes {
             bail!(
                 "--node-rank {} is not below --nnodes {}",
@@ -45,7 +45,6 @@ impl Launch {
         if !self.rendezvous.contains(':') {
             bail!("--rendezvous must be HOST:PORT (got '{}')", self.rendezvous);
         }
-        dflash_train::collective::rank_slice(grad_accum, 0, self.world())?;
         Ok(())
     }
 }

@@ -166,6 +166,11 @@ pub struct GenerateDataArgs {
     /// Stop after this many seconds, keeping the finished shards (run again to continue).
     #[arg(long)]
     pub time_limit: Option<f64>,
+    /// Regenerate on this many GPUs of this machine, one process each: shards dealt
+    /// round-robin, each rank its own stream under OUT/ranks/, one merged manifest (the data
+    /// one process writes). Continue a directory with the same --gpus. 0: one process.
+    #[arg(long, default_value_t = 0)]
+    pub gpus: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -185,7 +190,40 @@ pub fn run_data(cmd: DataCommand) -> Result<()> {
     if a.batch_size == 0 {
         anyhow::bail!("--batch-size must be >= 1");
     }
-    let (dtype, device) = a.run_on.parse()?;
+    let rank = crate::launch::rank_env()?;
+    let partition = dflash_train::regen_ranks::Partition {
+        world: a.gpus,
+        prompts_per_shard: a.shard_size,
+    };
+    if a.gpus > 0 && rank.is_none() {
+        if !cfg!(feature = "cuda") {
+            anyhow::bail!("--gpus needs a CUDA build (scripts/cuda-build.sh)");
+        }
+        dflash_train::regen_ranks::start(&a.out, partition)?;
+        crate::launch::launch(&crate::launch::Launch {
+            gpus: a.gpus,
+            nnodes: 1,
+            node_rank: 0,
+            rendezvous: "127.0.0.1:29511".into(),
+        })?;
+        let m = dflash_train::regen_ranks::merge(&a.out)?;
+        eprintln!(
+            "merged {}: {} sequences, {} supervised tokens in {} shard(s) from {} ranks",
+            a.out.display(),
+            m.sequences(),
+            m.supervised_tokens(),
+            m.shards.len(),
+            a.gpus
+        );
+        return Ok(());
+    }
+    let (dtype, device) = match &rank {
+        Some(r) => (
+            dflash_model::dtype(&a.run_on.dtype)?,
+            dflash_model::device(&format!("cuda:{}", r.local_rank))?,
+        ),
+        None => a.run_on.parse()?,
+    };
     let mut ps = prompts::load(&a.prompts, a.cap_per_file)?;
     if let Some(l) = a.limit {
         ps.truncate(l);
@@ -206,10 +244,16 @@ pub fn run_data(cmd: DataCommand) -> Result<()> {
         source: a.prompts.clone(),
         target_name: a.target.clone(),
     };
-    let m = regenerate(&lt, &ps, &a.out, &opts)?;
+    let (m, out) = match &rank {
+        Some(r) => (
+            dflash_train::regen_ranks::regenerate_rank(&lt, &ps, &a.out, &opts, r.rank)?,
+            dflash_train::regen_ranks::rank_dir(&a.out, r.rank),
+        ),
+        None => (regenerate(&lt, &ps, &a.out, &opts)?, a.out.clone()),
+    };
     eprintln!(
         "wrote {}: {} sequences, {} supervised tokens in {} shard(s)",
-        a.out.display(),
+        out.display(),
         m.sequences(),
         m.supervised_tokens(),
         m.shards.len()
@@ -285,7 +329,8 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
             node_rank: a.node_rank,
             rendezvous: a.rendezvous.clone(),
         };
-        l.check(cfg.grad_accum)?;
+        l.check()?;
+        dflash_train::collective::rank_slice(cfg.grad_accum, 0, l.world())?;
         if !cfg!(feature = "cuda") {
             anyhow::bail!(
                 "--gpus needs a CUDA build (scripts/cuda-build.sh): this binary has no NCCL"

@@ -251,5 +251,21 @@ fn gpu_launcher_refuses_impossible_groups_by_name() {
     if !cfg!(feature = "cuda") {
         let e = run(&["--gpus", "2"]);
         assert!(e.contains("needs a CUDA build"), "{e}");
+        let o = bin()
+            .args([
+                "data",
+                "generate",
+                "--prompts",
+                "p.jsonl",
+                "--gpus",
+                "2",
+                "--out",
+            ])
+            .arg(d.join("data"))
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("needs a CUDA build"), "{e}");
     }
 }

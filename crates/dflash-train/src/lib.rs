@@ -16,5 +16,6 @@ pub mod pack;
 pub mod progress;
 pub mod prompts;
 pub mod regen;
+pub mod regen_ranks;
 pub mod trainer;
 pub mod vocab;

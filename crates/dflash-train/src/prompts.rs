@@ -32,7 +32,8 @@ pub fn is_evaluation_file(p: &Path) -> Option<&'static str> {
     }
 }
 
-fn user(content: String) -> Prompt {
+/// A one-turn prompt: the user's `content`.
+pub(crate) fn user(content: String) -> Prompt {
     Prompt {
         messages: vec![ChatMessage {
             role: "user".into(),

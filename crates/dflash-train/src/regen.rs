@@ -182,6 +182,20 @@ pub fn regenerate(
     out: &Path,
     opts: &RegenOptions,
 ) -> Result<Manifest> {
+    crate::regen_ranks::refuse_partitioned(out)?;
+    regenerate_indexed(lt, prompts, out, opts, &|i| i)
+}
+
+/// [`regenerate`] of a part of a prompt set: `prompts[i]` is prompt `global(i)` of the whole
+/// set, which seeds its sampler, so that a part regenerates what the whole run would
+/// ([`crate::regen_ranks`]).
+pub(crate) fn regenerate_indexed(
+    lt: &LoadedTarget,
+    prompts: &[Prompt],
+    out: &Path,
+    opts: &RegenOptions,
+    global: &dyn Fn(usize) -> usize,
+) -> Result<Manifest> {
     std::fs::create_dir_all(out)?;
     let target_hash = identity_hash(&lt.source)?;
     let mut manifest = match read_manifest(out) {
@@ -262,7 +276,7 @@ pub fn regenerate(
             _ => Flow::Continue,
         })
     };
-    let seed_of = |i: usize| opts.sampling.seed.wrapping_add(i as u64);
+    let seed_of = |i: usize| opts.sampling.seed.wrapping_add(global(i) as u64);
     if opts.batch_size <= 1 || lt.target.is_hybrid() {
         for (i, p) in prompts.iter().enumerate().skip(first) {
             let seq = regenerate_one(lt, p, opts, seed_of(i))
