@@ -107,6 +107,18 @@ impl Sampler {
     }
 }
 
+/// Test support: `counts` of `Σ counts` draws agree with `p` within 5 standard deviations per
+/// token (the frequency tests of the acceptance rules).
+#[cfg(test)]
+pub(crate) fn assert_distributed_as(counts: &[usize], p: &[f32], what: &str) {
+    let n = counts.iter().sum::<usize>() as f64;
+    for (t, &c) in counts.iter().enumerate() {
+        let (f, pt) = (c as f64 / n, p[t] as f64);
+        let sd = (pt * (1.0 - pt) / n).sqrt().max(1e-9);
+        assert!((f - pt).abs() <= 5.0 * sd, "{what}, token {t}: {f} vs {pt}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,14 +147,7 @@ mod tests {
                 };
                 counts[t as usize] += 1;
             }
-            for (t, &c) in counts.iter().enumerate() {
-                let (f, pt) = (c as f64 / n as f64, p[t] as f64);
-                let sd = (pt * (1.0 - pt) / n as f64).sqrt().max(1e-9);
-                assert!(
-                    (f - pt).abs() <= 5.0 * sd,
-                    "token {t}: {f} vs {pt} (q {q:?})"
-                );
-            }
+            assert_distributed_as(&counts, &p, &format!("q {q:?}"));
             // the acceptance rate is Σ min(p, q)
             let rate: f64 = p.iter().zip(&q).map(|(a, b)| a.min(*b) as f64).sum();
             let got = accepted as f64 / n as f64;

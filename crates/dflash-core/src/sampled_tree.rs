@@ -101,18 +101,10 @@ impl Sampler {
             .collect();
         let mut out = Vec::with_capacity(k.min(left.len()));
         while out.len() < k && !left.is_empty() {
-            let total: f64 = left.iter().map(|&(_, x)| x as f64).sum();
-            let target = self.uniform() as f64 * total;
-            let mut acc = 0.0;
-            let mut at = left.len() - 1;
-            for (i, &(_, x)) in left.iter().enumerate() {
-                acc += x as f64;
-                if target < acc {
-                    at = i;
-                    break;
-                }
-            }
-            out.push(left.remove(at).0);
+            let w: Vec<f32> = left.iter().map(|&(_, x)| x).collect();
+            let total: f64 = w.iter().map(|&x| x as f64).sum();
+            let at = crate::acceptance::pick_weighted(&w, total, self.uniform());
+            out.push(left.remove(at as usize).0);
         }
         out
     }
@@ -221,14 +213,7 @@ mod tests {
                 };
                 counts[t as usize] += 1;
             }
-            for (t, &c) in counts.iter().enumerate() {
-                let (f, pt) = (c as f64 / n as f64, p[t] as f64);
-                let sd = (pt * (1.0 - pt) / n as f64).sqrt().max(1e-9);
-                assert!(
-                    (f - pt).abs() <= 5.0 * sd,
-                    "{m} children, token {t}: {f} vs {pt}"
-                );
-            }
+            crate::acceptance::assert_distributed_as(&counts, &p, &format!("{m} children"));
             rates.push(kept as f64 / n as f64);
         }
         // one child: Σ min(p, q)

@@ -24,6 +24,14 @@ impl TrainingRow {
         Self { seq, segs }
     }
 
+    /// One sequence supervised at every position (the doctor's probes on canary prompts).
+    pub fn fully_supervised(ids: &[u32]) -> Self {
+        Self::single(Sequence {
+            ids: ids.to_vec(),
+            loss_mask: vec![1; ids.len()],
+        })
+    }
+
     fn from_parts(parts: &[&Sequence]) -> Self {
         let mut seq = Sequence {
             ids: Vec::new(),

@@ -12,7 +12,10 @@ use candle_core::Tensor;
 use dflash_model::io::loader::LoadedTarget;
 use dflash_model::models::drafter::Drafter;
 
-use super::canary::{capture, context_key, layer_outputs, logits_key, tap_key, Canary, PromptAt};
+use super::canary::{
+    capture, context_key, layer_outputs, logits_key, tap_key, Canary, CanaryPrompt, CanaryRound,
+    PromptAt,
+};
 use super::{Check, Tolerances};
 
 /// max |a − b| / std(b) over two same-shape tensors (∞ when a holds a non-finite value or the
@@ -162,82 +165,103 @@ fn taps_check(
     Ok(Check::new(NAME, false, format!("{why} [{detail}]")))
 }
 
+/// Their rounds beside ours, as (prompt, round, their prompt, their round, our round).
+fn paired_rounds<'a>(
+    theirs: &'a Canary,
+    ours: &'a Canary,
+) -> impl Iterator<
+    Item = (
+        usize,
+        usize,
+        &'a CanaryPrompt,
+        &'a CanaryRound,
+        &'a CanaryRound,
+    ),
+> {
+    theirs
+        .meta
+        .prompts
+        .iter()
+        .zip(&ours.meta.prompts)
+        .enumerate()
+        .flat_map(|(pi, (tp, op))| {
+            tp.rounds
+                .iter()
+                .zip(&op.rounds)
+                .enumerate()
+                .map(move |(ri, (tr, or))| (pi, ri, tp, tr, or))
+        })
+}
+
 /// The drafter's inputs per round: context rows (count and values), block positions and the
 /// visibility of each block row.
 fn round_inputs_check(theirs: &Canary, ours: &Canary, tol: &Tolerances) -> Result<Check> {
     const NAME: &str = "canary: round inputs";
     let mut worst = 0f64;
     let mut rounds = 0;
-    for (pi, (tp, op)) in theirs
-        .meta
-        .prompts
-        .iter()
-        .zip(&ours.meta.prompts)
-        .enumerate()
-    {
-        for (ri, (tr, or)) in tp.rounds.iter().zip(&op.rounds).enumerate() {
-            rounds += 1;
-            let at = format!("prompt {pi}, anchor {}", tr.anchor);
-            let tc = theirs.rows(&context_key(pi, ri), tr.context_rows)?;
-            // their context rows against their own taps (a tap divergence is the taps check's)
-            let n = tp.ids.len();
-            let their_feats = theirs.features(pi)?;
-            if tr.context_rows == or.context_rows + 1 && tr.anchor < n {
-                let last = tc.narrow(0, or.context_rows, 1)?;
-                let own = their_feats.narrow(0, tr.anchor, 1)?;
-                if deviation(&last, &own)? <= tol.tap_rel {
-                    return Ok(Check::new(NAME, false, format!(
+    for (pi, ri, tp, tr, or) in paired_rounds(theirs, ours) {
+        rounds += 1;
+        let at = format!("prompt {pi}, anchor {}", tr.anchor);
+        let tc = theirs.rows(&context_key(pi, ri), tr.context_rows)?;
+        // their context rows against their own taps (a tap divergence is the taps check's)
+        let n = tp.ids.len();
+        let their_feats = theirs.features(pi)?;
+        if tr.context_rows == or.context_rows + 1 && tr.anchor < n {
+            let last = tc.narrow(0, or.context_rows, 1)?;
+            let own = their_feats.narrow(0, tr.anchor, 1)?;
+            if deviation(&last, &own)? <= tol.tap_rel {
+                return Ok(Check::new(NAME, false, format!(
                         "round inputs include the anchor's own feature ({at}: {} context rows, the last is the anchor's; the rule gives {}, strictly before the anchor)",
                         tr.context_rows, or.context_rows
                     )));
-                }
             }
-            if tr.context_rows != or.context_rows {
-                return Ok(Check::new(
-                    NAME,
-                    false,
-                    format!(
-                        "{at}: {} context rows where the rule gives {} (positions 0..{})",
-                        tr.context_rows, or.context_rows, or.context_rows
-                    ),
-                ));
-            }
-            let dev = deviation(tc, &their_feats.narrow(0, 0, tr.context_rows)?)?;
-            if dev > tol.tap_rel {
-                return Ok(Check::new(NAME, false, format!(
+        }
+        if tr.context_rows != or.context_rows {
+            return Ok(Check::new(
+                NAME,
+                false,
+                format!(
+                    "{at}: {} context rows where the rule gives {} (positions 0..{})",
+                    tr.context_rows, or.context_rows, or.context_rows
+                ),
+            ));
+        }
+        let dev = deviation(tc, &their_feats.narrow(0, 0, tr.context_rows)?)?;
+        if dev > tol.tap_rel {
+            return Ok(Check::new(NAME, false, format!(
                     "{at}: the context rows differ by {dev:.1e} std from the taps they come from: another order or normalisation of the concatenated taps?"
                 )));
-            }
-            worst = worst.max(dev);
-            if tr.block_positions != or.block_positions {
-                let d: Vec<i64> = tr
-                    .block_positions
-                    .iter()
-                    .zip(&or.block_positions)
-                    .map(|(a, b)| *a as i64 - *b as i64)
-                    .collect();
-                let constant = d.len() == or.block_positions.len() && d.iter().all(|x| *x == d[0]);
-                return Ok(Check::new(
-                    NAME,
-                    false,
-                    if constant {
-                        format!(
+        }
+        worst = worst.max(dev);
+        if tr.block_positions != or.block_positions {
+            let d: Vec<i64> = tr
+                .block_positions
+                .iter()
+                .zip(&or.block_positions)
+                .map(|(a, b)| *a as i64 - *b as i64)
+                .collect();
+            let constant = d.len() == or.block_positions.len() && d.iter().all(|x| *x == d[0]);
+            return Ok(Check::new(
+                NAME,
+                false,
+                if constant {
+                    format!(
                             "{at}: block position ids off by {} ({:?}… where the block starts at the anchor, {:?}…)",
                             d[0],
                             &tr.block_positions[..2.min(tr.block_positions.len())],
                             &or.block_positions[..2]
                         )
-                    } else {
-                        format!(
-                            "{at}: block position ids {:?}, the rule gives {:?}",
-                            tr.block_positions, or.block_positions
-                        )
-                    },
-                ));
-            }
-            for (li, (tl, ol)) in tr.visibility.iter().zip(&or.visibility).enumerate() {
-                if let Some(r) = (0..ol.len()).find(|&r| tl.get(r) != Some(&ol[r])) {
-                    return Ok(Check::new(
+                } else {
+                    format!(
+                        "{at}: block position ids {:?}, the rule gives {:?}",
+                        tr.block_positions, or.block_positions
+                    )
+                },
+            ));
+        }
+        for (li, (tl, ol)) in tr.visibility.iter().zip(&or.visibility).enumerate() {
+            if let Some(r) = (0..ol.len()).find(|&r| tl.get(r) != Some(&ol[r])) {
+                return Ok(Check::new(
                         NAME,
                         false,
                         format!(
@@ -246,7 +270,6 @@ fn round_inputs_check(theirs: &Canary, ours: &Canary, tol: &Tolerances) -> Resul
                             ol[r]
                         ),
                     ));
-                }
             }
         }
     }
@@ -268,29 +291,22 @@ fn logits_check(
     const NAME: &str = "canary: block logits";
     let b1 = theirs.meta.block_size - 1;
     let mut worst = 0f64;
-    for (pi, (tp, op)) in theirs
-        .meta
-        .prompts
-        .iter()
-        .zip(&ours.meta.prompts)
-        .enumerate()
-    {
-        for (ri, (tr, or)) in tp.rounds.iter().zip(&op.rounds).enumerate() {
-            let tl = theirs.rows(&logits_key(pi, ri), b1)?;
-            let finite = tl
-                .flatten_all()?
-                .to_vec1::<f32>()?
-                .iter()
-                .all(|x| x.is_finite());
-            if !finite && or.context_rows == 0 {
-                return Ok(Check::new(NAME, false, format!(
+    for (pi, ri, _, tr, or) in paired_rounds(theirs, ours) {
+        let tl = theirs.rows(&logits_key(pi, ri), b1)?;
+        let finite = tl
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .all(|x| x.is_finite());
+        if !finite && or.context_rows == 0 {
+            return Ok(Check::new(NAME, false, format!(
                     "prompt {pi}, anchor {}: non-finite logits with an empty context: an empty context at anchor 0 not guarded (the block must attend to itself alone)",
                     tr.anchor
                 )));
-            }
-            let dev = deviation(tl, &ours.tensors[&logits_key(pi, ri)])?;
-            if dev > tol.logit_rel && !inputs_agree {
-                return Ok(Check::new(
+        }
+        let dev = deviation(tl, &ours.tensors[&logits_key(pi, ri)])?;
+        if dev > tol.logit_rel && !inputs_agree {
+            return Ok(Check::new(
                     NAME,
                     false,
                     format!(
@@ -298,15 +314,14 @@ fn logits_check(
                         tr.anchor
                     ),
                 ));
-            }
-            if dev > tol.logit_rel {
-                return Ok(Check::new(NAME, false, format!(
+        }
+        if dev > tol.logit_rel {
+            return Ok(Check::new(NAME, false, format!(
                     "prompt {pi}, anchor {}: block logits differ by {dev:.1e} std with the same inputs: the drafter's attention differs (K/V expanded for GQA twice: the wrong K/V head per query head?) or other drafter weights",
                     tr.anchor
                 )));
-            }
-            worst = worst.max(dev);
         }
+        worst = worst.max(dev);
     }
     Ok(Check::new(
         NAME,

@@ -262,10 +262,7 @@ fn train_round(
 ) -> Result<(TrainRound, Tensor)> {
     use dflash_train::loss::{block_loss, labels_and_weights, Features, Objective};
     let b = d.block_size;
-    let row = dflash_train::pack::TrainingRow::single(dflash_train::data::Sequence {
-        ids: ids.to_vec(),
-        loss_mask: vec![1; ids.len()],
-    });
+    let row = dflash_train::pack::TrainingRow::fully_supervised(ids);
     let (labels, weights) = labels_and_weights(&row, &[a], b, GAMMA);
     let f = Features {
         taps: feats.unsqueeze(0)?,

@@ -29,10 +29,7 @@ pub(super) fn tap_deviation(then: &Fingerprint, now: &Fingerprint) -> Vec<(usize
 /// inference path (one block at a time on the draft cache) on `ids`.
 pub fn parity_diff(lt: &LoadedTarget, d: &Drafter, ids: &[u32]) -> Result<f32> {
     let b = d.block_size;
-    let row = dflash_train::pack::TrainingRow::single(dflash_train::data::Sequence {
-        ids: ids.to_vec(),
-        loss_mask: vec![1; ids.len()],
-    });
+    let row = dflash_train::pack::TrainingRow::fully_supervised(ids);
     let feats = target_features(&lt.target, &d.target_layer_ids, &row, false)?;
     let anchors: Vec<usize> = [0, ids.len() / 3, ids.len() / 2]
         .into_iter()

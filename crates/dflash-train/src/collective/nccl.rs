@@ -76,6 +76,28 @@ impl Collective for NcclRank {
 /// The element-wise sum over the ranks, into a fresh tensor.
 struct AllReduce<'a>(&'a Comm);
 
+impl AllReduce<'_> {
+    /// The sum over the ranks of `s`'s values (layout `l`), into a fresh buffer.
+    fn sum<T>(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<CudaStorage>
+    where
+        T: candle_core::cuda_backend::CudaDType
+            + candle_core::cuda::cudarc::driver::DeviceRepr
+            + candle_core::cuda::cudarc::driver::ValidAsZeroBits
+            + candle_core::cuda::cudarc::nccl::safe::NcclType,
+    {
+        let dev = s.device().clone();
+        let n = l.shape().elem_count();
+        let src = s
+            .as_cuda_slice::<T>()?
+            .slice(l.start_offset()..l.start_offset() + n);
+        let mut dst = dev.alloc_zeros::<T>(n)?;
+        self.0
+            .all_reduce(&src, &mut dst, &ReduceOp::Sum)
+            .map_err(|e| candle_core::Error::Msg(format!("NCCL all-reduce: {e:?}")))?;
+        Ok(CudaStorage::wrap_cuda_slice(dst, dev))
+    }
+}
+
 impl CustomOp1 for AllReduce<'_> {
     fn name(&self) -> &'static str {
         "nccl-all-reduce"
@@ -90,26 +112,9 @@ impl CustomOp1 for AllReduce<'_> {
     }
 
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
-        let dev = s.device().clone();
-        let range = l.start_offset()..l.start_offset() + l.shape().elem_count();
-        let err = |e| candle_core::Error::Msg(format!("NCCL all-reduce: {e:?}"));
         let out = match s.dtype() {
-            DType::F32 => {
-                let src = s.as_cuda_slice::<f32>()?.slice(range);
-                let mut dst = dev.alloc_zeros::<f32>(l.shape().elem_count())?;
-                self.0
-                    .all_reduce(&src, &mut dst, &ReduceOp::Sum)
-                    .map_err(err)?;
-                CudaStorage::wrap_cuda_slice(dst, dev)
-            }
-            DType::F64 => {
-                let src = s.as_cuda_slice::<f64>()?.slice(range);
-                let mut dst = dev.alloc_zeros::<f64>(l.shape().elem_count())?;
-                self.0
-                    .all_reduce(&src, &mut dst, &ReduceOp::Sum)
-                    .map_err(err)?;
-                CudaStorage::wrap_cuda_slice(dst, dev)
-            }
+            DType::F32 => self.sum::<f32>(s, l)?,
+            DType::F64 => self.sum::<f64>(s, l)?,
             other => {
                 candle_core::bail!("NCCL all-reduce: {other:?} gradients (f32 or f64 expected)")
             }
