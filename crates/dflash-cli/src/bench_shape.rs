@@ -119,6 +119,7 @@ pub fn random_target(
             mask_token_id: 0,
             intermediate_size: None,
             target_layer_ids: None,
+            dflash2: None,
         },
     )?;
     dev.synchronize()?;

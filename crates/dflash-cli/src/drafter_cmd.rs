@@ -12,7 +12,7 @@ use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::Drafter;
 use dflash_model::models::drafter_init::{
     default_mask_token, drafter_config, random_weights, save_drafter, write_drafter_into,
-    DrafterShape,
+    DrafterShape, PUBLISHED_DFLASH2,
 };
 
 #[derive(Subcommand, Debug)]
@@ -53,6 +53,22 @@ pub struct InitArgs {
     pub intermediate_size: Option<usize>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// `dflash` (z-lab's DFlashDraftModel) or `dflash2` (DFlash2DraftModel: dynamic convs and
+    /// a candidate selector).
+    #[arg(long, default_value = "dflash")]
+    pub arch: String,
+    /// DFlash2: conv taps (the published drafters: 2).
+    #[arg(long, default_value_t = PUBLISHED_DFLASH2.conv_kernel_size)]
+    pub conv_kernel_size: usize,
+    /// DFlash2: channels sharing one dynamic tap (published: 16).
+    #[arg(long, default_value_t = PUBLISHED_DFLASH2.conv_group_size)]
+    pub conv_group_size: usize,
+    /// DFlash2: the selector codebooks' rank (published: 256).
+    #[arg(long, default_value_t = PUBLISHED_DFLASH2.selector_rank)]
+    pub selector_rank: usize,
+    /// DFlash2: candidates the selector rescores per position (published: 16).
+    #[arg(long, default_value_t = PUBLISHED_DFLASH2.selector_top_k)]
+    pub selector_top_k: usize,
 }
 
 pub fn run(cmd: DrafterCommand) -> Result<()> {
@@ -63,6 +79,16 @@ pub fn run(cmd: DrafterCommand) -> Result<()> {
 }
 
 fn init(a: InitArgs) -> Result<()> {
+    let dflash2 = match a.arch.as_str() {
+        "dflash" => None,
+        "dflash2" => Some(dflash_core::config::Dflash2Params {
+            conv_kernel_size: a.conv_kernel_size,
+            conv_group_size: a.conv_group_size,
+            selector_rank: a.selector_rank,
+            selector_top_k: a.selector_top_k,
+        }),
+        x => anyhow::bail!("unknown --arch '{x}': dflash or dflash2"),
+    };
     let loaded = load_target(
         &a.target,
         candle_core::DType::F32,
@@ -80,6 +106,7 @@ fn init(a: InitArgs) -> Result<()> {
         mask_token_id: mask,
         intermediate_size: a.intermediate_size,
         target_layer_ids: None,
+        dflash2,
     };
     let cfg = drafter_config(&loaded.target, &shape)?;
     let w = random_weights(&cfg, a.seed)?;
@@ -88,8 +115,9 @@ fn init(a: InitArgs) -> Result<()> {
     Drafter::load(cfg.clone(), &store, &loaded.target)?;
     save_drafter(&a.out, &cfg, &w)?;
     eprintln!(
-        "wrote {}: {} layers, block {}, taps {:?}, mask token {mask} ({:?})",
+        "wrote {}: {}, {} layers, block {}, taps {:?}, mask token {mask} ({:?})",
         a.out.display(),
+        cfg.architectures[0],
         a.layers,
         a.block_size,
         cfg.dflash_config.target_layer_ids.as_ref().unwrap(),

@@ -3,12 +3,14 @@
 //! [`TargetConfig`] mirrors the config of a transformers causal LM (`LlamaForCausalLM`,
 //! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`); [`DrafterConfig`] mirrors z-lab's
 //! `DFlashDraftModel` config (a Qwen3 config plus `block_size`, `num_target_layers` and
-//! `dflash_config`). Unknown fields are kept in `extra` so a config round-trips.
+//! `dflash_config`; z-lab's `DFlash2DraftModel` adds conv and selector sizes there, see
+//! [`Dflash2Params`]). Unknown fields are kept in `extra` so a config round-trips.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::taps::default_target_layer_ids;
+use crate::visibility::DraftRule;
 use crate::CoreError;
 
 /// `rope_parameters` as transformers 5 writes it (`rope_theta` moved in here).
@@ -321,6 +323,21 @@ fn default_block() -> usize {
     16
 }
 
+/// `architectures` entry of z-lab's DFlash2 drafters.
+pub const DFLASH2_ARCH: &str = "DFlash2DraftModel";
+
+/// DFlash2's extra sizes (`dflash_config`): per layer two grouped dynamic causal convs of
+/// `conv_kernel_size` taps whose dynamic taps are shared by `conv_group_size` channels, and a
+/// candidate selector rescoring the top `selector_top_k` logits with rank-`selector_rank`
+/// codebooks. The published drafters: K = 2, groups of 16, rank 256, top 16.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dflash2Params {
+    pub conv_kernel_size: usize,
+    pub conv_group_size: usize,
+    pub selector_rank: usize,
+    pub selector_top_k: usize,
+}
+
 /// Names of vLLM/EAGLE's "+1 auxiliary layer" tap field (tap i there = our tap i-1).
 pub const AUX_TAP_FIELD: &str = "eagle_aux_hidden_state_layer_ids";
 
@@ -442,6 +459,7 @@ impl DrafterConfig {
             }
         }
         check_rope_scaling(&self.rope_scaling, &self.rope_parameters)?;
+        self.dflash2()?;
         let (ids, _) = self.resolve_target_layer_ids()?;
         if ids.is_empty() {
             return bad("target_layer_ids is empty".into());
@@ -461,6 +479,69 @@ impl DrafterConfig {
             Some(t) if t[i] == "sliding_attention" => self.sliding_window,
             _ => None,
         }
+    }
+
+    /// The top-level `is_causal` (z-lab reads it there only; absent: a sliding layer is
+    /// causal in the block and a full layer is not).
+    pub fn is_causal(&self) -> Option<bool> {
+        self.extra.get("is_causal").and_then(|v| v.as_bool())
+    }
+
+    /// Which keys draft layer `i` sees: its window and causality as z-lab 0.1.0 sets them.
+    /// Example: the published DFlash2 drafters (`is_causal: false`, every layer sliding with
+    /// W = 2048) → `DraftRule { sliding_window: Some(2048), causal: false }`.
+    pub fn layer_rule(&self, i: usize) -> DraftRule {
+        let window = self.layer_window(i);
+        DraftRule {
+            sliding_window: window,
+            causal: self.is_causal().unwrap_or(window.is_some()),
+        }
+    }
+
+    /// True for z-lab's `DFlash2DraftModel` (`architectures`).
+    pub fn is_dflash2(&self) -> bool {
+        self.architectures.iter().any(|a| a == DFLASH2_ARCH)
+    }
+
+    /// A DFlash2 drafter's conv and selector sizes (`dflash_config` first, then the top level,
+    /// as z-lab reads them); `None` for a DFlash drafter.
+    pub fn dflash2(&self) -> Result<Option<Dflash2Params>, CoreError> {
+        if !self.is_dflash2() {
+            return Ok(None);
+        }
+        let get = |name: &str| -> Result<usize, CoreError> {
+            let v = self
+                .dflash_config
+                .extra
+                .get(name)
+                .or_else(|| self.extra.get(name));
+            match v.and_then(|v| v.as_u64()) {
+                Some(x) if x > 0 => Ok(x as usize),
+                Some(_) => Err(CoreError::Config(format!("{name} must be >= 1"))),
+                None => Err(CoreError::Config(format!(
+                    "{DFLASH2_ARCH} needs dflash_config.{name} (a positive integer)"
+                ))),
+            }
+        };
+        let p = Dflash2Params {
+            conv_kernel_size: get("conv_kernel_size")?,
+            conv_group_size: get("conv_group_size")?,
+            selector_rank: get("selector_rank")?,
+            selector_top_k: get("selector_top_k")?,
+        };
+        if !self.hidden_size.is_multiple_of(p.conv_group_size) {
+            return Err(CoreError::Config(format!(
+                "conv_group_size {} does not divide hidden_size {}",
+                p.conv_group_size, self.hidden_size
+            )));
+        }
+        if p.selector_top_k > self.vocab_size {
+            return Err(CoreError::Config(format!(
+                "selector_top_k {} exceeds the vocabulary ({})",
+                p.selector_top_k, self.vocab_size
+            )));
+        }
+        Ok(Some(p))
     }
 
     /// z-lab scales the noise embedding by `dflash_config.input_embedding_scale` (default 1).
@@ -571,5 +652,72 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("block_size"));
+    }
+
+    #[test]
+    fn dflash2_sizes_and_layer_rules() {
+        let mut c: DrafterConfig = serde_json::from_str(&drafter_json(
+            r#","is_causal":false,"layer_types":["sliding_attention","full_attention"],
+            "sliding_window":4,"dflash_config":{"mask_token_id":5,"conv_kernel_size":2,"conv_group_size":16,
+            "selector_rank":8,"selector_top_k":4}"#,
+        ))
+        .unwrap();
+        assert!(
+            c.dflash2().unwrap().is_none(),
+            "a DFlash drafter has no DFlash2 sizes"
+        );
+        c.architectures = vec![DFLASH2_ARCH.into()];
+        c.validate().unwrap();
+        let p = c.dflash2().unwrap().unwrap();
+        assert_eq!(
+            (
+                p.conv_kernel_size,
+                p.conv_group_size,
+                p.selector_rank,
+                p.selector_top_k
+            ),
+            (2, 16, 8, 4)
+        );
+        assert_eq!(
+            c.layer_rule(0),
+            DraftRule {
+                sliding_window: Some(4),
+                causal: false
+            }
+        );
+        assert_eq!(
+            c.layer_rule(1),
+            DraftRule {
+                sliding_window: None,
+                causal: false
+            }
+        );
+        let mut d = c.clone();
+        d.extra.remove("is_causal");
+        assert_eq!(d.layer_rule(0), DraftRule::for_layer(Some(4)));
+        d.extra.insert("is_causal".into(), Value::Bool(true));
+        assert_eq!(
+            d.layer_rule(1),
+            DraftRule {
+                sliding_window: None,
+                causal: true
+            }
+        );
+        let mut bad = c.clone();
+        bad.dflash_config.extra.remove("selector_rank");
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("selector_rank"));
+        bad = c.clone();
+        bad.dflash_config
+            .extra
+            .insert("conv_group_size".into(), 7.into());
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("does not divide"));
     }
 }

@@ -5,6 +5,7 @@
 //! - [`visibility`]: which keys each query sees (target, draft, tree), written once;
 //! - [`sampling`]: sampling parameters and the seeded sampler;
 //! - [`acceptance`]: speculative sampling's acceptance rule at T > 0 (draft vs target);
+//! - [`selector`]: DFlash2's candidate-selector walk (greedy, sampled, tree children);
 //! - [`stats`]: τ and acceptance statistics, defined once;
 //! - [`segments`]: packed training rows (several sequences side by side).
 
@@ -13,6 +14,7 @@ pub mod config;
 pub mod sampled_tree;
 pub mod sampling;
 pub mod segments;
+pub mod selector;
 pub mod stats;
 pub mod taps;
 pub mod tree;

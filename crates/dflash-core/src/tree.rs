@@ -112,12 +112,31 @@ impl DraftTree {
     /// DDTree's best-first tree of at most `budget` non-root nodes. `top[d]` holds the
     /// sorted top-K (token, log-prob) of depth d+1 (see [`top_k_sorted`]).
     pub fn build(anchor: u32, top: &[Vec<(u32, f32)>], budget: usize) -> Self {
+        Self::build_conditional(anchor, top.len(), budget, |depth, _| top[depth - 1].clone())
+    }
+
+    /// The best-first construction when a node's children depend on the node: `children(d,
+    /// parent)` gives the sorted (token, log-prob) candidates at depth `d` (1-based) below a
+    /// node whose token is `parent` (the anchor for depth 1), at most `max_depth` deep. With
+    /// per-depth lists that ignore `parent` this is [`Self::build`]; DFlash2's selector gives
+    /// each parent its own ranking ([`crate::selector`]). Each node's list is asked for once.
+    pub fn build_conditional(
+        anchor: u32,
+        max_depth: usize,
+        budget: usize,
+        mut children: impl FnMut(usize, u32) -> Vec<(u32, f32)>,
+    ) -> Self {
         let mut t = Self {
             tokens: vec![anchor],
             parents: vec![None],
             depths: vec![0],
         };
-        if top.is_empty() || top[0].is_empty() || budget == 0 {
+        if max_depth == 0 || budget == 0 {
+            return t;
+        }
+        // the candidate list below each node, once asked for
+        let mut lists: Vec<Vec<(u32, f32)>> = vec![children(1, anchor)];
+        if lists[0].is_empty() {
             return t;
         }
         let mut heap = BinaryHeap::new();
@@ -136,27 +155,28 @@ impl DraftTree {
             });
             seq += 1;
         };
-        push(&mut heap, top[0][0].1 as f64, 1, 0, 0);
+        push(&mut heap, lists[0][0].1 as f64, 1, 0, 0);
         while t.tokens.len() <= budget {
             let Some(c) = heap.pop() else { break };
-            let row = &top[c.depth - 1];
+            let (token, logp) = lists[c.parent][c.rank];
+            let next = lists[c.parent].get(c.rank + 1).copied();
             let node = t.tokens.len();
-            t.tokens.push(row[c.rank].0);
+            t.tokens.push(token);
             t.parents.push(Some(c.parent));
             t.depths.push(c.depth);
-            if c.rank + 1 < row.len() {
-                let s = c.score - row[c.rank].1 as f64 + row[c.rank + 1].1 as f64;
+            if let Some((_, next_logp)) = next {
+                let s = c.score - logp as f64 + next_logp as f64;
                 push(&mut heap, s, c.depth, c.rank + 1, c.parent);
             }
-            if c.depth < top.len() && !top[c.depth].is_empty() {
-                push(
-                    &mut heap,
-                    c.score + top[c.depth][0].1 as f64,
-                    c.depth + 1,
-                    0,
-                    node,
-                );
+            let below = if c.depth < max_depth {
+                children(c.depth + 1, token)
+            } else {
+                Vec::new()
+            };
+            if let Some(&(_, first)) = below.first() {
+                push(&mut heap, c.score + first as f64, c.depth + 1, 0, node);
             }
+            lists.push(below);
         }
         t
     }

@@ -210,9 +210,12 @@ pub enum DraftKey {
 /// The draft visibility rule of one drafter layer.
 ///
 /// `sliding_window = Some(W)` (layers with `layer_types[i] == "sliding_attention"`) follows
-/// z-lab's `dflash==0.1.0` exactly: such a layer is also causal inside the block, and a query
-/// at position `q` sees a key at position `k` only when `q - k < W`. Example: W = 4, anchor 10,
-/// query at 12 sees context 9 (12 - 9 = 3) but not 8, and block rows 10..=12.
+/// z-lab's `dflash==0.1.0` exactly: a query at position `q` sees a key at position `k` only
+/// when `q - k < W`, and, when the layer is not causal, `k - q < W`. `causal` (the config's
+/// top-level `is_causal`; absent: sliding layers causal, full layers not, see
+/// [`crate::config::DrafterConfig::layer_rule`]) hides block rows after the query.
+/// Example: W = 4, causal, anchor 10, query at 12 sees context 9 (12 - 9 = 3) but not 8, and
+/// block rows 10..=12; not causal, it also sees block rows 13..=15.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DraftRule {
     pub sliding_window: Option<usize>,
@@ -243,7 +246,12 @@ impl DraftRule {
         match key {
             DraftKey::Context(k) => self.context_range(anchor, query_pos, 0).contains(&k),
             DraftKey::OwnBlock(k) => {
-                (!self.causal || k <= query_pos) && k >= self.window_start(query_pos)
+                let ahead_in_window = self.sliding_window.is_none_or(|w| k < query_pos + w);
+                (if self.causal {
+                    k <= query_pos
+                } else {
+                    ahead_in_window
+                }) && k >= self.window_start(query_pos)
             }
             DraftKey::OtherBlock => false,
         }
@@ -442,6 +450,38 @@ mod tests {
                 }
                 for c in 0..2 {
                     assert_eq!(packed.get(r, 8 + c), alone.get(r, 4 + c));
+                }
+            }
+        }
+    }
+
+    /// The inference mask equals z-lab 0.1.0's `_attention_mask` (indices into `[context |
+    /// block]`, query i at `KL - L + i`) for every window and causality, block larger than the
+    /// window included.
+    #[test]
+    fn inference_mask_is_zlab_attention_mask() {
+        for w in [None, Some(1), Some(3), Some(6)] {
+            for causal in [false, true] {
+                let rule = DraftRule {
+                    sliding_window: w,
+                    causal,
+                };
+                let (anchor, block) = (7, 5);
+                let v = draft_inference(rule, anchor, block);
+                for i in 0..block {
+                    let q = anchor + i;
+                    for k in 0..anchor + block {
+                        let mut vis = !causal || k <= q;
+                        if let Some(w) = w {
+                            vis &= q < k + w;
+                            if !causal {
+                                vis &= k < q + w;
+                            }
+                        }
+                        // context strictly before the anchor: z-lab's keys there are the
+                        // cache and the new context, all before the block
+                        assert_eq!(v.get(i, k), vis, "{rule:?} query {q} key {k}");
+                    }
                 }
             }
         }

@@ -34,12 +34,20 @@
 //! rejection sampling ([`dflash_core::sampled_tree`]). With [`Acceptance::ExactMatch`] the
 //! drafts are greedy (a tree of the top-K) and kept while they equal the target's own sample:
 //! also exact, but it accepts less at T ≈ 1.
+//!
+//! **DFlash2 drafters** propose through their candidate selector ([`dflash_core::selector`]):
+//! the chain is the selector's greedy walk at T = 0 and its sampled walk at T > 0 (the
+//! rejection rule then judges each draft against the selector's `q` over its candidates, as
+//! z-lab's `_rejection_sample` does); a DDTree at T = 0 is built best-first from the
+//! selector's candidates ranked after each node's own token; a DDTree at T > 0 draws from the
+//! draft logits as for a DFlash drafter.
 
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use candle_core::Tensor;
 use dflash_core::sampling::{Sampler, SamplingParams};
+use dflash_core::selector;
 use dflash_core::stats::RoundOutcome;
 use dflash_core::tree::DraftTree;
 use dflash_model::cuda::graphed::GraphedForward;
@@ -344,7 +352,7 @@ impl<'a> Decoding<'a> {
             Mode::Tree { budget, .. } => budget.min(depth - 1),
             _ => depth - 1,
         };
-        let logits = d.draft(
+        let (hidden, logits) = d.draft_rows(
             self.target,
             self.head.as_ref(),
             self.draft_cache.as_mut().unwrap(),
@@ -359,6 +367,29 @@ impl<'a> Decoding<'a> {
         // logit column → token (the vocabulary head's columns are its subset)
         let head = self.head.as_ref();
         let token = |j: u32| head.map_or(j, |h| h.token(j));
+        if let Some(sel) = d.selector.as_ref() {
+            let steps = sel.steps(&hidden, &logits, anchor, token)?;
+            match self.mode {
+                // DDTree at T > 0 draws each depth from the draft logits as a DFlash drafter
+                // does (below): the selector's edge term needs a drawn predecessor, which a
+                // per-depth draw does not fix
+                Mode::Tree { .. } if self.samples_drafts() => {}
+                Mode::Tree { budget, .. } => {
+                    return Ok(DraftTree::build_conditional(
+                        anchor,
+                        steps.len(),
+                        budget,
+                        |depth, parent| selector::children(&steps, depth, parent),
+                    ));
+                }
+                _ if self.samples_drafts() => {
+                    let draw = self.sampler.walk_selector(&steps, self.target.vocab_size());
+                    self.sampled = Some(Sampled::Chain(draw.qs));
+                    return Ok(DraftTree::chain(anchor, &draw.tokens));
+                }
+                _ => return Ok(DraftTree::chain(anchor, &selector::walk_greedy(&steps))),
+            }
+        }
         if self.samples_drafts() {
             let qs = self.draft_distributions(&logits)?;
             return Ok(match self.mode {

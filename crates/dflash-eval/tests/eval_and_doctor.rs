@@ -424,6 +424,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
             mask_token_id: 16,
             intermediate_size: Some(64),
             target_layer_ids: None,
+            dflash2: None,
         },
     )
     .unwrap();

@@ -31,6 +31,7 @@ fn setup(dtype: DType) -> (dflash_model::io::loader::LoadedTarget, TrainableDraf
         mask_token_id: 255,
         intermediate_size: Some(48),
         target_layer_ids: Some(vec![1, 2]),
+        dflash2: None,
     };
     let cfg = drafter_config(&lt.target, &shape).unwrap();
     // larger than the default init so every path carries signal

@@ -169,7 +169,7 @@ impl PromptAt {
 pub fn capture(lt: &LoadedTarget, d: &Drafter, prompts: &[PromptAt]) -> Result<Canary> {
     let b = d.block_size;
     let rules: Vec<DraftRule> = (0..d.config.num_hidden_layers)
-        .map(|i| DraftRule::for_layer(d.config.layer_window(i)))
+        .map(|i| d.config.layer_rule(i))
         .collect();
     let mut tensors = HashMap::new();
     let mut metas = Vec::new();

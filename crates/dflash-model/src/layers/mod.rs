@@ -3,6 +3,7 @@
 //! SwiGLU MLP, RMSNorm and RoPE.
 
 pub mod attention;
+pub mod dynamic_conv;
 pub mod gdn;
 pub mod linear;
 pub mod mlp;

@@ -11,6 +11,11 @@
 //! 4. `norm(x)`; logits = the target's LM head on block rows 1..B (row k predicts the token
 //!    at `anchor + k`; row 0 is never used).
 //!
+//! **DFlash2** (`DFlash2DraftModel`): each layer also runs a grouped dynamic causal conv
+//! before and after attention and before and after the MLP, inside the residual branch
+//! ([`crate::layers::dynamic_conv`]), and the drafts come from the candidate selector
+//! ([`crate::models::selector`], [`dflash_core::selector`]) instead of each row's argmax.
+//!
 //! [`DraftLayout::Inference`]: one block on top of a draft KV cache of committed context
 //! (after `k_norm` and RoPE); the caller truncates the cache back to the anchor afterwards.
 //! [`DraftLayout::Training`]: many blocks of one training row (one sequence, or several packed
@@ -30,10 +35,12 @@ use crate::cache::kv_cache::KvCache;
 use crate::cpu::row_attention::{self, attend_rows, KeyRuns};
 use crate::io::weights::TensorStore;
 use crate::layers::attention::{attend, mask_tensor};
+use crate::layers::dynamic_conv::DynamicConv;
 use crate::layers::mlp::{load_linear, Mlp};
 use crate::layers::norm::RmsNorm;
 use crate::layers::rope::Rope;
 use crate::models::draft_vocab::{DraftHead, DraftVocab};
+use crate::models::selector::CandidateSelector;
 use crate::models::target::Target;
 use crate::ops::block_attention::{attend_blocks, context_windows, ContextWindow};
 
@@ -56,6 +63,13 @@ pub enum DraftLayout<'a> {
 }
 
 impl DraftLayout<'_> {
+    /// Rows per block.
+    fn block(&self) -> usize {
+        match *self {
+            DraftLayout::Inference { block, .. } | DraftLayout::Training { block, .. } => block,
+        }
+    }
+
     fn block_positions(&self) -> Vec<usize> {
         match *self {
             DraftLayout::Inference { anchor, block } => (anchor..anchor + block).collect(),
@@ -112,6 +126,9 @@ struct DraftLayer {
     post_attention_layernorm: RmsNorm,
     mlp: Mlp,
     rule: DraftRule,
+    /// DFlash2's convs around attention and around the MLP.
+    attention_conv: Option<DynamicConv>,
+    mlp_conv: Option<DynamicConv>,
 }
 
 pub struct Drafter {
@@ -129,6 +146,8 @@ pub struct Drafter {
     /// The tokens its proposals come from (`draft_vocab.json` beside the weights), or the
     /// whole vocabulary.
     pub draft_vocab: Option<DraftVocab>,
+    /// DFlash2's candidate selector.
+    pub selector: Option<CandidateSelector>,
 }
 
 /// Where one inference round's draft block sits: the anchor `token` (committed, not yet in
@@ -209,6 +228,11 @@ impl Drafter {
             config.head_dim(),
         );
         let eps = config.rms_norm_eps;
+        let v2 = config.dflash2()?;
+        let conv = |name: String| -> Result<Option<DynamicConv>> {
+            v2.map(|p| DynamicConv::load(store, &name, h, p.conv_kernel_size, p.conv_group_size))
+                .transpose()
+        };
         let bias = config.attention_bias.unwrap_or(false);
         let norm = |name: &str, dim: usize| -> Result<RmsNorm> {
             Ok(RmsNorm::new(store.get(name, &[dim])?, eps))
@@ -232,7 +256,9 @@ impl Drafter {
                 },
                 post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 mlp: Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?,
-                rule: DraftRule::for_layer(config.layer_window(i)),
+                rule: config.layer_rule(i),
+                attention_conv: conv(format!("{p}.attention_conv"))?,
+                mlp_conv: conv(format!("{p}.mlp_conv"))?,
             });
         }
         let fc = Linear::new(
@@ -241,6 +267,17 @@ impl Drafter {
         );
         let hidden_norm = norm("hidden_norm.weight", h)?;
         let final_norm = norm("norm.weight", h)?;
+        let selector = v2
+            .map(|p| {
+                CandidateSelector::load(
+                    store,
+                    config.vocab_size,
+                    h,
+                    p.selector_rank,
+                    p.selector_top_k,
+                )
+            })
+            .transpose()?;
         let extra = store.unused();
         if !extra.is_empty() {
             bail!(
@@ -253,7 +290,12 @@ impl Drafter {
             .filter(|_| layers.iter().any(|l| l.rule.sliding_window.is_some()))
         {
             notes.push(format!(
-                "sliding-attention layers (window {w}) are causal in the block, as z-lab 0.1.0"
+                "sliding-attention layers (window {w}){}, as z-lab 0.1.0",
+                if config.is_causal() == Some(false) {
+                    " are not causal in the block (is_causal: false)"
+                } else {
+                    " are causal in the block"
+                }
             ));
         }
         Ok(Self {
@@ -267,6 +309,7 @@ impl Drafter {
             hidden_norm,
             notes,
             draft_vocab: None,
+            selector,
             config,
         })
     }
@@ -378,10 +421,18 @@ impl Drafter {
                 None => b,
             })
         };
+        let block = layout.block();
         let mut x = block_emb.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             let a = &layer.self_attn;
             let hn = layer.input_layernorm.forward(&x)?;
+            let (hn, attn_post) = match &layer.attention_conv {
+                Some(c) => {
+                    let (y, post) = c.prepare(&hn, block)?;
+                    (y, Some(post))
+                }
+                None => (hn, None),
+            };
             let heads = |t: Tensor, n: usize, h: usize| t.reshape((1, n, h, a.head_dim));
             // 2. q from the block stream only
             let q = a
@@ -412,11 +463,21 @@ impl Drafter {
                     attend_blocks(&q, &k, &v, m, context, *block, scale)?
                 }
             };
-            x = (x + a.o_proj.forward(&o)?)?;
-            x = (&x
-                + layer
-                    .mlp
-                    .forward(&layer.post_attention_layernorm.forward(&x)?)?)?;
+            let attn_out = a.o_proj.forward(&o)?;
+            let attn_out = match (&layer.attention_conv, attn_post) {
+                (Some(c), Some(post)) => c.finish(&attn_out, post)?,
+                _ => attn_out,
+            };
+            x = (x + attn_out)?;
+            let mn = layer.post_attention_layernorm.forward(&x)?;
+            let mlp_out = match &layer.mlp_conv {
+                Some(c) => {
+                    let (y, post) = c.prepare(&mn, block)?;
+                    c.finish(&layer.mlp.forward(&y)?, post)?
+                }
+                None => layer.mlp.forward(&mn)?,
+            };
+            x = (&x + mlp_out)?;
         }
         if let Some(c) = cache {
             c.commit(m + nb);
@@ -465,6 +526,19 @@ impl Drafter {
         new_ctx_taps: &Tensor,
         at: BlockAt,
     ) -> Result<Tensor> {
+        Ok(self.draft_rows(target, head, cache, new_ctx_taps, at)?.1)
+    }
+
+    /// [`Self::draft`] with the normed hidden rows the logits come from, `([positions, h],
+    /// [positions, vocab])`: DFlash2's selector reads both.
+    pub fn draft_rows(
+        &self,
+        target: &Target,
+        head: Option<&DraftHead>,
+        cache: &mut KvCache,
+        new_ctx_taps: &Tensor,
+        at: BlockAt,
+    ) -> Result<(Tensor, Tensor)> {
         let BlockAt {
             token: anchor_token,
             anchor,
@@ -487,7 +561,7 @@ impl Drafter {
             Some(hd) => self.finish_logits(hd.logits(target, &rows)?)?,
             None => self.logits(target, &rows)?,
         };
-        Ok(logits.squeeze(0)?)
+        Ok((rows.squeeze(0)?, logits.squeeze(0)?))
     }
 
     pub fn num_layers(&self) -> usize {

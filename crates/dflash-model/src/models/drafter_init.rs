@@ -8,7 +8,9 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{Device, Tensor};
-use dflash_core::config::{DFlashSection, DrafterConfig, RopeParameters};
+use dflash_core::config::{
+    DFlashSection, Dflash2Params, DrafterConfig, RopeParameters, DFLASH2_ARCH,
+};
 use dflash_core::taps::default_target_layer_ids;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -25,10 +27,23 @@ pub struct DrafterShape {
     pub mask_token_id: u32,
     pub intermediate_size: Option<usize>,
     pub target_layer_ids: Option<Vec<usize>>,
+    /// A DFlash2 drafter's conv and selector sizes (`None`: a DFlash drafter).
+    pub dflash2: Option<Dflash2Params>,
 }
 
+/// The published DFlash2 drafters' sizes (z-lab's Qwen3.8-27B and Muse-Glimmer-30B drafters):
+/// convs of 2 taps, dynamic taps shared by 16 channels, a rank-256 selector over the top 16.
+pub const PUBLISHED_DFLASH2: Dflash2Params = Dflash2Params {
+    conv_kernel_size: 2,
+    conv_group_size: 16,
+    selector_rank: 256,
+    selector_top_k: 16,
+};
+
 /// A z-lab `DFlashDraftModel` config for `target`: Qwen3 layers of the target's width and
-/// heads, taps by z-lab's default rule unless given.
+/// heads, taps by z-lab's default rule unless given. With `shape.dflash2`, a
+/// `DFlash2DraftModel` config: the sizes in `dflash_config` and `is_causal: false` at the top
+/// level, as the published DFlash2 drafters have them.
 pub fn drafter_config(target: &Target, shape: &DrafterShape) -> Result<DrafterConfig> {
     let tc = &target.config;
     if shape.layers == 0 {
@@ -38,8 +53,25 @@ pub fn drafter_config(target: &Target, shape: &DrafterShape) -> Result<DrafterCo
         .target_layer_ids
         .clone()
         .unwrap_or_else(|| default_target_layer_ids(tc.num_hidden_layers, shape.layers));
+    let (mut section, mut top) = (Map::new(), Map::new());
+    if let Some(p) = shape.dflash2 {
+        for (k, v) in [
+            ("conv_kernel_size", p.conv_kernel_size),
+            ("conv_group_size", p.conv_group_size),
+            ("selector_rank", p.selector_rank),
+            ("selector_top_k", p.selector_top_k),
+        ] {
+            section.insert(k.into(), v.into());
+        }
+        top.insert("is_causal".into(), false.into());
+    }
+    let arch = if shape.dflash2.is_some() {
+        DFLASH2_ARCH
+    } else {
+        "DFlashDraftModel"
+    };
     let cfg = DrafterConfig {
-        architectures: vec!["DFlashDraftModel".into()],
+        architectures: vec![arch.into()],
         model_type: "qwen3".into(),
         hidden_size: tc.hidden_size,
         intermediate_size: shape.intermediate_size.unwrap_or(tc.intermediate_size),
@@ -64,10 +96,10 @@ pub fn drafter_config(target: &Target, shape: &DrafterShape) -> Result<DrafterCo
         dflash_config: DFlashSection {
             target_layer_ids: Some(taps),
             mask_token_id: Some(shape.mask_token_id),
-            extra: Map::new(),
+            extra: section,
         },
         vocab_size: tc.vocab_size,
-        extra: Map::new(),
+        extra: top,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -92,7 +124,9 @@ pub fn default_mask_token(tok: &TextTokenizer) -> Option<u32> {
         .map(|(id, _)| id)
 }
 
-/// Seeded random weights for `cfg` (f32, CPU), keyed as z-lab saves them.
+/// Seeded random weights for `cfg` (f32, CPU), keyed as z-lab saves them. A DFlash2 drafter's
+/// convs start as the identity (base tap 0 = 1, the other taps and the projections small), so
+/// it starts as a DFlash drafter; its selector's projections and codebooks ~ N(0, 0.02).
 pub fn random_weights(cfg: &DrafterConfig, seed: u64) -> Result<HashMap<String, Tensor>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (h, nh, nkv, hd, inter) = (
@@ -129,6 +163,32 @@ pub fn random_weights(cfg: &DrafterConfig, seed: u64) -> Result<HashMap<String, 
         w.insert(format!("{p}.mlp.gate_proj.weight"), normal(inter, h)?);
         w.insert(format!("{p}.mlp.up_proj.weight"), normal(inter, h)?);
         w.insert(format!("{p}.mlp.down_proj.weight"), normal(h, inter)?);
+    }
+    if let Some(p) = cfg.dflash2()? {
+        let g = h / p.conv_group_size;
+        let k = p.conv_kernel_size;
+        // base[s, o, :] = 1 for o = 0, else 0
+        let base: Vec<f32> = (0..2 * k * h)
+            .map(|i| if (i / h) % k == 0 { 1.0 } else { 0.0 })
+            .collect();
+        for i in 0..cfg.num_hidden_layers {
+            for c in ["attention_conv", "mlp_conv"] {
+                let pre = format!("layers.{i}.{c}");
+                w.insert(
+                    format!("{pre}.base_kernel"),
+                    Tensor::from_vec(base.clone(), (2, k, h), &Device::Cpu)?,
+                );
+                w.insert(
+                    format!("{pre}.kernel_projection.weight"),
+                    normal(2 * k * g, h)?,
+                );
+            }
+        }
+        let s = crate::models::selector::CandidateSelector::PREFIX;
+        let (v, r) = (cfg.vocab_size, p.selector_rank);
+        w.insert(format!("{s}.hidden_projection.weight"), normal(r, h)?);
+        w.insert(format!("{s}.predecessor_codebook"), normal(v, r)?);
+        w.insert(format!("{s}.successor_codebook"), normal(v, r)?);
     }
     w.insert("fc.weight".into(), normal(h, n_taps * h)?);
     w.insert("hidden_norm.weight".into(), ones(h)?);
@@ -182,6 +242,7 @@ pub fn random_drafter(
         mask_token_id,
         intermediate_size,
         target_layer_ids: None,
+        dflash2: None,
     };
     let cfg = drafter_config(&lt.target, &shape)?;
     let store = crate::io::weights::TensorStore::new(

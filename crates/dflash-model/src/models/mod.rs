@@ -6,4 +6,5 @@ pub mod draft_vocab;
 pub mod drafter;
 pub mod drafter_init;
 pub mod families;
+pub mod selector;
 pub mod target;

@@ -122,6 +122,7 @@ impl<'a> Run<'a> {
             mask_token_id,
             intermediate_size: cfg.intermediate_size,
             target_layer_ids: cfg.target_layer_ids.clone(),
+            dflash2: None,
         };
         let dcfg = drafter_config(&lt.target, &shape)?;
         let paths = CheckpointPaths {
