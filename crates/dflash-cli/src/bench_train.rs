@@ -98,6 +98,7 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
             block: a.block_size,
             gamma: tc.gamma,
             kind: LossKind::Ce,
+            selector_weight: tc.selector_loss_weight,
         };
         let out = block_loss(&td.drafter, &target, &row, &feats, &anchors, obj)?;
         let mut grads = vec![None; td.params.len()];

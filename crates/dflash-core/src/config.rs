@@ -330,7 +330,7 @@ pub const DFLASH2_ARCH: &str = "DFlash2DraftModel";
 /// `conv_kernel_size` taps whose dynamic taps are shared by `conv_group_size` channels, and a
 /// candidate selector rescoring the top `selector_top_k` logits with rank-`selector_rank`
 /// codebooks. The published drafters: K = 2, groups of 16, rank 256, top 16.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Dflash2Params {
     pub conv_kernel_size: usize,
     pub conv_group_size: usize,

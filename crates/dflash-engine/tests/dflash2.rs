@@ -249,7 +249,7 @@ fn greedy_generation_matches_zlab_round_by_round() {
 
 /// A DFlash2 drafter that gets drafts accepted on the tiny target: z-lab's "quiet" DFlash
 /// drafter (tests/fixtures/dflash-tiny/quiet) with DFlash2's convs and selector added (seeded,
-/// [`random_weights`]: near-identity convs, codebooks scaled to N(0, 1)), its selector over the
+/// [`random_weights`], with small dynamic taps and codebooks scaled to N(0, 1)), its selector over the
 /// top 64 so that a spread-out target distribution still meets its candidates.
 fn quiet_dflash2(t: &Target) -> Drafter {
     let dir = fixtures().join("dflash-tiny/quiet");
@@ -267,12 +267,13 @@ fn quiet_dflash2(t: &Target) -> Drafter {
     let mut w =
         candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
     for (k, v) in random_weights(&cfg, 3).unwrap() {
-        // the dynamic taps scaled down: the convs stay close to the identity, so the drafter
-        // keeps the quiet drafter's long acceptances
-        // keeps the quiet drafter's long acceptances; the codebooks ~ N(0, 1), so that the
-        // edge term moves the selector's q
+        // small dynamic taps (random_weights starts them at 0): the convs stay close to the
+        // identity, so the drafter keeps the quiet drafter's long acceptances; the codebooks
+        // ~ N(0, 1), so that the edge term moves the selector's q
         if k.contains("kernel_projection") {
-            w.insert(k, (v * 0.1).unwrap());
+            let n = v.elem_count();
+            let taps: Vec<f32> = (0..n).map(|i| 0.002 * (i as f32 * 0.61).sin()).collect();
+            w.insert(k, Tensor::from_vec(taps, v.shape(), &Device::Cpu).unwrap());
         } else if k.contains("codebook") {
             w.insert(k, (v * 50.0).unwrap());
         } else if k.contains("conv") || k.starts_with("candidate_selector") {

@@ -252,10 +252,16 @@ fn drafted_tokens_match_zlab() {
 #[test]
 fn training_path_equals_inference_path() {
     // Many blocks of one sequence in one masked forward == one block at a time with the
-    // cache, for anchors including 0 (empty context) and overlapping blocks.
+    // cache, for anchors including 0 (empty context) and overlapping blocks; DFlash2's convs
+    // included (per block in both layouts).
     let t = target();
-    for name in ["full", "sliding"] {
-        let d = drafter(&t, name);
+    for name in [
+        "dflash-tiny/full",
+        "dflash-tiny/sliding",
+        "dflash2/tiny-full",
+        "dflash2/tiny-sliding",
+    ] {
+        let d = Drafter::load_dir(&fixtures().join(name), &t).unwrap();
         let seq: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 256).collect();
         let taps = ctx_taps(&t, &d, &seq);
         let b = d.block_size;

@@ -29,11 +29,22 @@ pub struct TrainConfig {
     /// instead of random ones; the optimizer state starts fresh. Its shape must match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_from: Option<String>,
+    /// A DFlash2 drafter (z-lab's `DFlash2DraftModel`) of these conv and selector sizes;
+    /// unset: a DFlash drafter. `init_from` may name a DFlash drafter: its weights start the
+    /// layers, the convs start as the identity and the selector from `init_seed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dflash2: Option<dflash_core::config::Dflash2Params>,
+    /// Train only the weights whose names start with one of these prefixes (e.g.
+    /// `["candidate_selector."]`); the others stay as initialised. Unset: all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_only: Option<Vec<String>>,
     // the objective
     pub num_anchors: usize,
     /// Position decay: row k (k ≥ 1) of a block weighs exp(-(k-1)/gamma).
     pub gamma: f64,
     pub loss: LossKind,
+    /// DFlash2: the weight of the selector's term ([`crate::selector_loss`]).
+    pub selector_loss_weight: f64,
     pub max_length: usize,
     /// Pack training sequences side by side into rows of at most this many tokens (one
     /// target and one drafter forward per row; `num_anchors` then counts per row). Unset:
@@ -112,9 +123,12 @@ impl Default for TrainConfig {
             target_layer_ids: None,
             init_seed: 0,
             init_from: None,
+            dflash2: None,
+            train_only: None,
             num_anchors: 512,
             gamma: 7.0,
             loss: LossKind::Ce,
+            selector_loss_weight: 1.0,
             max_length: 3072,
             pack_length: None,
             loop_window: None,
@@ -166,6 +180,16 @@ impl TrainConfig {
         }
         if self.pack_length.is_some_and(|p| p < self.max_length) {
             return bad("pack_length must be >= max_length (a sequence must fit one row)");
+        }
+        if !(self.selector_loss_weight >= 0.0 && self.selector_loss_weight.is_finite()) {
+            return bad("selector_loss_weight must be a finite number >= 0");
+        }
+        if self
+            .train_only
+            .as_ref()
+            .is_some_and(|t| t.is_empty() || t.iter().any(|p| p.is_empty()))
+        {
+            return bad("train_only needs at least one non-empty name prefix");
         }
         if self.save_every == 0 || self.val_every == 0 {
             return bad("save_every and val_every must be >= 1");

@@ -17,5 +17,6 @@ pub mod progress;
 pub mod prompts;
 pub mod regen;
 pub mod regen_ranks;
+pub mod selector_loss;
 pub mod trainer;
 pub mod vocab;

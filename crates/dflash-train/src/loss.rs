@@ -9,6 +9,9 @@
 //! `loss = Σ w·CE / Σ w` (or `Σ w·KL(target ‖ drafter) / Σ w`).
 //! Example: a = 37, B = 16, γ = 7: rows 1..15 predict tokens 38..52 with weights
 //! 1, e^(-1/7), …, e^(-14/7).
+//!
+//! A DFlash2 drafter adds its selector's term ([`crate::selector_loss`]) times
+//! `selector_weight`, and its acceptance counts come from the selector's top-1.
 
 use anyhow::{bail, Result};
 use candle_core::{DType, Tensor, D};
@@ -63,6 +66,8 @@ pub struct LossOutput {
     pub counts: AcceptCounts,
     /// `[n_anchors · (B-1), vocab]`
     pub draft_logits: Tensor,
+    /// DFlash2: the supervised rows whose label is among the selector's candidates.
+    pub selector_covered: Option<usize>,
 }
 
 /// Labels and weights of every trained row, in block order; a label past the end of the
@@ -89,12 +94,14 @@ pub fn labels_and_weights(
     (labels, weights)
 }
 
-/// What a block is trained on: its size B, the decay γ of the row weights, CE or KL.
+/// What a block is trained on: its size B, the decay γ of the row weights, CE or KL, and
+/// the weight of a DFlash2 selector's term (ignored for a DFlash drafter).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Objective {
     pub block: usize,
     pub gamma: f64,
     pub kind: LossKind,
+    pub selector_weight: f64,
 }
 
 impl Objective {
@@ -104,6 +111,7 @@ impl Objective {
             block: cfg.block_size,
             gamma: cfg.gamma,
             kind: cfg.loss,
+            selector_weight: cfg.selector_loss_weight,
         }
     }
 }
@@ -119,7 +127,12 @@ pub fn block_loss(
     anchors: &[usize],
     obj: Objective,
 ) -> Result<LossOutput> {
-    let Objective { block, gamma, kind } = obj;
+    let Objective {
+        block,
+        gamma,
+        kind,
+        selector_weight,
+    } = obj;
     if anchors.is_empty() {
         bail!("no anchors: the sequence needs two consecutive supervised tokens");
     }
@@ -186,7 +199,32 @@ pub fn block_loss(
         }
     };
     let w = Tensor::from_vec(weights.clone(), weights.len(), &dev)?.to_dtype(per_row.dtype())?;
-    let loss = ((per_row * w)?.sum_all()? / wsum)?;
+    let mut loss = ((per_row * w)?.sum_all()? / wsum)?;
+    let mut pred = pred;
+    let mut selector_covered = None;
+    if let Some(sel) = drafter.selector.as_ref() {
+        let _s = tracing::info_span!(target: "phase", "selector").entered();
+        // each row's predecessor in the sequence: the anchor, then the labels before it
+        let prev: Vec<u32> = anchors
+            .iter()
+            .flat_map(|&a| (1..block).map(move |k| row.seq.ids[(a + k - 1).min(row.len() - 1)]))
+            .collect();
+        let term = crate::selector_loss::selector_term(
+            sel,
+            &hidden_rows.squeeze(0)?,
+            &logits,
+            &labels,
+            &prev,
+            &weights,
+            wsum,
+        )?;
+        if selector_weight > 0.0 {
+            let extra = (term.loss * selector_weight)?.to_dtype(loss.dtype())?;
+            loss = (loss + extra)?;
+        }
+        pred = term.top1;
+        selector_covered = Some(term.covered);
+    }
     let _counts = tracing::info_span!(target: "phase", "acceptance counts").entered();
     // acceptance counts from the argmax: a draft without a supervised label ends the walk
     let mut counts = AcceptCounts::new(block - 1);
@@ -199,5 +237,6 @@ pub fn block_loss(
         weight_sum: wsum,
         counts,
         draft_logits: logits,
+        selector_covered,
     })
 }

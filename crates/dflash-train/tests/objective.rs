@@ -19,6 +19,7 @@ fn obj(kind: LossKind) -> Objective {
         block: 4,
         gamma: 7.0,
         kind,
+        selector_weight: 1.0,
     }
 }
 

@@ -272,6 +272,7 @@ fn train_round(
         block: b,
         gamma: GAMMA,
         kind: dflash_train::config::LossKind::Ce,
+        selector_weight: 1.0,
     };
     let out = block_loss(d, &lt.target, &row, &f, &[a], obj)?;
     let rows: Vec<u32> = (1..b)

@@ -41,6 +41,7 @@ pub fn parity_diff(lt: &LoadedTarget, d: &Drafter, ids: &[u32]) -> Result<f32> {
         block: b,
         gamma: 7.0,
         kind: dflash_train::config::LossKind::Ce,
+        selector_weight: 1.0,
     };
     let train = block_loss(d, &lt.target, &row, &feats, &anchors_sorted, obj)?.draft_logits;
     let mut worst = 0f32;

@@ -125,8 +125,9 @@ pub fn default_mask_token(tok: &TextTokenizer) -> Option<u32> {
 }
 
 /// Seeded random weights for `cfg` (f32, CPU), keyed as z-lab saves them. A DFlash2 drafter's
-/// convs start as the identity (base tap 0 = 1, the other taps and the projections small), so
-/// it starts as a DFlash drafter; its selector's projections and codebooks ~ N(0, 0.02).
+/// convs start as the identity (base tap 0 = 1, the other taps 0, the dynamic-tap projections
+/// 0), so its layers start as a DFlash drafter's exactly; its selector's projection and
+/// codebooks ~ N(0, 0.02).
 pub fn random_weights(cfg: &DrafterConfig, seed: u64) -> Result<HashMap<String, Tensor>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (h, nh, nkv, hd, inter) = (
@@ -180,7 +181,7 @@ pub fn random_weights(cfg: &DrafterConfig, seed: u64) -> Result<HashMap<String, 
                 );
                 w.insert(
                     format!("{pre}.kernel_projection.weight"),
-                    normal(2 * k * g, h)?,
+                    Tensor::zeros((2 * k * g, h), candle_core::DType::F32, &Device::Cpu)?,
                 );
             }
         }

@@ -63,6 +63,39 @@ impl CandidateSelector {
         })
     }
 
+    /// Training scores `[n, K]` (f32; f64 for an f64 drafter): `unary + ⟨A[prev] ⊙ hp, B[c]⟩` for row i's candidates
+    /// `cands[i]` after its predecessor `prev[i]` (the ground truth's previous token). Gradients
+    /// reach the projection and the codebooks; `hidden` `[n, H]` and `unary` enter as given
+    /// (the trainer passes them detached).
+    pub fn training_scores(
+        &self,
+        hidden: &Tensor,
+        cands: &[Vec<u32>],
+        unary: &[Vec<f32>],
+        prev: &[u32],
+    ) -> Result<Tensor> {
+        let dev = hidden.device();
+        let f = crate::layers::norm::compute_dtype(hidden.dtype());
+        let (n, k) = (cands.len(), cands.first().map_or(0, |c| c.len()));
+        let hp = self.hidden_projection.forward(hidden)?.to_dtype(f)?; // [n, R]
+        let a = self
+            .predecessor
+            .index_select(&Tensor::new(prev, dev)?, 0)?
+            .to_dtype(f)?;
+        let flat: Vec<u32> = cands.iter().flatten().copied().collect();
+        let b = self
+            .successor
+            .index_select(&Tensor::new(flat, dev)?, 0)?
+            .to_dtype(f)?
+            .reshape((n, k, hp.dim(1)?))?;
+        let edge = (a * hp)?
+            .unsqueeze(1)?
+            .matmul(&b.transpose(1, 2)?.contiguous()?)?
+            .squeeze(1)?;
+        let u: Vec<f32> = unary.iter().flatten().copied().collect();
+        Ok((edge + Tensor::from_vec(u, (n, k), dev)?.to_dtype(f)?)?)
+    }
+
     /// The walk's steps for one block: `hidden` `[P, H]` (normed block rows 1 ..= P),
     /// `logits` `[P, columns]` (f32, after the multiplier and soft-capping), the anchor token,
     /// and the token of each logit column (a vocabulary head's subset, or the identity).

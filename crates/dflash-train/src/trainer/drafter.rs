@@ -13,10 +13,14 @@ use dflash_model::Target;
 
 use crate::optim::{clip_grad_norm, AdamW};
 
-/// The trainable drafter: named variables (sorted) and the drafter built on them.
+/// The trainable drafter: named variables (sorted), the frozen weights, and the drafter built
+/// on both.
 pub struct TrainableDrafter {
     pub config: DrafterConfig,
     pub params: Vec<(String, Var)>,
+    /// Weights that are not trained (`train_only`): constants, so no gradient is computed
+    /// through them.
+    pub frozen: HashMap<String, Tensor>,
     pub drafter: Drafter,
 }
 
@@ -28,15 +32,42 @@ impl TrainableDrafter {
         weights: &HashMap<String, Tensor>,
         t: &Target,
     ) -> Result<Self> {
+        Self::training_only(config, weights, t, None)
+    }
+
+    /// [`Self::new`] with only the weights whose names start with one of `prefixes` trained
+    /// (`None`: all of them). A prefix that names no weight is refused.
+    pub fn training_only(
+        config: DrafterConfig,
+        weights: &HashMap<String, Tensor>,
+        t: &Target,
+        prefixes: Option<&[String]>,
+    ) -> Result<Self> {
         let master = dflash_model::layers::norm::compute_dtype(t.dtype);
+        let trained = |n: &str| prefixes.is_none_or(|ps| ps.iter().any(|p| n.starts_with(p)));
+        if let Some(ps) = prefixes {
+            if let Some(p) = ps
+                .iter()
+                .find(|p| !weights.keys().any(|n| n.starts_with(*p)))
+            {
+                bail!("train_only: no drafter weight starts with '{p}'");
+            }
+        }
         let mut names: Vec<&String> = weights.keys().collect();
         names.sort();
         let mut params = Vec::new();
+        let mut frozen = HashMap::new();
         let mut map = HashMap::new();
         for n in names {
-            let var = Var::from_tensor(&weights[n].to_dtype(master)?.to_device(&t.device)?)?;
-            map.insert(n.clone(), var.as_tensor().clone());
-            params.push((n.clone(), var));
+            let w = weights[n].to_dtype(master)?.to_device(&t.device)?;
+            if trained(n) {
+                let var = Var::from_tensor(&w)?;
+                map.insert(n.clone(), var.as_tensor().clone());
+                params.push((n.clone(), var));
+            } else {
+                map.insert(n.clone(), w.clone());
+                frozen.insert(n.clone(), w);
+            }
         }
         let drafter = Drafter::load(
             config.clone(),
@@ -46,15 +77,20 @@ impl TrainableDrafter {
         Ok(Self {
             config,
             params,
+            frozen,
             drafter,
         })
     }
 
+    /// Every weight, trained and frozen.
     pub fn weights(&self) -> HashMap<String, Tensor> {
-        self.params
-            .iter()
-            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
-            .collect()
+        let mut w = self.frozen.clone();
+        w.extend(
+            self.params
+                .iter()
+                .map(|(n, v)| (n.clone(), v.as_tensor().clone())),
+        );
+        w
     }
 
     /// Add the gradients of `g` to `acc` (one slot per parameter, in `params` order; a slot
@@ -128,10 +164,13 @@ impl TrainableDrafter {
 }
 
 /// The weights of an existing drafter directory, checked against the run's drafter config
-/// (same shape, taps, block size and mask token), as f32.
+/// (same shape, taps, block size and mask token), as f32. For a DFlash2 run from a DFlash
+/// drafter, the weights DFlash2 adds come from `fresh` (the run's seeded init: identity convs,
+/// a new selector).
 pub(super) fn init_weights_from(
     dir: &Path,
     dcfg: &DrafterConfig,
+    fresh: HashMap<String, Tensor>,
 ) -> Result<HashMap<String, Tensor>> {
     let text = std::fs::read_to_string(dir.join("config.json"))
         .with_context(|| format!("init_from: reading {}/config.json", dir.display()))?;
@@ -156,10 +195,29 @@ pub(super) fn init_weights_from(
             dir.display()
         );
     }
+    if theirs.is_dflash2() && !dcfg.is_dflash2() {
+        bail!(
+            "init_from: the drafter in {} is a DFlash2 drafter; set dflash2 in the training config",
+            dir.display()
+        );
+    }
+    if theirs.is_dflash2() && theirs.dflash2()? != dcfg.dflash2()? {
+        bail!(
+            "init_from: the DFlash2 drafter in {} has other conv or selector sizes than this run's config",
+            dir.display()
+        );
+    }
     let w =
         candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
             .with_context(|| format!("init_from: reading {}/model.safetensors", dir.display()))?;
-    w.into_iter()
+    let mut w: HashMap<String, Tensor> = w
+        .into_iter()
         .map(|(n, t)| Ok((n, t.to_dtype(DType::F32)?)))
-        .collect()
+        .collect::<Result<_>>()?;
+    if dcfg.is_dflash2() && !theirs.is_dflash2() {
+        for (n, t) in fresh {
+            w.entry(n).or_insert(t);
+        }
+    }
+    Ok(w)
 }

@@ -122,7 +122,7 @@ impl<'a> Run<'a> {
             mask_token_id,
             intermediate_size: cfg.intermediate_size,
             target_layer_ids: cfg.target_layer_ids.clone(),
-            dflash2: None,
+            dflash2: cfg.dflash2,
         };
         let dcfg = drafter_config(&lt.target, &shape)?;
         let paths = CheckpointPaths {
@@ -145,11 +145,18 @@ impl<'a> Run<'a> {
                 &lt.target.device,
             )?,
             None => match &cfg.init_from {
-                Some(dir) => init_weights_from(Path::new(dir), &dcfg)?,
+                Some(dir) => {
+                    init_weights_from(Path::new(dir), &dcfg, random_weights(&dcfg, cfg.init_seed)?)?
+                }
                 None => random_weights(&dcfg, cfg.init_seed)?,
             },
         };
-        let td = TrainableDrafter::new(dcfg.clone(), &weights, &lt.target)?;
+        let td = TrainableDrafter::training_only(
+            dcfg.clone(),
+            &weights,
+            &lt.target,
+            cfg.train_only.as_deref(),
+        )?;
         let names: Vec<String> = td.params.iter().map(|(n, _)| n.clone()).collect();
         let mut opt = AdamW::new(&td.params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)?;
         let mut state = TrainerState {
