@@ -9,13 +9,12 @@ use candle_core::{DType, Device, Tensor};
 use dflash_core::config::DrafterConfig;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::selector::{walk_greedy, SelectorStep};
-use dflash_core::visibility::causal;
 use dflash_engine::decode::Acceptance;
-use dflash_engine::{Mode, Request};
+use dflash_engine::Mode;
 use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::{BlockAt, Drafter};
 use dflash_model::models::drafter_init::random_weights;
-use dflash_model::{Rows, Target};
+use dflash_model::Target;
 use dflash_testkit::*;
 
 fn reference() -> (serde_json::Value, HashMap<String, Tensor>) {
@@ -39,21 +38,8 @@ fn drafter(t: &Target, case: &str) -> Drafter {
     Drafter::load_dir(&fixtures().join("dflash2").join(case), t).unwrap()
 }
 
-/// Concatenated taps `[n, L*h]` of `tokens` from one causal prefill.
 fn ctx_taps(t: &Target, d: &Drafter, tokens: &[u32]) -> Tensor {
-    let pos: Vec<usize> = (0..tokens.len()).collect();
-    let mut c = t.new_cache();
-    let o = t
-        .forward(
-            tokens,
-            &pos,
-            &causal(0, tokens.len()),
-            &mut c,
-            &d.target_layer_ids,
-            &Rows::None,
-        )
-        .unwrap();
-    Target::concat_taps(&o.taps).unwrap()
+    prefill_taps(t, &d.target_layer_ids, tokens)
 }
 
 /// One block on a fresh draft cache: the hidden rows, logits and the selector's steps.
@@ -204,29 +190,7 @@ fn greedy_generation_matches_zlab_round_by_round() {
         let t = target_of(name);
         let d = drafter(&t, name);
         let g = &meta["cases"][name]["generate"];
-        let prompt = ids(&g["prompt_ids"]);
-        let req = Request {
-            prompt_ids: prompt.clone(),
-            max_new_tokens: g["max_new_tokens"].as_u64().unwrap() as usize,
-            sampling: SamplingParams::default(),
-            stop_ids: vec![],
-        };
-        let out = decode(
-            &t,
-            Some(&d),
-            Mode::Chain {
-                block: d.block_size,
-            },
-            &req,
-        );
-        let want_out = ids(&g["output_ids"]);
-        assert_eq!(out.new_tokens, want_out[prompt.len()..], "{name}: output");
-        let want_acc: Vec<usize> = ids(&g["acceptance_lengths"])
-            .iter()
-            .map(|&x| x as usize)
-            .collect();
-        let got_acc: Vec<usize> = out.rounds.iter().map(|r| r.tau_round).collect();
-        assert_eq!(got_acc, want_acc, "{name}: acceptance lengths");
+        let (prompt, out, want_acc) = replay_zlab_generation(&t, &d, g, name);
         let all: Vec<u32> = [prompt.clone(), out.new_tokens.clone()].concat();
         let mut anchor = prompt.len();
         for (i, (b, &acc)) in g["verify_blocks"]

@@ -5,13 +5,10 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
-use dflash_core::sampling::SamplingParams;
-use dflash_core::visibility::causal;
-use dflash_engine::{Mode, Request};
 use dflash_model::io::loader::load_hf_weights;
 use dflash_model::models::drafter::{BlockAt, DraftLayout, Drafter};
-use dflash_model::{Rows, Target};
-use dflash_testkit::{decode, fixtures, max_abs, rel_err};
+use dflash_model::Target;
+use dflash_testkit::{fixtures, max_abs, prefill_taps, rel_err, replay_zlab_generation};
 
 fn target() -> Target {
     let (cfg, store) =
@@ -37,21 +34,8 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
         .map(|x| x.as_u64().unwrap() as u32)
         .collect()
 }
-/// Concatenated taps `[n, L*h]` of `tokens` from one causal prefill.
 fn ctx_taps(t: &Target, d: &Drafter, tokens: &[u32]) -> Tensor {
-    let pos: Vec<usize> = (0..tokens.len()).collect();
-    let mut c = t.new_cache();
-    let o = t
-        .forward(
-            tokens,
-            &pos,
-            &causal(0, tokens.len()),
-            &mut c,
-            &d.target_layer_ids,
-            &Rows::None,
-        )
-        .unwrap();
-    Target::concat_taps(&o.taps).unwrap()
+    prefill_taps(t, &d.target_layer_ids, tokens)
 }
 
 #[test]
@@ -135,33 +119,7 @@ fn greedy_generation_matches_zlab_round_by_round() {
     for name in ["full", "quiet"] {
         let d = drafter(&t, name);
         let g = &meta["cases"][name]["generate"];
-        let prompt = ids(&g["prompt_ids"]);
-        let req = Request {
-            prompt_ids: prompt.clone(),
-            max_new_tokens: g["max_new_tokens"].as_u64().unwrap() as usize,
-            sampling: SamplingParams::default(),
-            stop_ids: vec![],
-        };
-        let out = decode(
-            &t,
-            Some(&d),
-            Mode::Chain {
-                block: d.block_size,
-            },
-            &req,
-        );
-        let want_out = ids(&g["output_ids"]);
-        assert_eq!(
-            out.new_tokens,
-            want_out[prompt.len()..],
-            "{name}: output differs"
-        );
-        let want_acc: Vec<usize> = ids(&g["acceptance_lengths"])
-            .iter()
-            .map(|&x| x as usize)
-            .collect();
-        let got_acc: Vec<usize> = out.rounds.iter().map(|r| r.tau_round).collect();
-        assert_eq!(got_acc, want_acc, "{name}: acceptance lengths differ");
+        let (prompt, out, want_acc) = replay_zlab_generation(&t, &d, g, name);
         // the drafted tokens of every round: verify block = [anchor, drafts…]
         let blocks = g["verify_blocks"].as_array().unwrap();
         assert_eq!(blocks.len(), out.rounds.len());

@@ -44,3 +44,12 @@ pub fn sequence(seed: u32, prompt: usize, resp: usize) -> Sequence {
     let loss_mask = (0..n).map(|i| (i >= prompt) as u8).collect();
     Sequence { ids, loss_mask }
 }
+
+/// A private copy of the tiny target (named `name`) and a data directory of `seqs` written for
+/// it: the trainer tests' setup.
+pub fn tiny_data(name: &str, seqs: &[Sequence]) -> (std::path::PathBuf, std::path::PathBuf) {
+    let td = crate::targets::tiny_target_dir(name);
+    let data = crate::paths::tmp(&format!("{name}-data"));
+    write_data(&data, &td, seqs);
+    (td, data)
+}

@@ -38,3 +38,43 @@ pub fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
 pub fn max_abs(a: &Tensor, b: &Tensor) -> f32 {
     dflash_model::ops::compare::max_abs(a, b).unwrap()
 }
+
+/// The gradient `analytic` of `loss` at element `flat` of `var` against a central finite
+/// difference (step 1e-6, f64): relative error below 1e-5, and not a zero gradient (which would
+/// test nothing). `var` is restored afterwards.
+pub fn assert_finite_difference(
+    var: &candle_core::Var,
+    flat: usize,
+    analytic: f64,
+    loss: &dyn Fn() -> f64,
+    name: &str,
+) {
+    let orig = var
+        .as_tensor()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap();
+    let eps = 1e-6;
+    let set = |delta: f64| {
+        let mut v = orig.clone();
+        v[flat] += delta;
+        var.set(&Tensor::from_vec(v, var.shape(), var.device()).unwrap())
+            .unwrap();
+    };
+    set(eps);
+    let up = loss();
+    set(-eps);
+    let down = loss();
+    set(0.0);
+    let numeric = (up - down) / (2.0 * eps);
+    let err = (analytic - numeric).abs() / numeric.abs().max(analytic.abs()).max(1e-8);
+    assert!(
+        err < 1e-5,
+        "{name}[{flat}]: autograd {analytic:e} vs finite difference {numeric:e} (rel err {err:e})"
+    );
+    assert!(
+        analytic.abs() > 1e-9,
+        "{name}[{flat}]: a zero gradient tests nothing"
+    );
+}

@@ -129,3 +129,52 @@ pub fn sampled_counts(
     }
     (c, rounds, drafts)
 }
+
+/// Concatenated taps `[n, L·h]` of `tokens` from one causal prefill of `t`.
+pub fn prefill_taps(t: &Target, taps: &[usize], tokens: &[u32]) -> candle_core::Tensor {
+    let mut c = t.new_cache();
+    let o = t
+        .forward_causal(tokens, &mut c, taps, &dflash_model::Rows::None)
+        .unwrap();
+    Target::concat_taps(&o.taps).unwrap()
+}
+
+/// Replay z-lab's greedy `dflash_generate` record `g` (the reference JSON's `prompt_ids`,
+/// `max_new_tokens`, `output_ids`, `acceptance_lengths`) with our chain and the drafter `d`:
+/// the same new tokens and the same acceptance length in every round. Returns the prompt, the
+/// generation and the acceptance lengths.
+pub fn replay_zlab_generation(
+    t: &Target,
+    d: &Drafter,
+    g: &serde_json::Value,
+    name: &str,
+) -> (Vec<u32>, Generation, Vec<usize>) {
+    let prompt = crate::refs::ids(&g["prompt_ids"]);
+    let r = req(
+        &prompt,
+        g["max_new_tokens"].as_u64().unwrap() as usize,
+        SamplingParams::default(),
+        &[],
+    );
+    let out = decode(
+        t,
+        Some(d),
+        Mode::Chain {
+            block: d.block_size,
+        },
+        &r,
+    );
+    let want_out = crate::refs::ids(&g["output_ids"]);
+    assert_eq!(
+        out.new_tokens,
+        want_out[prompt.len()..],
+        "{name}: output differs"
+    );
+    let want_acc: Vec<usize> = crate::refs::ids(&g["acceptance_lengths"])
+        .iter()
+        .map(|&x| x as usize)
+        .collect();
+    let got_acc: Vec<usize> = out.rounds.iter().map(|r| r.tau_round).collect();
+    assert_eq!(got_acc, want_acc, "{name}: acceptance lengths differ");
+    (prompt, out, want_acc)
+}

@@ -90,34 +90,7 @@ fn check_fd(
         .unwrap()
         .to_scalar::<f64>()
         .unwrap();
-    let orig = v
-        .as_tensor()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f64>()
-        .unwrap();
-    let eps = 1e-6;
-    let set = |delta: f64| {
-        let mut x = orig.clone();
-        x[flat] += delta;
-        v.set(&Tensor::from_vec(x, v.shape(), v.device()).unwrap())
-            .unwrap();
-    };
-    set(eps);
-    let up = loss();
-    set(-eps);
-    let down = loss();
-    set(0.0);
-    let numeric = (up - down) / (2.0 * eps);
-    let err = (analytic - numeric).abs() / numeric.abs().max(analytic.abs()).max(1e-8);
-    assert!(
-        err < 1e-5,
-        "{name}[{flat}]: autograd {analytic:e} vs finite difference {numeric:e} (rel err {err:e})"
-    );
-    assert!(
-        analytic.abs() > 1e-9,
-        "{name}[{flat}]: a zero gradient tests nothing"
-    );
+    assert_finite_difference(v, flat, analytic, loss, name);
 }
 
 /// The position of the largest |gradient| of `name` (a codebook row the loss reads).
@@ -193,13 +166,7 @@ fn training_scores_are_the_walk_scores() {
     let sel = d.selector.as_ref().unwrap();
     let t = &lt.target;
     let ctx: Vec<u32> = tiny_prompt();
-    let taps = {
-        let mut c = t.new_cache();
-        let o = t
-            .forward_causal(&ctx, &mut c, &d.target_layer_ids, &dflash_model::Rows::None)
-            .unwrap();
-        dflash_model::Target::concat_taps(&o.taps).unwrap()
-    };
+    let taps = prefill_taps(t, &d.target_layer_ids, &ctx);
     let mut cache = d.new_cache();
     let (h, l) = d
         .draft_rows(
@@ -238,11 +205,8 @@ fn training_scores_are_the_walk_scores() {
 
 /// A tiny target and a data directory of four sequences written by it.
 fn four_sequences(name: &str, first: u32, resp: usize) -> (std::path::PathBuf, std::path::PathBuf) {
-    let td = tiny_target_dir(name);
-    let data = tmp(&format!("{name}-data"));
     let seqs: Vec<Sequence> = (0..4).map(|i| sequence(first + i, 4, resp)).collect();
-    write_data(&data, &td, &seqs);
-    (td, data)
+    tiny_data(name, &seqs)
 }
 
 fn small_config() -> TrainConfig {

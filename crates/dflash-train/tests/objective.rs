@@ -123,27 +123,7 @@ fn gradient_matches_finite_differences_at_f64() {
             .unwrap()
             .to_scalar::<f64>()
             .unwrap();
-        let orig = var
-            .as_tensor()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f64>()
-            .unwrap();
-        let eps = 1e-6;
-        let set = |delta: f64| {
-            let mut v = orig.clone();
-            v[flat] += delta;
-            var.set(&Tensor::from_vec(v, var.shape(), var.device()).unwrap())
-                .unwrap();
-        };
-        set(eps);
-        let up = loss();
-        set(-eps);
-        let down = loss();
-        set(0.0);
-        let numeric = (up - down) / (2.0 * eps);
-        let err = (analytic - numeric).abs() / numeric.abs().max(analytic.abs()).max(1e-8);
-        assert!(err < 1e-5, "{name}[{flat}]: autograd {analytic:e} vs finite difference {numeric:e} (rel err {err:e})");
+        assert_finite_difference(var, flat, analytic, &loss, name);
     }
 }
 

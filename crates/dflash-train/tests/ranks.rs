@@ -15,13 +15,10 @@ use dflash_train::trainer::{read_metrics, train, train_rank, TrainOptions, Train
 
 /// Eight sequences (so that an epoch spans two steps of four rows), one held out.
 fn data(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let td = tiny_target_dir(name);
-    let data = tmp(&format!("{name}-data"));
     let seqs: Vec<Sequence> = (0..9)
         .map(|i| sequence(50 + i, 4, 12 + i as usize))
         .collect();
-    write_data(&data, &td, &seqs);
-    (td, data)
+    tiny_data(name, &seqs)
 }
 
 fn config() -> TrainConfig {

@@ -10,11 +10,8 @@ use dflash_train::trainer::{read_metrics, train, TrainOptions};
 /// A tiny target and a data directory of four sequences (seeds `first..first+4`, prompt 4,
 /// response `resp`) written by it.
 fn four_sequences(name: &str, first: u32, resp: usize) -> (std::path::PathBuf, std::path::PathBuf) {
-    let td = tiny_target_dir(name);
-    let data = tmp(&format!("{name}-data"));
     let seqs: Vec<Sequence> = (0..4).map(|i| sequence(first + i, 4, resp)).collect();
-    write_data(&data, &td, &seqs);
-    (td, data)
+    tiny_data(name, &seqs)
 }
 
 /// The loss of every step of a run.
