@@ -128,6 +128,68 @@ fn adamw(dev: &Device) -> Result<Vec<Tensor>> {
         .collect()
 }
 
+/// The gated delta rule's recurrence at the Qwen3.6-27B layer shape (16 key / 48 value heads
+/// of 128) with a smaller one whose value heads are not a multiple of the kernel's 32-column
+/// tile: a tree verify keeping every row's state, and a 96-row chain keeping the last (a
+/// prefill). `[o, states]` per case, on the CPU.
+fn gdn(dev: &Device) -> Result<Vec<Tensor>> {
+    use crate::ops::gdn_recurrence::{gdn_recurrence, RecurrenceDims};
+    let mut out = Vec::new();
+    for (dims, seed) in [
+        (
+            RecurrenceDims {
+                hk: 16,
+                hv: 48,
+                dk: 128,
+                dv: 128,
+            },
+            20u64,
+        ),
+        (
+            RecurrenceDims {
+                hk: 2,
+                hv: 6,
+                dk: 24,
+                dv: 40,
+            },
+            30,
+        ),
+    ] {
+        let tree = vec![
+            None,
+            Some(0),
+            Some(0),
+            Some(1),
+            Some(3),
+            Some(2),
+            Some(4),
+            Some(4),
+        ];
+        let chain: Vec<Option<usize>> = (0..96).map(|i: usize| i.checked_sub(1)).collect();
+        for (parents, keep) in [(tree, true), (chain, false)] {
+            let n = parents.len();
+            let (kd, vd) = (dims.hk * dims.dk, dims.hv * dims.dv);
+            // q, k of unit scale (L2-normalised in the model), v, β in (0, 1), g < 0
+            let qk = (fill(&[n, 2 * kd], seed, 1.0)? / (dims.dk as f64).sqrt())?;
+            let v = fill(&[n, vd], seed + 1, 1.0)?;
+            let beta = ((fill(&[n, dims.hv], seed + 2, 1.0)? + 1.0)? * 0.5)?;
+            let g = ((fill(&[n, dims.hv], seed + 3, 1.0)? - 1.5)? * 0.3)?;
+            let rows = Tensor::cat(&[&qk, &v, &beta, &g], 1)?;
+            let init = fill(&[dims.state_len()], seed + 4, 0.5)?;
+            let (o, st) = gdn_recurrence(
+                &rows.to_device(dev)?,
+                &init.to_device(dev)?,
+                &parents,
+                dims,
+                keep,
+            )?;
+            out.push(o.to_device(&Device::Cpu)?);
+            out.push(st.to_device(&Device::Cpu)?);
+        }
+    }
+    Ok(out)
+}
+
 /// Compare `dev` (f32 and bf16) with the CPU (f32). Tolerances: 1e-4 relative in f32, 3e-2
 /// in bf16 (inputs and outputs rounded to 8 bits of mantissa).
 pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
@@ -197,6 +259,24 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             tolerance: 1e-6,
         });
     }
+    // the linear-attention recurrence (f32 state): every output and kept state
+    let names = [
+        "gdn 27B-shape tree o",
+        "gdn 27B-shape tree states",
+        "gdn 27B-shape chain o",
+        "gdn 27B-shape chain last state",
+        "gdn small tree o",
+        "gdn small tree states",
+        "gdn small chain o",
+        "gdn small chain last state",
+    ];
+    for ((name, a), b) in names.iter().zip(&gdn(dev)?).zip(&gdn(&Device::Cpu)?) {
+        checks.push(KernelCheck {
+            name: format!("{name} (F32)"),
+            rel_err: rel_err(a, b)? as f64,
+            tolerance: 1e-5,
+        });
+    }
     Ok(checks)
 }
 
@@ -209,7 +289,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 20);
+        assert_eq!(checks.len(), 28);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -21,12 +21,19 @@
 //! `chunk_min_rows` rows) uses the chunked algorithm of transformers'
 //! `torch_chunk_gated_delta_rule` (chunk 64) and keeps only its final state.
 //!
-//! The recurrence runs on the host in f32 (one implementation for every device).
+//! **Where it runs.** On the CPU every step runs on the host in f32 (the reference). On a GPU
+//! the layer stays on the device: the conv as a gather of each row's window and one weighted
+//! sum, the norms and gates as tensor ops, the recurrence as one kernel per layer
+//! ([`crate::ops::gdn_recurrence`], whose CPU twin is the host recurrence); the states live on
+//! the device and rollback selects the kept row's state there (no host round trip). A prefill
+//! on the GPU runs the recurrent kernel over its rows (keeping only the last state) where the
+//! host runs the chunked algorithm: equal up to rounding.
 
 use crate::layers::linear::Linear;
+use crate::ops::gdn_recurrence::{gdn_recurrence, recurrence_host, RecurrenceDims};
 use anyhow::{bail, Result};
 use candle_core::Module;
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor, D};
 
 use crate::io::weights::TensorStore;
 use crate::layers::mlp::load_linear;
@@ -47,45 +54,67 @@ impl GdnDims {
     fn state_len(&self) -> usize {
         self.hv * self.dk * self.dv
     }
+    fn recurrence(&self) -> RecurrenceDims {
+        RecurrenceDims {
+            hk: self.hk,
+            hv: self.hv,
+            dk: self.dk,
+            dv: self.dv,
+        }
+    }
 }
 
-/// The committed state of one layer: conv inputs of the last K-1 rows (oldest first) and S.
+/// The committed state of one layer, f32 on the layer's device: conv inputs of the last K-1
+/// rows `[K-1, C]` (oldest first) and S `[Hv·dk·dv]`.
 #[derive(Debug, Clone)]
 pub struct GdnState {
-    pub conv: Vec<f32>,
-    pub rec: Vec<f32>,
+    pub conv: Tensor,
+    pub rec: Tensor,
 }
 
-/// The last forward's rows, kept for rollback.
+/// The last forward's rows, kept for rollback (on the layer's device).
 #[derive(Debug, Clone)]
 pub struct GdnRows {
-    pub inputs: Vec<f32>,
+    /// The conv inputs of the rows, `[n, C]`.
+    pub inputs: Tensor,
     pub parents: Vec<Option<usize>>,
-    /// State after each row (recurrent path), or only after the last (chunked path).
-    pub states: Vec<Vec<f32>>,
+    /// State after each row `[n, S]` (recurrent path), or only after the last `[1, S]`.
+    pub states: Tensor,
     pub per_row: bool,
 }
 
 #[derive(Debug, Clone)]
 pub struct GdnCache {
     pub dims: GdnDims,
-    pub committed: GdnState,
+    device: Device,
+    /// `None` until the first forward: the empty state (zeros).
+    committed: Option<GdnState>,
     pub last: Option<GdnRows>,
     /// False until the first forward (a prefill from the empty state).
     pub started: bool,
 }
 
 impl GdnCache {
-    pub fn new(dims: GdnDims) -> Self {
+    pub fn new(dims: GdnDims, device: &Device) -> Self {
         Self {
             dims,
-            committed: GdnState {
-                conv: vec![0.0; (dims.kernel - 1) * dims.conv_dim()],
-                rec: vec![0.0; dims.state_len()],
-            },
+            device: device.clone(),
+            committed: None,
             last: None,
             started: false,
         }
+    }
+
+    /// The committed state (zeros before the first forward).
+    pub fn committed(&mut self) -> Result<GdnState> {
+        if self.committed.is_none() {
+            let d = self.dims;
+            self.committed = Some(GdnState {
+                conv: Tensor::zeros((d.kernel - 1, d.conv_dim()), DType::F32, &self.device)?,
+                rec: Tensor::zeros(d.state_len(), DType::F32, &self.device)?,
+            });
+        }
+        Ok(self.committed.clone().expect("set above"))
     }
 
     /// Rows appended by the last forward that are not settled yet.
@@ -113,18 +142,24 @@ impl GdnCache {
         }
         let end = *path.last().unwrap();
         let rec = if rows.per_row {
-            rows.states[end].clone()
+            rows.states.get(end)?
         } else if end + 1 == rows.parents.len() {
-            rows.states.last().unwrap().clone()
+            rows.states.get(0)?
         } else {
             bail!("linear-attention state: cannot roll back into a chunked (prefill) forward");
         };
-        let c = self.dims.conv_dim();
-        let mut window: Vec<&[f32]> = self.committed.conv.chunks(c).collect();
-        window.extend(path.iter().map(|&r| &rows.inputs[r * c..(r + 1) * c]));
+        // the conv window: the committed inputs, then the path's, the last K-1 of them
         let k1 = self.dims.kernel - 1;
-        let conv: Vec<f32> = window[window.len() - k1..].concat();
-        self.committed = GdnState { conv, rec };
+        let tail: Vec<u32> = path[path.len().saturating_sub(k1)..]
+            .iter()
+            .map(|&r| r as u32)
+            .collect();
+        let picked = rows
+            .inputs
+            .index_select(&Tensor::new(tail, rows.inputs.device())?, 0)?;
+        let window = Tensor::cat(&[&self.committed()?.conv, &picked], 0)?;
+        let conv = window.narrow(0, window.dim(0)? - k1, k1)?.contiguous()?;
+        self.committed = Some(GdnState { conv, rec });
         Ok(())
     }
 
@@ -166,6 +201,17 @@ pub struct GatedDeltaNet {
     norm: Vec<f32>,
     eps: f32,
     pub dims: GdnDims,
+    /// The same weights as f32 tensors on the layer's device (the device path): the conv
+    /// `[K, C]` (tap-major), `-exp(A_log)`, `dt_bias`, the norm weight.
+    dev_w: DeviceWeights,
+}
+
+#[derive(Debug, Clone)]
+struct DeviceWeights {
+    conv: Tensor,
+    neg_a: Tensor,
+    dt_bias: Tensor,
+    norm: Tensor,
 }
 
 fn host(t: &Tensor) -> Result<Vec<f32>> {
@@ -192,6 +238,20 @@ impl GatedDeltaNet {
     ) -> Result<Self> {
         let c = dims.conv_dim();
         let vd = dims.hv * dims.dv;
+        let f32_of = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            Ok(store
+                .get(&format!("{p}.{name}"), shape)?
+                .to_dtype(DType::F32)?)
+        };
+        let dev_w = DeviceWeights {
+            conv: f32_of("conv1d.weight", &[c, 1, dims.kernel])?
+                .reshape((c, dims.kernel))?
+                .t()?
+                .contiguous()?,
+            neg_a: f32_of("A_log", &[dims.hv])?.exp()?.neg()?,
+            dt_bias: f32_of("dt_bias", &[dims.hv])?,
+            norm: f32_of("norm.weight", &[dims.dv])?,
+        };
         Ok(Self {
             in_proj_qkv: load_linear(store, &format!("{p}.in_proj_qkv"), c, hidden, false)?,
             in_proj_z: load_linear(store, &format!("{p}.in_proj_z"), vd, hidden, false)?,
@@ -204,11 +264,44 @@ impl GatedDeltaNet {
             norm: host(&store.get(&format!("{p}.norm.weight"), &[dims.dv])?)?,
             eps: eps as f32,
             dims,
+            dev_w,
         })
     }
 
     /// `x`: `[1, n, hidden]`; `parents[i]`: the parent row of new row i (see the module doc).
+    /// On the CPU the host path, elsewhere the device path.
     pub fn forward(
+        &self,
+        x: &Tensor,
+        parents: &[Option<usize>],
+        cache: &mut GdnCache,
+        chunk_min_rows: usize,
+    ) -> Result<Tensor> {
+        if x.device().is_cpu() {
+            self.forward_host(x, parents, cache, chunk_min_rows)
+        } else {
+            self.forward_device(x, parents, cache, chunk_min_rows)
+        }
+    }
+
+    /// Whether this forward runs the recurrence keeping every row's state: everything but a
+    /// prefill (the first forward, a chain of ≥ `chunk_min_rows` rows), which keeps the last.
+    fn keeps_every_state(
+        parents: &[Option<usize>],
+        cache: &mut GdnCache,
+        chunk_min_rows: usize,
+    ) -> bool {
+        let is_chain = parents
+            .iter()
+            .enumerate()
+            .all(|(i, p)| *p == i.checked_sub(1));
+        let fresh = !cache.started;
+        cache.started = true;
+        !(is_chain && fresh && parents.len() >= chunk_min_rows)
+    }
+
+    /// The host path: every step in f32 on the host (the reference).
+    pub fn forward_host(
         &self,
         x: &Tensor,
         parents: &[Option<usize>],
@@ -218,6 +311,9 @@ impl GatedDeltaNet {
         cache.settle_all()?;
         let d = self.dims;
         let (n, c, k1) = (parents.len(), d.conv_dim(), d.kernel - 1);
+        let state = cache.committed()?;
+        let committed_conv = host(&state.conv)?;
+        let committed_rec = host(&state.rec)?;
         let mixed = host(&self.in_proj_qkv.forward(x)?)?; // n × C
         let z = host(&self.in_proj_z.forward(x)?)?; // n × Hv·dv
         let b = host(&self.in_proj_b.forward(x)?)?; // n × Hv
@@ -242,7 +338,7 @@ impl GatedDeltaNet {
                         continue;
                     }
                     let r = k1 - 1 - old;
-                    &cache.committed.conv[r * c..(r + 1) * c]
+                    &committed_conv[r * c..(r + 1) * c]
                 };
                 for ch in 0..c {
                     conv_out[i * c + ch] += self.conv[ch * d.kernel + slot] * src[ch];
@@ -282,18 +378,19 @@ impl GatedDeltaNet {
         // 3. the recurrence
         // the chunked algorithm keeps no per-row states: only for a prefill (a chain from the
         // empty state), which is never rolled back; verifies and trees run the recurrence
-        let is_chain = parents
-            .iter()
-            .enumerate()
-            .all(|(i, p)| *p == i.checked_sub(1));
-        let fresh = !cache.started;
-        cache.started = true;
-        let (out, states, per_row) = if is_chain && fresh && n >= chunk_min_rows {
-            let (o, s) = self.chunked(&q, &k, &v, &beta, &g, n, &cache.committed.rec);
-            (o, vec![s], false)
+        let per_row = Self::keeps_every_state(parents, cache, chunk_min_rows);
+        let (out, states) = if !per_row {
+            self.chunked(&q, &k, &v, &beta, &g, n, &committed_rec)
         } else {
-            let (o, s) = self.recurrent(&q, &k, &v, &beta, &g, parents, &cache.committed.rec);
-            (o, s, true)
+            let mut rows = Vec::with_capacity(n * d.recurrence().row_len());
+            for i in 0..n {
+                rows.extend_from_slice(&q[i * kd..(i + 1) * kd]);
+                rows.extend_from_slice(&k[i * kd..(i + 1) * kd]);
+                rows.extend_from_slice(&v[i * vd..(i + 1) * vd]);
+                rows.extend_from_slice(&beta[i * d.hv..(i + 1) * d.hv]);
+                rows.extend_from_slice(&g[i * d.hv..(i + 1) * d.hv]);
+            }
+            recurrence_host(d.recurrence(), &rows, &committed_rec, parents, true)
         };
         // 4. gated RMSNorm per (row, value head), then out_proj
         let mut normed = vec![0f32; n * vd];
@@ -308,67 +405,121 @@ impl GatedDeltaNet {
                 }
             }
         }
+        let dev = x.device();
+        let m = states.len() / d.state_len();
+        cache.last = Some(GdnRows {
+            inputs: Tensor::from_vec(mixed, (n, c), dev)?,
+            parents: parents.to_vec(),
+            states: Tensor::from_vec(states, (m, d.state_len()), dev)?,
+            per_row,
+        });
+        let t = Tensor::from_vec(normed, (1, n, vd), dev)?.to_dtype(x.dtype())?;
+        Ok(self.out_proj.forward(&t)?)
+    }
+
+    /// The device path: the same steps as tensor ops and the recurrence kernel, nothing read
+    /// back (on the CPU it runs with the kernel's CPU twin: the tests compare it with the host
+    /// path there).
+    pub fn forward_device(
+        &self,
+        x: &Tensor,
+        parents: &[Option<usize>],
+        cache: &mut GdnCache,
+        chunk_min_rows: usize,
+    ) -> Result<Tensor> {
+        cache.settle_all()?;
+        let d = self.dims;
+        let (n, c, kk) = (parents.len(), d.conv_dim(), d.kernel);
+        let (kd, vd, k1) = (d.hk * d.dk, d.hv * d.dv, kk - 1);
+        let dev = x.device();
+        let proj = |l: &Linear| -> Result<Tensor> {
+            Ok(l.forward(x)?.to_dtype(DType::F32)?.reshape((n, ()))?)
+        };
+        let mixed = proj(&self.in_proj_qkv)?; // [n, C]
+        let z = proj(&self.in_proj_z)?.reshape((n, d.hv, d.dv))?;
+        let b = proj(&self.in_proj_b)?;
+        let a = proj(&self.in_proj_a)?;
+        // 1. each row's window, gathered from [committed inputs | new rows | a zero row]: tap
+        // K-1 is the row itself, K-2 its parent, …, older taps from the committed inputs
+        let zero_row = (k1 + n) as u32;
+        let mut idx = Vec::with_capacity(n * kk);
+        for i in 0..n {
+            let mut chain = vec![i];
+            while chain.len() < kk {
+                match parents[*chain.last().unwrap()] {
+                    Some(p) => chain.push(p),
+                    None => break,
+                }
+            }
+            for tap in 0..kk {
+                let back = kk - 1 - tap;
+                idx.push(if back < chain.len() {
+                    (k1 + chain[back]) as u32
+                } else {
+                    let old = back - chain.len();
+                    if old >= k1 {
+                        zero_row
+                    } else {
+                        (k1 - 1 - old) as u32
+                    }
+                });
+            }
+        }
+        let state = cache.committed()?;
+        let buf = Tensor::cat(
+            &[
+                &state.conv,
+                &mixed,
+                &Tensor::zeros((1, c), DType::F32, dev)?,
+            ],
+            0,
+        )?;
+        let window = buf
+            .index_select(&Tensor::new(idx, dev)?, 0)?
+            .reshape((n, kk, c))?;
+        let conv = candle_nn::ops::silu(
+            &window
+                .broadcast_mul(&self.dev_w.conv.unsqueeze(0)?)?
+                .sum(1)?,
+        )?;
+        // 2. q, k L2-normalised (q scaled), v, β, g
+        let l2 = |t: Tensor| -> Result<Tensor> {
+            let t = t.reshape((n, d.hk, d.dk))?;
+            let inv = (t.sqr()?.sum_keepdim(D::Minus1)? + 1e-6)?.sqrt()?.recip()?;
+            Ok(t.broadcast_mul(&inv)?.reshape((n, kd))?)
+        };
+        let q = (l2(conv.narrow(1, 0, kd)?)? * (1.0 / (d.dk as f64).sqrt()))?;
+        let k = l2(conv.narrow(1, kd, kd)?)?;
+        let v = conv.narrow(1, 2 * kd, vd)?;
+        let beta = candle_nn::ops::sigmoid(&b)?;
+        // softplus(x) = max(x, 0) + ln(1 + e^{-|x|})
+        let x_dt = a.broadcast_add(&self.dev_w.dt_bias)?;
+        let softplus = (x_dt.relu()? + (x_dt.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
+        let g = softplus.broadcast_mul(&self.dev_w.neg_a)?;
+        let rows = Tensor::cat(&[&q, &k, &v, &beta, &g], 1)?.contiguous()?;
+        // 3. the recurrence, one kernel
+        let keep_all = Self::keeps_every_state(parents, cache, chunk_min_rows);
+        let (o, states) = gdn_recurrence(&rows, &state.rec, parents, d.recurrence(), keep_all)?;
+        // 4. gated RMSNorm per (row, value head), then out_proj
+        let o = o.reshape((n, d.hv, d.dv))?;
+        let inv = (o.sqr()?.mean_keepdim(D::Minus1)? + self.eps as f64)?
+            .sqrt()?
+            .recip()?;
+        let normed = (o.broadcast_mul(&inv)?.broadcast_mul(&self.dev_w.norm)?
+            * candle_nn::ops::silu(&z)?)?
+        .reshape((1, n, vd))?;
         cache.last = Some(GdnRows {
             inputs: mixed,
             parents: parents.to_vec(),
             states,
-            per_row,
+            per_row: keep_all,
         });
-        let t = Tensor::from_vec(normed, (1, n, vd), x.device())?.to_dtype(x.dtype())?;
-        Ok(self.out_proj.forward(&t)?)
+        Ok(self.out_proj.forward(&normed.to_dtype(x.dtype())?)?)
     }
 
     /// Key head of value head `h` (`repeat_interleave` grouping).
     fn kh(&self, h: usize) -> usize {
         h / (self.dims.hv / self.dims.hk)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn recurrent(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        beta: &[f32],
-        g: &[f32],
-        parents: &[Option<usize>],
-        init: &[f32],
-    ) -> (Vec<f32>, Vec<Vec<f32>>) {
-        let d = self.dims;
-        let (n, kd, vd) = (parents.len(), d.hk * d.dk, d.hv * d.dv);
-        let mut out = vec![0f32; n * vd];
-        let mut states: Vec<Vec<f32>> = Vec::with_capacity(n);
-        for i in 0..n {
-            let mut s = match parents[i] {
-                Some(p) => states[p].clone(),
-                None => init.to_vec(),
-            };
-            for h in 0..d.hv {
-                let kh = self.kh(h);
-                let qt = &q[i * kd + kh * d.dk..i * kd + (kh + 1) * d.dk];
-                let kt = &k[i * kd + kh * d.dk..i * kd + (kh + 1) * d.dk];
-                let vt = &v[i * vd + h * d.dv..i * vd + (h + 1) * d.dv];
-                let st = &mut s[h * d.dk * d.dv..(h + 1) * d.dk * d.dv];
-                let decay = g[i * d.hv + h].exp();
-                st.iter_mut().for_each(|x| *x *= decay);
-                let b = beta[i * d.hv + h];
-                let mut delta = vec![0f32; d.dv];
-                for (j, dl) in delta.iter_mut().enumerate() {
-                    let kv: f32 = (0..d.dk).map(|a| st[a * d.dv + j] * kt[a]).sum();
-                    *dl = (vt[j] - kv) * b;
-                }
-                for a in 0..d.dk {
-                    for j in 0..d.dv {
-                        st[a * d.dv + j] += kt[a] * delta[j];
-                    }
-                }
-                for j in 0..d.dv {
-                    out[i * vd + h * d.dv + j] = (0..d.dk).map(|a| st[a * d.dv + j] * qt[a]).sum();
-                }
-            }
-            states.push(s);
-        }
-        (out, states)
     }
 
     /// transformers' `torch_chunk_gated_delta_rule` (chunk 64), for a chain of rows.
@@ -462,5 +613,97 @@ impl GatedDeltaNet {
             }
         }
         (out, state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::compare::rel_err;
+    use std::collections::HashMap;
+
+    fn layer(dims: GdnDims, hidden: usize) -> GatedDeltaNet {
+        let (c, vd) = (dims.conv_dim(), dims.hv * dims.dv);
+        let mut seed = 1u64;
+        let mut t = |shape: &[usize], amp: f32| -> Tensor {
+            seed += 1;
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n)
+                .map(|i| ((i as f32 * 0.731 + seed as f32 * 1.37).sin()) * amp)
+                .collect();
+            Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+        };
+        let mut w = HashMap::new();
+        for (name, shape, amp) in [
+            ("in_proj_qkv.weight", vec![c, hidden], 0.3),
+            ("in_proj_z.weight", vec![vd, hidden], 0.3),
+            ("in_proj_b.weight", vec![dims.hv, hidden], 0.3),
+            ("in_proj_a.weight", vec![dims.hv, hidden], 0.3),
+            ("out_proj.weight", vec![hidden, vd], 0.3),
+            ("conv1d.weight", vec![c, 1, dims.kernel], 0.5),
+            ("A_log", vec![dims.hv], 0.5),
+            ("dt_bias", vec![dims.hv], 0.5),
+            ("norm.weight", vec![dims.dv], 1.0),
+        ] {
+            w.insert(format!("l.{name}"), t(&shape, amp));
+        }
+        let store = TensorStore::new(w, DType::F32, Device::Cpu);
+        GatedDeltaNet::load(&store, "l", hidden, dims, 1e-6).unwrap()
+    }
+
+    /// The device path (tensor ops and the recurrence op, here with its CPU twin) equals the
+    /// host path through a prefill (chunked on the host, the kernel's keep-last mode on the
+    /// device), a tree verify kept along one path, a chain verify cut short, and the next
+    /// forward from the rolled-back state.
+    #[test]
+    fn device_path_equals_host_path() {
+        let dims = GdnDims {
+            hk: 2,
+            hv: 4,
+            dk: 8,
+            dv: 12,
+            kernel: 4,
+        };
+        let hidden = 16;
+        let l = layer(dims, hidden);
+        let x = |n: usize, s: f32| -> Tensor {
+            let v: Vec<f32> = (0..n * hidden)
+                .map(|i| (i as f32 * 0.37 + s).cos())
+                .collect();
+            Tensor::from_vec(v, (1, n, hidden), &Device::Cpu).unwrap()
+        };
+        let chain = |n: usize| -> Vec<Option<usize>> { (0..n).map(|i| i.checked_sub(1)).collect() };
+        let mut ch = GdnCache::new(dims, &Device::Cpu);
+        let mut cd = GdnCache::new(dims, &Device::Cpu);
+        // (rows, their parents, the rows kept afterwards)
+        type Step = (Tensor, Vec<Option<usize>>, Option<Vec<usize>>);
+        let steps: Vec<Step> = vec![
+            (x(20, 0.1), chain(20), None),
+            (
+                x(5, 0.7),
+                vec![None, Some(0), Some(0), Some(1), Some(3)],
+                Some(vec![0, 1, 3]),
+            ),
+            (x(4, 1.3), chain(4), Some(vec![0, 1])),
+            (x(3, 2.1), chain(3), None),
+        ];
+        for (i, (xi, parents, keep)) in steps.iter().enumerate() {
+            let oh = l.forward_host(xi, parents, &mut ch, 8).unwrap();
+            let od = l.forward_device(xi, parents, &mut cd, 8).unwrap();
+            let e = rel_err(&od, &oh).unwrap();
+            assert!(e <= 1e-5, "forward {i}: rel err {e}");
+            if let Some(path) = keep {
+                ch.settle_path(path).unwrap();
+                cd.settle_path(path).unwrap();
+                let (sh, sd) = (ch.committed().unwrap(), cd.committed().unwrap());
+                let e = rel_err(&sd.rec, &sh.rec).unwrap();
+                assert!(e <= 1e-5, "state after forward {i}: rel err {e}");
+                assert_eq!(
+                    sd.conv.to_vec2::<f32>().unwrap(),
+                    sh.conv.to_vec2::<f32>().unwrap(),
+                    "conv window after forward {i}"
+                );
+            }
+        }
     }
 }

@@ -183,7 +183,7 @@ impl Target {
         let mut c = KvCache::new(self.layers.len());
         for (i, l) in self.layers.iter().enumerate() {
             if let Mixer::GatedDeltaNet(g) = &l.mixer {
-                c.set_gdn(i, GdnCache::new(g.dims));
+                c.set_gdn(i, GdnCache::new(g.dims, &self.device));
             }
         }
         c

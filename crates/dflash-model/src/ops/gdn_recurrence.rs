@@ -1,0 +1,247 @@
+//! The gated delta rule's recurrence over a forward's new rows (a chain or a tree), where the
+//! rows are: one CUDA kernel per layer on a GPU, its CPU twin ([`recurrence_host`], the
+//! host implementation every device is checked against) on the CPU.
+//!
+//! Per value head h (key head `h / (Hv / Hk)`) and row i, from its parent's state (the
+//! committed state for a row without a parent): `S ← S·exp(g); δ = (v − Sᵀk)·β; S ← S + k δᵀ;
+//! o = Sᵀq`, with S ∈ R^{dk×dv} in f32. With `keep_all` the state after every row comes back
+//! (a verify: rollback installs the accepted row's state); without, only the state after the
+//! last row (a prefill, a chain). Example: tree parents [-, 0, 0, 1]: row 3 starts from row
+//! 1's state; rows 1 and 2 both from row 0's.
+//!
+//! # Shapes
+//! - `rows` `[n, 2·Hk·dk + Hv·dv + 2·Hv]` f32: q (L2-normalised and scaled) | k | v | β | g;
+//! - `init` `[Hv·dk·dv]` f32, the committed state;
+//! - `parents` `[n]` u32, `u32::MAX` for none (a parent precedes its child);
+//! - out: `o` `[n, Hv·dv]` and the states `[n or 1, Hv·dk·dv]`.
+
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+
+use crate::ops::kernel_io::cpu_slice;
+
+/// Head counts and sizes of one linear-attention layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecurrenceDims {
+    pub hk: usize,
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+impl RecurrenceDims {
+    pub fn state_len(&self) -> usize {
+        self.hv * self.dk * self.dv
+    }
+    /// Values per packed row.
+    pub fn row_len(&self) -> usize {
+        2 * self.hk * self.dk + self.hv * self.dv + 2 * self.hv
+    }
+}
+
+/// No parent (the row starts from the committed state).
+pub const NO_PARENT: u32 = u32::MAX;
+
+/// The recurrence over `rows` (see the module doc): `(o [n, Hv·dv], states [n or 1, S])`.
+pub fn gdn_recurrence(
+    rows: &Tensor,
+    init: &Tensor,
+    parents: &[Option<usize>],
+    dims: RecurrenceDims,
+    keep_all: bool,
+) -> Result<(Tensor, Tensor)> {
+    let n = parents.len();
+    if rows.dims2()? != (n, dims.row_len()) || init.elem_count() != dims.state_len() {
+        candle_core::bail!(
+            "gdn recurrence: rows {:?} / state {:?} do not fit {n} rows of {dims:?}",
+            rows.dims(),
+            init.dims()
+        );
+    }
+    if !keep_all
+        && parents
+            .iter()
+            .enumerate()
+            .any(|(i, p)| *p != i.checked_sub(1))
+    {
+        candle_core::bail!("gdn recurrence: only a chain may keep just its last state");
+    }
+    let p: Vec<u32> = parents
+        .iter()
+        .map(|p| p.map_or(NO_PARENT, |x| x as u32))
+        .collect();
+    let p = Tensor::from_vec(p, n, rows.device())?;
+    let out = rows.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(
+        &init.to_dtype(DType::F32)?.flatten_all()?.contiguous()?,
+        &p,
+        &Recurrence { dims, keep_all },
+    )?;
+    let vd = dims.hv * dims.dv;
+    let m = if keep_all { n } else { 1 };
+    let o = out.narrow(0, 0, n * vd)?.reshape((n, vd))?;
+    let s = out
+        .narrow(0, n * vd, m * dims.state_len())?
+        .reshape((m, dims.state_len()))?;
+    Ok((o, s))
+}
+
+/// The CPU twin: the recurrence as the host computes it, in f32, `(o, states)` flat.
+pub fn recurrence_host(
+    d: RecurrenceDims,
+    rows: &[f32],
+    init: &[f32],
+    parents: &[Option<usize>],
+    keep_all: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let (n, kd, vd, w, sl) = (
+        parents.len(),
+        d.hk * d.dk,
+        d.hv * d.dv,
+        d.row_len(),
+        d.state_len(),
+    );
+    let group = d.hv / d.hk;
+    let mut out = vec![0f32; n * vd];
+    let mut states: Vec<Vec<f32>> = Vec::with_capacity(n);
+    let mut delta = vec![0f32; d.dv];
+    for i in 0..n {
+        let r = &rows[i * w..(i + 1) * w];
+        let (q, k, v) = (&r[..kd], &r[kd..2 * kd], &r[2 * kd..2 * kd + vd]);
+        let (beta, g) = (
+            &r[2 * kd + vd..2 * kd + vd + d.hv],
+            &r[2 * kd + vd + d.hv..],
+        );
+        let mut s = match parents[i] {
+            Some(p) => states[p].clone(),
+            None => init.to_vec(),
+        };
+        for h in 0..d.hv {
+            let kh = h / group;
+            let qt = &q[kh * d.dk..(kh + 1) * d.dk];
+            let kt = &k[kh * d.dk..(kh + 1) * d.dk];
+            let vt = &v[h * d.dv..(h + 1) * d.dv];
+            let st = &mut s[h * d.dk * d.dv..(h + 1) * d.dk * d.dv];
+            let decay = g[h].exp();
+            st.iter_mut().for_each(|x| *x *= decay);
+            for (j, dl) in delta.iter_mut().enumerate() {
+                let kv: f32 = (0..d.dk).map(|a| st[a * d.dv + j] * kt[a]).sum();
+                *dl = (vt[j] - kv) * beta[h];
+            }
+            for a in 0..d.dk {
+                for j in 0..d.dv {
+                    st[a * d.dv + j] += kt[a] * delta[j];
+                }
+            }
+            for j in 0..d.dv {
+                out[i * vd + h * d.dv + j] = (0..d.dk).map(|a| st[a * d.dv + j] * qt[a]).sum();
+            }
+        }
+        states.push(s);
+    }
+    let states = if keep_all {
+        states.concat()
+    } else {
+        states.pop().unwrap_or_else(|| init.to_vec())
+    };
+    debug_assert_eq!(states.len() % sl.max(1), 0);
+    (out, states)
+}
+
+struct Recurrence {
+    dims: RecurrenceDims,
+    keep_all: bool,
+}
+
+impl Recurrence {
+    fn out_len(&self, n: usize) -> usize {
+        let d = self.dims;
+        n * d.hv * d.dv + if self.keep_all { n } else { 1 } * d.state_len()
+    }
+}
+
+impl CustomOp3 for Recurrence {
+    fn name(&self) -> &'static str {
+        "gdn-recurrence"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let rows = cpu_slice::<f32>(s1, l1, "gdn rows")?;
+        let init = cpu_slice::<f32>(s2, l2, "gdn state")?;
+        let parents: Vec<Option<usize>> = cpu_slice::<u32>(s3, l3, "gdn parents")?
+            .iter()
+            .map(|&p| (p != NO_PARENT).then_some(p as usize))
+            .collect();
+        let n = parents.len();
+        let (mut o, s) = recurrence_host(self.dims, rows, init, &parents, self.keep_all);
+        o.extend(s);
+        Ok((CpuStorage::F32(o), Shape::from(self.out_len(n))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::ptx::{alloc, launch, view};
+        use candle_core::backend::BackendStorage;
+        use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+        let d = self.dims;
+        let n = l3.shape().elem_count();
+        let dev = s1.device().clone();
+        let rows = view::<f32>(s1, l1, "gdn rows")?;
+        let init = view::<f32>(s2, l2, "gdn state")?;
+        let parents = view::<u32>(s3, l3, "gdn parents")?;
+        let out = alloc::<f32>(&dev, self.out_len(n))?;
+        // one block per (value head, 32 value columns); 4 × 32 threads; the state tile
+        // [dk, 32] in shared memory with q and k
+        const BV: usize = 32;
+        if d.dk > 256 {
+            candle_core::bail!("gdn recurrence kernel: dk <= 256 expected, got {d:?}");
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (d.hv as u32, d.dv.div_ceil(BV) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: ((d.dk * BV + 2 * d.dk + 4 * BV + 2 * BV) * 4) as u32,
+        };
+        let (ni, hk, hv, dk, dv, keep) = (
+            n as i32,
+            d.hk as i32,
+            d.hv as i32,
+            d.dk as i32,
+            d.dv as i32,
+            self.keep_all as i32,
+        );
+        launch!(
+            dev,
+            "gdn_recurrence",
+            DType::F32,
+            cfg,
+            rows,
+            init,
+            parents,
+            out,
+            ni,
+            hk,
+            hv,
+            dk,
+            dv,
+            keep
+        );
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev),
+            Shape::from(self.out_len(n)),
+        ))
+    }
+}
