@@ -49,22 +49,7 @@ fn block(
     ctx: &[u32],
     anchor_tok: u32,
 ) -> (Tensor, Tensor, Vec<SelectorStep>) {
-    let taps = ctx_taps(t, d, ctx);
-    let mut cache = d.new_cache();
-    let (h, l) = d
-        .draft_rows(
-            t,
-            None,
-            &mut cache,
-            &taps.unsqueeze(0).unwrap(),
-            BlockAt {
-                token: anchor_tok,
-                anchor: ctx.len(),
-                block: d.block_size,
-                positions: d.block_size - 1,
-            },
-        )
-        .unwrap();
+    let (h, l) = fresh_block(t, d, ctx, anchor_tok, d.block_size);
     let steps = d
         .selector
         .as_ref()

@@ -178,3 +178,29 @@ pub fn replay_zlab_generation(
     assert_eq!(got_acc, want_acc, "{name}: acceptance lengths differ");
     (prompt, out, want_acc)
 }
+
+/// One draft block on a fresh draft cache over the context `ctx` (its taps from one prefill):
+/// the normed hidden rows and the logits of rows 1 … block − 1.
+pub fn fresh_block(
+    t: &Target,
+    d: &Drafter,
+    ctx: &[u32],
+    anchor_tok: u32,
+    block: usize,
+) -> (candle_core::Tensor, candle_core::Tensor) {
+    let taps = prefill_taps(t, &d.target_layer_ids, ctx);
+    let mut cache = d.new_cache();
+    d.draft_rows(
+        t,
+        None,
+        &mut cache,
+        &taps.unsqueeze(0).unwrap(),
+        dflash_model::models::drafter::BlockAt {
+            token: anchor_tok,
+            anchor: ctx.len(),
+            block,
+            positions: block - 1,
+        },
+    )
+    .unwrap()
+}

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Tensor, Var};
 use dflash_core::config::Dflash2Params;
-use dflash_model::models::drafter::{BlockAt, Drafter};
+use dflash_model::models::drafter::Drafter;
 use dflash_model::models::drafter_init::{drafter_config, random_weights, DrafterShape};
 use dflash_testkit::*;
 use dflash_train::config::{LossKind, TrainConfig};
@@ -166,22 +166,7 @@ fn training_scores_are_the_walk_scores() {
     let sel = d.selector.as_ref().unwrap();
     let t = &lt.target;
     let ctx: Vec<u32> = tiny_prompt();
-    let taps = prefill_taps(t, &d.target_layer_ids, &ctx);
-    let mut cache = d.new_cache();
-    let (h, l) = d
-        .draft_rows(
-            t,
-            None,
-            &mut cache,
-            &taps.unsqueeze(0).unwrap(),
-            BlockAt {
-                token: 7,
-                anchor: ctx.len(),
-                block: 4,
-                positions: 3,
-            },
-        )
-        .unwrap();
+    let (h, l) = fresh_block(t, d, &ctx, 7, 4);
     let steps = sel.steps(&h, &l, 7, |j| j).unwrap();
     // position 2, after each candidate of position 1
     let p = 2;

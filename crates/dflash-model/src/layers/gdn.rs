@@ -214,6 +214,19 @@ struct DeviceWeights {
     norm: Tensor,
 }
 
+/// Row `i`, its parent, its grandparent, … (at most `k` rows): the new rows of its conv window,
+/// newest first. Example: parents [-, 0, 0, 1], i = 3, k = 4 → [3, 1, 0].
+fn ancestors(parents: &[Option<usize>], i: usize, k: usize) -> Vec<usize> {
+    let mut chain = vec![i];
+    while chain.len() < k {
+        match parents[*chain.last().unwrap()] {
+            Some(p) => chain.push(p),
+            None => break,
+        }
+    }
+    chain
+}
+
 fn host(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
@@ -321,13 +334,7 @@ impl GatedDeltaNet {
         // 1. causal depthwise conv along each row's ancestor chain, SiLU
         let mut conv_out = vec![0f32; n * c];
         for i in 0..n {
-            let mut chain = vec![i];
-            while chain.len() < d.kernel {
-                match parents[*chain.last().unwrap()] {
-                    Some(p) => chain.push(p),
-                    None => break,
-                }
-            }
+            let chain = ancestors(parents, i, d.kernel);
             // window slot K-1 is the row itself, K-2 its parent, …; older slots from the committed conv
             for (back, slot) in (0..d.kernel).rev().enumerate() {
                 let src: &[f32] = if back < chain.len() {
@@ -444,13 +451,7 @@ impl GatedDeltaNet {
         let zero_row = (k1 + n) as u32;
         let mut idx = Vec::with_capacity(n * kk);
         for i in 0..n {
-            let mut chain = vec![i];
-            while chain.len() < kk {
-                match parents[*chain.last().unwrap()] {
-                    Some(p) => chain.push(p),
-                    None => break,
-                }
-            }
+            let chain = ancestors(parents, i, kk);
             for tap in 0..kk {
                 let back = kk - 1 - tap;
                 idx.push(if back < chain.len() {
