@@ -190,6 +190,60 @@ fn gdn(dev: &Device) -> Result<Vec<Tensor>> {
     Ok(out)
 }
 
+/// A Gated DeltaNet layer's prep and gated norm at the Qwen3.6-27B layer shape: a tree of 8 rows
+/// over 3 committed conv inputs (K = 4). `[rows, normed]`, on the CPU.
+fn gdn_prep_and_norm(dev: &Device) -> Result<Vec<Tensor>> {
+    use crate::ops::gdn_prep::{gated_norm, gdn_prep, window_index};
+    use crate::ops::gdn_recurrence::RecurrenceDims;
+    let d = RecurrenceDims {
+        hk: 16,
+        hv: 48,
+        dk: 128,
+        dv: 128,
+    };
+    let kk = 4;
+    let parents = [
+        None,
+        Some(0),
+        Some(0),
+        Some(1),
+        Some(3),
+        Some(2),
+        Some(4),
+        Some(4),
+    ];
+    let n = parents.len();
+    let c = 2 * d.hk * d.dk + d.hv * d.dv;
+    let buf = Tensor::cat(
+        &[
+            fill(&[kk - 1 + n, c], 40, 1.0)?,
+            Tensor::zeros((1, c), DType::F32, &Device::Cpu)?,
+        ],
+        0,
+    )?;
+    let ba = fill(&[n, 2 * d.hv], 41, 3.0)?;
+    let idx = Tensor::from_vec(window_index(&parents, kk), (n, kk), &Device::Cpu)?;
+    let consts = Tensor::cat(
+        &[
+            fill(&[kk * c], 42, 0.5)?,
+            fill(&[d.hv], 43, 1.0)?,
+            (fill(&[d.hv], 44, 1.0)?.exp()?.neg())?,
+        ],
+        0,
+    )?;
+    let on = |t: &Tensor| t.to_device(dev);
+    let rows = gdn_prep(&on(&buf)?, &on(&ba)?, &on(&idx)?, &on(&consts)?, d, kk)?;
+    let vd = d.hv * d.dv;
+    let o = fill(&[n, vd], 45, 1.0)?;
+    let z = fill(&[n, vd], 46, 2.0)?;
+    let w = fill(&[d.dv], 47, 1.0)?;
+    let normed = gated_norm(&on(&o)?, &on(&z)?, &on(&w)?, 1e-6)?;
+    [rows, normed]
+        .into_iter()
+        .map(|t| t.to_device(&Device::Cpu))
+        .collect()
+}
+
 /// Compare `dev` (f32 and bf16) with the CPU (f32). Tolerances: 1e-4 relative in f32, 3e-2
 /// in bf16 (inputs and outputs rounded to 8 bits of mantissa).
 pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
@@ -270,7 +324,15 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         "gdn small chain o",
         "gdn small chain last state",
     ];
-    for ((name, a), b) in names.iter().zip(&gdn(dev)?).zip(&gdn(&Device::Cpu)?) {
+    let mut got = gdn(dev)?;
+    got.extend(gdn_prep_and_norm(dev)?);
+    let mut want = gdn(&Device::Cpu)?;
+    want.extend(gdn_prep_and_norm(&Device::Cpu)?);
+    let names = names.iter().chain(&[
+        "gdn prep (27B shape, tree windows)",
+        "gdn gated norm (27B shape)",
+    ]);
+    for ((name, a), b) in names.zip(&got).zip(&want) {
         checks.push(KernelCheck {
             name: format!("{name} (F32)"),
             rel_err: rel_err(a, b)? as f64,
@@ -289,7 +351,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 28);
+        assert_eq!(checks.len(), 30);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -67,3 +67,17 @@ pub fn alloc<T: CudaDType + DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<Cu
     // SAFETY: every kernel here writes each of its output's values.
     unsafe { dev.alloc::<T>(n) }
 }
+
+/// `f` with the contiguous device data of a tensor an op holds (a layer's constants), not one
+/// of its inputs. Example: the Gated DeltaNet prep reads the layer's conv weight this way.
+pub fn with_held_view<R>(
+    t: &candle_core::Tensor,
+    what: &str,
+    f: impl FnOnce(CudaView<'_, f32>) -> Result<R>,
+) -> Result<R> {
+    let (s, l) = t.storage_and_layout();
+    let candle_core::Storage::Cuda(s) = &*s else {
+        candle_core::bail!("{what}: not on the GPU");
+    };
+    f(view::<f32>(s, l, what)?)
+}

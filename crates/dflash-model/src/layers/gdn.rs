@@ -30,10 +30,11 @@
 //! host runs the chunked algorithm: equal up to rounding.
 
 use crate::layers::linear::Linear;
+use crate::ops::gdn_prep::{gated_norm, gated_norm_host, gdn_prep, prep_host, window_index};
 use crate::ops::gdn_recurrence::{gdn_recurrence, recurrence_host, RecurrenceDims};
 use anyhow::{bail, Result};
 use candle_core::Module;
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 
 use crate::io::weights::TensorStore;
 use crate::layers::mlp::load_linear;
@@ -195,52 +196,18 @@ pub struct GatedDeltaNet {
     in_proj_b: Linear,
     in_proj_a: Linear,
     out_proj: Linear,
-    conv: Vec<f32>, // [conv_dim, K]
-    a_log: Vec<f32>,
-    dt_bias: Vec<f32>,
     norm: Vec<f32>,
     eps: f32,
     pub dims: GdnDims,
-    /// The same weights as f32 tensors on the layer's device (the device path): the conv
-    /// `[K, C]` (tap-major), `-exp(A_log)`, `dt_bias`, the norm weight.
-    dev_w: DeviceWeights,
-}
-
-#[derive(Debug, Clone)]
-struct DeviceWeights {
-    conv: Tensor,
-    neg_a: Tensor,
-    dt_bias: Tensor,
-    norm: Tensor,
-}
-
-/// Row `i`, its parent, its grandparent, … (at most `k` rows): the new rows of its conv window,
-/// newest first. Example: parents [-, 0, 0, 1], i = 3, k = 4 → [3, 1, 0].
-fn ancestors(parents: &[Option<usize>], i: usize, k: usize) -> Vec<usize> {
-    let mut chain = vec![i];
-    while chain.len() < k {
-        match parents[*chain.last().unwrap()] {
-            Some(p) => chain.push(p),
-            None => break,
-        }
-    }
-    chain
+    /// The prep's constants as one f32 tensor on the layer's device (`[K·C + 2·Hv]`: the conv
+    /// tap-major, `dt_bias`, `−exp(A_log)`; [`crate::ops::gdn_prep`]) and the norm weight.
+    consts: Tensor,
+    norm_w: Tensor,
 }
 
 fn host(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 {
-        x
-    } else {
-        x.exp().ln_1p()
-    }
-}
-
 impl GatedDeltaNet {
     pub fn load(
         store: &TensorStore,
@@ -256,28 +223,30 @@ impl GatedDeltaNet {
                 .get(&format!("{p}.{name}"), shape)?
                 .to_dtype(DType::F32)?)
         };
-        let dev_w = DeviceWeights {
-            conv: f32_of("conv1d.weight", &[c, 1, dims.kernel])?
-                .reshape((c, dims.kernel))?
-                .t()?
-                .contiguous()?,
-            neg_a: f32_of("A_log", &[dims.hv])?.exp()?.neg()?,
-            dt_bias: f32_of("dt_bias", &[dims.hv])?,
-            norm: f32_of("norm.weight", &[dims.dv])?,
-        };
+        let consts = Tensor::cat(
+            &[
+                f32_of("conv1d.weight", &[c, 1, dims.kernel])?
+                    .reshape((c, dims.kernel))?
+                    .t()?
+                    .flatten_all()?,
+                f32_of("dt_bias", &[dims.hv])?,
+                f32_of("A_log", &[dims.hv])?.exp()?.neg()?,
+            ],
+            0,
+        )?
+        .contiguous()?;
+        let norm_w = f32_of("norm.weight", &[dims.dv])?;
         Ok(Self {
             in_proj_qkv: load_linear(store, &format!("{p}.in_proj_qkv"), c, hidden, false)?,
             in_proj_z: load_linear(store, &format!("{p}.in_proj_z"), vd, hidden, false)?,
             in_proj_b: load_linear(store, &format!("{p}.in_proj_b"), dims.hv, hidden, false)?,
             in_proj_a: load_linear(store, &format!("{p}.in_proj_a"), dims.hv, hidden, false)?,
             out_proj: load_linear(store, &format!("{p}.out_proj"), hidden, vd, false)?,
-            conv: host(&store.get(&format!("{p}.conv1d.weight"), &[c, 1, dims.kernel])?)?,
-            a_log: host(&store.get(&format!("{p}.A_log"), &[dims.hv])?)?,
-            dt_bias: host(&store.get(&format!("{p}.dt_bias"), &[dims.hv])?)?,
             norm: host(&store.get(&format!("{p}.norm.weight"), &[dims.dv])?)?,
             eps: eps as f32,
             dims,
-            dev_w,
+            consts,
+            norm_w,
         })
     }
 
@@ -323,7 +292,7 @@ impl GatedDeltaNet {
     ) -> Result<Tensor> {
         cache.settle_all()?;
         let d = self.dims;
-        let (n, c, k1) = (parents.len(), d.conv_dim(), d.kernel - 1);
+        let (n, c) = (parents.len(), d.conv_dim());
         let state = cache.committed()?;
         let committed_conv = host(&state.conv)?;
         let committed_rec = host(&state.rec)?;
@@ -331,87 +300,46 @@ impl GatedDeltaNet {
         let z = host(&self.in_proj_z.forward(x)?)?; // n × Hv·dv
         let b = host(&self.in_proj_b.forward(x)?)?; // n × Hv
         let a = host(&self.in_proj_a.forward(x)?)?;
-        // 1. causal depthwise conv along each row's ancestor chain, SiLU
-        let mut conv_out = vec![0f32; n * c];
-        for i in 0..n {
-            let chain = ancestors(parents, i, d.kernel);
-            // window slot K-1 is the row itself, K-2 its parent, …; older slots from the committed conv
-            for (back, slot) in (0..d.kernel).rev().enumerate() {
-                let src: &[f32] = if back < chain.len() {
-                    &mixed[chain[back] * c..(chain[back] + 1) * c]
-                } else {
-                    let old = back - chain.len(); // 0 = newest committed input
-                    if old >= k1 {
-                        continue;
-                    }
-                    let r = k1 - 1 - old;
-                    &committed_conv[r * c..(r + 1) * c]
-                };
-                for ch in 0..c {
-                    conv_out[i * c + ch] += self.conv[ch * d.kernel + slot] * src[ch];
-                }
-            }
-            for v in &mut conv_out[i * c..(i + 1) * c] {
-                *v = silu(*v);
-            }
-        }
-        // 2. q, k (L2-normalised, q scaled), v, β, g
+        // 1-2. the conv over each row's window + SiLU, q and k normalised (q scaled), v, β, g
         let (kd, vd) = (d.hk * d.dk, d.hv * d.dv);
-        let mut q = vec![0f32; n * kd];
-        let mut k = vec![0f32; n * kd];
-        let mut v = vec![0f32; n * vd];
-        for i in 0..n {
-            let row = &conv_out[i * c..(i + 1) * c];
-            for h in 0..d.hk {
-                for (dst, off) in [(&mut q, 0usize), (&mut k, kd)] {
-                    let src = &row[off + h * d.dk..off + (h + 1) * d.dk];
-                    let inv = 1.0 / (src.iter().map(|x| x * x).sum::<f32>() + 1e-6).sqrt();
-                    let scale = if off == 0 {
-                        inv / (d.dk as f32).sqrt()
-                    } else {
-                        inv
-                    };
-                    for (j, x) in src.iter().enumerate() {
-                        dst[i * kd + h * d.dk + j] = x * scale;
-                    }
-                }
-            }
-            v[i * vd..(i + 1) * vd].copy_from_slice(&row[2 * kd..]);
-        }
-        let beta: Vec<f32> = b.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
-        let g: Vec<f32> = (0..n * d.hv)
-            .map(|j| -self.a_log[j % d.hv].exp() * softplus(a[j] + self.dt_bias[j % d.hv]))
+        let mut buf = committed_conv;
+        buf.extend_from_slice(&mixed);
+        buf.extend(std::iter::repeat_n(0f32, c));
+        let ba: Vec<f32> = (0..n)
+            .flat_map(|i| {
+                b[i * d.hv..(i + 1) * d.hv]
+                    .iter()
+                    .chain(&a[i * d.hv..(i + 1) * d.hv])
+                    .copied()
+            })
             .collect();
+        let rows = prep_host(
+            d.recurrence(),
+            d.kernel,
+            &buf,
+            &ba,
+            &window_index(parents, d.kernel),
+            &host(&self.consts)?,
+        );
         // 3. the recurrence
         // the chunked algorithm keeps no per-row states: only for a prefill (a chain from the
         // empty state), which is never rolled back; verifies and trees run the recurrence
         let per_row = Self::keeps_every_state(parents, cache, chunk_min_rows);
         let (out, states) = if !per_row {
+            let w = d.recurrence().row_len();
+            let col = |from: usize, len: usize| -> Vec<f32> {
+                rows.chunks(w)
+                    .flat_map(|r| r[from..from + len].iter().copied())
+                    .collect()
+            };
+            let (q, k, v) = (col(0, kd), col(kd, kd), col(2 * kd, vd));
+            let (beta, g) = (col(2 * kd + vd, d.hv), col(2 * kd + vd + d.hv, d.hv));
             self.chunked(&q, &k, &v, &beta, &g, n, &committed_rec)
         } else {
-            let mut rows = Vec::with_capacity(n * d.recurrence().row_len());
-            for i in 0..n {
-                rows.extend_from_slice(&q[i * kd..(i + 1) * kd]);
-                rows.extend_from_slice(&k[i * kd..(i + 1) * kd]);
-                rows.extend_from_slice(&v[i * vd..(i + 1) * vd]);
-                rows.extend_from_slice(&beta[i * d.hv..(i + 1) * d.hv]);
-                rows.extend_from_slice(&g[i * d.hv..(i + 1) * d.hv]);
-            }
             recurrence_host(d.recurrence(), &rows, &committed_rec, parents, true)
         };
         // 4. gated RMSNorm per (row, value head), then out_proj
-        let mut normed = vec![0f32; n * vd];
-        for i in 0..n {
-            for h in 0..d.hv {
-                let base = i * vd + h * d.dv;
-                let o = &out[base..base + d.dv];
-                let inv =
-                    1.0 / (o.iter().map(|x| x * x).sum::<f32>() / d.dv as f32 + self.eps).sqrt();
-                for j in 0..d.dv {
-                    normed[base + j] = self.norm[j] * (o[j] * inv) * silu(z[base + j]);
-                }
-            }
-        }
+        let normed = gated_norm_host(&out, &z, &self.norm, self.eps);
         let dev = x.device();
         let m = states.len() / d.state_len();
         cache.last = Some(GdnRows {
@@ -437,35 +365,19 @@ impl GatedDeltaNet {
         cache.settle_all()?;
         let d = self.dims;
         let (n, c, kk) = (parents.len(), d.conv_dim(), d.kernel);
-        let (kd, vd, k1) = (d.hk * d.dk, d.hv * d.dv, kk - 1);
+        let vd = d.hv * d.dv;
         let dev = x.device();
         let proj = |l: &Linear| -> Result<Tensor> {
             Ok(l.forward(x)?.to_dtype(DType::F32)?.reshape((n, ()))?)
         };
+        let p = tracing::info_span!(target: "phase", "gdn in-projections").entered();
         let mixed = proj(&self.in_proj_qkv)?; // [n, C]
-        let z = proj(&self.in_proj_z)?.reshape((n, d.hv, d.dv))?;
-        let b = proj(&self.in_proj_b)?;
-        let a = proj(&self.in_proj_a)?;
-        // 1. each row's window, gathered from [committed inputs | new rows | a zero row]: tap
-        // K-1 is the row itself, K-2 its parent, …, older taps from the committed inputs
-        let zero_row = (k1 + n) as u32;
-        let mut idx = Vec::with_capacity(n * kk);
-        for i in 0..n {
-            let chain = ancestors(parents, i, kk);
-            for tap in 0..kk {
-                let back = kk - 1 - tap;
-                idx.push(if back < chain.len() {
-                    (k1 + chain[back]) as u32
-                } else {
-                    let old = back - chain.len();
-                    if old >= k1 {
-                        zero_row
-                    } else {
-                        (k1 - 1 - old) as u32
-                    }
-                });
-            }
-        }
+        let z = proj(&self.in_proj_z)?;
+        let ba = Tensor::cat(&[proj(&self.in_proj_b)?, proj(&self.in_proj_a)?], 1)?;
+        drop(p);
+        let p = tracing::info_span!(target: "phase", "gdn prep").entered();
+        // 1-2. one kernel: the conv over each row's window [committed | new rows | zero], SiLU,
+        // q and k normalised, β and g, packed as the recurrence's rows
         let state = cache.committed()?;
         let buf = Tensor::cat(
             &[
@@ -475,40 +387,17 @@ impl GatedDeltaNet {
             ],
             0,
         )?;
-        let window = buf
-            .index_select(&Tensor::new(idx, dev)?, 0)?
-            .reshape((n, kk, c))?;
-        let conv = candle_nn::ops::silu(
-            &window
-                .broadcast_mul(&self.dev_w.conv.unsqueeze(0)?)?
-                .sum(1)?,
-        )?;
-        // 2. q, k L2-normalised (q scaled), v, β, g
-        let l2 = |t: Tensor| -> Result<Tensor> {
-            let t = t.reshape((n, d.hk, d.dk))?;
-            let inv = (t.sqr()?.sum_keepdim(D::Minus1)? + 1e-6)?.sqrt()?.recip()?;
-            Ok(t.broadcast_mul(&inv)?.reshape((n, kd))?)
-        };
-        let q = (l2(conv.narrow(1, 0, kd)?)? * (1.0 / (d.dk as f64).sqrt()))?;
-        let k = l2(conv.narrow(1, kd, kd)?)?;
-        let v = conv.narrow(1, 2 * kd, vd)?;
-        let beta = candle_nn::ops::sigmoid(&b)?;
-        // softplus(x) = max(x, 0) + ln(1 + e^{-|x|})
-        let x_dt = a.broadcast_add(&self.dev_w.dt_bias)?;
-        let softplus = (x_dt.relu()? + (x_dt.abs()?.neg()?.exp()? + 1.0)?.log()?)?;
-        let g = softplus.broadcast_mul(&self.dev_w.neg_a)?;
-        let rows = Tensor::cat(&[&q, &k, &v, &beta, &g], 1)?.contiguous()?;
+        let idx = Tensor::from_vec(window_index(parents, kk), (n, kk), dev)?;
+        let rows = gdn_prep(&buf, &ba, &idx, &self.consts, d.recurrence(), kk)?;
+        drop(p);
         // 3. the recurrence, one kernel
+        let p = tracing::info_span!(target: "phase", "gdn recurrence").entered();
         let keep_all = Self::keeps_every_state(parents, cache, chunk_min_rows);
         let (o, states) = gdn_recurrence(&rows, &state.rec, parents, d.recurrence(), keep_all)?;
-        // 4. gated RMSNorm per (row, value head), then out_proj
-        let o = o.reshape((n, d.hv, d.dv))?;
-        let inv = (o.sqr()?.mean_keepdim(D::Minus1)? + self.eps as f64)?
-            .sqrt()?
-            .recip()?;
-        let normed = (o.broadcast_mul(&inv)?.broadcast_mul(&self.dev_w.norm)?
-            * candle_nn::ops::silu(&z)?)?
-        .reshape((1, n, vd))?;
+        drop(p);
+        // 4. gated RMSNorm per (row, value head), one kernel, then out_proj
+        let _p = tracing::info_span!(target: "phase", "gdn norm + out-projection").entered();
+        let normed = gated_norm(&o, &z, &self.norm_w, self.eps)?.reshape((1, n, vd))?;
         cache.last = Some(GdnRows {
             inputs: mixed,
             parents: parents.to_vec(),
