@@ -7,7 +7,7 @@ without: `python3 bench/fla_gap.py OUT fla` / `python3 bench/fla_gap.py OUT fall
 Both build the same seeded random tiny Qwen3.5 (dims fla's kernels accept), run a 64-token
 prefill (chunked path) in f32 and bf16, and write OUT/<mode>.safetensors (logits, taps as f32);
 the fallback run also writes the model to OUT/model for dflash-rs to run
-(`cargo run --release -p dflash-model --example dump_forward`), and OUT/ids.json.
+(`dflash-rs check forward --target OUT/model --ids OUT/ids.json --out OURS.safetensors --dtype f32|bf16`), and OUT/ids.json.
 """
 import json
 import sys

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Compare the outputs of bench/fla_gap.py (fla and torch fallback, on the GPU) with dflash-rs
-(`dump_forward`, CPU): max |Δ| / max |ref| of logits and of each tap, per dtype.
+(`dflash-rs check forward`, CPU): max |Δ| / max |ref| of logits and of each tap, per dtype.
 Usage: python3 bench/fla_gap_compare.py FLA_GAP_DIR OURS_F32.safetensors OURS_BF16.safetensors"""
 import sys
 

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use crate::args::DeviceArgs;
-use crate::timing::{copy_bandwidth, time};
+use crate::timing::{copy_bandwidth, read_bandwidth, time};
 
 use anyhow::{Context, Result};
 use candle_core::DType;
@@ -195,11 +195,16 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         Ok(())
     };
     let verify = |cache: &mut dflash_model::KvCache, tree: &DraftTree| forward(cache, tree, false);
+    // with DFLASH_PROFILE set: the time per phase of the AR steps and of the chain verifies
+    // (the device synchronised at every phase edge: for attribution, the times above are not)
+    let _ = dflash_model::profile::report();
     let t_ar = time(&dev, a.repeats, || {
         verify(&mut cache, &DraftTree::chain(1, &[]))
     })?;
+    dflash_model::profile::print_report("AR step");
     let chain = DraftTree::chain(1, &vec![2u32; a.block_size - 1]);
     let t_chain = time(&dev, a.repeats, || verify(&mut cache, &chain))?;
+    dflash_model::profile::print_report("chain verify");
     let t_chain_rows = time(&dev, a.repeats, || forward(&mut cache, &chain, true))?;
     let last_row = ctx_feats.narrow(1, n - 1, 1)?;
     // a draft block and what the round reads from it: 0 the chain's argmax per row, 1 DDTree-32's
@@ -258,14 +263,15 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         }
         g
     };
-    // the floor: weight bytes at the measured copy bandwidth
-    let bw = copy_bandwidth(&dev)?;
+    // the floor: weight bytes at the measured read bandwidth (the copy's beside it)
+    let bw = read_bandwidth(&dev)?;
+    let copy_bw = copy_bandwidth(&dev)?;
     let params = cfg.forward_weight_params();
     let floor = params as f64 * dtype.size_in_bytes() as f64 / bw;
 
     println!(
-        "random {}-shaped target on {} ({}), {}-row cache, median of {}; {:.2} B parameters, floor {:.3} ms per forward ({:.0} GB/s copy bandwidth)\n",
-        a.model.shape, a.model.run_on.device, a.model.run_on.dtype, n, a.repeats, params as f64 / 1e9, floor * 1e3, bw / 1e9
+        "random {}-shaped target on {} ({}), {}-row cache, median of {}; {:.2} B parameters, read floor {:.3} ms per forward ({:.0} GB/s read bandwidth; a copy moves {:.0} GB/s counting read + write)\n",
+        a.model.shape, a.model.run_on.device, a.model.run_on.dtype, n, a.repeats, params as f64 / 1e9, floor * 1e3, bw / 1e9, copy_bw / 1e9
     );
     println!("Verifies read back what the decoding loop reads at T = 0: one arg-max per row, picked on the device.\n");
     println!("| forward | rows | ms | × floor |\n|---|---|---|---|");

@@ -9,6 +9,7 @@ mod check_cmd;
 mod cli_doc;
 mod drafter_cmd;
 mod eval_cmd;
+mod forward_cmd;
 mod generate;
 mod launch;
 mod timing;
@@ -68,6 +69,9 @@ enum CheckCommand {
     /// Compare a device (CUDA) against the CPU: kernels, logits, taps, AR, DFlash/DDTree
     /// losslessness, CUDA graphs.
     Device(check_cmd::DeviceCheckArgs),
+    /// One prefill's logits and taps of a model directory written to safetensors, to compare
+    /// with another stack (transformers, fla) on the same weights and tokens.
+    Forward(forward_cmd::ForwardArgs),
 }
 
 fn main() {
@@ -99,6 +103,7 @@ fn main() {
         Command::Bench(BenchCommand::Shape(a)) => bench_shape::run(a),
         Command::Bench(BenchCommand::Train(a)) => bench_train::run(a),
         Command::Check(CheckCommand::Device(a)) => check_cmd::run(a),
+        Command::Check(CheckCommand::Forward(a)) => forward_cmd::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -44,3 +44,22 @@ pub fn copy_bandwidth(dev: &Device) -> Result<f64> {
     })?;
     Ok(2.0 * bytes as f64 / t)
 }
+
+/// Measured read bandwidth in bytes/s: a sum of each row of a 1 GiB buffer on a GPU (128 MiB
+/// on the CPU), median of 5. The floor of a forward that reads every weight once is
+/// weight bytes ÷ this (a copy's figure also spends bandwidth on its writes).
+pub fn read_bandwidth(dev: &Device) -> Result<f64> {
+    let bytes = if dev.is_cpu() {
+        1usize << 27
+    } else {
+        1usize << 30
+    };
+    // 4,096 rows summed in parallel (one reduction over the whole buffer runs on one block)
+    let rows = 4096;
+    let src = Tensor::ones((rows, bytes / 4 / rows), DType::F32, dev)?;
+    let t = time(dev, 5, || {
+        src.sum_keepdim(1)?;
+        Ok(())
+    })?;
+    Ok(bytes as f64 / t)
+}

@@ -41,3 +41,52 @@ fn check_device_on_the_cpu_passes_every_row() {
     }
     assert!(!table.contains("FAIL"), "{table}");
 }
+
+/// `check forward` on the tiny Qwen3.5 hybrid writes transformers' logits and taps
+/// (`tests/reference/hybrid_reference.py`, its full 20-token prefill); bad ids are refused by
+/// name.
+#[test]
+fn check_forward_writes_the_logits_and_taps_transformers_computes() {
+    use dflash_testkit::{ids, json, load_ref, rel_err, tmp};
+    let dir = fixtures().join("qwen35-tiny");
+    let meta = json(&dir.join("reference.json"));
+    let work = tmp("check-forward");
+    std::fs::write(
+        work.join("ids.json"),
+        serde_json::to_string(&ids(&meta["ids"])).unwrap(),
+    )
+    .unwrap();
+    let run = |ids_file: &str| {
+        Command::new(env!("CARGO_BIN_EXE_dflash-rs"))
+            .args(["check", "forward", "--target"])
+            .arg(&dir)
+            .arg("--ids")
+            .arg(work.join(ids_file))
+            .arg("--out")
+            .arg(work.join("ours.safetensors"))
+            .output()
+            .unwrap()
+    };
+    let out = run("ids.json");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ours = load_ref(&work.join("ours.safetensors"));
+    let reference = load_ref(&dir.join("reference.safetensors"));
+    let l = rel_err(&ours["logits"], &reference["full.logits"]);
+    let t = rel_err(&ours["taps"], &reference["full.taps"]);
+    assert!(l < 1e-4 && t < 1e-4, "logits {l:.1e}, taps {t:.1e}");
+
+    std::fs::write(work.join("bad.json"), "[1, 2, 999]").unwrap();
+    let out = run("bad.json");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("token id 999 is outside the target's vocabulary (256 ids)"),
+        "{err}"
+    );
+    // the file of the first run is still there, whole
+    assert_eq!(load_ref(&work.join("ours.safetensors")).len(), 2);
+}

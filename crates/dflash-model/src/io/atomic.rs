@@ -76,13 +76,24 @@ fn sync_tree(dir: &Path) -> Result<()> {
 /// Replace the file at `path` by `bytes` atomically.
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
+    write_file_with(path, |tmp| {
+        let mut f = std::fs::File::create(tmp)?;
+        f.write_all(bytes)?;
+        Ok(())
+    })
+}
+
+/// Replace the file at `path` by the one `write` creates at the path it is given (a temporary
+/// sibling), atomically: synced, then renamed over `path`. A `write` error leaves `path` as it
+/// was and removes the temporary file.
+pub fn write_file_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let dir = parent_of(path)?;
     let tmp = dir.join(format!(".{}.tmp-{}", file_name(path)?, std::process::id()));
-    let written = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()
-    })();
+    let written = write(&tmp).and_then(|()| {
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(anyhow::Error::from)
+    });
     if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
         return Err(e).with_context(|| format!("writing {}", tmp.display()));

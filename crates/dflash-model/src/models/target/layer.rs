@@ -154,6 +154,12 @@ impl Target {
         let mut tap_out = vec![None; taps.len()];
         for (i, layer) in self.layers.iter().enumerate() {
             let hn = layer.input_layernorm.forward(&x)?;
+            // phases for DFLASH_PROFILE (a Gated DeltaNet layer records its own steps)
+            let _p = match &layer.mixer {
+                Mixer::Attention(_) => tracing::info_span!(target: "phase", "attention mixer"),
+                Mixer::GatedDeltaNet(_) => tracing::Span::none(),
+            }
+            .entered();
             let h = match &layer.mixer {
                 Mixer::Attention(a) => a.forward(
                     &hn,
@@ -170,10 +176,13 @@ impl Target {
                     g.forward(&hn, parents, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
                 }
             };
+            drop(_p);
             let x1 = (x + h)?;
+            let _p = tracing::info_span!(target: "phase", "mlp").entered();
             let m = layer
                 .mlp
                 .forward(&layer.post_attention_layernorm.forward(&x1)?)?;
+            drop(_p);
             x = (x1 + m)?;
             for (slot, _) in taps.iter().enumerate().filter(|(_, &t)| t == i) {
                 tap_out[slot] = Some(x.clone());
