@@ -20,6 +20,7 @@ Run: venv/bin/pip install torch transformers safetensors tokenizers 'dflash==0.1
      venv/bin/python tests/reference/canary_reference.py
 """
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def visibility(d, anchor, block):
     return out
 
 
-def dump(target, d, tok, out, producer, dtype):
+def dump(target, d, tok, out, producer, dtype, linear_attention=None):
     taps = list(d.target_layer_ids)
     block = d.block_size
     tensors, prompts = {}, []
@@ -93,8 +94,11 @@ def dump(target, d, tok, out, producer, dtype):
             prompts.append({"text": text, "ids": ids, "rounds": rounds})
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "canary.safetensors"))
+    # the kernel family that computed the taps (dflash_train::fingerprint::KernelFamily)
+    kernels = {"linear_attention": linear_attention,
+               "numerics": TORCH_FALLBACK if linear_attention else None, "precision": dtype}
     meta = {"format": "dflash-canary/1", "producer": producer, "block_size": block, "taps": taps,
-            "mask_token_id": d.mask_token_id, "prompts": prompts}
+            "mask_token_id": d.mask_token_id, "prompts": prompts, "kernels": kernels}
     (out / "canary.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {out} ({dtype})")
 
@@ -121,7 +125,12 @@ def hybrid_drafter(target):
     return d
 
 
+TORCH_FALLBACK = "transformers-torch-fallback"
+FALLBACK = "transformers torch_chunk_gated_delta_rule"
+
+
 def main():
+    assert importlib.util.find_spec("fla") is None, "these are the torch-fallback fixtures: run without fla"
     version = "transformers " + __import__("transformers").__version__ + ", dflash 0.1.0"
     target = AutoModelForCausalLM.from_pretrained(str(FIX / "qwen3-tiny"), dtype=torch.float32).eval()
     d = DFlashDraftModel.from_pretrained(str(FIX / "dflash-tiny" / "full"), dtype=torch.float32).eval()
@@ -133,10 +142,10 @@ def main():
     hd.save_pretrained(str(FIX / "dflash-tiny" / "hybrid"), safe_serialization=True)
     tok = Tokenizer.from_file(str(FIX / "qwen35-tiny" / "tokenizer.json"))
     dump(hybrid, hd, tok, FIX / "canary" / "qwen35-tiny-fallback-f32",
-         version + ", the torch fallback of the Gated DeltaNet layers (no fla), f32", "f32")
+         version + ", the torch fallback of the Gated DeltaNet layers (no fla), f32", "f32", FALLBACK)
     hybrid, hd = hybrid.to(torch.bfloat16), hd.to(torch.bfloat16)
     dump(hybrid, hd, tok, FIX / "canary" / "qwen35-tiny-fallback",
-         version + ", the torch fallback of the Gated DeltaNet layers (no fla), bf16", "bf16")
+         version + ", the torch fallback of the Gated DeltaNet layers (no fla), bf16", "bf16", FALLBACK)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ fn dflash_rs_against_itself_is_zero_and_against_zlab_within_the_parity_tolerance
     let ours = Canary::read(&dir).unwrap();
     let r = against(&lt, &ours, "self");
     assert!(r.ok(), "{:#?}", r.checks);
-    for c in &r.checks[2..5] {
+    for c in &r.checks[3..6] {
         assert!(c.detail.contains("0.0e0"), "{}: {}", c.name, c.detail);
     }
     // transformers + z-lab's dflash: the same prompts, ids, anchors and rule, values at f32
@@ -199,9 +199,45 @@ fn another_linear_attention_path_is_named() {
     let f32_fallback = hybrid("qwen35-tiny-fallback-f32");
     assert!(f32_fallback.ok(), "{:#?}", f32_fallback.checks);
     let r = hybrid("qwen35-tiny-fallback");
-    assert_named(&r, "canary: target taps", "another linear-attention kernel");
+    assert_named(
+        &r,
+        "canary: target taps",
+        "the same kernel numerics in another precision (bf16 there, f32 here)",
+    );
+    let check =
+        |r: &DoctorReport, name: &str| r.checks.iter().find(|c| c.name == name).cloned().unwrap();
+    let k = check(&r, "canary: kernel family");
+    assert!(
+        !k.failed() && k.detail.contains("another precision"),
+        "{k:?}"
+    );
     // the round inputs are their own taps, correctly sliced: only the taps are named
-    assert!(!r.checks[3].failed(), "{:#?}", r.checks);
+    assert!(
+        !check(&r, "canary: round inputs").failed(),
+        "{:#?}",
+        r.checks
+    );
+
+    // the same f32 dump, saying its taps came from fla (the seeds' training features): named
+    // before the taps (which agree here: the numbers are the fallback's)
+    let mut fla = Canary::read(&fixtures().join("canary/qwen35-tiny-fallback-f32")).unwrap();
+    let k = fla.meta.kernels.as_mut().unwrap();
+    k.linear_attention = Some("fla 0.6.0 chunk_gated_delta_rule".into());
+    k.numerics = Some("fla".into());
+    let dir = tmp("canary-fla-labelled");
+    fla.write(&dir).unwrap();
+    let r = doctor_against(
+        &lt,
+        &fixtures().join("dflash-tiny/hybrid"),
+        &dir,
+        &Tolerances::default(),
+    )
+    .unwrap();
+    assert_named(
+        &r,
+        "canary: kernel family",
+        "their taps come from linear attention fla 0.6.0 chunk_gated_delta_rule (fla numerics), f32, ours from linear attention dflash-rs host",
+    );
 }
 
 /// (6) The target loaded through another class: a causal-LM class reading the VLM wrapper's

@@ -313,7 +313,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         "the pair must be a real one: {}",
         rec["val_simulated_tau"]
     );
-    assert_eq!(ok.checks.len(), 8);
+    assert_eq!(ok.checks.len(), 9);
 
     // (a) one tapped layer's weights perturbed
     let bad_target = tmp("doc-target-perturbed");
@@ -387,6 +387,53 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         assert_eq!(c.detail.contains("none recorded"), pass, "{c:?}");
     }
 
+    // (f) the record says another kernel family computed the training features (fla's, as in
+    // the seeds' project): named, and the likely cause; the same numerics in another precision
+    // pass with a note; a record from before kernel families skips the check
+    for (name, kernels, pass, needle) in [
+        (
+            "doc-fla",
+            serde_json::json!({"linear_attention": "fla 0.6.0 chunk_gated_delta_rule",
+                               "numerics": "fla", "precision": "bf16"}),
+            false,
+            "training features came from linear attention fla 0.6.0 chunk_gated_delta_rule (fla numerics), bf16; this run computes them with no linear attention, f32",
+        ),
+        (
+            "doc-bf16",
+            serde_json::json!({"linear_attention": null, "numerics": null, "precision": "bf16"}),
+            true,
+            "no linear attention, f32; another precision (bf16 at training)",
+        ),
+        ("doc-old", serde_json::Value::Null, true, "predates"),
+    ] {
+        let dir = tmp(name);
+        for e in std::fs::read_dir(&drafter).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+        }
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("training.json")).unwrap())
+                .unwrap();
+        assert_eq!(
+            v["fingerprint"]["kernels"],
+            serde_json::json!({"linear_attention": null, "numerics": null, "precision": "f32"}),
+            "the trainer records its kernel family"
+        );
+        if kernels.is_null() {
+            v["fingerprint"].as_object_mut().unwrap().remove("kernels");
+        } else {
+            v["fingerprint"]["kernels"] = kernels;
+        }
+        std::fs::write(dir.join("training.json"), v.to_string()).unwrap();
+        let r = run_doctor(&target, &dir, None);
+        let c = r.checks.iter().find(|c| c.name == "kernel family").unwrap();
+        assert_eq!(!c.failed(), pass, "{name}: {c:?}");
+        assert!(c.detail.contains(needle), "{name}: {c:?}");
+        if !pass {
+            assert!(r.likely_cause.unwrap().starts_with("kernel family"));
+        }
+    }
+
     // (e) the same drafter without its training record, as a z-lab checkpoint comes: the
     // checks that read the record are skipped with a note, and the consistent pair passes
     let bare = tmp("doc-bare");
@@ -404,6 +451,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         "training record",
         "target identity",
         "tap ids",
+        "kernel family",
         "tap statistics",
         "simulated vs measured τ",
     ] {

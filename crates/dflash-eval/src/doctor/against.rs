@@ -86,6 +86,7 @@ pub fn against(
     // their prompts, ids and anchors (a round that counted the anchor's own row still sits at
     // its anchor)
     let ours = capture(lt, d, &PromptAt::of(theirs))?;
+    checks.push(kernels_check(theirs, &ours));
     checks.push(taps_check(lt, theirs, &ours, tol)?);
     checks.push(round_inputs_check(theirs, &ours, tol)?);
     let inputs_agree = !checks.iter().any(Check::failed);
@@ -95,6 +96,44 @@ pub fn against(
         theirs, &ours, tol,
     )?);
     Ok(checks)
+}
+
+/// The kernel family that computed their taps against ours: other numerics (fla's chunked
+/// kernels vs transformers' torch fallback, which dflash-rs reproduces) fail by name; another
+/// precision is named and left to the taps check.
+fn kernels_check(theirs: &Canary, ours: &Canary) -> Check {
+    const NAME: &str = "canary: kernel family";
+    let (Some(t), Some(o)) = (&theirs.meta.kernels, &ours.meta.kernels) else {
+        return Check::skipped(NAME, "their dump does not say what computed its taps");
+    };
+    if t.numerics != o.numerics {
+        return Check::new(
+            NAME,
+            false,
+            format!(
+                "their taps come from {}, ours from {}: a drafter trained on one and evaluated on the other sees other hidden states (the seeds' failure); compare like with like",
+                t.describe(),
+                o.describe()
+            ),
+        );
+    }
+    let precision = if t.precision == o.precision {
+        String::new()
+    } else {
+        format!(
+            " (another precision: {} there, {} here)",
+            t.precision, o.precision
+        )
+    };
+    Check::new(
+        NAME,
+        true,
+        format!(
+            "theirs: {}; ours: {}{precision}",
+            t.describe(),
+            o.describe()
+        ),
+    )
 }
 
 /// The target's taps: the largest deviation per tapped layer; a divergent layer is explained
@@ -152,9 +191,15 @@ fn taps_check(
         (Some((s, n)), _) => format!(
             "their tap of layer {bad} equals dflash-rs's output of layer {n} (shifted by {s}): hidden_states[i] for hidden_states[i+1]? (tap = output of layer i = hidden_states[i+1])"
         ),
-        (None, Some(g)) => format!(
-            "taps of layer {bad} differ by {dev:.1e} std, with linear-attention layers from layer {g} on: another linear-attention kernel (fla vs a torch fallback)?"
-        ),
+        (None, Some(g)) => match (&theirs.meta.kernels, &ours.meta.kernels) {
+            (Some(t), Some(o)) if t.numerics == o.numerics && t.precision != o.precision => format!(
+                "taps of layer {bad} differ by {dev:.1e} std, with linear-attention layers from layer {g} on: the same kernel numerics in another precision ({} there, {} here): run the doctor in {}",
+                t.precision, o.precision, t.precision
+            ),
+            _ => format!(
+                "taps of layer {bad} differ by {dev:.1e} std, with linear-attention layers from layer {g} on: another linear-attention kernel (fla vs a torch fallback)?"
+            ),
+        },
         (None, None) if dev > 0.1 && bad == theirs.meta.taps[0] => format!(
             "taps differ from the first tapped layer ({bad}) on by {dev:.1e} std: other weights — the checkpoint loaded through another class (a VLM wrapper's model.language_model. prefix?) or another model"
         ),

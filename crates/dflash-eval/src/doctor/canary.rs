@@ -2,7 +2,9 @@
 //! written by `dflash-rs doctor --canary OUT` and read back by `doctor --against DIR`.
 //!
 //! Layout (format `dflash-canary/1`), a directory of two files:
-//! - `canary.json`: `{format, producer, block_size, taps, mask_token_id, prompts}`; `taps` are
+//! - `canary.json`: `{format, producer, block_size, taps, mask_token_id, prompts, kernels}`;
+//!   `kernels` (optional) names what computed the taps (`dflash_train::fingerprint::KernelFamily`:
+//!   `{linear_attention, numerics, precision}`, e.g. fla's chunked kernels in bf16); `taps` are
 //!   layer outputs (tap i = output of layer i = transformers' `hidden_states[i+1]`); each prompt
 //!   is `{text, ids, rounds}` and each round one draft block at an anchor:
 //!   `{anchor, anchor_token, context_rows, block_positions, visibility, drafts}` where
@@ -37,6 +39,7 @@ use dflash_model::io::loader::LoadedTarget;
 use dflash_model::models::drafter::{BlockAt, Drafter};
 use dflash_model::models::target::Rows;
 use dflash_model::Target;
+use dflash_train::fingerprint::{kernel_family, KernelFamily};
 use serde::{Deserialize, Serialize};
 
 pub const FORMAT: &str = "dflash-canary/1";
@@ -82,6 +85,9 @@ pub struct CanaryMeta {
     pub taps: Vec<usize>,
     pub mask_token_id: u32,
     pub prompts: Vec<CanaryPrompt>,
+    /// The kernel family that computed the taps (absent in dumps from before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<KernelFamily>,
 }
 
 /// A canary dump in memory: the JSON part and the tensors (f32, on the CPU).
@@ -243,6 +249,7 @@ pub fn capture(lt: &LoadedTarget, d: &Drafter, prompts: &[PromptAt]) -> Result<C
             taps: d.target_layer_ids.clone(),
             mask_token_id: d.mask_token_id,
             prompts: metas,
+            kernels: Some(kernel_family(&lt.target)),
         },
         tensors,
     })

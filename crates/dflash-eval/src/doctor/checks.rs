@@ -131,7 +131,59 @@ pub(super) fn tap_ids(s: &Subject) -> Check {
     )
 }
 
-/// Check 6: The taps' statistics on the canary prompts with the current engine, device and dtype
+/// Check 6: The kernel family and precision that computed the training features against the
+/// ones computing them now (the seeds' failure: fla's kernels in training, transformers' torch
+/// fallback in evaluation). Another numerics family fails by name; another implementation of
+/// the same numerics (dflash-rs's CUDA kernels vs its host path) or another precision is named
+/// and left to the tap statistics to judge.
+pub(super) fn kernel_family(s: &Subject) -> Check {
+    const NAME: &str = "kernel family";
+    let Some(r) = &s.record else {
+        return Check::skipped(NAME, NO_RECORD);
+    };
+    let Some(then) = &r.fingerprint.kernels else {
+        return Check::skipped(
+            NAME,
+            "the training record predates recorded kernel families; the tap statistics still compare the hidden states",
+        );
+    };
+    let now = dflash_train::fingerprint::kernel_family(&s.lt.target);
+    if then.numerics != now.numerics {
+        return Check::new(
+            NAME,
+            false,
+            format!(
+                "training features came from {}; this run computes them with {}: the drafter sees hidden states it was not trained on — evaluate with the training kernels or retrain on these",
+                then.describe(),
+                now.describe()
+            ),
+        );
+    }
+    let mut notes = Vec::new();
+    if then.linear_attention != now.linear_attention {
+        notes.push(format!(
+            "another implementation of the same numerics ({} at training)",
+            then.linear_attention.as_deref().unwrap_or("none")
+        ));
+    }
+    if then.precision != now.precision {
+        notes.push(format!(
+            "another precision ({} at training): the tap statistics use the cross-dtype tolerance",
+            then.precision
+        ));
+    }
+    Check::new(
+        NAME,
+        true,
+        if notes.is_empty() {
+            format!("{}, as at training", now.describe())
+        } else {
+            format!("{}; {}", now.describe(), notes.join("; "))
+        },
+    )
+}
+
+/// Check 7: The taps' statistics on the canary prompts with the current engine, device and dtype
 /// against the fingerprint stored at training (another kernel, dtype or loading path).
 pub(super) fn tap_statistics(s: &Subject) -> Result<Check> {
     let Some(r) = &s.record else {
@@ -165,7 +217,7 @@ pub(super) fn tap_statistics(s: &Subject) -> Result<Check> {
     ))
 }
 
-/// Check 7: The training path (many blocks in one masked forward) and the inference path (one block
+/// Check 8: The training path (many blocks in one masked forward) and the inference path (one block
 /// on the draft cache) give the same logits.
 pub(super) fn train_infer_parity(s: &Subject, d: &Drafter) -> Result<Check> {
     let ids =
@@ -179,7 +231,7 @@ pub(super) fn train_infer_parity(s: &Subject, d: &Drafter) -> Result<Check> {
     ))
 }
 
-/// Check 8: The stored simulated τ, the simulated τ now and τ measured by decoding the validation
+/// Check 9: The stored simulated τ, the simulated τ now and τ measured by decoding the validation
 /// shard agree.
 pub(super) fn simulated_vs_measured_tau(s: &Subject, d: &Drafter) -> Result<Check> {
     const NAME: &str = "simulated vs measured τ";

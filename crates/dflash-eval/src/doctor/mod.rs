@@ -4,7 +4,9 @@
 //! train/eval gap: configuration (sizes, tap ids and their convention, mask token, block
 //! size); the target's loaded and ignored tensors; the training record; the target identity
 //! and tap statistics on the canary prompts against the fingerprint stored at training
-//! (another kernel, dtype or loading path shows here); the tap ids trained with;
+//! (another kernel, dtype or loading path shows here), with the kernel family and precision
+//! that computed the training features named against the ones running now; the tap ids
+//! trained with;
 //! training-path vs inference-path logits; and the stored simulated τ against τ measured now.
 //! Each check passes, fails, or is skipped when what it needs is missing: a z-lab drafter
 //! has no training record, so the checks that read one are skipped with a note, and the
@@ -166,6 +168,7 @@ pub fn doctor(
             checks::training_record(&s),
             checks::target_identity(&s)?,
             checks::tap_ids(&s),
+            checks::kernel_family(&s),
             checks::tap_statistics(&s)?,
             checks::train_infer_parity(&s, d)?,
             checks::simulated_vs_measured_tau(&s, d)?,
