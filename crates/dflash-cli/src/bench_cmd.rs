@@ -2,7 +2,7 @@
 //! forward against its physical floor (weight bytes / measured memory bandwidth).
 
 use crate::args::DeviceArgs;
-use crate::timing::{copy_bandwidth, median, time};
+use crate::timing::{median, read_bandwidth, time};
 
 use anyhow::Result;
 use candle_core::DType;
@@ -139,10 +139,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         })?;
         rows.push((n, secs));
     }
-    let bw = copy_bandwidth(&dev)?;
+    let bw = read_bandwidth(&dev)?;
     let weight_bytes = lt.target.config.forward_weight_params() * dtype.size_in_bytes();
     let floor = weight_bytes as f64 / bw;
-    println!("\nmeasured copy bandwidth {:.1} GB/s; weights {:.1} MB in {:?} → floor {:.3} ms per forward", bw / 1e9, weight_bytes as f64 / 1e6, dtype, floor * 1e3);
+    println!("\nmeasured read bandwidth {:.1} GB/s; weights {:.1} MB in {:?} → read floor {:.3} ms per forward", bw / 1e9, weight_bytes as f64 / 1e6, dtype, floor * 1e3);
     for (n, s) in rows {
         println!(
             "one target forward, {n:>2} new row(s) on a 512-row cache: {:.3} ms ({:.1}× the floor)",

@@ -22,9 +22,10 @@
 //! `torch_chunk_gated_delta_rule` (chunk 64) and keeps only its final state.
 //!
 //! **Where it runs.** On the CPU every step runs on the host in f32 (the reference). On a GPU
-//! the layer stays on the device: the conv as a gather of each row's window and one weighted
-//! sum, the norms and gates as tensor ops, the recurrence as one kernel per layer
-//! ([`crate::ops::gdn_recurrence`], whose CPU twin is the host recurrence); the states live on
+//! the layer stays on the device, three kernels around the projections: the prep (the conv over
+//! each row's window, SiLU, q/k norms, β and g; [`crate::ops::gdn_prep`]), the recurrence
+//! ([`crate::ops::gdn_recurrence`]) and the gated norm, each with its CPU twin (the host
+//! path's own steps); the states live on
 //! the device and rollback selects the kept row's state there (no host round trip). A prefill
 //! on the GPU runs the recurrent kernel over its rows (keeping only the last state) where the
 //! host runs the chunked algorithm: equal up to rounding.
