@@ -242,9 +242,8 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         let t = time(&dev, a.repeats, || verify(&mut cache, &tree))?;
         tree_rows.push((b, tree.len(), t));
     }
-    // the same forwards' device work, eager and as one CUDA graph (GPU only; attention-only
-    // targets: a hybrid's linear-attention state is not captured)
-    let graphs = if dev.is_cpu() || target.is_hybrid() {
+    // the same forwards' device work, eager and as one CUDA graph (GPU only)
+    let graphs = if dev.is_cpu() {
         Vec::new()
     } else {
         let mut g = Vec::new();

@@ -186,14 +186,6 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                     g
                 }
             };
-            if lt.target.is_hybrid() {
-                rows.push((
-                    format!("{} with CUDA graphs ({name})", mode.name()),
-                    true,
-                    "skipped: CUDA graphs take attention-only targets".into(),
-                ));
-                continue;
-            }
             let g = generate(&lt.target, drafter, mode, &req, graphs)?;
             let same = g.new_tokens == plain.new_tokens;
             rows.push((

@@ -43,7 +43,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub compare_ar: bool,
     /// Replay the verify forwards from CUDA graphs (a fixed-shape cache of prompt +
-    /// max-new-tokens rows; attention-only targets). Also for the AR of --compare-ar.
+    /// max-new-tokens rows). Also for the AR of --compare-ar.
     #[arg(long)]
     pub cuda_graphs: bool,
     /// How drafts are accepted at T > 0: residual (a chain's drafts sampled from the

@@ -7,7 +7,7 @@ use dflash_testkit::{decode, fixtures, tmp};
 
 use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{Mode, Request};
+use dflash_engine::{generate, DecodeOptions, Mode, Request};
 use dflash_model::io::loader::load_target;
 use dflash_model::models::drafter::Drafter;
 use dflash_train::config::TrainConfig;
@@ -78,6 +78,15 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
             stop_ids: vec![],
         };
         let ar = decode(&lt.target, None, Mode::Ar, &req);
+        // the fixed-shape forwards CUDA graphs replay (on the CPU the same fixed layout and
+        // in-place input buffers, without graphs; padded tails, the linear-attention rows
+        // kept pending across the padding)
+        let fixed = DecodeOptions {
+            cuda_graphs: true,
+            ..Default::default()
+        };
+        let g = generate(&lt.target, None, Mode::Ar, &req, fixed).unwrap();
+        assert_eq!(g.new_tokens, ar.new_tokens, "AR with the fixed layout");
         for mode in [
             Mode::Chain { block: 6 },
             Mode::Chain { block: 3 },
@@ -97,6 +106,13 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
                 g.new_tokens,
                 ar.new_tokens,
                 "{} differs from AR",
+                mode.name()
+            );
+            let f = generate(&lt.target, Some(&d), mode, &req, fixed).unwrap();
+            assert_eq!(
+                f.new_tokens,
+                ar.new_tokens,
+                "{} with the fixed layout differs from AR",
                 mode.name()
             );
             accepted_some |= g.rounds.iter().any(|r| r.accepted > 0);

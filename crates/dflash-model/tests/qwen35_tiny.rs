@@ -241,21 +241,3 @@ fn tree_verify_equals_per_path_forwards_and_compacts() {
     let bad: Vec<usize> = (0..p).chain([p, p + 1, p + 3]).collect();
     assert!(c.keep_rows(&bad).is_err());
 }
-
-/// Fixed-shape forwards (what CUDA graphs replay) need rows in the cache; the linear-attention
-/// layers keep a state instead, so a hybrid target refuses them by name.
-#[test]
-fn fixed_shape_forwards_are_refused_for_a_hybrid_target() {
-    let t = hybrid(64);
-    let err = t
-        .prepare(
-            &[1, 2],
-            &[0, 1],
-            &[dflash_core::visibility::causal(0, 2)],
-            0,
-            Some(8),
-        )
-        .err()
-        .unwrap();
-    assert!(err.to_string().contains("attention-only target"), "{err}");
-}

@@ -12,7 +12,7 @@
 
 use candle_core::{Result, Tensor};
 
-use crate::layers::gdn::GdnCache;
+use crate::layers::gdn::{GdnCache, GdnRows};
 
 #[derive(Debug, Clone)]
 struct LayerKv {
@@ -240,6 +240,74 @@ impl KvCache {
         }
         self.len = len;
         self.pending = 0;
+        Ok(())
+    }
+
+    /// Drop the rows of the last forward from `len` on, as padding (a padded fixed-shape
+    /// forward's extra rows): like [`KvCache::truncate`] for attention layers, while
+    /// linear-attention layers keep the remaining rows of the last forward pending (to be
+    /// settled by the next rollback or forward) instead of settling them.
+    /// Example: a 16-row padded verify of 5 real rows at cache 40 → 45 rows, 5 pending.
+    pub fn drop_padding(&mut self, len: usize) -> Result<()> {
+        let len = self.len.min(len);
+        if self.has_gdn() {
+            let base = self.gdn_base();
+            if len < base {
+                candle_core::bail!(
+                    "padding starts at row {len}, before the last forward (row {base})"
+                );
+            }
+            for g in self.gdn.iter_mut().flatten() {
+                g.trim_pending(len - base)
+                    .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+            }
+        }
+        self.len = len;
+        self.pending = 0;
+        Ok(())
+    }
+
+    /// Settle the linear-attention layers' pending rows (they must form a chain), as the
+    /// start of a forward does; a replayed forward (a CUDA graph) runs no host code, so its
+    /// caller settles first.
+    pub fn settle_linear(&mut self) -> Result<()> {
+        for g in self.gdn.iter_mut().flatten() {
+            g.settle_all()
+                .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+        }
+        Ok(())
+    }
+
+    /// The linear-attention layers' pending rows (per layer, `None` for attention layers).
+    pub fn linear_rows(&self) -> Vec<Option<GdnRows>> {
+        self.gdn
+            .iter()
+            .map(|g| g.as_ref().and_then(|g| g.last.clone()))
+            .collect()
+    }
+
+    /// Make `rows` (from [`KvCache::linear_rows`] after a captured forward: the graph's
+    /// buffers) the pending rows again, with this replay's `parents`.
+    pub fn set_linear_rows(
+        &mut self,
+        rows: &[Option<GdnRows>],
+        parents: &[Option<usize>],
+    ) -> Result<()> {
+        for (g, r) in self.gdn.iter_mut().zip(rows) {
+            if let (Some(g), Some(r)) = (g.as_mut(), r) {
+                if r.parents.len() != parents.len() {
+                    candle_core::bail!(
+                        "linear-attention rows: {} parents for {} captured rows",
+                        parents.len(),
+                        r.parents.len()
+                    );
+                }
+                g.last = Some(GdnRows {
+                    parents: parents.to_vec(),
+                    ..r.clone()
+                });
+            }
+        }
         Ok(())
     }
 

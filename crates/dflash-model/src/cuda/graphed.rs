@@ -11,6 +11,11 @@
 //! call writes its inputs in place and replays. On the CPU there are no graphs: every call runs
 //! the fixed-layout forward on the same buffers, so the bookkeeping is tested without a GPU.
 //!
+//! Hybrid targets: the Gated DeltaNet layers read their committed state from buffers updated
+//! in place and their rows' parents and conv windows from the inputs' buffers; before a replay
+//! the host settles the last forward's rows (as the forward itself would), and after it
+//! installs the graph's per-row states as the pending rows, with this round's parents.
+//!
 //! Example: prompt 40 tokens, 64 new, cap 105 → call 1 (n = 1, cache 40) captures; call 2
 //! (cache 41) writes ids/RoPE/mask/index for row 41 into the buffers and replays. Shorter
 //! forwards are padded to one shape (`pad_to`), so a DFlash loop captures one graph, not one
@@ -23,6 +28,7 @@ use candle_core::Device;
 use dflash_core::visibility::Visibility;
 
 use crate::cuda::launch_profile::{capture, Captured, ParamCache};
+use crate::layers::gdn::GdnRows;
 use crate::models::target::{ForwardInputs, Rows, Target, TargetOutput};
 use crate::KvCache;
 
@@ -33,6 +39,9 @@ const MAX_GRAPHS: usize = 8;
 struct Slot {
     inputs: ForwardInputs,
     taps: Vec<usize>,
+    /// The linear-attention layers' pending rows after the capture (the graph's buffers),
+    /// pending again after every replay.
+    linear: Vec<Option<GdnRows>>,
     /// `None` on the CPU: the forward runs eagerly on `inputs`.
     graph: Option<(Captured, TargetOutput)>,
 }
@@ -102,7 +111,7 @@ impl GraphedForward {
                 .collect();
             let mask = dflash_core::visibility::pad_rows(mask, cache_len, self.pad_to);
             let out = self.forward(target, &tokens, &positions, &mask, cache, taps)?;
-            cache.truncate(cache_len + real)?;
+            cache.drop_padding(cache_len + real)?;
             return Ok(TargetOutput {
                 logits: out.logits.map(|l| l.narrow(0, 0, real)).transpose()?,
                 taps: out
@@ -130,12 +139,19 @@ impl GraphedForward {
             fresh.write_into(&mut slot.inputs)?;
             return match &slot.graph {
                 Some((graph, out)) => {
+                    // what the captured forward does on the host before its kernels: the
+                    // linear-attention layers settle the last forward's rows (in place)
+                    cache.settle_linear()?;
                     graph.replay()?;
                     // wait here, so that the caller's clock charges the forward to the verify
                     // (the first read of the logits would wait anyway)
                     target.embedding_table().device().synchronize()?;
-                    // what the captured forward does on the host: its rows become the cache's
+                    // and after them: its rows become the cache's (pending for the
+                    // linear-attention layers, with this round's parents)
                     cache.commit(n);
+                    if let Some(parents) = fresh.linear_parents() {
+                        cache.set_linear_rows(&slot.linear, parents)?;
+                    }
                     out.clone().one_sequence()
                 }
                 None => target
@@ -172,6 +188,7 @@ impl GraphedForward {
             Slot {
                 inputs: fresh,
                 taps: taps.to_vec(),
+                linear: cache.linear_rows(),
                 graph,
             },
         );

@@ -32,7 +32,7 @@
 
 use crate::layers::linear::Linear;
 use crate::ops::gdn_prep::{gated_norm, gated_norm_host, gdn_prep, prep_host, window_index};
-use crate::ops::gdn_recurrence::{gdn_recurrence, recurrence_host, RecurrenceDims};
+use crate::ops::gdn_recurrence::{gdn_recurrence_with, recurrence_host, RecurrenceDims, NO_PARENT};
 use anyhow::{bail, Result};
 use candle_core::Module;
 use candle_core::{DType, Device, Tensor};
@@ -67,7 +67,8 @@ impl GdnDims {
 }
 
 /// The committed state of one layer, f32 on the layer's device: conv inputs of the last K-1
-/// rows `[K-1, C]` (oldest first) and S `[Hv·dk·dv]`.
+/// rows `[K-1, C]` (oldest first) and S `[Hv·dk·dv]`. Allocated once and then updated in place,
+/// so that a captured forward (a CUDA graph) reads the current state at every replay.
 #[derive(Debug, Clone)]
 pub struct GdnState {
     pub conv: Tensor,
@@ -85,7 +86,53 @@ pub struct GdnRows {
     pub per_row: bool,
 }
 
+/// A forward's new rows as the Gated DeltaNet layers read them: each row's parent (host), and
+/// the same on the device, prepared before the forward so that a captured forward (a CUDA
+/// graph) reads them from fixed buffers: parents `[n]` u32 ([`NO_PARENT`] for none) and each
+/// row's conv window `[n, K]` u32 ([`window_index`]).
+/// Example: parents [-, 0, 0, 1], K = 4 → `parents_dev` [MAX, 0, 0, 1], row 3's window
+/// (committed row 2, new rows 0, 1, 3) = [2, 3, 4, 6].
 #[derive(Debug, Clone)]
+pub struct GdnRowsInput {
+    pub parents: Vec<Option<usize>>,
+    parents_dev: Tensor,
+    windows: Tensor,
+}
+
+impl GdnRowsInput {
+    pub fn new(parents: &[Option<usize>], kernel: usize, device: &Device) -> Result<Self> {
+        let n = parents.len();
+        let p: Vec<u32> = parents
+            .iter()
+            .map(|p| p.map_or(NO_PARENT, |x| x as u32))
+            .collect();
+        Ok(Self {
+            parents: parents.to_vec(),
+            parents_dev: Tensor::from_vec(p, n, device)?,
+            windows: Tensor::from_vec(window_index(parents, kernel), (n, kernel), device)?,
+        })
+    }
+
+    /// Copy these rows into `dst`'s buffers in place (same row count).
+    pub fn write_into(&self, dst: &mut GdnRowsInput) -> Result<()> {
+        if self.parents.len() != dst.parents.len() {
+            bail!(
+                "linear-attention rows: {} rows into buffers of {}",
+                self.parents.len(),
+                dst.parents.len()
+            );
+        }
+        dst.parents_dev.slice_set(&self.parents_dev, 0, 0)?;
+        dst.windows.slice_set(&self.windows, 0, 0)?;
+        dst.parents.clone_from(&self.parents);
+        Ok(())
+    }
+}
+
+/// Cloning copies the committed state (updated in place, so a clone must not share it); the
+/// pending rows are shared (never written in place, except a captured forward's, which its
+/// next replay overwrites).
+#[derive(Debug)]
 pub struct GdnCache {
     pub dims: GdnDims,
     device: Device,
@@ -94,6 +141,22 @@ pub struct GdnCache {
     pub last: Option<GdnRows>,
     /// False until the first forward (a prefill from the empty state).
     pub started: bool,
+}
+
+impl Clone for GdnCache {
+    fn clone(&self) -> Self {
+        let committed = self.committed.as_ref().map(|c| GdnState {
+            conv: c.conv.copy().expect("copying a linear-attention state"),
+            rec: c.rec.copy().expect("copying a linear-attention state"),
+        });
+        Self {
+            dims: self.dims,
+            device: self.device.clone(),
+            committed,
+            last: self.last.clone(),
+            started: self.started,
+        }
+    }
 }
 
 impl GdnCache {
@@ -159,9 +222,31 @@ impl GdnCache {
         let picked = rows
             .inputs
             .index_select(&Tensor::new(tail, rows.inputs.device())?, 0)?;
-        let window = Tensor::cat(&[&self.committed()?.conv, &picked], 0)?;
+        let state = self.committed()?;
+        let window = Tensor::cat(&[&state.conv, &picked], 0)?;
         let conv = window.narrow(0, window.dim(0)? - k1, k1)?.contiguous()?;
-        self.committed = Some(GdnState { conv, rec });
+        // in place: the committed state's buffers stay the ones a captured forward reads
+        state.conv.slice_set(&conv, 0, 0)?;
+        state.rec.slice_set(&rec.contiguous()?, 0, 0)?;
+        Ok(())
+    }
+
+    /// Keep only the first `keep` rows of the last forward pending (drop a padded forward's
+    /// padding rows, which no real row descends from).
+    pub fn trim_pending(&mut self, keep: usize) -> Result<()> {
+        let Some(rows) = self.last.as_mut() else {
+            return Ok(());
+        };
+        let n = rows.parents.len();
+        if keep >= n {
+            return Ok(());
+        }
+        if !rows.per_row {
+            bail!("linear-attention state: cannot trim the rows of a chunked (prefill) forward");
+        }
+        rows.parents.truncate(keep);
+        rows.inputs = rows.inputs.narrow(0, 0, keep)?;
+        rows.states = rows.states.narrow(0, 0, keep)?;
         Ok(())
     }
 
@@ -172,7 +257,7 @@ impl GdnCache {
     }
 
     /// Before a new forward: all pending rows become committed (they must form a chain).
-    fn settle_all(&mut self) -> Result<()> {
+    pub fn settle_all(&mut self) -> Result<()> {
         let n = self.pending();
         if n > 0
             && !self
@@ -256,14 +341,14 @@ impl GatedDeltaNet {
     pub fn forward(
         &self,
         x: &Tensor,
-        parents: &[Option<usize>],
+        rows: &GdnRowsInput,
         cache: &mut GdnCache,
         chunk_min_rows: usize,
     ) -> Result<Tensor> {
         if x.device().is_cpu() {
-            self.forward_host(x, parents, cache, chunk_min_rows)
+            self.forward_host(x, &rows.parents, cache, chunk_min_rows)
         } else {
-            self.forward_device(x, parents, cache, chunk_min_rows)
+            self.forward_device(x, rows, cache, chunk_min_rows)
         }
     }
 
@@ -359,11 +444,12 @@ impl GatedDeltaNet {
     pub fn forward_device(
         &self,
         x: &Tensor,
-        parents: &[Option<usize>],
+        input: &GdnRowsInput,
         cache: &mut GdnCache,
         chunk_min_rows: usize,
     ) -> Result<Tensor> {
         cache.settle_all()?;
+        let parents = &input.parents;
         let d = self.dims;
         let (n, c, kk) = (parents.len(), d.conv_dim(), d.kernel);
         let vd = d.hv * d.dv;
@@ -388,13 +474,25 @@ impl GatedDeltaNet {
             ],
             0,
         )?;
-        let idx = Tensor::from_vec(window_index(parents, kk), (n, kk), dev)?;
-        let rows = gdn_prep(&buf, &ba, &idx, &self.consts, d.recurrence(), kk)?;
+        if input.windows.dims2()? != (n, kk) {
+            bail!(
+                "linear-attention rows: windows {:?} for {n} rows of kernel {kk}",
+                input.windows.dims()
+            );
+        }
+        let rows = gdn_prep(&buf, &ba, &input.windows, &self.consts, d.recurrence(), kk)?;
         drop(p);
         // 3. the recurrence, one kernel
         let p = tracing::info_span!(target: "phase", "gdn recurrence").entered();
         let keep_all = Self::keeps_every_state(parents, cache, chunk_min_rows);
-        let (o, states) = gdn_recurrence(&rows, &state.rec, parents, d.recurrence(), keep_all)?;
+        let (o, states) = gdn_recurrence_with(
+            &rows,
+            &state.rec,
+            parents,
+            &input.parents_dev,
+            d.recurrence(),
+            keep_all,
+        )?;
         drop(p);
         // 4. gated RMSNorm per (row, value head), one kernel, then out_proj
         let _p = tracing::info_span!(target: "phase", "gdn norm + out-projection").entered();
@@ -580,7 +678,8 @@ mod tests {
         ];
         for (i, (xi, parents, keep)) in steps.iter().enumerate() {
             let oh = l.forward_host(xi, parents, &mut ch, 8).unwrap();
-            let od = l.forward_device(xi, parents, &mut cd, 8).unwrap();
+            let rows = GdnRowsInput::new(parents, l.dims.kernel, xi.device()).unwrap();
+            let od = l.forward_device(xi, &rows, &mut cd, 8).unwrap();
             let e = rel_err(&od, &oh).unwrap();
             assert!(e <= 1e-5, "forward {i}: rel err {e}");
             if let Some(path) = keep {

@@ -49,12 +49,34 @@ pub fn gdn_recurrence(
     dims: RecurrenceDims,
     keep_all: bool,
 ) -> Result<(Tensor, Tensor)> {
+    let p: Vec<u32> = parents
+        .iter()
+        .map(|p| p.map_or(NO_PARENT, |x| x as u32))
+        .collect();
+    let p = Tensor::from_vec(p, parents.len(), rows.device())?;
+    gdn_recurrence_with(rows, init, parents, &p, dims, keep_all)
+}
+
+/// [`gdn_recurrence`] with the parents already on the device (`parents_dev` `[n]` u32, the
+/// same as `parents`): what a captured forward uses, reading them from a fixed buffer.
+pub fn gdn_recurrence_with(
+    rows: &Tensor,
+    init: &Tensor,
+    parents: &[Option<usize>],
+    parents_dev: &Tensor,
+    dims: RecurrenceDims,
+    keep_all: bool,
+) -> Result<(Tensor, Tensor)> {
     let n = parents.len();
-    if rows.dims2()? != (n, dims.row_len()) || init.elem_count() != dims.state_len() {
+    if rows.dims2()? != (n, dims.row_len())
+        || init.elem_count() != dims.state_len()
+        || parents_dev.dims() != [n]
+    {
         candle_core::bail!(
-            "gdn recurrence: rows {:?} / state {:?} do not fit {n} rows of {dims:?}",
+            "gdn recurrence: rows {:?} / state {:?} / parents {:?} do not fit {n} rows of {dims:?}",
             rows.dims(),
-            init.dims()
+            init.dims(),
+            parents_dev.dims()
         );
     }
     if !keep_all
@@ -65,14 +87,9 @@ pub fn gdn_recurrence(
     {
         candle_core::bail!("gdn recurrence: only a chain may keep just its last state");
     }
-    let p: Vec<u32> = parents
-        .iter()
-        .map(|p| p.map_or(NO_PARENT, |x| x as u32))
-        .collect();
-    let p = Tensor::from_vec(p, n, rows.device())?;
     let out = rows.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(
         &init.to_dtype(DType::F32)?.flatten_all()?.contiguous()?,
-        &p,
+        parents_dev,
         &Recurrence { dims, keep_all },
     )?;
     let vd = dims.hv * dims.dv;

@@ -9,6 +9,7 @@ use dflash_core::visibility::Visibility;
 use super::{Mixer, Target};
 use crate::cpu::row_attention::{self, KeyRuns};
 use crate::layers::attention::{mask_tensor_cols, mask_tensors};
+use crate::layers::gdn::GdnRowsInput;
 use crate::layers::rope::RopeTables;
 use crate::ops::interval_softmax::RowIntervals;
 
@@ -34,8 +35,9 @@ pub struct ForwardInputs {
     /// Each row's visible keys, for [`crate::cpu::row_attention`] (f32 CPU inference of one
     /// sequence with at most [`crate::cpu::row_attention::MAX_ROWS`] rows; else `None`).
     pub(super) runs: Option<KeyRuns>,
-    /// Linear-attention parents of the new rows (hybrid targets only).
-    pub(super) parents: Vec<Option<usize>>,
+    /// The new rows as linear-attention layers read them: each row's parent and conv window
+    /// (hybrid targets only).
+    pub(super) gdn: Option<GdnRowsInput>,
     pub(super) b: usize,
     pub(super) n: usize,
     /// The cache length the mask was built for.
@@ -47,6 +49,11 @@ impl ForwardInputs {
     /// Rows per sequence.
     pub fn rows(&self) -> usize {
         self.n
+    }
+
+    /// Each new row's linear-attention parent (hybrid targets; `None` otherwise).
+    pub fn linear_parents(&self) -> Option<&[Option<usize>]> {
+        self.gdn.as_ref().map(|g| g.parents.as_slice())
     }
 
     /// Copy these fixed-layout inputs into `dst`'s device buffers, in place (the buffers a
@@ -74,6 +81,11 @@ impl ForwardInputs {
             (si, di),
         ] {
             d.slice_set(src, 0, 0)?;
+        }
+        match (&self.gdn, &mut dst.gdn) {
+            (Some(src), Some(d)) => src.write_into(d)?,
+            (None, None) => {}
+            _ => bail!("write_into: inputs of another target"),
         }
         dst.cache_len = self.cache_len;
         Ok(())
@@ -130,8 +142,7 @@ impl Target {
     /// the cache's length.
     ///
     /// `cap`: `None` appends the new rows to a growing cache ([`CacheLayout::Append`]);
-    /// `Some(cap)` is the fixed layout ([`CacheLayout::Fixed`]): one sequence of an
-    /// attention-only target, its `n` new rows at cache rows `cache_len ..` of a cache of
+    /// `Some(cap)` is the fixed layout ([`CacheLayout::Fixed`]): one sequence, its `n` new rows at cache rows `cache_len ..` of a cache of
     /// exactly `cap` rows, attention over all of them with the columns past the visibility
     /// hidden.
     /// Examples: one AR step on a 512-row cache, `cap` `None`: ids `[t]`, RoPE rows of
@@ -146,9 +157,6 @@ impl Target {
         cap: Option<usize>,
     ) -> Result<ForwardInputs> {
         if let Some(cap) = cap {
-            if self.is_hybrid() {
-                bail!("fixed-shape forwards need an attention-only target: the linear-attention layers of this hybrid target keep a state, not rows");
-            }
             if masks.len() != 1 {
                 bail!("a fixed-shape forward is for one sequence");
             }
@@ -206,10 +214,13 @@ impl Target {
             rope.cos = rope.cos.reshape((b, n, half))?;
             rope.sin = rope.sin.reshape((b, n, half))?;
         }
-        let parents = if self.is_hybrid() {
-            parents_from_mask(&masks[0], cache_len)
-        } else {
-            Vec::new()
+        let gdn = match self.gdn_kernel() {
+            Some(k) => Some(GdnRowsInput::new(
+                &parents_from_mask(&masks[0], cache_len),
+                k,
+                &self.device,
+            )?),
+            None => None,
         };
         // in the attention scores' dtype: no cast per layer (−1 kernel per layer)
         let cd = crate::layers::norm::compute_dtype(self.dtype);
@@ -245,11 +256,20 @@ impl Target {
             rope,
             mask,
             runs,
-            parents,
+            gdn,
             b,
             n,
             cache_len,
             layout,
+        })
+    }
+
+    /// The conv kernel size of the linear-attention layers (`None` for an attention-only
+    /// target).
+    fn gdn_kernel(&self) -> Option<usize> {
+        self.layers.iter().find_map(|l| match &l.mixer {
+            Mixer::GatedDeltaNet(g) => Some(g.dims.kernel),
+            Mixer::Attention(_) => None,
         })
     }
 

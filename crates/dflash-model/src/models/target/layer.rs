@@ -1,7 +1,7 @@
 //! The device side of a forward ([`Target::forward_prepared`]): the decoder layers (softmax
 //! attention or Gated DeltaNet, then the MLP), the cache writes, the taps and the logits.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{Module, Tensor};
 
 use super::inputs::{AttnMask, CacheLayout, ForwardInputs, Keys};
@@ -128,7 +128,7 @@ impl Target {
             rope,
             mask,
             runs,
-            parents,
+            gdn,
             b,
             n,
             cache_len,
@@ -173,7 +173,8 @@ impl Target {
                     i,
                 )?,
                 Mixer::GatedDeltaNet(g) => {
-                    g.forward(&hn, parents, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
+                    let rows = gdn.as_ref().context("linear-attention rows not prepared")?;
+                    g.forward(&hn, rows, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
                 }
             };
             drop(_p);
