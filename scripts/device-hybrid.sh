@@ -9,7 +9,11 @@
 #           (bench/shapes/qwen3.6-27b-8l.json: 8 layers, then bench/shapes/qwen3.6-27b.json: 64);
 #   hf      the reference on the same shapes: bench/hybrid_hf_speed.py (transformers + fla);
 #   parity  bench/gdn_parity.py: fla, transformers' torch fallback and dflash-rs (CUDA, CPU)
-#           layer by layer through a 64-layer random target at the 27B layer shape.
+#           layer by layer through a 64-layer random target at the 27B layer shape;
+#   tiny    the tiny hybrid end to end on the device: `data generate`, `train` (60 steps, f32),
+#           `doctor` (with the validation shard) and `eval` (AR, DFlash, DDTree-8, CUDA graphs);
+#   train   `dflash-rs bench train` at the Qwen3.6-27B shape (bf16, online features from the
+#           64-layer hybrid target; 256 anchors if 512 do not fit).
 # fla for the hf and parity steps: the wheels flash-linear-attention==0.6.0 and fla-core==0.6.0
 # (and dflash==0.1.0 for parity's drafter) importable, e.g. installed with
 # `pip install --no-index --no-deps --target /tmp/site *.whl` and PYTHONPATH=/tmp/site.
@@ -18,7 +22,7 @@
 #   B       the CUDA binary (target/cuda/release/dflash-rs, from scripts/cuda-build.sh)
 #   OUT     where the logs go (out/)
 #   SHAPES  the shapes to bench (default: qwen3.6-27b-8l qwen3.6-27b)
-#   STEPS   the steps to run (default: check shapes hf parity)
+#   STEPS   the steps to run (default: check shapes hf parity tiny train)
 #   WORK    scratch for parity's model (default: /tmp/gdn-parity)
 #   REPEATS the median of how many timed forwards (default 10)
 set -uo pipefail
@@ -26,7 +30,7 @@ cd "$(dirname "$0")/.."
 B=${B:-target/cuda/release/dflash-rs}
 OUT=${OUT:-out}
 SHAPES=${SHAPES:-qwen3.6-27b-8l qwen3.6-27b}
-STEPS=${STEPS:-check shapes hf parity}
+STEPS=${STEPS:-check shapes hf parity tiny train}
 WORK=${WORK:-/tmp/gdn-parity}
 REPEATS=${REPEATS:-10}
 mkdir -p "$OUT"
@@ -50,6 +54,24 @@ for step in $STEPS; do
     parity)
       python3 bench/gdn_parity.py "$WORK" "$B" --no-cpu > "$OUT/parity.md" 2> "$OUT/parity.log" \
         && cp "$WORK/gdn-parity.json" "$OUT/" || { echo "gdn_parity failed" >&2; status=1; } ;;
+    tiny)
+      T=tests/fixtures/qwen35-tiny; W=$WORK-tiny; rm -rf "$W"; mkdir -p "$W"
+      python3 -c "import json
+for i in range(8): print(json.dumps({'prompt': ' '.join('t%d' % (((i % 2) * 53 + j * 17) % 250 + 1) for j in range(5))}))" > "$W/prompts.jsonl"
+      printf '%s\n' '{"num_draft_layers": 1, "block_size": 6, "intermediate_size": 96, "mask_token_id": 255, "target_layer_ids": [1, 3], "num_anchors": 32, "lr": 0.01, "warmup_ratio": 0.0, "grad_accum": 2, "max_steps": 60, "save_every": 60, "val_every": 60, "val_sequences": 1}' > "$W/config.json"
+      { "$B" data generate --target $T --prompts "$W/prompts.jsonl" --out "$W/data" --max-new-tokens 32 --device cuda \
+        && "$B" train --target $T --data "$W/data" --out "$W/run" --config "$W/config.json" --device cuda \
+        && "$B" doctor --target $T --drafter "$W/run/best" --data "$W/data" --device cuda \
+        && "$B" eval --target $T --drafter "$W/run/best" --dataset "$W/prompts.jsonl" --modes ar,dflash,ddtree:8 \
+             --max-new-tokens 32 --out "$W/eval" --device cuda --cuda-graphs \
+        && tar -C "$W/run" -cJf "$OUT/tiny-hybrid-drafter.tar.xz" best; } > "$OUT/tiny.log" 2>&1 \
+        || { echo "tiny hybrid end to end failed" >&2; status=1; } ;;
+    train)
+      for anchors in 512 256; do
+        "$B" bench train --shape bench/shapes/qwen3.6-27b.json --device cuda --dtype bf16 --anchors $anchors \
+          --steps 3 --peak-tflops 989 --json "$OUT/train-27b.json" > "$OUT/train-27b-$anchors.txt" 2>&1 && break
+        echo "bench train at $anchors anchors failed" >&2; status=1
+      done ;;
     *) echo "unknown step $step" >&2; status=1 ;;
   esac
 done
