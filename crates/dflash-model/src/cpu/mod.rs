@@ -3,5 +3,6 @@
 
 pub mod helpers;
 pub mod panels;
+pub mod quant;
 pub mod row_attention;
 pub(crate) mod vexp;

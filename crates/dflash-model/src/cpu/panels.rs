@@ -20,6 +20,8 @@
 //! each); a 16-row verify `x` `[16, 576]` runs 96 panels × 576 steps × 16 FMAs of 16 lanes;
 //! 20 rows run as a block of 16 and a block of 4 on each panel (the panel then comes from L1/L2).
 
+use crate::cpu::quant::{QuantBlocks, Q4_1_BLOCK, Q4_1_BYTES};
+
 /// Output columns per panel: one AVX-512 vector of f32.
 pub const PANEL: usize = 16;
 
@@ -43,11 +45,23 @@ pub struct Panels {
 /// drafter shipped in bf16, loaded as f32): the kernel widens them back exactly (a bf16 is
 /// the upper 16 bits of its f32), so the products are bit-identical while the weights stream
 /// at half the bytes. Example: 0.5f32 = 0x3F00_0000 → stored 0x3F00.
+///
+/// Or a GGUF weight's Q4_1 blocks ([`crate::cpu::quant`]), per panel and per block of 32 `k`
+/// steps: the 16 columns' `d` then `m` as f16 (64 bytes), then for each of the 32 steps the
+/// 16 columns' 4-bit values in 8 bytes (byte `i`: column `i` in the low nibble, column `i + 8`
+/// in the high one): 320 bytes per 512 weights, the GGUF's 5 bits per weight. The kernel
+/// dequantizes each step's 16 values as the loader does (`q · d + m`, f32, two roundings), so
+/// the products are bit-identical to the f32 panels of the dequantized weight.
+/// Example: columns 0 and 8 of step 3 with q = 5 and 9 → byte 3 · 8 + 0 = 0x95.
 #[derive(Debug)]
 enum PanelData {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
+    Q4_1(Vec<u8>),
 }
+
+/// Bytes of one Q4_1 panel block (16 columns × 32 steps).
+const Q4_1_PANEL_BLOCK: usize = 64 + 32 * 8;
 
 impl Panels {
     /// Whether this CPU runs the kernel (AVX-512F), detected once.
@@ -99,6 +113,48 @@ impl Panels {
         Self { data, n, k }
     }
 
+    /// Re-lays a weight's Q4_1 blocks (see [`PanelData`]), panels in parallel; the padding
+    /// columns of the last panel are zeros (d = m = 0).
+    pub fn pack_q4_1(q: &QuantBlocks) -> Self {
+        use rayon::prelude::*;
+        let (n, k) = (q.n, q.k);
+        let nb = k / Q4_1_BLOCK;
+        let panel_bytes = nb * Q4_1_PANEL_BLOCK;
+        let mut data = vec![0u8; n.div_ceil(PANEL) * panel_bytes];
+        data.par_chunks_mut(panel_bytes.max(1))
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for c in 0..PANEL.min(n - p * PANEL) {
+                    let row = p * PANEL + c;
+                    for b in 0..nb {
+                        let src = &q.bytes[(row * nb + b) * Q4_1_BYTES..][..Q4_1_BYTES];
+                        let dst = &mut panel[b * Q4_1_PANEL_BLOCK..][..Q4_1_PANEL_BLOCK];
+                        dst[2 * c..2 * c + 2].copy_from_slice(&src[0..2]);
+                        dst[32 + 2 * c..32 + 2 * c + 2].copy_from_slice(&src[2..4]);
+                        for j in 0..Q4_1_BLOCK {
+                            let v = if j < 16 {
+                                src[4 + j] & 15
+                            } else {
+                                src[4 + j - 16] >> 4
+                            };
+                            let byte = &mut dst[64 + j * 8 + c % 8];
+                            *byte |= if c < 8 { v } else { v << 4 };
+                        }
+                    }
+                }
+            });
+        Self {
+            data: PanelData::Q4_1(data),
+            n,
+            k,
+        }
+    }
+
+    /// Whether the weights stream from quantized blocks.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.data, PanelData::Q4_1(_))
+    }
+
     /// Whether the weights are kept as bf16 (all of them are bf16 values).
     pub fn is_bf16(&self) -> bool {
         matches!(self.data, PanelData::Bf16(_))
@@ -122,10 +178,11 @@ impl Panels {
         match &self.data {
             PanelData::F32(d) => self.matmul_of(d, x, rows),
             PanelData::Bf16(d) => self.matmul_of(d, x, rows),
+            PanelData::Q4_1(d) => self.matmul_of(d, x, rows),
         }
     }
 
-    fn matmul_of<E: avx512::Weight>(&self, data: &[E], x: &[f32], rows: usize) -> Vec<f32> {
+    fn matmul_of<E: avx512::Stream>(&self, data: &[E], x: &[f32], rows: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         let mut y = vec![0f32; rows * n];
         let panels = n.div_ceil(PANEL);
@@ -134,7 +191,8 @@ impl Panels {
             let y = out.ptr();
             for p in range {
                 let cols = PANEL.min(n - p * PANEL);
-                let panel = &data[p * k * PANEL..][..k * PANEL];
+                let len = E::panel_len(k);
+                let panel = &data[p * len..][..len];
                 let mut r0 = 0;
                 while r0 < rows {
                     let r = BLOCK_ROWS.min(rows - r0);
@@ -186,10 +244,25 @@ impl<T> SyncPtr<T> {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod avx512 {
-    /// A panel value (the kernel exists on x86_64 only; `supported()` is false elsewhere).
-    pub trait Weight: Copy + Sync {}
-    impl Weight for f32 {}
-    impl Weight for u16 {}
+    /// A panel's values (the kernel exists on x86_64 only; `supported()` is false elsewhere).
+    pub trait Stream: Copy + Sync {
+        fn panel_len(k: usize) -> usize;
+    }
+    impl Stream for f32 {
+        fn panel_len(k: usize) -> usize {
+            k * 16
+        }
+    }
+    impl Stream for u16 {
+        fn panel_len(k: usize) -> usize {
+            k * 16
+        }
+    }
+    impl Stream for u8 {
+        fn panel_len(k: usize) -> usize {
+            k / 32 * super::Q4_1_PANEL_BLOCK
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -226,11 +299,64 @@ mod avx512 {
         }
     }
 
+    /// A panel's values as the kernel reads them: its length for `k` steps and its rows'
+    /// products ([`rows_r`] for plain values, [`rows_r_q4_1`] for Q4_1 blocks).
+    pub trait Stream: Copy + Sync {
+        fn panel_len(k: usize) -> usize;
+        /// # Safety
+        /// AVX-512F; `x` is `R × k`, `panel` [`Self::panel_len`]`(k)`, `y` writable for `R`
+        /// rows of stride `ldy` and `cols ≤ 16` columns.
+        unsafe fn rows<const R: usize>(
+            x: &[f32],
+            k: usize,
+            panel: &[Self],
+            y: *mut f32,
+            ldy: usize,
+            cols: usize,
+        );
+    }
+
+    impl<E: Weight> Stream for E {
+        fn panel_len(k: usize) -> usize {
+            k * 16
+        }
+        #[inline]
+        unsafe fn rows<const R: usize>(
+            x: &[f32],
+            k: usize,
+            panel: &[E],
+            y: *mut f32,
+            ldy: usize,
+            cols: usize,
+        ) {
+            rows_r::<E, R>(x, k, panel, y, ldy, cols)
+        }
+    }
+
+    /// Q4_1 panel bytes (see `PanelData`). `u8` is not a [`Weight`], so this is the only
+    /// `Stream` of bytes.
+    impl Stream for u8 {
+        fn panel_len(k: usize) -> usize {
+            k / 32 * super::Q4_1_PANEL_BLOCK
+        }
+        #[inline]
+        unsafe fn rows<const R: usize>(
+            x: &[f32],
+            k: usize,
+            panel: &[u8],
+            y: *mut f32,
+            ldy: usize,
+            cols: usize,
+        ) {
+            rows_r_q4_1::<R>(x, k, panel, y, ldy, cols)
+        }
+    }
+
     /// `y[r, 0..cols]` (row stride `ldy`) for the `rows ≤ 16` rows of `x` (`rows × k`) against
-    /// one panel (`k × 16`).
+    /// one panel (`k × 16` values).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn block<E: Weight>(
+    pub unsafe fn block<E: Stream>(
         x: &[f32],
         rows: usize,
         k: usize,
@@ -242,7 +368,7 @@ mod avx512 {
         macro_rules! rows_dispatch {
             ($($r:literal)*) => {
                 match rows {
-                    $($r => rows_r::<E, $r>(x, k, panel, y, ldy, cols),)*
+                    $($r => E::rows::<$r>(x, k, panel, y, ldy, cols),)*
                     _ => unreachable!("block of {rows} rows"),
                 }
             };
@@ -281,6 +407,54 @@ mod avx512 {
             _mm512_mask_storeu_ps(y.add(r * ldy), m, *a);
         }
     }
+
+    /// [`rows_r`] over a Q4_1 panel: per block of 32 steps the 16 columns' `d` and `m`
+    /// widened from f16 (exact), per step the 16 values unpacked from 8 bytes and dequantized
+    /// as `q · d + m` (a product, then a sum: the loader's two roundings), then the same
+    /// multiply-adds in the same order as the f32 panels.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows_r_q4_1<const R: usize>(
+        x: &[f32],
+        k: usize,
+        panel: &[u8],
+        y: *mut f32,
+        ldy: usize,
+        cols: usize,
+    ) {
+        const BLOCK: usize = super::Q4_1_PANEL_BLOCK;
+        debug_assert!(x.len() == R * k && panel.len() == k / 32 * BLOCK);
+        let (xp, pp) = (x.as_ptr(), panel.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); R];
+        let low = _mm_set1_epi8(0x0f);
+        for b in 0..k / 32 {
+            let base = pp.add(b * BLOCK);
+            _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(b * BLOCK + AHEAD_BYTES) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(b * BLOCK + AHEAD_BYTES + 64) as *const i8);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i));
+            let m = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(32) as *const __m256i));
+            for j in 0..32 {
+                let raw = _mm_loadl_epi64(base.add(64 + j * 8) as *const __m128i);
+                let lo = _mm_and_si128(raw, low);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), low);
+                // lanes 0..8 the low nibbles (columns 0..8), 8..16 the high ones
+                let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
+                let w = _mm512_add_ps(_mm512_mul_ps(q, d), m);
+                let kk = b * 32 + j;
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(r * k + kk)), w, *a);
+                }
+            }
+        }
+        let mask: __mmask16 = if cols >= 16 {
+            0xffff
+        } else {
+            (1u16 << cols) - 1
+        };
+        for (r, a) in acc.iter().enumerate() {
+            _mm512_mask_storeu_ps(y.add(r * ldy), mask, *a);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -307,6 +481,64 @@ mod tests {
                 (s >> 8) as f32 / 16_777_216.0 - 0.5
             })
             .collect()
+    }
+
+    /// Random Q4_1 blocks (`d` and `m` of either sign, every 4-bit value).
+    fn q4_1(n: usize, k: usize, seed: u32) -> QuantBlocks {
+        let v = values(n * k / Q4_1_BLOCK * 3, seed);
+        let mut bytes = Vec::new();
+        for (b, s) in v.chunks(3).enumerate() {
+            bytes.extend_from_slice(&half::f16::from_f32(s[0] * 0.1).to_le_bytes());
+            bytes.extend_from_slice(&half::f16::from_f32(s[1]).to_le_bytes());
+            for j in 0..16u32 {
+                let h = (b as u32)
+                    .wrapping_mul(2_654_435_761)
+                    .wrapping_add(j * 97 + seed);
+                bytes.push((h >> 7) as u8 ^ (s[2].to_bits() >> (j % 8)) as u8);
+            }
+        }
+        QuantBlocks::new(crate::cpu::quant::QuantKind::Q4_1, n, k, bytes).unwrap()
+    }
+
+    /// Q4_1 panels give the f32 panels' outputs of the dequantized weight bit for bit, for
+    /// every block of rows and a width that is not a multiple of 16; the packing puts column
+    /// 0 in the low and column 8 in the high nibble of a step's first byte (the doc's example).
+    #[test]
+    fn q4_1_panels_equal_the_f32_panels_bit_for_bit() {
+        let q = q4_1(37, 96, 3);
+        let p = Panels::pack_q4_1(&q);
+        let PanelData::Q4_1(data) = &p.data else {
+            panic!("Q4_1 panels")
+        };
+        assert_eq!(data.len(), 3 * 3 * Q4_1_PANEL_BLOCK);
+        let byte = data[64 + 3 * 8];
+        let nib = |row: usize, col: usize| {
+            let blk = &q.bytes[(row * 3 + col / 32) * Q4_1_BYTES..];
+            let j = col % 32;
+            if j < 16 {
+                blk[4 + j] & 15
+            } else {
+                blk[4 + j - 16] >> 4
+            }
+        };
+        assert_eq!(byte, nib(0, 3) | nib(8, 3) << 4);
+        if !Panels::supported() {
+            eprintln!("skipped the products: no AVX-512F on this CPU");
+            return;
+        }
+        let w: Vec<f32> = (0..q.n)
+            .flat_map(|r| (0..q.k).map(move |c| (r, c)))
+            .map(|(r, c)| q.value(r, c))
+            .collect();
+        let f = Panels::pack(&w, q.n, q.k);
+        for rows in [1usize, 2, 7, 16, 17, 33] {
+            let x = values(rows * q.k, rows as u32 + 11);
+            let (a, b) = (p.matmul(&x, rows), f.matmul(&x, rows));
+            assert!(
+                a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits()),
+                "{rows} rows differ"
+            );
+        }
     }
 
     #[test]

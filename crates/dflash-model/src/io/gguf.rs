@@ -13,6 +13,9 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::GgmlDType;
+
+use crate::cpu::quant::{QuantBlocks, QuantKind};
 use candle_core::{DType, Device, Tensor};
 use dflash_core::config::{TargetConfig, TokenIds};
 use serde_json::Map;
@@ -173,6 +176,7 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
     }
 
     let mut tensors = HashMap::new();
+    let mut quant = HashMap::new();
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     names.sort();
     for name in names {
@@ -181,14 +185,38 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
             .map_err(|e| anyhow::anyhow!("reading tensor '{name}' from {}: {e}", path.display()))?;
         let mut t = q.dequantize(&Device::Cpu)?;
         let hf = hf_name(name).unwrap_or_else(|| format!("gguf.{name}"));
+        // the row order the model uses: a llama GGUF stores q/k rows permuted
+        let mut row_heads = None;
         if model_type == "llama" {
             if hf.ends_with("self_attn.q_proj.weight") || hf.ends_with("self_attn.q_proj.bias") {
-                t = unpermute_rows(&t, heads)?;
+                row_heads = Some(heads);
             } else if hf.ends_with("self_attn.k_proj.weight")
                 || hf.ends_with("self_attn.k_proj.bias")
             {
-                t = unpermute_rows(&t, kv_heads)?;
+                row_heads = Some(kv_heads);
             }
+        }
+        if let Some(h) = row_heads {
+            t = unpermute_rows(&t, h)?;
+        }
+        // a Q4_1 weight also keeps its blocks, for the CPU panels to stream (exact)
+        if q.dtype() == GgmlDType::Q4_1 && t.rank() == 2 && dtype == DType::F32 && device.is_cpu() {
+            let (n, kdim) = t.dims2()?;
+            let blocks = QuantBlocks::new(QuantKind::Q4_1, n, kdim, q.data()?.into_owned())?;
+            let blocks = match row_heads {
+                Some(h) => {
+                    let order = Tensor::arange(0f32, n as f32, &Device::Cpu)?.reshape((n, 1))?;
+                    let from: Vec<usize> = unpermute_rows(&order, h)?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?
+                        .into_iter()
+                        .map(|r| r as usize)
+                        .collect();
+                    blocks.with_rows(&from)
+                }
+                None => blocks,
+            };
+            quant.insert(hf.clone(), std::sync::Arc::new(blocks));
         }
         tensors.insert(hf, t.to_dtype(dtype)?.to_device(device)?);
     }
@@ -254,7 +282,7 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
         linear_num_value_heads: None,
         extra: Map::new(),
     };
-    let store = TensorStore::new(tensors, dtype, device.clone());
+    let store = TensorStore::new(tensors, dtype, device.clone()).with_quant(quant);
     Ok(GgufModel {
         config,
         store,

@@ -4,12 +4,18 @@
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 
+use crate::cpu::quant::QuantBlocks;
+
 pub struct TensorStore {
     tensors: HashMap<String, Tensor>,
+    /// Weights also held as their GGUF blocks, for the CPU panels to stream
+    /// ([`crate::cpu::quant`]).
+    quant: HashMap<String, Arc<QuantBlocks>>,
     used: RefCell<BTreeSet<String>>,
     /// Synthesize missing tensors (benchmarks of shapes we have no weights for).
     random: bool,
@@ -21,6 +27,7 @@ impl TensorStore {
     pub fn new(tensors: HashMap<String, Tensor>, dtype: DType, device: Device) -> Self {
         Self {
             tensors,
+            quant: HashMap::new(),
             used: RefCell::new(BTreeSet::new()),
             random: false,
             dtype,
@@ -62,6 +69,21 @@ impl TensorStore {
             }
         }
         Ok(Self::new(tensors, dtype, device.clone()))
+    }
+
+    /// The store with these weights' quantized blocks ([`TensorStore::quant`]).
+    pub fn with_quant(mut self, quant: HashMap<String, Arc<QuantBlocks>>) -> Self {
+        self.quant = quant;
+        self
+    }
+
+    /// The quantized blocks of weight `name`, when the store has them, they match `shape` and
+    /// streaming is on ([`crate::cpu::quant::streaming`]).
+    pub fn quant(&self, name: &str, shape: &[usize]) -> Option<Arc<QuantBlocks>> {
+        self.quant
+            .get(name)
+            .filter(|q| [q.n, q.k] == shape && crate::cpu::quant::streaming())
+            .cloned()
     }
 
     pub fn contains(&self, name: &str) -> bool {

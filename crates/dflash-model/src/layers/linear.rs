@@ -22,6 +22,7 @@ use std::sync::{Arc, OnceLock};
 use candle_core::{DType, Device, Module, Result, Tensor};
 
 use crate::cpu::panels::{Panels, SyncPtr};
+use crate::cpu::quant::QuantBlocks;
 
 /// The most rows [`matmul_t`]'s AVX2 path takes; more rows are candle's matmul (compute-bound).
 pub const FEW_ROWS: usize = 32;
@@ -54,6 +55,27 @@ impl Linear {
             bias,
             panels,
         }
+    }
+
+    /// [`Linear::new`] for a weight that also comes as quantized blocks (`weight` their
+    /// dequantization): on an AVX-512 CPU the panels stream the blocks ([`Panels::pack_q4_1`]:
+    /// 5 bits per weight, products bit-identical to the f32 panels').
+    pub fn new_quantized(weight: Tensor, bias: Option<Tensor>, q: &QuantBlocks) -> Self {
+        let fits = weight.dims2().ok() == Some((q.n, q.k));
+        let panels = (packable(&weight) && fits).then(|| Arc::new(Panels::pack_q4_1(q)));
+        match panels {
+            Some(p) => Self {
+                weight,
+                bias,
+                panels: Some(p),
+            },
+            None => Self::new(weight, bias),
+        }
+    }
+
+    /// Whether the CPU panels stream this weight from quantized blocks.
+    pub fn is_quantized(&self) -> bool {
+        self.panels.as_ref().is_some_and(|p| p.is_quantized())
     }
 
     /// The weight `[out, in]`.

@@ -22,10 +22,7 @@ impl Mlp {
         inter: usize,
     ) -> anyhow::Result<Self> {
         let lin = |name: &str, o: usize, i: usize| -> anyhow::Result<Linear> {
-            Ok(Linear::new(
-                store.get(&format!("{prefix}.{name}.weight"), &[o, i])?,
-                None,
-            ))
+            load_linear(store, &format!("{prefix}.{name}"), o, i, false)
         };
         Ok(Self {
             gate_proj: lin("gate_proj", inter, hidden)?,
@@ -55,5 +52,8 @@ pub fn load_linear(
     } else {
         None
     };
-    Ok(Linear::new(w, b))
+    Ok(match store.quant(&format!("{name}.weight"), &[out, inp]) {
+        Some(q) => Linear::new_quantized(w, b, &q),
+        None => Linear::new(w, b),
+    })
 }

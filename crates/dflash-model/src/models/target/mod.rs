@@ -210,6 +210,28 @@ impl Target {
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }
+
+    /// How many of the layers' projections the CPU panels stream from quantized blocks
+    /// ([`crate::cpu::quant`]).
+    pub fn quantized_projections(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| {
+                let attn = match &l.mixer {
+                    Mixer::Attention(a) => [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
+                        .iter()
+                        .filter(|p| p.is_quantized())
+                        .count(),
+                    Mixer::GatedDeltaNet(_) => 0,
+                };
+                let m = &l.mlp;
+                attn + [&m.gate_proj, &m.up_proj, &m.down_proj]
+                    .iter()
+                    .filter(|p| p.is_quantized())
+                    .count()
+            })
+            .sum()
+    }
     pub fn hidden_size(&self) -> usize {
         self.config.hidden_size
     }

@@ -1,0 +1,95 @@
+//! GGUF weights streamed from their Q4_1 blocks on the CPU give what the f32 path gives, bit
+//! for bit: logits and taps of a prefill, of AR steps and of a 16-row verify of SmolLM2-135M
+//! Q4_1 (`DFLASH_CPU_QUANT=0` loads the same file with f32 panels only).
+
+use candle_core::{DType, Device, Tensor};
+use dflash_core::visibility::causal;
+use dflash_model::io::gguf;
+use dflash_model::io::loader::load_target;
+use dflash_model::{Rows, Target};
+use dflash_testkit::smollm2_gguf;
+
+/// Prefill 20 tokens, 3 AR steps, then a 16-row verify: every forward's logits and taps.
+fn outputs(t: &Target) -> Vec<Tensor> {
+    let taps = [1usize, 10, 20];
+    let mut cache = t.new_cache();
+    let mut out = Vec::new();
+    let mut run = |tokens: &[u32], start: usize, cache: &mut dflash_model::KvCache| {
+        let pos: Vec<usize> = (start..start + tokens.len()).collect();
+        let mask = causal(start, tokens.len());
+        let o = t
+            .forward(tokens, &pos, &mask, cache, &taps, &Rows::All)
+            .unwrap();
+        out.push(o.logits.unwrap());
+        out.extend(o.taps);
+    };
+    let prompt: Vec<u32> = (0..20).map(|i| 100 + 37 * i).collect();
+    run(&prompt, 0, &mut cache);
+    for i in 0..3 {
+        run(&[500 + i], 20 + i as usize, &mut cache);
+    }
+    let block: Vec<u32> = (0..16).map(|i| 700 + 11 * i).collect();
+    run(&block, 23, &mut cache);
+    out
+}
+
+#[test]
+fn q4_1_streaming_equals_the_f32_path_bit_for_bit() {
+    let path = smollm2_gguf();
+    let g = gguf::load(&path, DType::F32, &Device::Cpu).unwrap();
+    let up = g
+        .store
+        .quant("model.layers.0.mlp.up_proj.weight", &[1536, 576]);
+    let q = g
+        .store
+        .quant("model.layers.0.self_attn.q_proj.weight", &[576, 576]);
+    assert!(
+        up.is_some() && q.is_some(),
+        "SmolLM2's Q4_1 projections keep their blocks"
+    );
+    // the blocks dequantize to the loaded f32 weight (q_proj: rows un-permuted like it)
+    for (name, b, shape) in [
+        (
+            "model.layers.0.mlp.up_proj.weight",
+            up.unwrap(),
+            [1536usize, 576usize],
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            q.unwrap(),
+            [576, 576],
+        ),
+    ] {
+        let w = g.store.get(name, &shape).unwrap().to_vec2::<f32>().unwrap();
+        for (r, row) in w.iter().enumerate().step_by(7) {
+            for (c, &v) in row.iter().enumerate() {
+                assert_eq!(v.to_bits(), b.value(r, c).to_bits(), "{name}[{r}, {c}]");
+            }
+        }
+    }
+    drop(g);
+
+    let streamed = load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    // SAFETY: this test's process (nextest runs each test alone) reads no other variable
+    // concurrently
+    std::env::set_var("DFLASH_CPU_QUANT", "0");
+    let plain = load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    std::env::remove_var("DFLASH_CPU_QUANT");
+    assert_eq!(plain.target.quantized_projections(), 0);
+    if dflash_model::cpu::panels::Panels::supported() {
+        // every projection of the 30 layers (q, k, v, o, gate, up, down) is Q4_1
+        assert_eq!(streamed.target.quantized_projections(), 30 * 7);
+    }
+    let (a, b) = (outputs(&streamed.target), outputs(&plain.target));
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        let (x, y) = (
+            x.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            y.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        );
+        assert!(
+            x.iter().zip(&y).all(|(u, v)| u.to_bits() == v.to_bits()),
+            "output {i} differs"
+        );
+    }
+}
