@@ -1,6 +1,7 @@
-//! GGUF weights streamed from their Q4_1 blocks on the CPU give what the f32 path gives, bit
-//! for bit: logits and taps of a prefill, of AR steps and of a 16-row verify of SmolLM2-135M
-//! Q4_1 (`DFLASH_CPU_QUANT=0` loads the same file with f32 panels only).
+//! GGUF weights streamed from their blocks on the CPU (the projections' Q4_1, the tied LM
+//! head's Q8_0) give what the f32 path gives, bit for bit: logits and taps of a prefill, of AR
+//! steps and of a 16-row verify of SmolLM2-135M Q4_1 (`DFLASH_CPU_QUANT=0` loads the same file
+//! with f32 panels only).
 
 use candle_core::{DType, Device, Tensor};
 use dflash_core::visibility::causal;
@@ -34,7 +35,7 @@ fn outputs(t: &Target) -> Vec<Tensor> {
 }
 
 #[test]
-fn q4_1_streaming_equals_the_f32_path_bit_for_bit() {
+fn quantized_streaming_equals_the_f32_path_bit_for_bit() {
     let path = smollm2_gguf();
     let g = gguf::load(&path, DType::F32, &Device::Cpu).unwrap();
     let up = g
@@ -77,8 +78,9 @@ fn q4_1_streaming_equals_the_f32_path_bit_for_bit() {
     std::env::remove_var("DFLASH_CPU_QUANT");
     assert_eq!(plain.target.quantized_projections(), 0);
     if dflash_model::cpu::panels::Panels::supported() {
-        // every projection of the 30 layers (q, k, v, o, gate, up, down) is Q4_1
-        assert_eq!(streamed.target.quantized_projections(), 30 * 7);
+        // every projection of the 30 layers (q, k, v, o, gate, up, down) is Q4_1, and the LM
+        // head (tied to the Q8_0 embedding) streams its Q8_0 blocks
+        assert_eq!(streamed.target.quantized_projections(), 30 * 7 + 1);
     }
     let (a, b) = (outputs(&streamed.target), outputs(&plain.target));
     assert_eq!(a.len(), b.len());

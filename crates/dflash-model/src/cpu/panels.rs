@@ -20,7 +20,7 @@
 //! each); a 16-row verify `x` `[16, 576]` runs 96 panels × 576 steps × 16 FMAs of 16 lanes;
 //! 20 rows run as a block of 16 and a block of 4 on each panel (the panel then comes from L1/L2).
 
-use crate::cpu::quant::{QuantBlocks, Q4_1_BLOCK, Q4_1_BYTES};
+use crate::cpu::quant::{QuantBlocks, QuantKind, Q4_1_BYTES, Q8_0_BYTES, QBLOCK};
 
 /// Output columns per panel: one AVX-512 vector of f32.
 pub const PANEL: usize = 16;
@@ -53,15 +53,31 @@ pub struct Panels {
 /// dequantizes each step's 16 values as the loader does (`q · d + m`, f32, two roundings), so
 /// the products are bit-identical to the f32 panels of the dequantized weight.
 /// Example: columns 0 and 8 of step 3 with q = 5 and 9 → byte 3 · 8 + 0 = 0x95.
+///
+/// Or Q8_0 blocks: per panel and block of 32 steps the 16 columns' `d` as f16 (32 bytes),
+/// then for each step the 16 columns' i8 values (16 bytes): 544 bytes per 512 weights.
 #[derive(Debug)]
 enum PanelData {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
-    Q4_1(Vec<u8>),
+    Q4_1(Vec<Q41>),
+    Q8_0(Vec<Q80>),
 }
+
+/// A byte of Q4_1 panels (the kernel's stream type).
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(transparent)]
+pub(crate) struct Q41(u8);
+
+/// A byte of Q8_0 panels.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(transparent)]
+pub(crate) struct Q80(u8);
 
 /// Bytes of one Q4_1 panel block (16 columns × 32 steps).
 const Q4_1_PANEL_BLOCK: usize = 64 + 32 * 8;
+/// Bytes of one Q8_0 panel block.
+const Q8_0_PANEL_BLOCK: usize = 32 + 32 * 16;
 
 impl Panels {
     /// Whether this CPU runs the kernel (AVX-512F), detected once.
@@ -113,13 +129,17 @@ impl Panels {
         Self { data, n, k }
     }
 
-    /// Re-lays a weight's Q4_1 blocks (see [`PanelData`]), panels in parallel; the padding
-    /// columns of the last panel are zeros (d = m = 0).
-    pub fn pack_q4_1(q: &QuantBlocks) -> Self {
+    /// Re-lays a weight's quantized blocks (see [`PanelData`]), panels in parallel; the
+    /// padding columns of the last panel are zeros (d = m = 0).
+    pub fn pack_quantized(q: &QuantBlocks) -> Self {
         use rayon::prelude::*;
         let (n, k) = (q.n, q.k);
-        let nb = k / Q4_1_BLOCK;
-        let panel_bytes = nb * Q4_1_PANEL_BLOCK;
+        let nb = k / QBLOCK;
+        let (per_block, src_bytes) = match q.kind {
+            QuantKind::Q4_1 => (Q4_1_PANEL_BLOCK, Q4_1_BYTES),
+            QuantKind::Q8_0 => (Q8_0_PANEL_BLOCK, Q8_0_BYTES),
+        };
+        let panel_bytes = nb * per_block;
         let mut data = vec![0u8; n.div_ceil(PANEL) * panel_bytes];
         data.par_chunks_mut(panel_bytes.max(1))
             .enumerate()
@@ -127,32 +147,41 @@ impl Panels {
                 for c in 0..PANEL.min(n - p * PANEL) {
                     let row = p * PANEL + c;
                     for b in 0..nb {
-                        let src = &q.bytes[(row * nb + b) * Q4_1_BYTES..][..Q4_1_BYTES];
-                        let dst = &mut panel[b * Q4_1_PANEL_BLOCK..][..Q4_1_PANEL_BLOCK];
+                        let src = &q.bytes[(row * nb + b) * src_bytes..][..src_bytes];
+                        let dst = &mut panel[b * per_block..][..per_block];
                         dst[2 * c..2 * c + 2].copy_from_slice(&src[0..2]);
-                        dst[32 + 2 * c..32 + 2 * c + 2].copy_from_slice(&src[2..4]);
-                        for j in 0..Q4_1_BLOCK {
-                            let v = if j < 16 {
-                                src[4 + j] & 15
-                            } else {
-                                src[4 + j - 16] >> 4
-                            };
-                            let byte = &mut dst[64 + j * 8 + c % 8];
-                            *byte |= if c < 8 { v } else { v << 4 };
+                        match q.kind {
+                            QuantKind::Q4_1 => {
+                                dst[32 + 2 * c..32 + 2 * c + 2].copy_from_slice(&src[2..4]);
+                                for j in 0..QBLOCK {
+                                    let v = if j < 16 {
+                                        src[4 + j] & 15
+                                    } else {
+                                        src[4 + j - 16] >> 4
+                                    };
+                                    let byte = &mut dst[64 + j * 8 + c % 8];
+                                    *byte |= if c < 8 { v } else { v << 4 };
+                                }
+                            }
+                            QuantKind::Q8_0 => {
+                                for j in 0..QBLOCK {
+                                    dst[32 + j * 16 + c] = src[2 + j];
+                                }
+                            }
                         }
                     }
                 }
             });
-        Self {
-            data: PanelData::Q4_1(data),
-            n,
-            k,
-        }
+        let data = match q.kind {
+            QuantKind::Q4_1 => PanelData::Q4_1(data.into_iter().map(Q41).collect()),
+            QuantKind::Q8_0 => PanelData::Q8_0(data.into_iter().map(Q80).collect()),
+        };
+        Self { data, n, k }
     }
 
     /// Whether the weights stream from quantized blocks.
     pub fn is_quantized(&self) -> bool {
-        matches!(self.data, PanelData::Q4_1(_))
+        matches!(self.data, PanelData::Q4_1(_) | PanelData::Q8_0(_))
     }
 
     /// Whether the weights are kept as bf16 (all of them are bf16 values).
@@ -179,6 +208,7 @@ impl Panels {
             PanelData::F32(d) => self.matmul_of(d, x, rows),
             PanelData::Bf16(d) => self.matmul_of(d, x, rows),
             PanelData::Q4_1(d) => self.matmul_of(d, x, rows),
+            PanelData::Q8_0(d) => self.matmul_of(d, x, rows),
         }
     }
 
@@ -258,9 +288,14 @@ mod avx512 {
             k * 16
         }
     }
-    impl Stream for u8 {
+    impl Stream for super::Q41 {
         fn panel_len(k: usize) -> usize {
             k / 32 * super::Q4_1_PANEL_BLOCK
+        }
+    }
+    impl Stream for super::Q80 {
+        fn panel_len(k: usize) -> usize {
+            k / 32 * super::Q8_0_PANEL_BLOCK
         }
     }
 }
@@ -333,9 +368,8 @@ mod avx512 {
         }
     }
 
-    /// Q4_1 panel bytes (see `PanelData`). `u8` is not a [`Weight`], so this is the only
-    /// `Stream` of bytes.
-    impl Stream for u8 {
+    /// Q4_1 panel bytes (see `PanelData`).
+    impl Stream for super::Q41 {
         fn panel_len(k: usize) -> usize {
             k / 32 * super::Q4_1_PANEL_BLOCK
         }
@@ -343,12 +377,34 @@ mod avx512 {
         unsafe fn rows<const R: usize>(
             x: &[f32],
             k: usize,
-            panel: &[u8],
+            panel: &[super::Q41],
             y: *mut f32,
             ldy: usize,
             cols: usize,
         ) {
-            rows_r_q4_1::<R>(x, k, panel, y, ldy, cols)
+            // Q41 is a transparent u8
+            let bytes = std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
+            rows_r_q4_1::<R>(x, k, bytes, y, ldy, cols)
+        }
+    }
+
+    /// Q8_0 panel bytes (see `PanelData`).
+    impl Stream for super::Q80 {
+        fn panel_len(k: usize) -> usize {
+            k / 32 * super::Q8_0_PANEL_BLOCK
+        }
+        #[inline]
+        unsafe fn rows<const R: usize>(
+            x: &[f32],
+            k: usize,
+            panel: &[super::Q80],
+            y: *mut f32,
+            ldy: usize,
+            cols: usize,
+        ) {
+            // Q80 is a transparent u8
+            let bytes = std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
+            rows_r_q8_0::<R>(x, k, bytes, y, ldy, cols)
         }
     }
 
@@ -455,6 +511,49 @@ mod avx512 {
             _mm512_mask_storeu_ps(y.add(r * ldy), mask, *a);
         }
     }
+
+    /// [`rows_r`] over a Q8_0 panel: per block the 16 columns' `d` widened from f16, per step
+    /// the 16 i8 values widened and dequantized as `q · d` (the loader's one rounding).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows_r_q8_0<const R: usize>(
+        x: &[f32],
+        k: usize,
+        panel: &[u8],
+        y: *mut f32,
+        ldy: usize,
+        cols: usize,
+    ) {
+        const BLOCK: usize = super::Q8_0_PANEL_BLOCK;
+        debug_assert!(x.len() == R * k && panel.len() == k / 32 * BLOCK);
+        let (xp, pp) = (x.as_ptr(), panel.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); R];
+        for b in 0..k / 32 {
+            let base = pp.add(b * BLOCK);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i));
+            for j in 0..32 {
+                if j % 4 == 0 {
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        pp.wrapping_add(b * BLOCK + 32 + j * 16 + AHEAD_BYTES) as *const i8,
+                    );
+                }
+                let v = _mm_loadu_si128(base.add(32 + j * 16) as *const __m128i);
+                let w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), d);
+                let kk = b * 32 + j;
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(r * k + kk)), w, *a);
+                }
+            }
+        }
+        let mask: __mmask16 = if cols >= 16 {
+            0xffff
+        } else {
+            (1u16 << cols) - 1
+        };
+        for (r, a) in acc.iter().enumerate() {
+            _mm512_mask_storeu_ps(y.add(r * ldy), mask, *a);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -483,35 +582,42 @@ mod tests {
             .collect()
     }
 
-    /// Random Q4_1 blocks (`d` and `m` of either sign, every 4-bit value).
-    fn q4_1(n: usize, k: usize, seed: u32) -> QuantBlocks {
-        let v = values(n * k / Q4_1_BLOCK * 3, seed);
+    /// Random blocks (`d` and `m` of either sign, every 4-bit or 8-bit value).
+    fn quantized(kind: QuantKind, n: usize, k: usize, seed: u32) -> QuantBlocks {
+        let v = values(n * k / QBLOCK * 3, seed);
         let mut bytes = Vec::new();
         for (b, s) in v.chunks(3).enumerate() {
             bytes.extend_from_slice(&half::f16::from_f32(s[0] * 0.1).to_le_bytes());
-            bytes.extend_from_slice(&half::f16::from_f32(s[1]).to_le_bytes());
-            for j in 0..16u32 {
+            let len = match kind {
+                QuantKind::Q4_1 => {
+                    bytes.extend_from_slice(&half::f16::from_f32(s[1]).to_le_bytes());
+                    16u32
+                }
+                QuantKind::Q8_0 => 32,
+            };
+            for j in 0..len {
                 let h = (b as u32)
                     .wrapping_mul(2_654_435_761)
                     .wrapping_add(j * 97 + seed);
                 bytes.push((h >> 7) as u8 ^ (s[2].to_bits() >> (j % 8)) as u8);
             }
         }
-        QuantBlocks::new(crate::cpu::quant::QuantKind::Q4_1, n, k, bytes).unwrap()
+        QuantBlocks::new(kind, n, k, bytes).unwrap()
     }
 
-    /// Q4_1 panels give the f32 panels' outputs of the dequantized weight bit for bit, for
-    /// every block of rows and a width that is not a multiple of 16; the packing puts column
-    /// 0 in the low and column 8 in the high nibble of a step's first byte (the doc's example).
+    /// Quantized panels (Q4_1, Q8_0) give the f32 panels' outputs of the dequantized weight
+    /// bit for bit, for every block of rows and a width that is not a multiple of 16; the Q4_1
+    /// packing puts column 0 in the low and column 8 in the high nibble of a step's first byte
+    /// (the doc's example).
     #[test]
-    fn q4_1_panels_equal_the_f32_panels_bit_for_bit() {
-        let q = q4_1(37, 96, 3);
-        let p = Panels::pack_q4_1(&q);
+    fn quantized_panels_equal_the_f32_panels_bit_for_bit() {
+        let q = quantized(QuantKind::Q4_1, 37, 96, 3);
+        let p = Panels::pack_quantized(&q);
         let PanelData::Q4_1(data) = &p.data else {
             panic!("Q4_1 panels")
         };
         assert_eq!(data.len(), 3 * 3 * Q4_1_PANEL_BLOCK);
-        let byte = data[64 + 3 * 8];
+        let byte = data[64 + 3 * 8].0;
         let nib = |row: usize, col: usize| {
             let blk = &q.bytes[(row * 3 + col / 32) * Q4_1_BYTES..];
             let j = col % 32;
@@ -526,18 +632,23 @@ mod tests {
             eprintln!("skipped the products: no AVX-512F on this CPU");
             return;
         }
-        let w: Vec<f32> = (0..q.n)
-            .flat_map(|r| (0..q.k).map(move |c| (r, c)))
-            .map(|(r, c)| q.value(r, c))
-            .collect();
-        let f = Panels::pack(&w, q.n, q.k);
-        for rows in [1usize, 2, 7, 16, 17, 33] {
-            let x = values(rows * q.k, rows as u32 + 11);
-            let (a, b) = (p.matmul(&x, rows), f.matmul(&x, rows));
-            assert!(
-                a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits()),
-                "{rows} rows differ"
-            );
+        for kind in [QuantKind::Q4_1, QuantKind::Q8_0] {
+            let q = quantized(kind, 37, 96, 5);
+            let p = Panels::pack_quantized(&q);
+            assert!(p.is_quantized());
+            let w: Vec<f32> = (0..q.n)
+                .flat_map(|r| (0..q.k).map(move |c| (r, c)))
+                .map(|(r, c)| q.value(r, c))
+                .collect();
+            let f = Panels::pack(&w, q.n, q.k);
+            for rows in [1usize, 2, 7, 16, 17, 33] {
+                let x = values(rows * q.k, rows as u32 + 11);
+                let (a, b) = (p.matmul(&x, rows), f.matmul(&x, rows));
+                assert!(
+                    a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits()),
+                    "{kind:?}: {rows} rows differ"
+                );
+            }
         }
     }
 

@@ -1,25 +1,40 @@
 //! A GGUF weight kept in its quantized blocks for the CPU panels ([`crate::cpu::panels`]),
 //! which stream them and dequantize in registers with the operations of the loader's own
 //! dequantization, so that every product is bit-identical to the f32 panels' (and every logit,
-//! tap and decoded token to the f32 path's) while a Q4_1 weight streams 5 bits instead of 32.
+//! tap and decoded token to the f32 path's) while the weights stream at their GGUF size.
 //!
-//! Q4_1 (ggml): blocks of 32 weights of one row, `{d: f16, m: f16, qs: [u8; 16]}` (20 bytes),
-//! weight `j` of a block = `q · d + m` computed in f32 (one product, one sum: candle's
-//! `BlockQ4_1::to_float`), with `q = qs[j] & 15` for `j < 16` and `qs[j − 16] >> 4` after.
-//! Example: d = 0.5, m = −1, qs[0] = 0x73 → weight 0 = 3 · 0.5 − 1 = 0.5, weight 16 = 7 · 0.5 − 1
-//! = 2.5.
+//! Blocks of 32 weights of one row (ggml), dequantized in f32 as candle's `to_float`:
+//! - Q4_1 `{d: f16, m: f16, qs: [u8; 16]}` (20 bytes): weight `j` = `q · d + m` (one product,
+//!   one sum), `q = qs[j] & 15` for `j < 16` and `qs[j − 16] >> 4` after;
+//! - Q8_0 `{d: f16, qs: [i8; 32]}` (34 bytes): weight `j` = `qs[j] · d`.
+//!
+//! Example: Q4_1 d = 0.5, m = −1, qs[0] = 0x73 → weight 0 = 3 · 0.5 − 1 = 0.5, weight 16 =
+//! 7 · 0.5 − 1 = 2.5; Q8_0 d = 0.25, qs[0] = −6 → weight 0 = −1.5.
 
 use anyhow::{bail, Result};
 
-/// Weights per Q4_1 block.
-pub const Q4_1_BLOCK: usize = 32;
+/// Weights per block (every format here).
+pub const QBLOCK: usize = 32;
 /// Bytes per Q4_1 block.
 pub const Q4_1_BYTES: usize = 20;
+/// Bytes per Q8_0 block.
+pub const Q8_0_BYTES: usize = 34;
 
 /// The quantized formats the panels stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantKind {
     Q4_1,
+    Q8_0,
+}
+
+impl QuantKind {
+    /// Bytes of one block of 32 weights.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QuantKind::Q4_1 => Q4_1_BYTES,
+            QuantKind::Q8_0 => Q8_0_BYTES,
+        }
+    }
 }
 
 /// A weight `[n, k]` as its GGUF blocks, rows in the order the model uses (a llama GGUF's
@@ -34,11 +49,12 @@ pub struct QuantBlocks {
 
 impl QuantBlocks {
     pub fn new(kind: QuantKind, n: usize, k: usize, bytes: Vec<u8>) -> Result<Self> {
-        if !k.is_multiple_of(Q4_1_BLOCK) || bytes.len() != n * k / Q4_1_BLOCK * Q4_1_BYTES {
+        let per = kind.block_bytes();
+        if !k.is_multiple_of(QBLOCK) || bytes.len() != n * k / QBLOCK * per {
             bail!(
-                "Q4_1 weight [{n}, {k}]: {} bytes, expected {} (rows of 32-weight blocks)",
+                "{kind:?} weight [{n}, {k}]: {} bytes, expected {} (rows of 32-weight blocks)",
                 bytes.len(),
-                n * k.div_ceil(Q4_1_BLOCK) * Q4_1_BYTES
+                n * k.div_ceil(QBLOCK) * per
             );
         }
         Ok(Self { kind, n, k, bytes })
@@ -46,7 +62,7 @@ impl QuantBlocks {
 
     /// The same blocks with their rows reordered: row `i` of the result is row `from[i]`.
     pub fn with_rows(&self, from: &[usize]) -> Self {
-        let row = self.k / Q4_1_BLOCK * Q4_1_BYTES;
+        let row = self.k / QBLOCK * self.kind.block_bytes();
         let mut bytes = Vec::with_capacity(self.bytes.len());
         for &r in from {
             bytes.extend_from_slice(&self.bytes[r * row..(r + 1) * row]);
@@ -59,16 +75,22 @@ impl QuantBlocks {
 
     /// Weight `(row, col)` as the loader dequantizes it (the reference of the tests).
     pub fn value(&self, row: usize, col: usize) -> f32 {
-        let blk = &self.bytes[(row * self.k / Q4_1_BLOCK + col / Q4_1_BLOCK) * Q4_1_BYTES..];
+        let per = self.kind.block_bytes();
+        let blk = &self.bytes[(row * self.k / QBLOCK + col / QBLOCK) * per..];
         let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-        let m = half::f16::from_le_bytes([blk[2], blk[3]]).to_f32();
-        let j = col % Q4_1_BLOCK;
-        let q = if j < 16 {
-            blk[4 + j] & 15
-        } else {
-            blk[4 + j - 16] >> 4
-        };
-        (q as f32) * d + m
+        let j = col % QBLOCK;
+        match self.kind {
+            QuantKind::Q4_1 => {
+                let m = half::f16::from_le_bytes([blk[2], blk[3]]).to_f32();
+                let q = if j < 16 {
+                    blk[4 + j] & 15
+                } else {
+                    blk[4 + j - 16] >> 4
+                };
+                (q as f32) * d + m
+            }
+            QuantKind::Q8_0 => (blk[2 + j] as i8 as f32) * d,
+        }
     }
 }
 
@@ -93,5 +115,11 @@ mod tests {
         assert_eq!(q.value(0, 16), 2.5);
         assert_eq!(q.value(0, 1), -1.0);
         assert!(QuantBlocks::new(QuantKind::Q4_1, 1, 32, vec![0; 19]).is_err());
+        let mut b = vec![0u8; Q8_0_BYTES];
+        b[..2].copy_from_slice(&half::f16::from_f32(0.25).to_le_bytes());
+        b[2] = (-6i8) as u8;
+        let q = QuantBlocks::new(QuantKind::Q8_0, 1, 32, b).unwrap();
+        assert_eq!(q.value(0, 0), -1.5);
+        assert_eq!(q.value(0, 1), 0.0);
     }
 }

@@ -199,10 +199,15 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
         if let Some(h) = row_heads {
             t = unpermute_rows(&t, h)?;
         }
-        // a Q4_1 weight also keeps its blocks, for the CPU panels to stream (exact)
-        if q.dtype() == GgmlDType::Q4_1 && t.rank() == 2 && dtype == DType::F32 && device.is_cpu() {
+        // a Q4_1 or Q8_0 weight also keeps its blocks, for the CPU panels to stream (exact)
+        let kind = match q.dtype() {
+            GgmlDType::Q4_1 => Some(QuantKind::Q4_1),
+            GgmlDType::Q8_0 => Some(QuantKind::Q8_0),
+            _ => None,
+        };
+        if let (Some(kind), 2, DType::F32, true) = (kind, t.rank(), dtype, device.is_cpu()) {
             let (n, kdim) = t.dims2()?;
-            let blocks = QuantBlocks::new(QuantKind::Q4_1, n, kdim, q.data()?.into_owned())?;
+            let blocks = QuantBlocks::new(kind, n, kdim, q.data()?.into_owned())?;
             let blocks = match row_heads {
                 Some(h) => {
                     let order = Tensor::arange(0f32, n as f32, &Device::Cpu)?.reshape((n, 1))?;

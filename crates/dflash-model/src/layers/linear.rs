@@ -58,11 +58,12 @@ impl Linear {
     }
 
     /// [`Linear::new`] for a weight that also comes as quantized blocks (`weight` their
-    /// dequantization): on an AVX-512 CPU the panels stream the blocks ([`Panels::pack_q4_1`]:
-    /// 5 bits per weight, products bit-identical to the f32 panels').
+    /// dequantization): on an AVX-512 CPU the panels stream the blocks
+    /// ([`Panels::pack_quantized`]: Q4_1 at 5 bits per weight, Q8_0 at 8.5; products
+    /// bit-identical to the f32 panels').
     pub fn new_quantized(weight: Tensor, bias: Option<Tensor>, q: &QuantBlocks) -> Self {
         let fits = weight.dims2().ok() == Some((q.n, q.k));
-        let panels = (packable(&weight) && fits).then(|| Arc::new(Panels::pack_q4_1(q)));
+        let panels = (packable(&weight) && fits).then(|| Arc::new(Panels::pack_quantized(q)));
         match panels {
             Some(p) => Self {
                 weight,

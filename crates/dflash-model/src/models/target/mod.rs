@@ -153,12 +153,16 @@ impl Target {
             });
         }
         let embed_tokens = store.get("model.embed_tokens.weight", &[config.vocab_size, h])?;
-        let lm_head = match store.get_opt("lm_head.weight", &[config.vocab_size, h])? {
-            Some(w) => w,
+        let (lm_head, head_name) = match store.get_opt("lm_head.weight", &[config.vocab_size, h])? {
+            Some(w) => (w, "lm_head.weight"),
             None if config.tie_word_embeddings || !store.contains("lm_head.weight") => {
-                embed_tokens.clone()
+                (embed_tokens.clone(), "model.embed_tokens.weight")
             }
             None => bail!("missing tensor 'lm_head.weight'"),
+        };
+        let lm_head = match store.quant(head_name, &[config.vocab_size, h]) {
+            Some(q) => Linear::new_quantized(lm_head, None, &q),
+            None => Linear::new(lm_head, None),
         };
         // partial RoPE rotates the first head_dim · partial_rotary_factor features (qwen3_5)
         let rotary = ((hd as f64 * config.rotary_fraction()) as usize) & !1;
@@ -168,7 +172,7 @@ impl Target {
             embed_tokens,
             layers,
             norm: norm("model.norm.weight", h)?,
-            lm_head: Linear::new(lm_head, None),
+            lm_head,
             rope,
             gdn_chunk_min_rows: 64,
             dtype: store.dtype,
@@ -211,8 +215,8 @@ impl Target {
         self.layers.len()
     }
 
-    /// How many of the layers' projections the CPU panels stream from quantized blocks
-    /// ([`crate::cpu::quant`]).
+    /// How many of the projections (the layers' and the LM head) the CPU panels stream from
+    /// quantized blocks ([`crate::cpu::quant`]).
     pub fn quantized_projections(&self) -> usize {
         self.layers
             .iter()
@@ -230,7 +234,8 @@ impl Target {
                     .filter(|p| p.is_quantized())
                     .count()
             })
-            .sum()
+            .sum::<usize>()
+            + usize::from(self.lm_head.is_quantized())
     }
     pub fn hidden_size(&self) -> usize {
         self.config.hidden_size
