@@ -140,9 +140,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         rows.push((n, secs));
     }
     let bw = read_bandwidth(&dev)?;
-    let weight_bytes = lt.target.config.forward_weight_params() * dtype.size_in_bytes();
+    // the bytes a forward reads (quantized CPU panels at their block size)
+    let weight_bytes = lt.target.weight_bytes_read();
     let floor = weight_bytes as f64 / bw;
-    println!("\nmeasured read bandwidth {:.1} GB/s; weights {:.1} MB in {:?} → read floor {:.3} ms per forward", bw / 1e9, weight_bytes as f64 / 1e6, dtype, floor * 1e3);
+    println!("\nmeasured read bandwidth {:.1} GB/s; weights read per forward {:.1} MB ({:?}{}) → read floor {:.3} ms per forward", bw / 1e9, weight_bytes as f64 / 1e6, dtype, if lt.target.quantized_projections() > 0 { ", GGUF blocks streamed" } else { "" }, floor * 1e3);
     for (n, s) in rows {
         println!(
             "one target forward, {n:>2} new row(s) on a 512-row cache: {:.3} ms ({:.1}× the floor)",

@@ -179,6 +179,18 @@ impl Panels {
         Self { data, n, k }
     }
 
+    /// Bytes one product reads from the weights (panel padding aside): 4, 2, 0.625 (Q4_1) or
+    /// 1.0625 (Q8_0) per weight.
+    pub fn stream_bytes(&self) -> usize {
+        let w = self.n * self.k;
+        match self.data {
+            PanelData::F32(_) => w * 4,
+            PanelData::Bf16(_) => w * 2,
+            PanelData::Q4_1(_) => w / QBLOCK * Q4_1_BYTES,
+            PanelData::Q8_0(_) => w / QBLOCK * Q8_0_BYTES,
+        }
+    }
+
     /// Whether the weights stream from quantized blocks.
     pub fn is_quantized(&self) -> bool {
         matches!(self.data, PanelData::Q4_1(_) | PanelData::Q8_0(_))

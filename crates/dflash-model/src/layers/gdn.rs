@@ -506,6 +506,20 @@ impl GatedDeltaNet {
         Ok(self.out_proj.forward(&normed.to_dtype(x.dtype())?)?)
     }
 
+    /// Bytes of the projections' weights a forward reads.
+    pub fn weight_bytes_read(&self) -> usize {
+        [
+            &self.in_proj_qkv,
+            &self.in_proj_z,
+            &self.in_proj_b,
+            &self.in_proj_a,
+            &self.out_proj,
+        ]
+        .iter()
+        .map(|l| l.weight_bytes_read())
+        .sum()
+    }
+
     /// Key head of value head `h` (`repeat_interleave` grouping).
     fn kh(&self, h: usize) -> usize {
         h / (self.dims.hv / self.dims.hk)

@@ -74,6 +74,15 @@ impl Linear {
         }
     }
 
+    /// Bytes a product reads from the weight: the panels' stream where there are panels,
+    /// else the weight tensor's size.
+    pub fn weight_bytes_read(&self) -> usize {
+        match &self.panels {
+            Some(p) => p.stream_bytes(),
+            None => self.weight.elem_count() * self.weight.dtype().size_in_bytes(),
+        }
+    }
+
     /// Whether the CPU panels stream this weight from quantized blocks.
     pub fn is_quantized(&self) -> bool {
         self.panels.as_ref().is_some_and(|p| p.is_quantized())

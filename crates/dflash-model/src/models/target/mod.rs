@@ -215,6 +215,37 @@ impl Target {
         self.layers.len()
     }
 
+    /// Bytes of weights one forward reads: every projection's ([`Linear::weight_bytes_read`]:
+    /// quantized panels at their block size) and the norms'. The read floor of a forward is
+    /// this over the memory's read bandwidth.
+    pub fn weight_bytes_read(&self) -> usize {
+        let norm = |n: &crate::layers::norm::RmsNorm| {
+            n.weight.elem_count() * n.weight.dtype().size_in_bytes()
+        };
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let mixer: usize = match &l.mixer {
+                    Mixer::Attention(a) => [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]
+                        .iter()
+                        .map(|p| p.weight_bytes_read())
+                        .sum(),
+                    Mixer::GatedDeltaNet(g) => g.weight_bytes_read(),
+                };
+                let m = &l.mlp;
+                mixer
+                    + [&m.gate_proj, &m.up_proj, &m.down_proj]
+                        .iter()
+                        .map(|p| p.weight_bytes_read())
+                        .sum::<usize>()
+                    + norm(&l.input_layernorm)
+                    + norm(&l.post_attention_layernorm)
+            })
+            .sum();
+        layers + self.lm_head.weight_bytes_read() + norm(&self.norm)
+    }
+
     /// How many of the projections (the layers' and the LM head) the CPU panels stream from
     /// quantized blocks ([`crate::cpu::quant`]).
     pub fn quantized_projections(&self) -> usize {
