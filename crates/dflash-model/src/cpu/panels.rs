@@ -462,10 +462,30 @@ mod avx512 {
             let w = E::load16(pp.add(kk * 16));
             // a hint: past the end of the weights it fetches nothing useful, and never faults
             _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(kk * 16 + ahead) as *const i8);
-            for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(r * k + kk)), w, *a);
-            }
+            fma_rows(&mut acc, xp, k, kk, w);
         }
+        store_rows(&acc, y, ldy, cols);
+    }
+
+    /// `acc[r] += x[r][kk] · w` for every row: the one multiply-add order of every panel kind.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fma_rows<const R: usize>(
+        acc: &mut [__m512; R],
+        xp: *const f32,
+        k: usize,
+        kk: usize,
+        w: __m512,
+    ) {
+        for (r, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(r * k + kk)), w, *a);
+        }
+    }
+
+    /// The rows' first `cols` outputs to `y` (row stride `ldy`).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_rows<const R: usize>(acc: &[__m512; R], y: *mut f32, ldy: usize, cols: usize) {
         let m: __mmask16 = if cols >= 16 {
             0xffff
         } else {
@@ -509,19 +529,10 @@ mod avx512 {
                 let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
                 let w = _mm512_add_ps(_mm512_mul_ps(q, d), m);
                 let kk = b * 32 + j;
-                for (r, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(r * k + kk)), w, *a);
-                }
+                fma_rows(&mut acc, xp, k, kk, w);
             }
         }
-        let mask: __mmask16 = if cols >= 16 {
-            0xffff
-        } else {
-            (1u16 << cols) - 1
-        };
-        for (r, a) in acc.iter().enumerate() {
-            _mm512_mask_storeu_ps(y.add(r * ldy), mask, *a);
-        }
+        store_rows(&acc, y, ldy, cols);
     }
 
     /// [`rows_r`] over a Q8_0 panel: per block the 16 columns' `d` widened from f16, per step
@@ -552,19 +563,10 @@ mod avx512 {
                 let v = _mm_loadu_si128(base.add(32 + j * 16) as *const __m128i);
                 let w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), d);
                 let kk = b * 32 + j;
-                for (r, a) in acc.iter_mut().enumerate() {
-                    *a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(r * k + kk)), w, *a);
-                }
+                fma_rows(&mut acc, xp, k, kk, w);
             }
         }
-        let mask: __mmask16 = if cols >= 16 {
-            0xffff
-        } else {
-            (1u16 << cols) - 1
-        };
-        for (r, a) in acc.iter().enumerate() {
-            _mm512_mask_storeu_ps(y.add(r * ldy), mask, *a);
-        }
+        store_rows(&acc, y, ldy, cols);
     }
 }
 
