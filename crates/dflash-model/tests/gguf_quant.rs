@@ -1,14 +1,15 @@
-//! GGUF weights streamed from their blocks on the CPU (the projections' Q4_1, the tied LM
-//! head's Q8_0) give what the f32 path gives, bit for bit: logits and taps of a prefill, of AR
-//! steps and of a 16-row verify of SmolLM2-135M Q4_1 (`DFLASH_CPU_QUANT=0` loads the same file
-//! with f32 panels only).
+//! GGUF weights streamed from their blocks on the CPU give what the f32 path gives, bit for
+//! bit: logits and taps of a prefill, of AR steps and of a 16-row verify of SmolLM2-135M Q4_1
+//! (Q4_1 projections, a tied Q8_0 LM head) and Qwen2.5-Coder-0.5B Q4_K_M (Q5_0 and Q8_0
+//! projections and LM head; its Q4_K/Q6_K `down_proj`s stay f32 panels). `DFLASH_CPU_QUANT=0`
+//! loads the same file with f32 panels only.
 
 use candle_core::{DType, Device, Tensor};
 use dflash_core::visibility::causal;
 use dflash_model::io::gguf;
 use dflash_model::io::loader::load_target;
 use dflash_model::{Rows, Target};
-use dflash_testkit::smollm2_gguf;
+use dflash_testkit::{asset, smollm2_gguf};
 
 /// Prefill 20 tokens, 3 AR steps, then a 16-row verify: every forward's logits and taps.
 fn outputs(t: &Target) -> Vec<Tensor> {
@@ -70,6 +71,24 @@ fn quantized_streaming_equals_the_f32_path_bit_for_bit() {
     }
     drop(g);
 
+    // every projection of the 30 layers (q, k, v, o, gate, up, down) is Q4_1, and the LM head
+    // (tied to the Q8_0 embedding) streams its Q8_0 blocks
+    same_bits_streamed_or_not(&path, 30 * 7 + 1);
+}
+
+#[test]
+fn qwen25_coder_q5_0_and_q8_0_streaming_equals_the_f32_path_bit_for_bit() {
+    let path = asset(
+        "models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen2.5-coder",
+    );
+    // per layer q, k, v, o (Q5_0 or Q8_0), gate, up (Q5_0); the Q8_0 LM head
+    same_bits_streamed_or_not(&path, 24 * 6 + 1);
+}
+
+/// Loads `path` streamed and with f32 panels only; `streamed` projections must stream (on an
+/// AVX-512 CPU), and every output must be the same bits.
+fn same_bits_streamed_or_not(path: &std::path::Path, streamed_projections: usize) {
     let streamed = load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
     // SAFETY: this test's process (nextest runs each test alone) reads no other variable
     // concurrently
@@ -78,9 +97,10 @@ fn quantized_streaming_equals_the_f32_path_bit_for_bit() {
     std::env::remove_var("DFLASH_CPU_QUANT");
     assert_eq!(plain.target.quantized_projections(), 0);
     if dflash_model::cpu::panels::Panels::supported() {
-        // every projection of the 30 layers (q, k, v, o, gate, up, down) is Q4_1, and the LM
-        // head (tied to the Q8_0 embedding) streams its Q8_0 blocks
-        assert_eq!(streamed.target.quantized_projections(), 30 * 7 + 1);
+        assert_eq!(
+            streamed.target.quantized_projections(),
+            streamed_projections
+        );
     }
     let (a, b) = (outputs(&streamed.target), outputs(&plain.target));
     assert_eq!(a.len(), b.len());

@@ -135,10 +135,11 @@ impl Panels {
         use rayon::prelude::*;
         let (n, k) = (q.n, q.k);
         let nb = k / QBLOCK;
-        let (per_block, src_bytes) = match q.kind {
-            QuantKind::Q4_1 => (Q4_1_PANEL_BLOCK, Q4_1_BYTES),
-            QuantKind::Q8_0 => (Q8_0_PANEL_BLOCK, Q8_0_BYTES),
+        let per_block = match q.kind {
+            QuantKind::Q4_1 => Q4_1_PANEL_BLOCK,
+            QuantKind::Q8_0 | QuantKind::Q5_0 => Q8_0_PANEL_BLOCK,
         };
+        let src_bytes = q.kind.block_bytes();
         let panel_bytes = nb * per_block;
         let mut data = vec![0u8; n.div_ceil(PANEL) * panel_bytes];
         data.par_chunks_mut(panel_bytes.max(1))
@@ -163,9 +164,10 @@ impl Panels {
                                     *byte |= if c < 8 { v } else { v << 4 };
                                 }
                             }
-                            QuantKind::Q8_0 => {
-                                for j in 0..QBLOCK {
-                                    dst[32 + j * 16 + c] = src[2 + j];
+                            QuantKind::Q8_0 | QuantKind::Q5_0 => {
+                                let (_, vals) = q.kind.signed_block(src);
+                                for (j, v) in vals.iter().enumerate() {
+                                    dst[32 + j * 16 + c] = *v as u8;
                                 }
                             }
                         }
@@ -174,7 +176,9 @@ impl Panels {
             });
         let data = match q.kind {
             QuantKind::Q4_1 => PanelData::Q4_1(data.into_iter().map(Q41).collect()),
-            QuantKind::Q8_0 => PanelData::Q8_0(data.into_iter().map(Q80).collect()),
+            QuantKind::Q8_0 | QuantKind::Q5_0 => {
+                PanelData::Q8_0(data.into_iter().map(Q80).collect())
+            }
         };
         Self { data, n, k }
     }
@@ -187,7 +191,7 @@ impl Panels {
             PanelData::F32(_) => w * 4,
             PanelData::Bf16(_) => w * 2,
             PanelData::Q4_1(_) => w / QBLOCK * Q4_1_BYTES,
-            PanelData::Q8_0(_) => w / QBLOCK * Q8_0_BYTES,
+            PanelData::Q8_0(_) => w / QBLOCK * Q8_0_BYTES, // Q5_0 too, held as Q8_0
         }
     }
 
@@ -608,6 +612,7 @@ mod tests {
                     16u32
                 }
                 QuantKind::Q8_0 => 32,
+                QuantKind::Q5_0 => 20,
             };
             for j in 0..len {
                 let h = (b as u32)
@@ -619,7 +624,7 @@ mod tests {
         QuantBlocks::new(kind, n, k, bytes).unwrap()
     }
 
-    /// Quantized panels (Q4_1, Q8_0) give the f32 panels' outputs of the dequantized weight
+    /// Quantized panels (Q4_1, Q8_0, Q5_0) give the f32 panels' outputs of the dequantized weight
     /// bit for bit, for every block of rows and a width that is not a multiple of 16; the Q4_1
     /// packing puts column 0 in the low and column 8 in the high nibble of a step's first byte
     /// (the doc's example).
@@ -646,7 +651,7 @@ mod tests {
             eprintln!("skipped the products: no AVX-512F on this CPU");
             return;
         }
-        for kind in [QuantKind::Q4_1, QuantKind::Q8_0] {
+        for kind in [QuantKind::Q4_1, QuantKind::Q8_0, QuantKind::Q5_0] {
             let q = quantized(kind, 37, 96, 5);
             let p = Panels::pack_quantized(&q);
             assert!(p.is_quantized());

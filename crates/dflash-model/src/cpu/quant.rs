@@ -6,7 +6,10 @@
 //! Blocks of 32 weights of one row (ggml), dequantized in f32 as candle's `to_float`:
 //! - Q4_1 `{d: f16, m: f16, qs: [u8; 16]}` (20 bytes): weight `j` = `q · d + m` (one product,
 //!   one sum), `q = qs[j] & 15` for `j < 16` and `qs[j − 16] >> 4` after;
-//! - Q8_0 `{d: f16, qs: [i8; 32]}` (34 bytes): weight `j` = `qs[j] · d`.
+//! - Q8_0 `{d: f16, qs: [i8; 32]}` (34 bytes): weight `j` = `qs[j] · d`;
+//! - Q5_0 `{d: f16, qh: u32, qs: [u8; 16]}` (22 bytes): weight `j` = `q · d`, `q` the low or
+//!   high nibble of `qs[j mod 16]` with bit `j` of `qh` as its fifth bit, minus 16 (the panels
+//!   hold it as a Q8_0 value: the same product).
 //!
 //! Example: Q4_1 d = 0.5, m = −1, qs[0] = 0x73 → weight 0 = 3 · 0.5 − 1 = 0.5, weight 16 =
 //! 7 · 0.5 − 1 = 2.5; Q8_0 d = 0.25, qs[0] = −6 → weight 0 = −1.5.
@@ -19,12 +22,15 @@ pub const QBLOCK: usize = 32;
 pub const Q4_1_BYTES: usize = 20;
 /// Bytes per Q8_0 block.
 pub const Q8_0_BYTES: usize = 34;
+/// Bytes per Q5_0 block.
+pub const Q5_0_BYTES: usize = 22;
 
 /// The quantized formats the panels stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantKind {
     Q4_1,
     Q8_0,
+    Q5_0,
 }
 
 impl QuantKind {
@@ -33,7 +39,32 @@ impl QuantKind {
         match self {
             QuantKind::Q4_1 => Q4_1_BYTES,
             QuantKind::Q8_0 => Q8_0_BYTES,
+            QuantKind::Q5_0 => Q5_0_BYTES,
         }
+    }
+
+    /// A Q8_0 or Q5_0 block as its scale's f16 bytes and 32 signed values (weight `j` =
+    /// `q[j] · d`). Panics for Q4_1 (not of this form).
+    pub fn signed_block(self, src: &[u8]) -> ([u8; 2], [i8; QBLOCK]) {
+        let mut q = [0i8; QBLOCK];
+        match self {
+            QuantKind::Q8_0 => {
+                for (j, v) in q.iter_mut().enumerate() {
+                    *v = src[2 + j] as i8;
+                }
+            }
+            QuantKind::Q5_0 => {
+                let qh = u32::from_le_bytes([src[2], src[3], src[4], src[5]]);
+                for j in 0..16 {
+                    let h0 = (((qh >> j) << 4) & 0x10) as u8;
+                    let h1 = ((qh >> (j + 12)) & 0x10) as u8;
+                    q[j] = ((src[6 + j] & 0x0f) | h0) as i8 - 16;
+                    q[j + 16] = ((src[6 + j] >> 4) | h1) as i8 - 16;
+                }
+            }
+            QuantKind::Q4_1 => panic!("Q4_1 blocks are not signed values times a scale"),
+        }
+        ([src[0], src[1]], q)
     }
 }
 
@@ -89,7 +120,10 @@ impl QuantBlocks {
                 };
                 (q as f32) * d + m
             }
-            QuantKind::Q8_0 => (blk[2 + j] as i8 as f32) * d,
+            QuantKind::Q8_0 | QuantKind::Q5_0 => {
+                let (_, q) = self.kind.signed_block(&blk[..per]);
+                (q[j] as f32) * d
+            }
         }
     }
 }
