@@ -1,8 +1,8 @@
 //! GGUF weights streamed from their blocks on the CPU give what the f32 path gives, bit for
 //! bit: logits and taps of a prefill, of AR steps and of a 16-row verify of SmolLM2-135M Q4_1
-//! (Q4_1 projections, a tied Q8_0 LM head) and Qwen2.5-Coder-0.5B Q4_K_M (Q5_0 and Q8_0
-//! projections and LM head; its Q4_K/Q6_K `down_proj`s stay f32 panels). `DFLASH_CPU_QUANT=0`
-//! loads the same file with f32 panels only.
+//! (Q4_1 projections, a tied Q8_0 LM head) and Qwen2.5-Coder-0.5B Q4_K_M (Q5_0, Q8_0, Q4_K and
+//! Q6_K projections, a Q8_0 LM head). `DFLASH_CPU_QUANT=0` loads the same file with f32 panels
+//! only.
 
 use candle_core::{DType, Device, Tensor};
 use dflash_core::visibility::causal;
@@ -77,13 +77,14 @@ fn quantized_streaming_equals_the_f32_path_bit_for_bit() {
 }
 
 #[test]
-fn qwen25_coder_q5_0_and_q8_0_streaming_equals_the_f32_path_bit_for_bit() {
+fn qwen25_coder_streaming_equals_the_f32_path_bit_for_bit() {
     let path = asset(
         "models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "qwen2.5-coder",
     );
-    // per layer q, k, v, o (Q5_0 or Q8_0), gate, up (Q5_0); the Q8_0 LM head
-    same_bits_streamed_or_not(&path, 24 * 6 + 1);
+    // per layer q, k, v, o (Q5_0 or Q8_0), gate, up (Q5_0), down (Q4_K or Q6_K); the Q8_0 LM
+    // head
+    same_bits_streamed_or_not(&path, 24 * 7 + 1);
 }
 
 /// Loads `path` streamed and with f32 panels only; `streamed` projections must stream (on an

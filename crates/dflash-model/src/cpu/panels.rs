@@ -20,7 +20,7 @@
 //! each); a 16-row verify `x` `[16, 576]` runs 96 panels × 576 steps × 16 FMAs of 16 lanes;
 //! 20 rows run as a block of 16 and a block of 4 on each panel (the panel then comes from L1/L2).
 
-use crate::cpu::quant::{QuantBlocks, QuantKind, Q4_1_BYTES, Q8_0_BYTES, QBLOCK};
+use crate::cpu::quant::{QuantBlocks, QuantKind, Q4_1_BYTES, Q8_0_BYTES, QBLOCK, QK_K};
 
 /// Output columns per panel: one AVX-512 vector of f32.
 pub const PANEL: usize = 16;
@@ -56,13 +56,35 @@ pub struct Panels {
 ///
 /// Or Q8_0 blocks: per panel and block of 32 steps the 16 columns' `d` as f16 (32 bytes),
 /// then for each step the 16 columns' i8 values (16 bytes): 544 bytes per 512 weights.
+///
+/// K-quants keep their sub-blocks' scales as the f32 products the loader computes: Q4_K per 32
+/// steps `d1` and `−m1` as f32 (128 bytes) then the 32 steps' 4-bit values as for Q4_1 (384
+/// bytes per 512 weights); Q6_K per 16 steps `d · sc` as f32 (64 bytes) then the 16 steps' i8
+/// values (320 bytes per 256 weights).
 #[derive(Debug)]
 enum PanelData {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
     Q4_1(Vec<Q41>),
     Q8_0(Vec<Q80>),
+    Q4K(Vec<Q4Kb>),
+    Q6K(Vec<Q6Kb>),
 }
+
+/// A byte of Q4_K panels.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(transparent)]
+pub(crate) struct Q4Kb(u8);
+
+/// A byte of Q6_K panels.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(transparent)]
+pub(crate) struct Q6Kb(u8);
+
+/// Bytes of one Q4_K panel block (16 columns × 32 steps, f32 scales).
+const Q4K_PANEL_BLOCK: usize = 128 + 32 * 8;
+/// Bytes of one Q6_K panel block (16 columns × 16 steps, f32 scales).
+const Q6K_PANEL_BLOCK: usize = 64 + 16 * 16;
 
 /// A byte of Q4_1 panels (the kernel's stream type).
 #[derive(Debug, Clone, Copy, Default)]
@@ -135,12 +157,17 @@ impl Panels {
         use rayon::prelude::*;
         let (n, k) = (q.n, q.k);
         let nb = k / QBLOCK;
-        let per_block = match q.kind {
-            QuantKind::Q4_1 => Q4_1_PANEL_BLOCK,
-            QuantKind::Q8_0 | QuantKind::Q5_0 => Q8_0_PANEL_BLOCK,
+        let (per_block, steps) = match q.kind {
+            QuantKind::Q4_1 => (Q4_1_PANEL_BLOCK, QBLOCK),
+            QuantKind::Q8_0 | QuantKind::Q5_0 => (Q8_0_PANEL_BLOCK, QBLOCK),
+            QuantKind::Q4K => (Q4K_PANEL_BLOCK, QBLOCK),
+            QuantKind::Q6K => (Q6K_PANEL_BLOCK, 16),
         };
         let src_bytes = q.kind.block_bytes();
-        let panel_bytes = nb * per_block;
+        let panel_bytes = k / steps * per_block;
+        if matches!(q.kind, QuantKind::Q4K | QuantKind::Q6K) {
+            return Self::pack_k_quant(q, per_block, panel_bytes);
+        }
         let mut data = vec![0u8; n.div_ceil(PANEL) * panel_bytes];
         data.par_chunks_mut(panel_bytes.max(1))
             .enumerate()
@@ -170,6 +197,7 @@ impl Panels {
                                     dst[32 + j * 16 + c] = *v as u8;
                                 }
                             }
+                            QuantKind::Q4K | QuantKind::Q6K => unreachable!("packed above"),
                         }
                     }
                 }
@@ -179,6 +207,57 @@ impl Panels {
             QuantKind::Q8_0 | QuantKind::Q5_0 => {
                 PanelData::Q8_0(data.into_iter().map(Q80).collect())
             }
+            QuantKind::Q4K | QuantKind::Q6K => unreachable!("packed above"),
+        };
+        Self { data, n, k }
+    }
+
+    /// [`Self::pack_quantized`] for Q4_K and Q6_K: each super-block decoded once into its
+    /// sub-blocks (f32 scales, see [`PanelData`]).
+    fn pack_k_quant(q: &QuantBlocks, per_block: usize, panel_bytes: usize) -> Self {
+        use rayon::prelude::*;
+        let (n, k) = (q.n, q.k);
+        let supers = k / QK_K;
+        let src_bytes = q.kind.block_bytes();
+        let mut data = vec![0u8; n.div_ceil(PANEL) * panel_bytes];
+        let put = |dst: &mut [u8], at: usize, v: f32| {
+            dst[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        };
+        data.par_chunks_mut(panel_bytes.max(1))
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for c in 0..PANEL.min(n - p * PANEL) {
+                    let row = p * PANEL + c;
+                    for sb in 0..supers {
+                        let src = &q.bytes[(row * supers + sb) * src_bytes..][..src_bytes];
+                        if q.kind == QuantKind::Q4K {
+                            for (i, (d, m, vals)) in
+                                q.kind.affine_block(src).into_iter().enumerate()
+                            {
+                                let dst = &mut panel[(sb * 8 + i) * per_block..][..per_block];
+                                put(dst, 4 * c, d);
+                                put(dst, 64 + 4 * c, m);
+                                for (j, v) in vals.iter().enumerate() {
+                                    let byte = &mut dst[128 + j * 8 + c % 8];
+                                    *byte |= if c < 8 { *v } else { *v << 4 };
+                                }
+                            }
+                        } else {
+                            for (i, (d, vals)) in QuantKind::q6k_block(src).into_iter().enumerate()
+                            {
+                                let dst = &mut panel[(sb * 16 + i) * per_block..][..per_block];
+                                put(dst, 4 * c, d);
+                                for (j, v) in vals.iter().enumerate() {
+                                    dst[64 + j * 16 + c] = *v as u8;
+                                }
+                            }
+                        }
+                    }
+                }
+            });
+        let data = match q.kind {
+            QuantKind::Q4K => PanelData::Q4K(data.into_iter().map(Q4Kb).collect()),
+            _ => PanelData::Q6K(data.into_iter().map(Q6Kb).collect()),
         };
         Self { data, n, k }
     }
@@ -192,12 +271,14 @@ impl Panels {
             PanelData::Bf16(_) => w * 2,
             PanelData::Q4_1(_) => w / QBLOCK * Q4_1_BYTES,
             PanelData::Q8_0(_) => w / QBLOCK * Q8_0_BYTES, // Q5_0 too, held as Q8_0
+            PanelData::Q4K(_) => w / (QBLOCK * 16) * Q4K_PANEL_BLOCK,
+            PanelData::Q6K(_) => w / (16 * 16) * Q6K_PANEL_BLOCK,
         }
     }
 
     /// Whether the weights stream from quantized blocks.
     pub fn is_quantized(&self) -> bool {
-        matches!(self.data, PanelData::Q4_1(_) | PanelData::Q8_0(_))
+        !matches!(self.data, PanelData::F32(_) | PanelData::Bf16(_))
     }
 
     /// Whether the weights are kept as bf16 (all of them are bf16 values).
@@ -225,6 +306,8 @@ impl Panels {
             PanelData::Bf16(d) => self.matmul_of(d, x, rows),
             PanelData::Q4_1(d) => self.matmul_of(d, x, rows),
             PanelData::Q8_0(d) => self.matmul_of(d, x, rows),
+            PanelData::Q4K(d) => self.matmul_of(d, x, rows),
+            PanelData::Q6K(d) => self.matmul_of(d, x, rows),
         }
     }
 
@@ -314,6 +397,16 @@ mod avx512 {
             k / 32 * super::Q8_0_PANEL_BLOCK
         }
     }
+    impl Stream for super::Q4Kb {
+        fn panel_len(k: usize) -> usize {
+            k / 32 * super::Q4K_PANEL_BLOCK
+        }
+    }
+    impl Stream for super::Q6Kb {
+        fn panel_len(k: usize) -> usize {
+            k / 16 * super::Q6K_PANEL_BLOCK
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -400,7 +493,47 @@ mod avx512 {
         ) {
             // Q41 is a transparent u8
             let bytes = std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
-            rows_r_q4_1::<R>(x, k, bytes, y, ldy, cols)
+            rows_r_q4_1::<R, false>(x, k, bytes, y, ldy, cols)
+        }
+    }
+
+    /// Q4_K panel bytes (see `PanelData`): the Q4_1 kernel with f32 scales.
+    impl Stream for super::Q4Kb {
+        fn panel_len(k: usize) -> usize {
+            k / 32 * super::Q4K_PANEL_BLOCK
+        }
+        #[inline]
+        unsafe fn rows<const R: usize>(
+            x: &[f32],
+            k: usize,
+            panel: &[super::Q4Kb],
+            y: *mut f32,
+            ldy: usize,
+            cols: usize,
+        ) {
+            // Q4Kb is a transparent u8
+            let bytes = std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
+            rows_r_q4_1::<R, true>(x, k, bytes, y, ldy, cols)
+        }
+    }
+
+    /// Q6_K panel bytes (see `PanelData`): the Q8_0 kernel with f32 scales per 16 steps.
+    impl Stream for super::Q6Kb {
+        fn panel_len(k: usize) -> usize {
+            k / 16 * super::Q6K_PANEL_BLOCK
+        }
+        #[inline]
+        unsafe fn rows<const R: usize>(
+            x: &[f32],
+            k: usize,
+            panel: &[super::Q6Kb],
+            y: *mut f32,
+            ldy: usize,
+            cols: usize,
+        ) {
+            // Q6Kb is a transparent u8
+            let bytes = std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
+            rows_r_q8_0::<R, 16, true>(x, k, bytes, y, ldy, cols)
         }
     }
 
@@ -420,7 +553,7 @@ mod avx512 {
         ) {
             // Q80 is a transparent u8
             let bytes = std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
-            rows_r_q8_0::<R>(x, k, bytes, y, ldy, cols)
+            rows_r_q8_0::<R, 32, false>(x, k, bytes, y, ldy, cols)
         }
     }
 
@@ -500,13 +633,13 @@ mod avx512 {
         }
     }
 
-    /// [`rows_r`] over a Q4_1 panel: per block of 32 steps the 16 columns' `d` and `m`
-    /// widened from f16 (exact), per step the 16 values unpacked from 8 bytes and dequantized
-    /// as `q · d + m` (a product, then a sum: the loader's two roundings), then the same
-    /// multiply-adds in the same order as the f32 panels.
+    /// [`rows_r`] over a Q4_1 panel (f16 scales) or a Q4_K one (f32 scales): per block of 32
+    /// steps the 16 columns' `d` and `m` (widened from f16 exactly, or read), per step the 16
+    /// values unpacked from 8 bytes and dequantized as `q · d + m` (a product, then a sum: the
+    /// loader's two roundings), then the same multiply-adds in the same order as the f32 panels.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows_r_q4_1<const R: usize>(
+    unsafe fn rows_r_q4_1<const R: usize, const F32_SCALES: bool>(
         x: &[f32],
         k: usize,
         panel: &[u8],
@@ -514,36 +647,51 @@ mod avx512 {
         ldy: usize,
         cols: usize,
     ) {
-        const BLOCK: usize = super::Q4_1_PANEL_BLOCK;
-        debug_assert!(x.len() == R * k && panel.len() == k / 32 * BLOCK);
+        let (block, scales) = if F32_SCALES {
+            (super::Q4K_PANEL_BLOCK, 128)
+        } else {
+            (super::Q4_1_PANEL_BLOCK, 64)
+        };
+        debug_assert!(x.len() == R * k && panel.len() == k / 32 * block);
         let (xp, pp) = (x.as_ptr(), panel.as_ptr());
         let mut acc = [_mm512_setzero_ps(); R];
         let low = _mm_set1_epi8(0x0f);
         for b in 0..k / 32 {
-            let base = pp.add(b * BLOCK);
-            _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(b * BLOCK + AHEAD_BYTES) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(b * BLOCK + AHEAD_BYTES + 64) as *const i8);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i));
-            let m = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(32) as *const __m256i));
+            let base = pp.add(b * block);
+            for line in 0..block.div_ceil(64) {
+                let at = b * block + AHEAD_BYTES + 64 * line;
+                _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(at) as *const i8);
+            }
+            let (d, m) = if F32_SCALES {
+                (
+                    _mm512_loadu_ps(base as *const f32),
+                    _mm512_loadu_ps(base.add(64) as *const f32),
+                )
+            } else {
+                (
+                    _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i)),
+                    _mm512_cvtph_ps(_mm256_loadu_si256(base.add(32) as *const __m256i)),
+                )
+            };
             for j in 0..32 {
-                let raw = _mm_loadl_epi64(base.add(64 + j * 8) as *const __m128i);
+                let raw = _mm_loadl_epi64(base.add(scales + j * 8) as *const __m128i);
                 let lo = _mm_and_si128(raw, low);
                 let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), low);
                 // lanes 0..8 the low nibbles (columns 0..8), 8..16 the high ones
                 let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
                 let w = _mm512_add_ps(_mm512_mul_ps(q, d), m);
-                let kk = b * 32 + j;
-                fma_rows(&mut acc, xp, k, kk, w);
+                fma_rows(&mut acc, xp, k, b * 32 + j, w);
             }
         }
         store_rows(&acc, y, ldy, cols);
     }
 
-    /// [`rows_r`] over a Q8_0 panel: per block the 16 columns' `d` widened from f16, per step
-    /// the 16 i8 values widened and dequantized as `q · d` (the loader's one rounding).
+    /// [`rows_r`] over a panel of signed values with one scale per `GROUP` steps: Q8_0 / Q5_0
+    /// (32 steps, f16 scales) or Q6_K (16 steps, f32 scales). Per step the 16 i8 values widened
+    /// and dequantized as `q · d` (the loader's one rounding).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows_r_q8_0<const R: usize>(
+    unsafe fn rows_r_q8_0<const R: usize, const GROUP: usize, const F32_SCALES: bool>(
         x: &[f32],
         k: usize,
         panel: &[u8],
@@ -551,23 +699,26 @@ mod avx512 {
         ldy: usize,
         cols: usize,
     ) {
-        const BLOCK: usize = super::Q8_0_PANEL_BLOCK;
-        debug_assert!(x.len() == R * k && panel.len() == k / 32 * BLOCK);
+        let scales = if F32_SCALES { 64 } else { 32 };
+        let block = scales + GROUP * 16;
+        debug_assert!(x.len() == R * k && panel.len() == k / GROUP * block);
         let (xp, pp) = (x.as_ptr(), panel.as_ptr());
         let mut acc = [_mm512_setzero_ps(); R];
-        for b in 0..k / 32 {
-            let base = pp.add(b * BLOCK);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i));
-            for j in 0..32 {
+        for b in 0..k / GROUP {
+            let base = pp.add(b * block);
+            let d = if F32_SCALES {
+                _mm512_loadu_ps(base as *const f32)
+            } else {
+                _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i))
+            };
+            for j in 0..GROUP {
                 if j % 4 == 0 {
-                    _mm_prefetch::<_MM_HINT_T0>(
-                        pp.wrapping_add(b * BLOCK + 32 + j * 16 + AHEAD_BYTES) as *const i8,
-                    );
+                    let at = b * block + scales + j * 16 + AHEAD_BYTES;
+                    _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(at) as *const i8);
                 }
-                let v = _mm_loadu_si128(base.add(32 + j * 16) as *const __m128i);
+                let v = _mm_loadu_si128(base.add(scales + j * 16) as *const __m128i);
                 let w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), d);
-                let kk = b * 32 + j;
-                fma_rows(&mut acc, xp, k, kk, w);
+                fma_rows(&mut acc, xp, k, b * GROUP + j, w);
             }
         }
         store_rows(&acc, y, ldy, cols);
@@ -613,6 +764,7 @@ mod tests {
                 }
                 QuantKind::Q8_0 => 32,
                 QuantKind::Q5_0 => 20,
+                QuantKind::Q4K | QuantKind::Q6K => unreachable!("k_quantized"),
             };
             for j in 0..len {
                 let h = (b as u32)
@@ -624,7 +776,24 @@ mod tests {
         QuantBlocks::new(kind, n, k, bytes).unwrap()
     }
 
-    /// Quantized panels (Q4_1, Q8_0, Q5_0) give the f32 panels' outputs of the dequantized weight
+    /// Random K-quant super-blocks: random bytes, the f16 scales set to finite values.
+    fn k_quantized(kind: QuantKind, n: usize, k: usize, seed: u32) -> QuantBlocks {
+        let per = kind.block_bytes();
+        let count = n * k / QK_K;
+        let v = values(count * per, seed);
+        let mut bytes: Vec<u8> = v.iter().map(|x| (x.to_bits() >> 11) as u8).collect();
+        for b in 0..count {
+            let blk = &mut bytes[b * per..(b + 1) * per];
+            let at = if kind == QuantKind::Q6K { per - 2 } else { 0 };
+            blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01 + v[b] * 0.01).to_le_bytes());
+            if kind == QuantKind::Q4K {
+                blk[2..4].copy_from_slice(&half::f16::from_f32(0.02 - v[b] * 0.01).to_le_bytes());
+            }
+        }
+        QuantBlocks::new(kind, n, k, bytes).unwrap()
+    }
+
+    /// Quantized panels (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) give the f32 panels' outputs of the dequantized weight
     /// bit for bit, for every block of rows and a width that is not a multiple of 16; the Q4_1
     /// packing puts column 0 in the low and column 8 in the high nibble of a step's first byte
     /// (the doc's example).
@@ -651,8 +820,17 @@ mod tests {
             eprintln!("skipped the products: no AVX-512F on this CPU");
             return;
         }
-        for kind in [QuantKind::Q4_1, QuantKind::Q8_0, QuantKind::Q5_0] {
-            let q = quantized(kind, 37, 96, 5);
+        for kind in [
+            QuantKind::Q4_1,
+            QuantKind::Q8_0,
+            QuantKind::Q5_0,
+            QuantKind::Q4K,
+            QuantKind::Q6K,
+        ] {
+            let q = match kind {
+                QuantKind::Q4K | QuantKind::Q6K => k_quantized(kind, 37, 512, 5),
+                _ => quantized(kind, 37, 96, 5),
+            };
             let p = Panels::pack_quantized(&q);
             assert!(p.is_quantized());
             let w: Vec<f32> = (0..q.n)

@@ -9,7 +9,12 @@
 //! - Q8_0 `{d: f16, qs: [i8; 32]}` (34 bytes): weight `j` = `qs[j] · d`;
 //! - Q5_0 `{d: f16, qh: u32, qs: [u8; 16]}` (22 bytes): weight `j` = `q · d`, `q` the low or
 //!   high nibble of `qs[j mod 16]` with bit `j` of `qh` as its fifth bit, minus 16 (the panels
-//!   hold it as a Q8_0 value: the same product).
+//!   hold it as a Q8_0 value: the same product);
+//! - Q4_K super-blocks of 256 `{d, dmin: f16, scales: [u8; 12], qs: [u8; 128]}` (144 bytes):
+//!   sub-block `s` of 32 has `d1 = d · sc_s`, `m1 = dmin · m_s` (f32 products) and weight
+//!   `d1 · q − m1`, the panels' `q · d1 + (−m1)` (the same two roundings);
+//! - Q6_K super-blocks of 256 `{ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16}` (210
+//!   bytes): sub-block `s` of 16 has `s_d = d · sc_s` and weight `s_d · q`, `q` of 6 bits − 32.
 //!
 //! Example: Q4_1 d = 0.5, m = −1, qs[0] = 0x73 → weight 0 = 3 · 0.5 − 1 = 0.5, weight 16 =
 //! 7 · 0.5 − 1 = 2.5; Q8_0 d = 0.25, qs[0] = −6 → weight 0 = −1.5.
@@ -24,6 +29,8 @@ pub const Q4_1_BYTES: usize = 20;
 pub const Q8_0_BYTES: usize = 34;
 /// Bytes per Q5_0 block.
 pub const Q5_0_BYTES: usize = 22;
+/// Weights per K-quant super-block.
+pub const QK_K: usize = 256;
 
 /// The quantized formats the panels stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +38,8 @@ pub enum QuantKind {
     Q4_1,
     Q8_0,
     Q5_0,
+    Q4K,
+    Q6K,
 }
 
 impl QuantKind {
@@ -40,7 +49,88 @@ impl QuantKind {
             QuantKind::Q4_1 => Q4_1_BYTES,
             QuantKind::Q8_0 => Q8_0_BYTES,
             QuantKind::Q5_0 => Q5_0_BYTES,
+            QuantKind::Q4K => 144,
+            QuantKind::Q6K => 210,
         }
+    }
+
+    /// Weights per block.
+    pub fn block_weights(self) -> usize {
+        match self {
+            QuantKind::Q4K | QuantKind::Q6K => QK_K,
+            _ => QBLOCK,
+        }
+    }
+
+    /// A Q4_1 or Q4_K block as sub-blocks of 32: `(d, m, q)` with weight `j` = `q[j] · d + m`
+    /// in f32 (Q4_K's `m` is `−m1`).
+    pub fn affine_block(self, src: &[u8]) -> Vec<(f32, f32, [u8; QBLOCK])> {
+        let f16 = |i: usize| half::f16::from_le_bytes([src[i], src[i + 1]]).to_f32();
+        match self {
+            QuantKind::Q4_1 => {
+                let mut q = [0u8; QBLOCK];
+                for j in 0..16 {
+                    q[j] = src[4 + j] & 15;
+                    q[j + 16] = src[4 + j] >> 4;
+                }
+                vec![(f16(0), f16(2), q)]
+            }
+            QuantKind::Q4K => {
+                let (d, min) = (f16(0), f16(2));
+                let scales = &src[4..16];
+                let qs = &src[16..144];
+                let scale_min = |j: usize| -> (u8, u8) {
+                    if j < 4 {
+                        (scales[j] & 63, scales[j + 4] & 63)
+                    } else {
+                        (
+                            (scales[j + 4] & 0xf) | ((scales[j - 4] >> 6) << 4),
+                            (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4),
+                        )
+                    }
+                };
+                (0..8)
+                    .map(|s| {
+                        let (sc, m) = scale_min(s);
+                        let half = &qs[(s / 2) * 32..(s / 2) * 32 + 32];
+                        let mut q = [0u8; QBLOCK];
+                        for (j, v) in q.iter_mut().enumerate() {
+                            *v = if s % 2 == 0 {
+                                half[j] & 0xf
+                            } else {
+                                half[j] >> 4
+                            };
+                        }
+                        (d * sc as f32, -(min * m as f32), q)
+                    })
+                    .collect()
+            }
+            other => panic!("{other:?} blocks are not 4-bit values with a scale and a minimum"),
+        }
+    }
+
+    /// A Q6_K super-block as 16 sub-blocks of 16: `(s_d, q)` with weight `j` = `q[j] · s_d`.
+    pub fn q6k_block(src: &[u8]) -> Vec<(f32, [i8; 16])> {
+        let (ql, qh) = (&src[0..128], &src[128..192]);
+        let sc = &src[192..208];
+        let d = half::f16::from_le_bytes([src[208], src[209]]).to_f32();
+        let mut q = [0i8; QK_K];
+        for n in 0..2 {
+            let (ql, qh, y) = (&ql[64 * n..], &qh[32 * n..], &mut q[128 * n..]);
+            for l in 0..32 {
+                y[l] = ((ql[l] & 0xf) | ((qh[l] & 3) << 4)) as i8 - 32;
+                y[l + 32] = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+                y[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+                y[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+            }
+        }
+        (0..16)
+            .map(|s| {
+                let mut g = [0i8; 16];
+                g.copy_from_slice(&q[16 * s..16 * s + 16]);
+                (d * (sc[s] as i8) as f32, g)
+            })
+            .collect()
     }
 
     /// A Q8_0 or Q5_0 block as its scale's f16 bytes and 32 signed values (weight `j` =
@@ -62,7 +152,7 @@ impl QuantKind {
                     q[j + 16] = ((src[6 + j] >> 4) | h1) as i8 - 16;
                 }
             }
-            QuantKind::Q4_1 => panic!("Q4_1 blocks are not signed values times a scale"),
+            other => panic!("{other:?} blocks are not 32 signed values times an f16 scale"),
         }
         ([src[0], src[1]], q)
     }
@@ -80,12 +170,12 @@ pub struct QuantBlocks {
 
 impl QuantBlocks {
     pub fn new(kind: QuantKind, n: usize, k: usize, bytes: Vec<u8>) -> Result<Self> {
-        let per = kind.block_bytes();
-        if !k.is_multiple_of(QBLOCK) || bytes.len() != n * k / QBLOCK * per {
+        let (per, bw) = (kind.block_bytes(), kind.block_weights());
+        if !k.is_multiple_of(bw) || bytes.len() != n * k / bw * per {
             bail!(
-                "{kind:?} weight [{n}, {k}]: {} bytes, expected {} (rows of 32-weight blocks)",
+                "{kind:?} weight [{n}, {k}]: {} bytes, expected {} (rows of {bw}-weight blocks)",
                 bytes.len(),
-                n * k.div_ceil(QBLOCK) * per
+                n * k.div_ceil(bw) * per
             );
         }
         Ok(Self { kind, n, k, bytes })
@@ -93,7 +183,7 @@ impl QuantBlocks {
 
     /// The same blocks with their rows reordered: row `i` of the result is row `from[i]`.
     pub fn with_rows(&self, from: &[usize]) -> Self {
-        let row = self.k / QBLOCK * self.kind.block_bytes();
+        let row = self.k / self.kind.block_weights() * self.kind.block_bytes();
         let mut bytes = Vec::with_capacity(self.bytes.len());
         for &r in from {
             bytes.extend_from_slice(&self.bytes[r * row..(r + 1) * row]);
@@ -106,23 +196,22 @@ impl QuantBlocks {
 
     /// Weight `(row, col)` as the loader dequantizes it (the reference of the tests).
     pub fn value(&self, row: usize, col: usize) -> f32 {
-        let per = self.kind.block_bytes();
-        let blk = &self.bytes[(row * self.k / QBLOCK + col / QBLOCK) * per..];
-        let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-        let j = col % QBLOCK;
+        let (per, bw) = (self.kind.block_bytes(), self.kind.block_weights());
+        let blk = &self.bytes[(row * self.k / bw + col / bw) * per..][..per];
+        let j = col % bw;
         match self.kind {
-            QuantKind::Q4_1 => {
-                let m = half::f16::from_le_bytes([blk[2], blk[3]]).to_f32();
-                let q = if j < 16 {
-                    blk[4 + j] & 15
-                } else {
-                    blk[4 + j - 16] >> 4
-                };
-                (q as f32) * d + m
+            QuantKind::Q4_1 | QuantKind::Q4K => {
+                let (d, m, q) = self.kind.affine_block(blk)[j / QBLOCK];
+                (q[j % QBLOCK] as f32) * d + m
             }
             QuantKind::Q8_0 | QuantKind::Q5_0 => {
-                let (_, q) = self.kind.signed_block(&blk[..per]);
+                let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                let (_, q) = self.kind.signed_block(blk);
                 (q[j] as f32) * d
+            }
+            QuantKind::Q6K => {
+                let (d, q) = QuantKind::q6k_block(blk)[j / 16];
+                (q[j % 16] as f32) * d
             }
         }
     }

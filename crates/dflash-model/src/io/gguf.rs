@@ -199,11 +199,14 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
         if let Some(h) = row_heads {
             t = unpermute_rows(&t, h)?;
         }
-        // a Q4_1, Q8_0 or Q5_0 weight also keeps its blocks, for the CPU panels to stream (exact)
+        // a Q4_1, Q8_0, Q5_0, Q4_K or Q6_K weight also keeps its blocks, for the CPU panels to
+        // stream (exact)
         let kind = match q.dtype() {
             GgmlDType::Q4_1 => Some(QuantKind::Q4_1),
             GgmlDType::Q8_0 => Some(QuantKind::Q8_0),
             GgmlDType::Q5_0 => Some(QuantKind::Q5_0),
+            GgmlDType::Q4K => Some(QuantKind::Q4K),
+            GgmlDType::Q6K => Some(QuantKind::Q6K),
             _ => None,
         };
         if let (Some(kind), 2, DType::F32, true) = (kind, t.rank(), dtype, device.is_cpu()) {
