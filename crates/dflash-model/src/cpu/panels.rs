@@ -387,26 +387,19 @@ mod avx512 {
             k * 16
         }
     }
-    impl Stream for super::Q41 {
-        fn panel_len(k: usize) -> usize {
-            k / 32 * super::Q4_1_PANEL_BLOCK
-        }
+    macro_rules! byte_stream {
+        ($t:ident, $steps:expr, $block:ident) => {
+            impl Stream for super::$t {
+                fn panel_len(k: usize) -> usize {
+                    k / $steps * super::$block
+                }
+            }
+        };
     }
-    impl Stream for super::Q80 {
-        fn panel_len(k: usize) -> usize {
-            k / 32 * super::Q8_0_PANEL_BLOCK
-        }
-    }
-    impl Stream for super::Q4Kb {
-        fn panel_len(k: usize) -> usize {
-            k / 32 * super::Q4K_PANEL_BLOCK
-        }
-    }
-    impl Stream for super::Q6Kb {
-        fn panel_len(k: usize) -> usize {
-            k / 16 * super::Q6K_PANEL_BLOCK
-        }
-    }
+    byte_stream!(Q41, 32, Q4_1_PANEL_BLOCK);
+    byte_stream!(Q80, 32, Q8_0_PANEL_BLOCK);
+    byte_stream!(Q4Kb, 32, Q4K_PANEL_BLOCK);
+    byte_stream!(Q6Kb, 16, Q6K_PANEL_BLOCK);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -444,7 +437,7 @@ mod avx512 {
     }
 
     /// A panel's values as the kernel reads them: its length for `k` steps and its rows'
-    /// products ([`rows_r`] for plain values, [`rows_r_q4_1`] for Q4_1 blocks).
+    /// products ([`rows_r`] for plain values, the quantized kernels for blocks).
     pub trait Stream: Copy + Sync {
         fn panel_len(k: usize) -> usize;
         /// # Safety
@@ -477,85 +470,35 @@ mod avx512 {
         }
     }
 
-    /// Q4_1 panel bytes (see `PanelData`).
-    impl Stream for super::Q41 {
-        fn panel_len(k: usize) -> usize {
-            k / 32 * super::Q4_1_PANEL_BLOCK
-        }
-        #[inline]
-        unsafe fn rows<const R: usize>(
-            x: &[f32],
-            k: usize,
-            panel: &[super::Q41],
-            y: *mut f32,
-            ldy: usize,
-            cols: usize,
-        ) {
-            // Q41 is a transparent u8
-            let bytes = std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
-            rows_r_q4_1::<R, false>(x, k, bytes, y, ldy, cols)
-        }
+    /// The quantized panels' byte streams (see `PanelData`), each a transparent `u8`, and the
+    /// kernel that reads them: Q4_1 and Q4_K the 4-bit kernel (f16 or f32 scales), Q8_0 (and
+    /// Q5_0) and Q6_K the signed one (32 steps per f16 scale, or 16 per f32 one).
+    macro_rules! byte_stream {
+        ($t:ident, $steps:expr, $block:ident, $kernel:ident, $($arg:expr),*) => {
+            impl Stream for super::$t {
+                fn panel_len(k: usize) -> usize {
+                    k / $steps * super::$block
+                }
+                #[inline]
+                unsafe fn rows<const R: usize>(
+                    x: &[f32],
+                    k: usize,
+                    panel: &[super::$t],
+                    y: *mut f32,
+                    ldy: usize,
+                    cols: usize,
+                ) {
+                    let bytes =
+                        std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
+                    $kernel::<R, $({ $arg }),*>(x, k, bytes, y, ldy, cols)
+                }
+            }
+        };
     }
-
-    /// Q4_K panel bytes (see `PanelData`): the Q4_1 kernel with f32 scales.
-    impl Stream for super::Q4Kb {
-        fn panel_len(k: usize) -> usize {
-            k / 32 * super::Q4K_PANEL_BLOCK
-        }
-        #[inline]
-        unsafe fn rows<const R: usize>(
-            x: &[f32],
-            k: usize,
-            panel: &[super::Q4Kb],
-            y: *mut f32,
-            ldy: usize,
-            cols: usize,
-        ) {
-            // Q4Kb is a transparent u8
-            let bytes = std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
-            rows_r_q4_1::<R, true>(x, k, bytes, y, ldy, cols)
-        }
-    }
-
-    /// Q6_K panel bytes (see `PanelData`): the Q8_0 kernel with f32 scales per 16 steps.
-    impl Stream for super::Q6Kb {
-        fn panel_len(k: usize) -> usize {
-            k / 16 * super::Q6K_PANEL_BLOCK
-        }
-        #[inline]
-        unsafe fn rows<const R: usize>(
-            x: &[f32],
-            k: usize,
-            panel: &[super::Q6Kb],
-            y: *mut f32,
-            ldy: usize,
-            cols: usize,
-        ) {
-            // Q6Kb is a transparent u8
-            let bytes = std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
-            rows_r_q8_0::<R, 16, true>(x, k, bytes, y, ldy, cols)
-        }
-    }
-
-    /// Q8_0 panel bytes (see `PanelData`).
-    impl Stream for super::Q80 {
-        fn panel_len(k: usize) -> usize {
-            k / 32 * super::Q8_0_PANEL_BLOCK
-        }
-        #[inline]
-        unsafe fn rows<const R: usize>(
-            x: &[f32],
-            k: usize,
-            panel: &[super::Q80],
-            y: *mut f32,
-            ldy: usize,
-            cols: usize,
-        ) {
-            // Q80 is a transparent u8
-            let bytes = std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
-            rows_r_q8_0::<R, 32, false>(x, k, bytes, y, ldy, cols)
-        }
-    }
+    byte_stream!(Q41, 32, Q4_1_PANEL_BLOCK, rows_r_q4_1, false);
+    byte_stream!(Q4Kb, 32, Q4K_PANEL_BLOCK, rows_r_q4_1, true);
+    byte_stream!(Q80, 32, Q8_0_PANEL_BLOCK, rows_r_q8_0, 32, false);
+    byte_stream!(Q6Kb, 16, Q6K_PANEL_BLOCK, rows_r_q8_0, 16, true);
 
     /// `y[r, 0..cols]` (row stride `ldy`) for the `rows ≤ 16` rows of `x` (`rows × k`) against
     /// one panel (`k × 16` values).
