@@ -74,7 +74,33 @@ pub fn kernel_family(t: &Target) -> KernelFamily {
     }
 }
 
+/// How a kernel family stands against another (the doctor's judgement): other numerics are a
+/// mismatch; the same numerics may still come from another implementation or precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelMatch {
+    /// Other numerics: the hidden states differ by more than rounding.
+    OtherNumerics,
+    /// The same numerics; which of implementation and precision differ.
+    SameNumerics {
+        other_implementation: bool,
+        other_precision: bool,
+    },
+}
+
 impl KernelFamily {
+    /// This family against `other`. Example: dflash-rs cuda bf16 against dflash-rs host f32 →
+    /// `SameNumerics { other_implementation: true, other_precision: true }`; against fla →
+    /// `OtherNumerics`.
+    pub fn against(&self, other: &KernelFamily) -> KernelMatch {
+        if self.numerics != other.numerics {
+            return KernelMatch::OtherNumerics;
+        }
+        KernelMatch::SameNumerics {
+            other_implementation: self.linear_attention != other.linear_attention,
+            other_precision: self.precision != other.precision,
+        }
+    }
+
     /// `"linear attention X (numerics N), bf16"` or `"no linear attention, f32"`.
     pub fn describe(&self) -> String {
         match (&self.linear_attention, &self.numerics) {

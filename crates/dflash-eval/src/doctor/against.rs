@@ -17,6 +17,7 @@ use super::canary::{
     PromptAt,
 };
 use super::{Check, Tolerances};
+use dflash_train::fingerprint::KernelMatch;
 
 /// max |a − b| / std(b) over two same-shape tensors (∞ when a holds a non-finite value or the
 /// shapes differ).
@@ -106,7 +107,10 @@ fn kernels_check(theirs: &Canary, ours: &Canary) -> Check {
     let (Some(t), Some(o)) = (&theirs.meta.kernels, &ours.meta.kernels) else {
         return Check::skipped(NAME, "their dump does not say what computed its taps");
     };
-    if t.numerics != o.numerics {
+    let KernelMatch::SameNumerics {
+        other_precision, ..
+    } = o.against(t)
+    else {
         return Check::new(
             NAME,
             false,
@@ -116,8 +120,8 @@ fn kernels_check(theirs: &Canary, ours: &Canary) -> Check {
                 o.describe()
             ),
         );
-    }
-    let precision = if t.precision == o.precision {
+    };
+    let precision = if !other_precision {
         String::new()
     } else {
         format!(
@@ -192,10 +196,20 @@ fn taps_check(
             "their tap of layer {bad} equals dflash-rs's output of layer {n} (shifted by {s}): hidden_states[i] for hidden_states[i+1]? (tap = output of layer i = hidden_states[i+1])"
         ),
         (None, Some(g)) => match (&theirs.meta.kernels, &ours.meta.kernels) {
-            (Some(t), Some(o)) if t.numerics == o.numerics && t.precision != o.precision => format!(
+            (Some(t), Some(o))
+                if matches!(
+                    o.against(t),
+                    KernelMatch::SameNumerics {
+                        other_precision: true,
+                        ..
+                    }
+                ) =>
+            {
+                format!(
                 "taps of layer {bad} differ by {dev:.1e} std, with linear-attention layers from layer {g} on: the same kernel numerics in another precision ({} there, {} here): run the doctor in {}",
                 t.precision, o.precision, t.precision
-            ),
+            )
+            }
             _ => format!(
                 "taps of layer {bad} differ by {dev:.1e} std, with linear-attention layers from layer {g} on: another linear-attention kernel (fla vs a torch fallback)?"
             ),

@@ -7,7 +7,7 @@ use dflash_model::models::drafter::Drafter;
 use dflash_train::checkpoint::TrainingRecord;
 use dflash_train::config::TrainConfig;
 use dflash_train::data::read_sequences;
-use dflash_train::fingerprint::fingerprint;
+use dflash_train::fingerprint::{fingerprint, KernelMatch};
 use dflash_train::trainer::{usable_sequences, validate, FeatureCache, TrainableDrafter};
 
 use super::probes::{measured_tau, parity_diff, tap_deviation};
@@ -148,7 +148,11 @@ pub(super) fn kernel_family(s: &Subject) -> Check {
         );
     };
     let now = dflash_train::fingerprint::kernel_family(&s.lt.target);
-    if then.numerics != now.numerics {
+    let KernelMatch::SameNumerics {
+        other_implementation,
+        other_precision,
+    } = now.against(then)
+    else {
         return Check::new(
             NAME,
             false,
@@ -158,15 +162,15 @@ pub(super) fn kernel_family(s: &Subject) -> Check {
                 now.describe()
             ),
         );
-    }
+    };
     let mut notes = Vec::new();
-    if then.linear_attention != now.linear_attention {
+    if other_implementation {
         notes.push(format!(
             "another implementation of the same numerics ({} at training)",
             then.linear_attention.as_deref().unwrap_or("none")
         ));
     }
-    if then.precision != now.precision {
+    if other_precision {
         notes.push(format!(
             "another precision ({} at training): the tap statistics use the cross-dtype tolerance",
             then.precision
