@@ -227,20 +227,7 @@ impl KvCache {
     /// Keep the first `len` rows (rollback after a partially accepted chain). Linear-attention
     /// layers install the state after row `len - 1`, which must lie in the last forward.
     pub fn truncate(&mut self, len: usize) -> Result<()> {
-        let len = self.len.min(len);
-        if self.has_gdn() {
-            let base = self.gdn_base();
-            if len < base {
-                candle_core::bail!("cannot roll linear-attention state back to {len} rows: the last forward started at row {base}");
-            }
-            for g in self.gdn.iter_mut().flatten() {
-                g.settle_prefix(len - base)
-                    .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
-            }
-        }
-        self.len = len;
-        self.pending = 0;
-        Ok(())
+        self.cut(len, true)
     }
 
     /// Drop the rows of the last forward from `len` on, as padding (a padded fixed-shape
@@ -249,21 +236,35 @@ impl KvCache {
     /// settled by the next rollback or forward) instead of settling them.
     /// Example: a 16-row padded verify of 5 real rows at cache 40 → 45 rows, 5 pending.
     pub fn drop_padding(&mut self, len: usize) -> Result<()> {
+        self.cut(len, false)
+    }
+
+    /// [`KvCache::truncate`] (`settle`) or [`KvCache::drop_padding`].
+    fn cut(&mut self, len: usize, settle: bool) -> Result<()> {
         let len = self.len.min(len);
         if self.has_gdn() {
             let base = self.gdn_base();
             if len < base {
-                candle_core::bail!(
-                    "padding starts at row {len}, before the last forward (row {base})"
-                );
+                candle_core::bail!("cannot cut linear-attention state back to {len} rows: the last forward started at row {base}");
             }
-            for g in self.gdn.iter_mut().flatten() {
-                g.trim_pending(len - base)
-                    .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
-            }
+            self.each_gdn(|g| {
+                if settle {
+                    g.settle_prefix(len - base)
+                } else {
+                    g.trim_pending(len - base)
+                }
+            })?;
         }
         self.len = len;
         self.pending = 0;
+        Ok(())
+    }
+
+    /// `f` on every linear-attention layer's cache, its error as candle's.
+    fn each_gdn(&mut self, f: impl Fn(&mut GdnCache) -> anyhow::Result<()>) -> Result<()> {
+        for g in self.gdn.iter_mut().flatten() {
+            f(g).map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+        }
         Ok(())
     }
 
@@ -271,11 +272,7 @@ impl KvCache {
     /// start of a forward does; a replayed forward (a CUDA graph) runs no host code, so its
     /// caller settles first.
     pub fn settle_linear(&mut self) -> Result<()> {
-        for g in self.gdn.iter_mut().flatten() {
-            g.settle_all()
-                .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
-        }
-        Ok(())
+        self.each_gdn(|g| g.settle_all())
     }
 
     /// The linear-attention layers' pending rows (per layer, `None` for attention layers).
@@ -324,10 +321,7 @@ impl KvCache {
                 candle_core::bail!("keep_rows: linear-attention layers cannot drop rows before the last forward (row {base})");
             }
             let path: Vec<usize> = rows[base..].iter().map(|&r| r - base).collect();
-            for g in self.gdn.iter_mut().flatten() {
-                g.settle_path(&path)
-                    .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
-            }
+            self.each_gdn(|g| g.settle_path(&path))?;
         }
         for s in self.layers.iter_mut().flatten() {
             let idx = Tensor::from_vec(
