@@ -128,6 +128,19 @@ fn adamw(dev: &Device) -> Result<Vec<Tensor>> {
         .collect()
 }
 
+/// The tree of the Gated DeltaNet rows (parents of 8 rows: two branches off the root, a
+/// chain of three, a node with two children).
+const CHECK_TREE: [Option<usize>; 8] = [
+    None,
+    Some(0),
+    Some(0),
+    Some(1),
+    Some(3),
+    Some(2),
+    Some(4),
+    Some(4),
+];
+
 /// The gated delta rule's recurrence at the Qwen3.6-27B layer shape (16 key / 48 value heads
 /// of 128) with a smaller one whose value heads are not a multiple of the kernel's 32-column
 /// tile: a tree verify keeping every row's state, and a 96-row chain keeping the last (a
@@ -155,16 +168,7 @@ fn gdn(dev: &Device) -> Result<Vec<Tensor>> {
             30,
         ),
     ] {
-        let tree = vec![
-            None,
-            Some(0),
-            Some(0),
-            Some(1),
-            Some(3),
-            Some(2),
-            Some(4),
-            Some(4),
-        ];
+        let tree = CHECK_TREE.to_vec();
         let chain: Vec<Option<usize>> = (0..96).map(|i: usize| i.checked_sub(1)).collect();
         for (parents, keep) in [(tree, true), (chain, false)] {
             let n = parents.len();
@@ -202,16 +206,7 @@ fn gdn_prep_and_norm(dev: &Device) -> Result<Vec<Tensor>> {
         dv: 128,
     };
     let kk = 4;
-    let parents = [
-        None,
-        Some(0),
-        Some(0),
-        Some(1),
-        Some(3),
-        Some(2),
-        Some(4),
-        Some(4),
-    ];
+    let parents = CHECK_TREE;
     let n = parents.len();
     let c = 2 * d.hk * d.dk + d.hv * d.dv;
     let buf = Tensor::cat(
