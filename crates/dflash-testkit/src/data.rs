@@ -53,3 +53,14 @@ pub fn tiny_data(name: &str, seqs: &[Sequence]) -> (std::path::PathBuf, std::pat
     write_data(&data, &td, seqs);
     (td, data)
 }
+
+/// A private copy of the tiny target and a data directory of four sequences (seeds
+/// `first..first+4`, prompt 4, response `resp`) written for it.
+pub fn four_sequences(
+    name: &str,
+    first: u32,
+    resp: usize,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let seqs: Vec<Sequence> = (0..4).map(|i| sequence(first + i, 4, resp)).collect();
+    tiny_data(name, &seqs)
+}

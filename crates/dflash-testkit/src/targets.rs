@@ -204,3 +204,48 @@ pub fn fresh_block(
     )
     .unwrap()
 }
+
+/// A trainable 2-layer drafter (block 4, taps [1, 2], mask 255, intermediate 48; DFlash2 with
+/// `dflash2`) for a private copy of the tiny target named `name`, in `dtype`, with every path
+/// carrying signal: 2-D weights 5× the init (seed 5), DFlash2 codebooks 50×, the dynamic taps'
+/// projections a fixed non-zero pattern `0.05 · sin(0.37 i)`. The objective and DFlash2
+/// training tests' setup.
+pub fn signal_drafter(
+    name: &str,
+    dtype: DType,
+    dflash2: Option<dflash_core::config::Dflash2Params>,
+) -> (LoadedTarget, dflash_train::trainer::TrainableDrafter) {
+    use candle_core::Tensor;
+    use dflash_model::models::drafter_init::{drafter_config, random_weights, DrafterShape};
+    let dir = tiny_target_dir(&format!("{name}-{dtype:?}"));
+    let lt = load(&dir, dtype);
+    let shape = DrafterShape {
+        layers: 2,
+        block_size: 4,
+        mask_token_id: 255,
+        intermediate_size: Some(48),
+        target_layer_ids: Some(vec![1, 2]),
+        dflash2,
+    };
+    let cfg = drafter_config(&lt.target, &shape).unwrap();
+    let w: std::collections::HashMap<String, Tensor> = random_weights(&cfg, 5)
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| {
+            let v = if k.contains("kernel_projection") {
+                let n = v.elem_count();
+                let x: Vec<f32> = (0..n).map(|i| 0.05 * (i as f32 * 0.37).sin()).collect();
+                Tensor::from_vec(x, v.shape(), v.device()).unwrap()
+            } else if k.contains("codebook") {
+                (v * 50.0).unwrap()
+            } else if v.rank() == 2 {
+                (v * 5.0).unwrap()
+            } else {
+                v
+            };
+            (k, v)
+        })
+        .collect();
+    let td = dflash_train::trainer::TrainableDrafter::new(cfg, &w, &lt.target).unwrap();
+    (lt, td)
+}

@@ -3,15 +3,11 @@
 //! selector together; a selector trained alone on a DFlash drafter's frozen layers leaves them
 //! bit for bit and raises the acceptance its ranking gives over the unary ranking.
 
-use std::collections::HashMap;
-
-use candle_core::{DType, Tensor, Var};
+use candle_core::{DType, Var};
 use dflash_core::config::Dflash2Params;
 use dflash_model::models::drafter::Drafter;
-use dflash_model::models::drafter_init::{drafter_config, random_weights, DrafterShape};
 use dflash_testkit::*;
 use dflash_train::config::{LossKind, TrainConfig};
-use dflash_train::data::Sequence;
 use dflash_train::loss::{block_loss, target_features, Objective};
 use dflash_train::pack::TrainingRow;
 use dflash_train::trainer::{read_metrics, train, TrainOptions, TrainableDrafter};
@@ -32,40 +28,9 @@ fn obj(selector_weight: f64) -> Objective {
     }
 }
 
-/// A DFlash2 drafter for the tiny target with every path carrying signal: weights larger than
-/// the init, dynamic taps non-zero, codebooks ~ N(0, 1).
+/// A DFlash2 drafter for the tiny target with every path carrying signal.
 fn setup(dtype: DType) -> (dflash_model::io::loader::LoadedTarget, TrainableDrafter) {
-    let dir = tiny_target_dir(&format!("d2obj-{dtype:?}"));
-    let lt = load(&dir, dtype);
-    let shape = DrafterShape {
-        layers: 2,
-        block_size: 4,
-        mask_token_id: 255,
-        intermediate_size: Some(48),
-        target_layer_ids: Some(vec![1, 2]),
-        dflash2: Some(SIZES),
-    };
-    let cfg = drafter_config(&lt.target, &shape).unwrap();
-    let w: HashMap<String, Tensor> = random_weights(&cfg, 5)
-        .unwrap()
-        .into_iter()
-        .map(|(k, v)| {
-            let v = if k.contains("kernel_projection") {
-                let n = v.elem_count();
-                let x: Vec<f32> = (0..n).map(|i| 0.05 * (i as f32 * 0.37).sin()).collect();
-                Tensor::from_vec(x, v.shape(), v.device()).unwrap()
-            } else if k.contains("codebook") {
-                (v * 50.0).unwrap()
-            } else if v.rank() == 2 {
-                (v * 5.0).unwrap()
-            } else {
-                v
-            };
-            (k, v)
-        })
-        .collect();
-    let td = TrainableDrafter::new(cfg, &w, &lt.target).unwrap();
-    (lt, td)
+    signal_drafter("d2obj", dtype, Some(SIZES))
 }
 
 fn var<'a>(td: &'a TrainableDrafter, name: &str) -> &'a Var {
@@ -115,13 +80,15 @@ fn dflash2_gradients_match_finite_differences_at_f64() {
     let anchors = [5usize, 8, 12];
     // the convs, through the block loss (the selector's term treats the layers' output as a
     // constant, so it is left out here)
-    let loss0 = || -> f64 {
-        block_loss(&td.drafter, &lt.target, &s, &f, &anchors, obj(0.0))
+    // the block loss with the selector's term at weight `w`
+    let loss = |w: f64| -> f64 {
+        block_loss(&td.drafter, &lt.target, &s, &f, &anchors, obj(w))
             .unwrap()
             .loss
             .to_scalar::<f64>()
             .unwrap()
     };
+    let loss0 = || loss(0.0);
     let out = block_loss(&td.drafter, &lt.target, &s, &f, &anchors, obj(0.0)).unwrap();
     let g = out.loss.backward().unwrap();
     for (name, flat) in [
@@ -134,13 +101,7 @@ fn dflash2_gradients_match_finite_differences_at_f64() {
         check_fd(&td, &loss0, &g, name, flat);
     }
     // the selector's term: its projection and codebooks
-    let loss1 = || -> f64 {
-        block_loss(&td.drafter, &lt.target, &s, &f, &anchors, obj(1.0))
-            .unwrap()
-            .loss
-            .to_scalar::<f64>()
-            .unwrap()
-    };
+    let loss1 = || loss(1.0);
     let out = block_loss(&td.drafter, &lt.target, &s, &f, &anchors, obj(1.0)).unwrap();
     assert!(
         out.selector_covered.unwrap() > 0,
@@ -186,12 +147,6 @@ fn training_scores_are_the_walk_scores() {
             assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
         }
     }
-}
-
-/// A tiny target and a data directory of four sequences written by it.
-fn four_sequences(name: &str, first: u32, resp: usize) -> (std::path::PathBuf, std::path::PathBuf) {
-    let seqs: Vec<Sequence> = (0..4).map(|i| sequence(first + i, 4, resp)).collect();
-    tiny_data(name, &seqs)
 }
 
 fn small_config() -> TrainConfig {

@@ -5,7 +5,6 @@
 use candle_core::{DType, Tensor, Var};
 use dflash_core::segments::Segments;
 use dflash_core::visibility::{draft_training, DraftRule};
-use dflash_model::models::drafter_init::{drafter_config, random_weights, DrafterShape};
 use dflash_model::ops::compare::max_abs;
 use dflash_testkit::*;
 use dflash_train::config::LossKind;
@@ -24,28 +23,7 @@ fn obj(kind: LossKind) -> Objective {
 }
 
 fn setup(dtype: DType) -> (dflash_model::io::loader::LoadedTarget, TrainableDrafter) {
-    let dir = tiny_target_dir(&format!("obj-{dtype:?}"));
-    let lt = load(&dir, dtype);
-    let shape = DrafterShape {
-        layers: 2,
-        block_size: 4,
-        mask_token_id: 255,
-        intermediate_size: Some(48),
-        target_layer_ids: Some(vec![1, 2]),
-        dflash2: None,
-    };
-    let cfg = drafter_config(&lt.target, &shape).unwrap();
-    // larger than the default init so every path carries signal
-    let w: std::collections::HashMap<String, Tensor> = random_weights(&cfg, 5)
-        .unwrap()
-        .into_iter()
-        .map(|(k, v)| {
-            let v = if v.rank() == 2 { (v * 5.0).unwrap() } else { v };
-            (k, v)
-        })
-        .collect();
-    let td = TrainableDrafter::new(cfg, &w, &lt.target).unwrap();
-    (lt, td)
+    signal_drafter("obj", dtype, None)
 }
 
 #[test]

@@ -7,13 +7,6 @@ use dflash_train::config::TrainConfig;
 use dflash_train::data::Sequence;
 use dflash_train::trainer::{read_metrics, train, TrainOptions};
 
-/// A tiny target and a data directory of four sequences (seeds `first..first+4`, prompt 4,
-/// response `resp`) written by it.
-fn four_sequences(name: &str, first: u32, resp: usize) -> (std::path::PathBuf, std::path::PathBuf) {
-    let seqs: Vec<Sequence> = (0..4).map(|i| sequence(first + i, 4, resp)).collect();
-    tiny_data(name, &seqs)
-}
-
 /// The loss of every step of a run.
 fn losses(out: &std::path::Path) -> Vec<f64> {
     read_metrics(&out.join("metrics.jsonl"))
