@@ -187,14 +187,30 @@ fn top2_gap_in_f32_and_bf16() {
     }
 }
 
+/// The files of the directory `from`, copied into a fresh temporary directory `name`.
+fn copied(from: &Path, name: &str) -> PathBuf {
+    let dir = tmp(name);
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    dir
+}
+
+/// A copy of the drafter `from` whose training record `edit` changed.
+fn with_record(from: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let dir = copied(from, name);
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("training.json")).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(dir.join("training.json"), v.to_string()).unwrap();
+    dir
+}
+
 /// A copy of the tiny Qwen3 fixture (the doctor's checks read its files), loaded in f32.
 fn tiny_target(name: &str) -> (PathBuf, LoadedTarget) {
-    let target = tmp(&format!("{name}-target"));
     let fix = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3-tiny");
-    for e in std::fs::read_dir(fix).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), target.join(e.file_name())).unwrap();
-    }
+    let target = copied(&fix, &format!("{name}-target"));
     let lt = load_target(target.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
     (target, lt)
 }
@@ -316,11 +332,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     assert_eq!(ok.checks.len(), 9);
 
     // (a) one tapped layer's weights perturbed
-    let bad_target = tmp("doc-target-perturbed");
-    for e in std::fs::read_dir(&target).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), bad_target.join(e.file_name())).unwrap();
-    }
+    let bad_target = copied(&target, "doc-target-perturbed");
     let st = bad_target.join("model.safetensors");
     let mut w = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
     let k = "model.layers.1.mlp.down_proj.weight";
@@ -342,11 +354,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     assert!(r.likely_cause.unwrap().starts_with("target identity"));
 
     // (b) tap ids shifted by one
-    let shifted = tmp("doc-shifted");
-    for e in std::fs::read_dir(&drafter).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), shifted.join(e.file_name())).unwrap();
-    }
+    let shifted = copied(&drafter, "doc-shifted");
     let c = std::fs::read_to_string(shifted.join("config.json")).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&c).unwrap();
     v["dflash_config"]["target_layer_ids"] = serde_json::json!([2, 3]);
@@ -367,16 +375,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         ("doc-unrecorded", serde_json::Value::Null, true),
         ("doc-stale", serde_json::json!(2.0 * sim), false),
     ] {
-        let dir = tmp(name);
-        for e in std::fs::read_dir(&drafter).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-        }
-        let mut v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("training.json")).unwrap())
-                .unwrap();
-        v["val_simulated_tau"] = stored;
-        std::fs::write(dir.join("training.json"), v.to_string()).unwrap();
+        let dir = with_record(&drafter, name, |v| v["val_simulated_tau"] = stored);
         let r = run_doctor(&target, &dir, Some(&data));
         let c = r
             .checks
@@ -406,25 +405,18 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         ),
         ("doc-old", serde_json::Value::Null, true, "predates"),
     ] {
-        let dir = tmp(name);
-        for e in std::fs::read_dir(&drafter).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-        }
-        let mut v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("training.json")).unwrap())
-                .unwrap();
-        assert_eq!(
-            v["fingerprint"]["kernels"],
-            serde_json::json!({"linear_attention": null, "numerics": null, "precision": "f32"}),
-            "the trainer records its kernel family"
-        );
-        if kernels.is_null() {
-            v["fingerprint"].as_object_mut().unwrap().remove("kernels");
-        } else {
-            v["fingerprint"]["kernels"] = kernels;
-        }
-        std::fs::write(dir.join("training.json"), v.to_string()).unwrap();
+        let dir = with_record(&drafter, name, |v| {
+            assert_eq!(
+                v["fingerprint"]["kernels"],
+                serde_json::json!({"linear_attention": null, "numerics": null, "precision": "f32"}),
+                "the trainer records its kernel family"
+            );
+            if kernels.is_null() {
+                v["fingerprint"].as_object_mut().unwrap().remove("kernels");
+            } else {
+                v["fingerprint"]["kernels"] = kernels;
+            }
+        });
         let r = run_doctor(&target, &dir, None);
         let c = r.checks.iter().find(|c| c.name == "kernel family").unwrap();
         assert_eq!(!c.failed(), pass, "{name}: {c:?}");
