@@ -33,6 +33,8 @@ from transformers import Qwen3Config, Qwen3_5ForCausalLM
 from transformers.models.qwen3_5 import modeling_qwen3_5 as M
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 
+from gdn_kernels import fla_chunk, torch_chunk
+
 p = argparse.ArgumentParser()
 p.add_argument("out", type=Path)
 p.add_argument("dflash_rs")
@@ -47,19 +49,6 @@ a.out.mkdir(parents=True, exist_ok=True)
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 dev = "cuda" if torch.cuda.is_available() else "cpu"
-try:
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
-except ImportError:
-    fla_chunk = None
-
-
-def unwrap(f):
-    while hasattr(f, "__wrapped__"):
-        f = f.__wrapped__
-    return f
-
-
-TORCH_CHUNK = unwrap(M.torch_chunk_gated_delta_rule)
 
 
 def use_kernel(name):
@@ -72,7 +61,7 @@ def use_kernel(name):
 
         M.torch_chunk_gated_delta_rule = call
     else:
-        M.torch_chunk_gated_delta_rule = TORCH_CHUNK
+        M.torch_chunk_gated_delta_rule = torch_chunk
 
 
 L = a.layers

@@ -20,7 +20,8 @@ import time
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
-from transformers.models.qwen3_5 import modeling_qwen3_5 as M
+
+from gdn_kernels import fla_chunk, torch_chunk
 
 p = argparse.ArgumentParser()
 p.add_argument("shape")
@@ -28,18 +29,6 @@ p.add_argument("out")
 p.add_argument("--cache", type=int, default=512)
 p.add_argument("--repeats", type=int, default=10)
 a = p.parse_args()
-try:
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
-except ImportError:
-    fla_chunk = None
-
-
-def unwrap(f):
-    while hasattr(f, "__wrapped__"):
-        f = f.__wrapped__
-    return f
-
-
 def timed(fn, repeats=a.repeats):
     for _ in range(2):
         fn()
@@ -94,7 +83,6 @@ torch.cuda.empty_cache()
 # transformers calls it)
 hv, hk = cfg.linear_num_value_heads, cfg.linear_num_key_heads
 dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-torch_chunk = unwrap(M.torch_chunk_gated_delta_rule)
 for T in [2048, 8192]:
     g = torch.Generator(device="cuda").manual_seed(T)
     q = torch.randn(1, T, hv, dk, device="cuda", generator=g).bfloat16()
