@@ -71,35 +71,26 @@ enum PanelData {
     Q6K(Vec<Q6Kb>),
 }
 
-/// A byte of Q4_K panels.
-#[derive(Debug, Clone, Copy, Default)]
-#[repr(transparent)]
-pub(crate) struct Q4Kb(u8);
-
-/// A byte of Q6_K panels.
-#[derive(Debug, Clone, Copy, Default)]
-#[repr(transparent)]
-pub(crate) struct Q6Kb(u8);
-
-/// Bytes of one Q4_K panel block (16 columns × 32 steps, f32 scales).
-const Q4K_PANEL_BLOCK: usize = 128 + 32 * 8;
-/// Bytes of one Q6_K panel block (16 columns × 16 steps, f32 scales).
-const Q6K_PANEL_BLOCK: usize = 64 + 16 * 16;
-
-/// A byte of Q4_1 panels (the kernel's stream type).
-#[derive(Debug, Clone, Copy, Default)]
-#[repr(transparent)]
-pub(crate) struct Q41(u8);
-
-/// A byte of Q8_0 panels.
-#[derive(Debug, Clone, Copy, Default)]
-#[repr(transparent)]
-pub(crate) struct Q80(u8);
+/// The byte types of the quantized panels: one per layout, so that each picks its kernel
+/// (`avx512::Stream`); each a transparent `u8`.
+macro_rules! panel_byte {
+    ($($t:ident: $what:literal),*) => {$(
+        #[doc = concat!("A byte of ", $what, " panels.")]
+        #[derive(Debug, Clone, Copy, Default)]
+        #[repr(transparent)]
+        pub(crate) struct $t(u8);
+    )*};
+}
+panel_byte!(Q41: "Q4_1", Q80: "Q8_0 (and Q5_0)", Q4Kb: "Q4_K", Q6Kb: "Q6_K");
 
 /// Bytes of one Q4_1 panel block (16 columns × 32 steps).
 const Q4_1_PANEL_BLOCK: usize = 64 + 32 * 8;
 /// Bytes of one Q8_0 panel block.
 const Q8_0_PANEL_BLOCK: usize = 32 + 32 * 16;
+/// Bytes of one Q4_K panel block (16 columns × 32 steps, f32 scales).
+const Q4K_PANEL_BLOCK: usize = 128 + 32 * 8;
+/// Bytes of one Q6_K panel block (16 columns × 16 steps, f32 scales).
+const Q6K_PANEL_BLOCK: usize = 64 + 16 * 16;
 
 impl Panels {
     /// Whether this CPU runs the kernel (AVX-512F), detected once.
