@@ -20,7 +20,7 @@
 //! each); a 16-row verify `x` `[16, 576]` runs 96 panels × 576 steps × 16 FMAs of 16 lanes;
 //! 20 rows run as a block of 16 and a block of 4 on each panel (the panel then comes from L1/L2).
 
-use crate::cpu::quant::{QuantBlocks, QuantKind, Q4_1_BYTES, Q8_0_BYTES, QBLOCK, QK_K};
+use crate::cpu::quant::{QuantBlocks, QuantKind, Q4_1_BYTES, Q8_0_BYTES, QBLOCK};
 
 /// Output columns per panel: one AVX-512 vector of f32.
 pub const PANEL: usize = 16;
@@ -143,53 +143,31 @@ impl Panels {
     }
 
     /// Re-lays a weight's quantized blocks (see [`PanelData`]), panels in parallel; the
-    /// padding columns of the last panel are zeros (d = m = 0).
+    /// padding columns of the last panel are zeros (d = m = 0). Each source block (32 weights,
+    /// or a K-quant's 256) of column `c` is decoded once and written into its panel blocks
+    /// ([`write_block`]).
     pub fn pack_quantized(q: &QuantBlocks) -> Self {
         use rayon::prelude::*;
         let (n, k) = (q.n, q.k);
-        let nb = k / QBLOCK;
         let (per_block, steps) = match q.kind {
             QuantKind::Q4_1 => (Q4_1_PANEL_BLOCK, QBLOCK),
             QuantKind::Q8_0 | QuantKind::Q5_0 => (Q8_0_PANEL_BLOCK, QBLOCK),
             QuantKind::Q4K => (Q4K_PANEL_BLOCK, QBLOCK),
             QuantKind::Q6K => (Q6K_PANEL_BLOCK, 16),
         };
-        let src_bytes = q.kind.block_bytes();
+        let (src_bytes, src_weights) = (q.kind.block_bytes(), q.kind.block_weights());
+        let blocks = k / src_weights;
         let panel_bytes = k / steps * per_block;
-        if matches!(q.kind, QuantKind::Q4K | QuantKind::Q6K) {
-            return Self::pack_k_quant(q, per_block, panel_bytes);
-        }
         let mut data = vec![0u8; n.div_ceil(PANEL) * panel_bytes];
         data.par_chunks_mut(panel_bytes.max(1))
             .enumerate()
             .for_each(|(p, panel)| {
                 for c in 0..PANEL.min(n - p * PANEL) {
                     let row = p * PANEL + c;
-                    for b in 0..nb {
-                        let src = &q.bytes[(row * nb + b) * src_bytes..][..src_bytes];
-                        let dst = &mut panel[b * per_block..][..per_block];
-                        dst[2 * c..2 * c + 2].copy_from_slice(&src[0..2]);
-                        match q.kind {
-                            QuantKind::Q4_1 => {
-                                dst[32 + 2 * c..32 + 2 * c + 2].copy_from_slice(&src[2..4]);
-                                for j in 0..QBLOCK {
-                                    let v = if j < 16 {
-                                        src[4 + j] & 15
-                                    } else {
-                                        src[4 + j - 16] >> 4
-                                    };
-                                    let byte = &mut dst[64 + j * 8 + c % 8];
-                                    *byte |= if c < 8 { v } else { v << 4 };
-                                }
-                            }
-                            QuantKind::Q8_0 | QuantKind::Q5_0 => {
-                                let (_, vals) = q.kind.signed_block(src);
-                                for (j, v) in vals.iter().enumerate() {
-                                    dst[32 + j * 16 + c] = *v as u8;
-                                }
-                            }
-                            QuantKind::Q4K | QuantKind::Q6K => unreachable!("packed above"),
-                        }
+                    for b in 0..blocks {
+                        let src = &q.bytes[(row * blocks + b) * src_bytes..][..src_bytes];
+                        let first = b * (src_weights / steps) * per_block;
+                        write_block(q.kind, src, c, &mut panel[first..], per_block);
                     }
                 }
             });
@@ -198,57 +176,8 @@ impl Panels {
             QuantKind::Q8_0 | QuantKind::Q5_0 => {
                 PanelData::Q8_0(data.into_iter().map(Q80).collect())
             }
-            QuantKind::Q4K | QuantKind::Q6K => unreachable!("packed above"),
-        };
-        Self { data, n, k }
-    }
-
-    /// [`Self::pack_quantized`] for Q4_K and Q6_K: each super-block decoded once into its
-    /// sub-blocks (f32 scales, see [`PanelData`]).
-    fn pack_k_quant(q: &QuantBlocks, per_block: usize, panel_bytes: usize) -> Self {
-        use rayon::prelude::*;
-        let (n, k) = (q.n, q.k);
-        let supers = k / QK_K;
-        let src_bytes = q.kind.block_bytes();
-        let mut data = vec![0u8; n.div_ceil(PANEL) * panel_bytes];
-        let put = |dst: &mut [u8], at: usize, v: f32| {
-            dst[at..at + 4].copy_from_slice(&v.to_le_bytes());
-        };
-        data.par_chunks_mut(panel_bytes.max(1))
-            .enumerate()
-            .for_each(|(p, panel)| {
-                for c in 0..PANEL.min(n - p * PANEL) {
-                    let row = p * PANEL + c;
-                    for sb in 0..supers {
-                        let src = &q.bytes[(row * supers + sb) * src_bytes..][..src_bytes];
-                        if q.kind == QuantKind::Q4K {
-                            for (i, (d, m, vals)) in
-                                q.kind.affine_block(src).into_iter().enumerate()
-                            {
-                                let dst = &mut panel[(sb * 8 + i) * per_block..][..per_block];
-                                put(dst, 4 * c, d);
-                                put(dst, 64 + 4 * c, m);
-                                for (j, v) in vals.iter().enumerate() {
-                                    let byte = &mut dst[128 + j * 8 + c % 8];
-                                    *byte |= if c < 8 { *v } else { *v << 4 };
-                                }
-                            }
-                        } else {
-                            for (i, (d, vals)) in QuantKind::q6k_block(src).into_iter().enumerate()
-                            {
-                                let dst = &mut panel[(sb * 16 + i) * per_block..][..per_block];
-                                put(dst, 4 * c, d);
-                                for (j, v) in vals.iter().enumerate() {
-                                    dst[64 + j * 16 + c] = *v as u8;
-                                }
-                            }
-                        }
-                    }
-                }
-            });
-        let data = match q.kind {
             QuantKind::Q4K => PanelData::Q4K(data.into_iter().map(Q4Kb).collect()),
-            _ => PanelData::Q6K(data.into_iter().map(Q6Kb).collect()),
+            QuantKind::Q6K => PanelData::Q6K(data.into_iter().map(Q6Kb).collect()),
         };
         Self { data, n, k }
     }
@@ -346,6 +275,57 @@ impl Panels {
             });
         }
         y
+    }
+}
+
+/// Column `c`'s part of the panel blocks of one source block `src` of `kind`: its sub-blocks'
+/// scales and values, sub-block `i` in `dst[i · per_block ..]` (see [`PanelData`]).
+fn write_block(kind: QuantKind, src: &[u8], c: usize, dst: &mut [u8], per_block: usize) {
+    let f32_at =
+        |dst: &mut [u8], at: usize, v: f32| dst[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    match kind {
+        QuantKind::Q4_1 => {
+            // the f16 scale and minimum as stored, widened by the kernel
+            dst[2 * c..2 * c + 2].copy_from_slice(&src[0..2]);
+            dst[32 + 2 * c..32 + 2 * c + 2].copy_from_slice(&src[2..4]);
+            let (_, _, vals) = kind.affine_block(src)[0];
+            put_nibbles(&mut dst[64..], c, &vals);
+        }
+        QuantKind::Q8_0 | QuantKind::Q5_0 => {
+            let (d, vals) = kind.signed_block(src);
+            dst[2 * c..2 * c + 2].copy_from_slice(&d);
+            put_signed(&mut dst[32..], c, &vals);
+        }
+        QuantKind::Q4K => {
+            for (i, (d, m, vals)) in kind.affine_block(src).into_iter().enumerate() {
+                let blk = &mut dst[i * per_block..][..per_block];
+                f32_at(blk, 4 * c, d);
+                f32_at(blk, 64 + 4 * c, m);
+                put_nibbles(&mut blk[128..], c, &vals);
+            }
+        }
+        QuantKind::Q6K => {
+            for (i, (d, vals)) in QuantKind::q6k_block(src).into_iter().enumerate() {
+                let blk = &mut dst[i * per_block..][..per_block];
+                f32_at(blk, 4 * c, d);
+                put_signed(&mut blk[64..], c, &vals);
+            }
+        }
+    }
+}
+
+/// Column `c`'s 4-bit values, step `j` in byte `j · 8 + c mod 8` (low nibble for columns
+/// 0..8, high for 8..16).
+fn put_nibbles(dst: &mut [u8], c: usize, vals: &[u8]) {
+    for (j, v) in vals.iter().enumerate() {
+        dst[j * 8 + c % 8] |= if c < 8 { *v } else { *v << 4 };
+    }
+}
+
+/// Column `c`'s i8 values, step `j` in byte `j · 16 + c`.
+fn put_signed(dst: &mut [u8], c: usize, vals: &[i8]) {
+    for (j, v) in vals.iter().enumerate() {
+        dst[j * 16 + c] = *v as u8;
     }
 }
 
@@ -713,7 +693,7 @@ mod tests {
     /// Random K-quant super-blocks: random bytes, the f16 scales set to finite values.
     fn k_quantized(kind: QuantKind, n: usize, k: usize, seed: u32) -> QuantBlocks {
         let per = kind.block_bytes();
-        let count = n * k / QK_K;
+        let count = n * k / crate::cpu::quant::QK_K;
         let v = values(count * per, seed);
         let mut bytes: Vec<u8> = v.iter().map(|x| (x.to_bits() >> 11) as u8).collect();
         for b in 0..count {
