@@ -13,7 +13,8 @@
 #   tiny    the tiny hybrid end to end on the device: `data generate`, `train` (60 steps, f32),
 #           `doctor` (with the validation shard) and `eval` (AR, DFlash, DDTree-8, CUDA graphs);
 #   train   `dflash-rs bench train` at the Qwen3.6-27B shape (bf16, online features from the
-#           64-layer hybrid target; 256 anchors if 512 do not fit).
+#           64-layer hybrid target; 256 anchors if 512 do not fit), then the PyTorch reference
+#           (bench/train_reference.py, HF target with fla) on the same shape and anchors.
 # fla for the hf and parity steps: the wheels flash-linear-attention==0.6.0 and fla-core==0.6.0
 # (and dflash==0.1.0 for parity's drafter) importable, e.g. installed with
 # `pip install --no-index --no-deps --target /tmp/site *.whl` and PYTHONPATH=/tmp/site.
@@ -71,7 +72,10 @@ for i in range(8): print(json.dumps({'prompt': ' '.join('t%d' % (((i % 2) * 53 +
         "$B" bench train --shape bench/shapes/qwen3.6-27b.json --device cuda --dtype bf16 --anchors $anchors \
           --steps 3 --peak-tflops 989 --json "$OUT/train-27b.json" > "$OUT/train-27b-$anchors.txt" 2>&1 && break
         echo "bench train at $anchors anchors failed" >&2; status=1
-      done ;;
+      done
+      python3 bench/train_reference.py bench/shapes/qwen3.6-27b.json 2048 "$anchors" 5 3 \
+        > "$OUT/train-27b-ref.json" 2> "$OUT/train-27b-ref.log" \
+        || { echo "train_reference at the 27B shape failed" >&2; status=1; } ;;
     *) echo "unknown step $step" >&2; status=1 ;;
   esac
 done

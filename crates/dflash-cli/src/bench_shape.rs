@@ -60,6 +60,10 @@ pub struct BenchShapeArgs {
     pub budgets: String,
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
+    /// Hybrid shapes: the rows of one Gated DeltaNet layer's rule timed alone, chunked and
+    /// recurrent, per length (comma-separated; empty for none).
+    #[arg(long, default_value = "2048,8192")]
+    pub gdn_lengths: String,
 }
 
 /// A best-first tree of `budget` nodes over `depth` positions from fixed, decaying scores
@@ -247,13 +251,21 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         Vec::new()
     } else {
         let mut g = Vec::new();
-        for (name, tree) in [
+        let mut forwards = vec![
             ("AR step".to_string(), DraftTree::chain(1, &[])),
             (
                 format!("chain verify (B = {})", a.block_size),
                 chain.clone(),
             ),
-        ] {
+        ];
+        // DDTree-8 and -32 verifies, when among the budgets
+        for b in budgets.iter().copied().filter(|b| [8, 32].contains(b)) {
+            forwards.push((
+                format!("DDTree-{b} verify"),
+                synthetic_tree(b, a.block_size - 1, vocab),
+            ));
+        }
+        for (name, tree) in forwards {
             g.push((
                 name,
                 tree.len(),
@@ -262,6 +274,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         }
         g
     };
+    let gdn_rule = gdn_rule_times(&cfg, &dev, &a.gdn_lengths, a.repeats)?;
     // the floor: weight bytes at the measured read bandwidth (the copy's beside it)
     let bw = read_bandwidth(&dev)?;
     let copy_bw = copy_bandwidth(&dev)?;
@@ -335,6 +348,19 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
             );
         }
     }
+    if !gdn_rule.is_empty() {
+        println!("\nOne Gated DeltaNet layer's rule alone (f32 rows of q, k, v, β, g in; o and the last state out; `dflash_model::ops::gdn_chunk` vs the recurrent kernel over the same chain), median of {}:\n", a.repeats);
+        println!("| rows | chunked ms | of which the prep kernel ms | recurrent ms | recurrent / chunked |\n|---|---|---|---|---|");
+        for (t, c, p, r) in &gdn_rule {
+            let p = p.map_or("—".to_string(), |p| format!("{:.3}", p * 1e3));
+            println!(
+                "| {t} | {:.3} | {p} | {:.3} | {:.1}× |",
+                c * 1e3,
+                r * 1e3,
+                r / c
+            );
+        }
+    }
     println!("\nCost model, speed-up = τ · T_AR / (T_draft + T_verify):\n");
     let taus = [2.0, 3.0, 4.0, 5.0, 6.0, 7.0];
     print!("| τ |");
@@ -354,6 +380,70 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         line(&format!("DDTree-{b}"), *t);
     }
     Ok(())
+}
+
+/// `(rows, chunked s, its prep kernel's s (GPU), recurrent s)`.
+type GdnRuleTimes = (usize, f64, Option<f64>, f64);
+
+/// One Gated DeltaNet layer's rule at the shape's head sizes over chains of each of `lengths`
+/// rows (random unit-scale q, k, β in (0, 1), g < 0): `(rows, chunked s, its prep kernel's s
+/// (GPU), recurrent s)`. Empty for a shape without linear attention.
+fn gdn_rule_times(
+    cfg: &TargetConfig,
+    dev: &candle_core::Device,
+    lengths: &str,
+    repeats: usize,
+) -> Result<Vec<GdnRuleTimes>> {
+    use candle_core::Tensor;
+    use dflash_model::ops::gdn_chunk::{gdn_chunk_prep_only, gdn_chunked};
+    use dflash_model::ops::gdn_recurrence::{gdn_recurrence, RecurrenceDims};
+    let (Some(hk), Some(hv), Some(dk), Some(dv)) = (
+        cfg.linear_num_key_heads,
+        cfg.linear_num_value_heads,
+        cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim,
+    ) else {
+        return Ok(Vec::new());
+    };
+    let d = RecurrenceDims { hk, hv, dk, dv };
+    let lengths: Vec<usize> = lengths
+        .split(',')
+        .filter(|t| !t.trim().is_empty())
+        .map(|t| t.trim().parse::<usize>().ok().filter(|&n| n > 0))
+        .collect::<Option<_>>()
+        .context("--gdn-lengths: comma-separated positive integers")?;
+    let mut out = Vec::new();
+    for n in lengths {
+        let (kd, vd) = (hk * dk, hv * dv);
+        let u = |cols: usize| Tensor::rand(0f32, 1f32, (n, cols), dev);
+        let qk = u(2 * kd)?
+            .affine(2.0, -1.0)?
+            .affine((3.0 / dk as f64).sqrt(), 0.0)?;
+        let v = u(vd)?.affine(2.0, -1.0)?;
+        let beta = u(hv)?;
+        let g = u(hv)?.affine(-0.5, 0.0)?;
+        let rows = Tensor::cat(&[&qk, &v, &beta, &g], 1)?;
+        let init = Tensor::zeros(d.state_len(), DType::F32, dev)?;
+        let chain: Vec<Option<usize>> = (0..n).map(|i| i.checked_sub(1)).collect();
+        let tc = time(dev, repeats, || {
+            gdn_chunked(&rows, &init, d)?;
+            Ok(())
+        })?;
+        let tp = if dev.is_cpu() {
+            None
+        } else {
+            Some(time(dev, repeats, || {
+                gdn_chunk_prep_only(&rows, d)?;
+                Ok(())
+            })?)
+        };
+        let tr = time(dev, repeats, || {
+            gdn_recurrence(&rows, &init, &chain, d, false)?;
+            Ok(())
+        })?;
+        out.push((n, tc, tp, tr));
+    }
+    Ok(out)
 }
 
 /// Where one forward's time goes on the GPU ([`dflash_model::cuda::launch_profile`]).

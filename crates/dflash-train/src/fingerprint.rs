@@ -42,8 +42,9 @@ pub struct Fingerprint {
 /// against the same reference and differ by rounding; other numerics differ by more (fla's
 /// chunked kernels vs transformers' torch fallback: 7.6e-3 relative at tap 61 of a 64-layer
 /// 27B-shaped hybrid in f32, `docs/BENCHMARKS.md`).
-/// Example: dflash-rs training on an H200 in bf16 → `{linear_attention: "dflash-rs cuda
-/// (recurrent kernel, f32 state)", numerics: "transformers-torch-fallback", precision: "bf16"}`.
+/// Example: dflash-rs training on an H200 in bf16 → `{linear_attention: "dflash-rs cuda (f32
+/// state; prefill chunked as transformers' torch_chunk_gated_delta_rule)", numerics:
+/// "transformers-torch-fallback", precision: "bf16"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelFamily {
     /// The Gated DeltaNet implementation; `None` for a target without linear attention.
@@ -64,7 +65,7 @@ pub fn kernel_family(t: &Target) -> KernelFamily {
         if t.device.is_cpu() {
             "dflash-rs host (f32; prefill chunked as transformers' torch_chunk_gated_delta_rule)"
         } else {
-            "dflash-rs cuda (recurrent kernel, f32 state)"
+            "dflash-rs cuda (f32 state; prefill chunked as transformers' torch_chunk_gated_delta_rule)"
         }
     });
     KernelFamily {

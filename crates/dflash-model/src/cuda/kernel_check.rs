@@ -194,6 +194,48 @@ fn gdn(dev: &Device) -> Result<Vec<Tensor>> {
     Ok(out)
 }
 
+/// The chunked rule over a prefill at the Qwen3.6-27B layer shape (200 rows: 64 + 64 + 64 + 8)
+/// and at the small shape (150 rows), from a non-zero state. `[o, state]` per case, on the CPU.
+fn gdn_chunk(dev: &Device) -> Result<Vec<Tensor>> {
+    use crate::ops::gdn_chunk::gdn_chunked;
+    use crate::ops::gdn_recurrence::RecurrenceDims;
+    let mut out = Vec::new();
+    for (dims, n, seed) in [
+        (
+            RecurrenceDims {
+                hk: 16,
+                hv: 48,
+                dk: 128,
+                dv: 128,
+            },
+            200usize,
+            40u64,
+        ),
+        (
+            RecurrenceDims {
+                hk: 2,
+                hv: 6,
+                dk: 24,
+                dv: 40,
+            },
+            150,
+            50,
+        ),
+    ] {
+        let (kd, vd) = (dims.hk * dims.dk, dims.hv * dims.dv);
+        let qk = (fill(&[n, 2 * kd], seed, 1.0)? / (dims.dk as f64).sqrt())?;
+        let v = fill(&[n, vd], seed + 1, 1.0)?;
+        let beta = ((fill(&[n, dims.hv], seed + 2, 1.0)? + 1.0)? * 0.5)?;
+        let g = ((fill(&[n, dims.hv], seed + 3, 1.0)? - 1.5)? * 0.3)?;
+        let rows = Tensor::cat(&[&qk, &v, &beta, &g], 1)?;
+        let init = fill(&[dims.state_len()], seed + 4, 0.5)?;
+        let (o, st) = gdn_chunked(&rows.to_device(dev)?, &init.to_device(dev)?, dims)?;
+        out.push(o.to_device(&Device::Cpu)?);
+        out.push(st.to_device(&Device::Cpu)?);
+    }
+    Ok(out)
+}
+
 /// A Gated DeltaNet layer's prep and gated norm at the Qwen3.6-27B layer shape: a tree of 8 rows
 /// over 3 committed conv inputs (K = 4). `[rows, normed]`, on the CPU.
 fn gdn_prep_and_norm(dev: &Device) -> Result<Vec<Tensor>> {
@@ -321,11 +363,17 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
     ];
     let mut got = gdn(dev)?;
     got.extend(gdn_prep_and_norm(dev)?);
+    got.extend(gdn_chunk(dev)?);
     let mut want = gdn(&Device::Cpu)?;
     want.extend(gdn_prep_and_norm(&Device::Cpu)?);
+    want.extend(gdn_chunk(&Device::Cpu)?);
     let names = names.iter().chain(&[
         "gdn prep (27B shape, tree windows)",
         "gdn gated norm (27B shape)",
+        "gdn chunked 27B-shape prefill o",
+        "gdn chunked 27B-shape prefill state",
+        "gdn chunked small prefill o",
+        "gdn chunked small prefill state",
     ]);
     for ((name, a), b) in names.zip(&got).zip(&want) {
         checks.push(KernelCheck {
@@ -346,7 +394,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 30);
+        assert_eq!(checks.len(), 34);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

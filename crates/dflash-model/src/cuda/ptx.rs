@@ -32,6 +32,14 @@ macro_rules! launch {
             $crate::cuda::ptx::MODULE,
             $crate::cuda::ptx::PTX,
         )?;
+        // more than 48 KiB of dynamic shared memory is an opt-in per function
+        if $cfg.shared_mem_bytes > 48 * 1024 {
+            f.set_attribute(
+                candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                $cfg.shared_mem_bytes as i32,
+            )
+            .w()?;
+        }
         let mut b = f.builder();
         $( b.arg(&$arg); )+
         // SAFETY: the arguments follow the kernel's signature in src/cuda/fused.cu.

@@ -19,18 +19,19 @@
 //! `KvCache::truncate` / `keep_rows` then install the state after the last committed row (a
 //! chain prefix, or a root-to-node tree path). A prefill (the first forward, a chain of ≥
 //! `chunk_min_rows` rows) uses the chunked algorithm of transformers'
-//! `torch_chunk_gated_delta_rule` (chunk 64) and keeps only its final state.
+//! `torch_chunk_gated_delta_rule` (chunk 64; [`crate::ops::gdn_chunk`]) and keeps only its
+//! final state.
 //!
 //! **Where it runs.** On the CPU every step runs on the host in f32 (the reference). On a GPU
 //! the layer stays on the device, three kernels around the projections: the prep (the conv over
-//! each row's window, SiLU, q/k norms, β and g; [`crate::ops::gdn_prep`]), the recurrence
-//! ([`crate::ops::gdn_recurrence`]) and the gated norm, each with its CPU twin (the host
-//! path's own steps); the states live on
-//! the device and rollback selects the kept row's state there (no host round trip). A prefill
-//! on the GPU runs the recurrent kernel over its rows (keeping only the last state) where the
-//! host runs the chunked algorithm: equal up to rounding.
+//! each row's window, SiLU, q/k norms, β and g; [`crate::ops::gdn_prep`]), the rule (chunked
+//! for a prefill, [`crate::ops::gdn_chunk`]; recurrent otherwise,
+//! [`crate::ops::gdn_recurrence`]) and the gated norm, each with its CPU twin (the host path's
+//! own steps); the states live on the device and rollback selects the kept row's state there
+//! (no host round trip).
 
 use crate::layers::linear::Linear;
+use crate::ops::gdn_chunk::{self, chunked_host, gdn_chunked};
 use crate::ops::gdn_prep::{gated_norm, gated_norm_host, gdn_prep, prep_host, window_index};
 use crate::ops::gdn_recurrence::{gdn_recurrence_with, recurrence_host, RecurrenceDims, NO_PARENT};
 use anyhow::{bail, Result};
@@ -387,7 +388,7 @@ impl GatedDeltaNet {
         let b = host(&self.in_proj_b.forward(x)?)?; // n × Hv
         let a = host(&self.in_proj_a.forward(x)?)?;
         // 1-2. the conv over each row's window + SiLU, q and k normalised (q scaled), v, β, g
-        let (kd, vd) = (d.hk * d.dk, d.hv * d.dv);
+        let vd = d.hv * d.dv;
         let mut buf = committed_conv;
         buf.extend_from_slice(&mixed);
         buf.extend(std::iter::repeat_n(0f32, c));
@@ -411,18 +412,10 @@ impl GatedDeltaNet {
         // the chunked algorithm keeps no per-row states: only for a prefill (a chain from the
         // empty state), which is never rolled back; verifies and trees run the recurrence
         let per_row = Self::keeps_every_state(parents, cache, chunk_min_rows);
-        let (out, states) = if !per_row {
-            let w = d.recurrence().row_len();
-            let col = |from: usize, len: usize| -> Vec<f32> {
-                rows.chunks(w)
-                    .flat_map(|r| r[from..from + len].iter().copied())
-                    .collect()
-            };
-            let (q, k, v) = (col(0, kd), col(kd, kd), col(2 * kd, vd));
-            let (beta, g) = (col(2 * kd + vd, d.hv), col(2 * kd + vd + d.hv, d.hv));
-            self.chunked(&q, &k, &v, &beta, &g, n, &committed_rec)
-        } else {
+        let (out, states) = if per_row {
             recurrence_host(d.recurrence(), &rows, &committed_rec, parents, true)
+        } else {
+            chunked_host(d.recurrence(), &rows, &committed_rec, n)
         };
         // 4. gated RMSNorm per (row, value head), then out_proj
         let normed = gated_norm_host(&out, &z, &self.norm, self.eps);
@@ -485,14 +478,20 @@ impl GatedDeltaNet {
         // 3. the recurrence, one kernel
         let p = tracing::info_span!(target: "phase", "gdn recurrence").entered();
         let keep_all = Self::keeps_every_state(parents, cache, chunk_min_rows);
-        let (o, states) = gdn_recurrence_with(
-            &rows,
-            &state.rec,
-            parents,
-            &input.parents_dev,
-            d.recurrence(),
-            keep_all,
-        )?;
+        // the chunked kernels take the usual head sizes; others keep the recurrent kernel
+        let chunked = !keep_all && (dev.is_cpu() || gdn_chunk::cuda_supported(d.recurrence()));
+        let (o, states) = if !chunked {
+            gdn_recurrence_with(
+                &rows,
+                &state.rec,
+                parents,
+                &input.parents_dev,
+                d.recurrence(),
+                keep_all,
+            )?
+        } else {
+            gdn_chunked(&rows, &state.rec, d.recurrence())?
+        };
         drop(p);
         // 4. gated RMSNorm per (row, value head), one kernel, then out_proj
         let _p = tracing::info_span!(target: "phase", "gdn norm + out-projection").entered();
@@ -518,104 +517,6 @@ impl GatedDeltaNet {
         .iter()
         .map(|l| l.weight_bytes_read())
         .sum()
-    }
-
-    /// Key head of value head `h` (`repeat_interleave` grouping).
-    fn kh(&self, h: usize) -> usize {
-        h / (self.dims.hv / self.dims.hk)
-    }
-
-    /// transformers' `torch_chunk_gated_delta_rule` (chunk 64), for a chain of rows.
-    #[allow(clippy::too_many_arguments)]
-    fn chunked(
-        &self,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        beta: &[f32],
-        g: &[f32],
-        n: usize,
-        init: &[f32],
-    ) -> (Vec<f32>, Vec<f32>) {
-        const CHUNK: usize = 64;
-        let d = self.dims;
-        let (kd, vd, dk, dv) = (d.hk * d.dk, d.hv * d.dv, d.dk, d.dv);
-        let mut out = vec![0f32; n * vd];
-        let mut state = init.to_vec();
-        for h in 0..d.hv {
-            let kh = self.kh(h);
-            let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
-            let qr = |t: usize| &q[t * kd + kh * dk..t * kd + (kh + 1) * dk];
-            let kr = |t: usize| &k[t * kd + kh * dk..t * kd + (kh + 1) * dk];
-            let vr = |t: usize| &v[t * vd + h * dv..t * vd + (h + 1) * dv];
-            let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f32>();
-            for c0 in (0..n).step_by(CHUNK) {
-                let l = CHUNK.min(n - c0);
-                let t = |i: usize| c0 + i;
-                let mut cum = vec![0f32; l];
-                let mut acc = 0f32;
-                for (i, cm) in cum.iter_mut().enumerate() {
-                    acc += g[t(i) * d.hv + h];
-                    *cm = acc;
-                }
-                let bt = |i: usize| beta[t(i) * d.hv + h];
-                // A[i][j] = β_i (k_i·k_j) e^{cum_i - cum_j}, j < i; solve (I + A) X = β v and
-                // (I + A) Y = β k e^{cum} by forward substitution
-                let mut x = vec![vec![0f32; dv]; l];
-                let mut y = vec![vec![0f32; dk]; l];
-                for i in 0..l {
-                    let mut xi: Vec<f32> = vr(t(i)).iter().map(|a| a * bt(i)).collect();
-                    let e = cum[i].exp();
-                    let mut yi: Vec<f32> = kr(t(i)).iter().map(|a| a * bt(i) * e).collect();
-                    for j in 0..i {
-                        let aij = bt(i) * dot(kr(t(i)), kr(t(j))) * (cum[i] - cum[j]).exp();
-                        for (u, w) in xi.iter_mut().zip(&x[j]) {
-                            *u -= aij * w;
-                        }
-                        for (u, w) in yi.iter_mut().zip(&y[j]) {
-                            *u -= aij * w;
-                        }
-                    }
-                    x[i] = xi;
-                    y[i] = yi;
-                }
-                // v_new = X - Y S
-                let vnew: Vec<Vec<f32>> = (0..l)
-                    .map(|i| {
-                        (0..dv)
-                            .map(|jv| {
-                                x[i][jv] - (0..dk).map(|a| y[i][a] * s[a * dv + jv]).sum::<f32>()
-                            })
-                            .collect()
-                    })
-                    .collect();
-                for i in 0..l {
-                    let e = cum[i].exp();
-                    for jv in 0..dv {
-                        let inter: f32 = (0..dk).map(|a| qr(t(i))[a] * e * s[a * dv + jv]).sum();
-                        let intra: f32 = (0..=i)
-                            .map(|j| {
-                                dot(qr(t(i)), kr(t(j))) * (cum[i] - cum[j]).exp() * vnew[j][jv]
-                            })
-                            .sum();
-                        out[t(i) * vd + h * dv + jv] = inter + intra;
-                    }
-                }
-                let last = cum[l - 1];
-                let el = last.exp();
-                s.iter_mut().for_each(|w| *w *= el);
-                for j in 0..l {
-                    let f = (last - cum[j]).exp();
-                    for a in 0..dk {
-                        let ka = kr(t(j))[a] * f;
-                        for jv in 0..dv {
-                            s[a * dv + jv] += ka * vnew[j][jv];
-                        }
-                    }
-                }
-            }
-        }
-        (out, state)
     }
 }
 

@@ -8,6 +8,7 @@ pub mod block_attention;
 pub mod block_softmax;
 pub mod compare;
 pub mod cross_entropy;
+pub mod gdn_chunk;
 pub mod gdn_prep;
 pub mod gdn_recurrence;
 pub mod interval_softmax;

@@ -1,0 +1,394 @@
+//! The gated delta rule over a prefill's chain of rows, chunked: the algorithm of
+//! transformers' `torch_chunk_gated_delta_rule` (chunk 64, the WY form): two CUDA kernels per
+//! layer on a GPU, its CPU twin ([`chunked_host`]) on the CPU. The recurrent form
+//! ([`crate::ops::gdn_recurrence`]) walks the rows one by one; this one walks chunks of 64
+//! and does the work inside a chunk as small matrix products, which is what makes a long
+//! prefill (the training features of a 2,048-token row) fast on a GPU.
+//!
+//! Per value head h, chunk rows t = 1..L (L ≤ 64) from the state S₀ ∈ R^{dk×dv} before the
+//! chunk, with cᵢ = g₁ + … + gᵢ (the in-chunk cumulative log-decay):
+//! - `A[i][j] = βᵢ (kᵢ·kⱼ) e^{cᵢ−cⱼ}` for j < i, and `T = (I + A)⁻¹` (unit lower triangular);
+//! - `X = T·(β v)`, `Y = T·(β e^{c} k)`, the chunk's new values `v' = X − Y·S₀`;
+//! - `oᵢ = e^{cᵢ} S₀ᵀqᵢ + Σ_{j≤i} (qᵢ·kⱼ) e^{cᵢ−cⱼ} v'ⱼ`;
+//! - `S = e^{c_L} S₀ + Σⱼ e^{c_L−cⱼ} kⱼ v'ⱼᵀ`.
+//!
+//! This equals the recurrence `S ← S·e^{g}; δ = (v − Sᵀk)·β; S ← S + k δᵀ; o = Sᵀq` row by
+//! row up to rounding (f32: ≈ 1e-6 relative; `chunked_equals_the_recurrence`). Example: a
+//! 150-row prefill is chunks of 64, 64 and 22 rows; only the state after row 150 comes back,
+//! so a chunked forward is never rolled back into (a prefill never is).
+//!
+//! # Shapes
+//! - `rows` `[n, 2·Hk·dk + Hv·dv + 2·Hv]` f32: q (L2-normalised and scaled) | k | v | β | g,
+//!   as [`crate::ops::gdn_recurrence`]'s;
+//! - `init` `[Hv·dk·dv]` f32, the state before the first row;
+//! - out: `o` `[n, Hv·dv]` and the state after the last row `[1, Hv·dk·dv]`.
+
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+
+use crate::ops::gdn_recurrence::RecurrenceDims;
+use crate::ops::kernel_io::cpu_slice;
+
+/// Rows per chunk.
+pub const CHUNK: usize = 64;
+
+/// The chunked rule over a chain of `rows` from `init` (see the module doc):
+/// `(o [n, Hv·dv], state [1, Hv·dk·dv])`.
+pub fn gdn_chunked(rows: &Tensor, init: &Tensor, dims: RecurrenceDims) -> Result<(Tensor, Tensor)> {
+    let (n, w) = rows.dims2()?;
+    if w != dims.row_len() || init.elem_count() != dims.state_len() || n == 0 {
+        candle_core::bail!(
+            "gdn chunked: rows {:?} / state {:?} do not fit a non-empty chain of {dims:?}",
+            rows.dims(),
+            init.dims()
+        );
+    }
+    let out = rows.to_dtype(DType::F32)?.contiguous()?.apply_op2_no_bwd(
+        &init.to_dtype(DType::F32)?.flatten_all()?.contiguous()?,
+        &Chunked { dims },
+    )?;
+    let vd = dims.hv * dims.dv;
+    let o = out.narrow(0, 0, n * vd)?.reshape((n, vd))?;
+    let s = out
+        .narrow(0, n * vd, dims.state_len())?
+        .reshape((1, dims.state_len()))?;
+    Ok((o, s))
+}
+
+/// The CPU twin, in f32: `(o, state)` flat. The order of every sum is the one transformers'
+/// `torch_chunk_gated_delta_rule` writes (X and Y by forward substitution, row after row).
+pub fn chunked_host(
+    d: RecurrenceDims,
+    rows: &[f32],
+    init: &[f32],
+    n: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let (kd, vd, dk, dv, w) = (d.hk * d.dk, d.hv * d.dv, d.dk, d.dv, d.row_len());
+    let group = d.hv / d.hk;
+    let mut out = vec![0f32; n * vd];
+    let mut state = init.to_vec();
+    for h in 0..d.hv {
+        let kh = h / group;
+        let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
+        let row = |t: usize| &rows[t * w..(t + 1) * w];
+        let qr = |t: usize| &row(t)[kh * dk..(kh + 1) * dk];
+        let kr = |t: usize| &row(t)[kd + kh * dk..kd + (kh + 1) * dk];
+        let vr = |t: usize| &row(t)[2 * kd + h * dv..2 * kd + (h + 1) * dv];
+        let beta = |t: usize| row(t)[2 * kd + vd + h];
+        let g = |t: usize| row(t)[2 * kd + vd + d.hv + h];
+        let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f32>();
+        for c0 in (0..n).step_by(CHUNK) {
+            let l = CHUNK.min(n - c0);
+            let t = |i: usize| c0 + i;
+            let mut cum = vec![0f32; l];
+            let mut acc = 0f32;
+            for (i, cm) in cum.iter_mut().enumerate() {
+                acc += g(t(i));
+                *cm = acc;
+            }
+            let bt = |i: usize| beta(t(i));
+            // A[i][j] = β_i (k_i·k_j) e^{cum_i - cum_j}, j < i; solve (I + A) X = β v and
+            // (I + A) Y = β k e^{cum} by forward substitution
+            let mut x = vec![vec![0f32; dv]; l];
+            let mut y = vec![vec![0f32; dk]; l];
+            for i in 0..l {
+                let mut xi: Vec<f32> = vr(t(i)).iter().map(|a| a * bt(i)).collect();
+                let e = cum[i].exp();
+                let mut yi: Vec<f32> = kr(t(i)).iter().map(|a| a * bt(i) * e).collect();
+                for j in 0..i {
+                    let aij = bt(i) * dot(kr(t(i)), kr(t(j))) * (cum[i] - cum[j]).exp();
+                    for (u, w) in xi.iter_mut().zip(&x[j]) {
+                        *u -= aij * w;
+                    }
+                    for (u, w) in yi.iter_mut().zip(&y[j]) {
+                        *u -= aij * w;
+                    }
+                }
+                x[i] = xi;
+                y[i] = yi;
+            }
+            // v_new = X - Y S
+            let vnew: Vec<Vec<f32>> = (0..l)
+                .map(|i| {
+                    (0..dv)
+                        .map(|jv| x[i][jv] - (0..dk).map(|a| y[i][a] * s[a * dv + jv]).sum::<f32>())
+                        .collect()
+                })
+                .collect();
+            for i in 0..l {
+                let e = cum[i].exp();
+                for jv in 0..dv {
+                    let inter: f32 = (0..dk).map(|a| qr(t(i))[a] * e * s[a * dv + jv]).sum();
+                    let intra: f32 = (0..=i)
+                        .map(|j| dot(qr(t(i)), kr(t(j))) * (cum[i] - cum[j]).exp() * vnew[j][jv])
+                        .sum();
+                    out[t(i) * vd + h * dv + jv] = inter + intra;
+                }
+            }
+            let last = cum[l - 1];
+            let el = last.exp();
+            s.iter_mut().for_each(|w| *w *= el);
+            for (j, vj) in vnew.iter().enumerate() {
+                let f = (last - cum[j]).exp();
+                for a in 0..dk {
+                    let ka = kr(t(j))[a] * f;
+                    for jv in 0..dv {
+                        s[a * dv + jv] += ka * vj[jv];
+                    }
+                }
+            }
+        }
+    }
+    (out, state)
+}
+
+/// Whether the CUDA kernels take these head sizes (the CPU twin takes any): dk ≤ 128 and
+/// dv ≤ 256, both multiples of 4 (16-byte rows in shared memory).
+pub fn cuda_supported(d: RecurrenceDims) -> bool {
+    d.dk <= 128 && d.dv <= 256 && d.dk.is_multiple_of(4) && d.dv.is_multiple_of(4)
+}
+
+struct Chunked {
+    dims: RecurrenceDims,
+}
+
+impl Chunked {
+    fn out_len(&self, n: usize) -> usize {
+        n * self.dims.hv * self.dims.dv + self.dims.state_len()
+    }
+}
+
+impl CustomOp2 for Chunked {
+    fn name(&self) -> &'static str {
+        "gdn-chunked"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let rows = cpu_slice::<f32>(s1, l1, "gdn rows")?;
+        let init = cpu_slice::<f32>(s2, l2, "gdn state")?;
+        let n = l1.shape().dims()[0];
+        let (mut o, s) = chunked_host(self.dims, rows, init, n);
+        o.extend(s);
+        Ok((CpuStorage::F32(o), Shape::from(self.out_len(n))))
+    }
+
+    /// Two kernels: `gdn_chunk_prep` per (key head, chunk), all chunks at once (the Gram
+    /// products once per key head; per value head T, X, Y, the decayed q and k, the masked
+    /// q·k products and the cumulative decays into a scratch buffer), then `gdn_chunk_scan` per
+    /// (value head, 32 value columns), chunk after chunk, carrying the state tile in shared
+    /// memory.
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::ptx::{alloc, launch, view};
+        use candle_core::backend::BackendStorage;
+        use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+        let d = self.dims;
+        if !cuda_supported(d) {
+            candle_core::bail!(
+                "gdn chunked kernel: dk <= 128, dv <= 256, both multiples of 4 expected, got {d:?}"
+            );
+        }
+        let n = l1.shape().dims()[0];
+        let dev = s1.device().clone();
+        let rows = view::<f32>(s1, l1, "gdn rows")?;
+        let init = view::<f32>(s2, l2, "gdn state")?;
+        let scratch = prep_on_device(&dev, &rows, n, d)?;
+        let out = alloc::<f32>(&dev, self.out_len(n))?;
+        let (ni, hk, hv, dk, dv) = (n as i32, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32);
+        let (ks, gcp) = (d.dk + 4, CHUNK + 4);
+        let scan = LaunchConfig {
+            grid_dim: (d.hv as u32, d.dv.div_ceil(32) as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: ((d.dk * 32 + CHUNK * (2 * ks + gcp + 32)) * 4) as u32,
+        };
+        launch!(
+            dev,
+            "gdn_chunk_scan",
+            DType::F32,
+            scan,
+            rows,
+            init,
+            scratch,
+            out,
+            ni,
+            hk,
+            hv,
+            dk,
+            dv
+        );
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev),
+            Shape::from(self.out_len(n)),
+        ))
+    }
+}
+
+/// The prep kernel alone into a fresh scratch buffer (the first half of [`gdn_chunked`] on a
+/// GPU).
+#[cfg(feature = "cuda")]
+fn prep_on_device(
+    dev: &candle_core::CudaDevice,
+    rows: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+    n: usize,
+    d: RecurrenceDims,
+) -> Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>> {
+    use crate::cuda::ptx::{alloc, launch};
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    let nc = n.div_ceil(CHUNK);
+    let per_chunk = CHUNK * (d.dv + 3 * d.dk + CHUNK) + CHUNK;
+    let scratch = alloc::<f32>(dev, d.hv * nc * per_chunk)?;
+    let (ni, hk, hv, dk, dv) = (n as i32, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32);
+    // shared memory as src/cuda/fused.cu lays it out; two blocks of each kernel fit an SM of
+    // the H100/H200 (228 KiB) at head size 128
+    let (ks, vs, gcp) = (d.dk + 4, d.dk.max(d.dv) + 4, CHUNK + 4);
+    let prep = LaunchConfig {
+        grid_dim: (d.hk as u32, nc as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: ((CHUNK * (ks + vs + 2 * gcp) + 3 * 256 + 4 * CHUNK) * 4) as u32,
+    };
+    launch!(
+        dev,
+        "gdn_chunk_prep",
+        DType::F32,
+        prep,
+        *rows,
+        scratch,
+        ni,
+        hk,
+        hv,
+        dk,
+        dv
+    );
+    Ok(scratch)
+}
+
+/// The chunked rule's first kernel alone (GPU only): what `bench shape` times beside the whole
+/// op. The result is the kernel's scratch (not meant to be read).
+pub fn gdn_chunk_prep_only(rows: &Tensor, dims: RecurrenceDims) -> Result<Tensor> {
+    rows.contiguous()?.apply_op1_no_bwd(&PrepOnly { dims })
+}
+
+struct PrepOnly {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    dims: RecurrenceDims,
+}
+
+impl candle_core::CustomOp1 for PrepOnly {
+    fn name(&self) -> &'static str {
+        "gdn-chunk-prep"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("gdn chunk prep alone: a GPU kernel (the CPU runs the whole op)")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        if !cuda_supported(self.dims) {
+            candle_core::bail!("gdn chunk prep: unsupported head sizes {:?}", self.dims);
+        }
+        let dev = s1.device().clone();
+        let n = l1.shape().dims()[0];
+        let rows = crate::cuda::ptx::view::<f32>(s1, l1, "gdn rows")?;
+        let scratch = prep_on_device(&dev, &rows, n, self.dims)?;
+        let len = scratch.len();
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(scratch, dev),
+            Shape::from(len),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::gdn_recurrence::recurrence_host;
+
+    /// Packed rows of plausible values: q, k of unit scale, β in (0, 1), g < 0.
+    fn rows(d: RecurrenceDims, n: usize, seed: f32) -> Vec<f32> {
+        let (kd, vd) = (d.hk * d.dk, d.hv * d.dv);
+        (0..n * d.row_len())
+            .map(|i| {
+                let c = i % d.row_len();
+                let s = ((i as f32) * 0.7311 + seed).sin();
+                if c < 2 * kd {
+                    s / (d.dk as f32).sqrt()
+                } else if c < 2 * kd + vd {
+                    s
+                } else if c < 2 * kd + vd + d.hv {
+                    0.5 + 0.45 * s
+                } else {
+                    -0.3 * (1.2 + s)
+                }
+            })
+            .collect()
+    }
+
+    /// The chunked form equals the row-by-row recurrence up to f32 rounding, over chunk
+    /// boundaries (150 rows: 64 + 64 + 22) and from a non-zero state, with 3 value heads per
+    /// key head and head sizes that are not multiples of 32.
+    #[test]
+    fn chunked_equals_the_recurrence() {
+        let d = RecurrenceDims {
+            hk: 2,
+            hv: 6,
+            dk: 24,
+            dv: 40,
+        };
+        let n = 150;
+        let r = rows(d, n, 0.3);
+        let init: Vec<f32> = (0..d.state_len())
+            .map(|i| 0.5 * (i as f32 * 0.37).cos())
+            .collect();
+        let parents: Vec<Option<usize>> = (0..n).map(|i| i.checked_sub(1)).collect();
+        let (o_rec, s_rec) = recurrence_host(d, &r, &init, &parents, false);
+        let (o, s) = chunked_host(d, &r, &init, n);
+        let rel = |a: &[f32], b: &[f32]| {
+            let num: f32 = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            num / b.iter().map(|x| x.abs()).fold(0.0, f32::max)
+        };
+        assert!(rel(&o, &o_rec) < 1e-5, "o: {}", rel(&o, &o_rec));
+        assert!(rel(&s, &s_rec) < 1e-5, "state: {}", rel(&s, &s_rec));
+        // the op on the CPU is the twin
+        let t = Tensor::from_vec(r, (n, d.row_len()), &candle_core::Device::Cpu).unwrap();
+        let i = Tensor::from_vec(init, d.state_len(), &candle_core::Device::Cpu).unwrap();
+        let (ot, st) = gdn_chunked(&t, &i, d).unwrap();
+        assert_eq!(ot.flatten_all().unwrap().to_vec1::<f32>().unwrap(), o);
+        assert_eq!(st.flatten_all().unwrap().to_vec1::<f32>().unwrap(), s);
+    }
+
+    #[test]
+    fn a_misshapen_input_is_named() {
+        let d = RecurrenceDims {
+            hk: 1,
+            hv: 1,
+            dk: 4,
+            dv: 4,
+        };
+        let dev = candle_core::Device::Cpu;
+        let t = Tensor::zeros((3, d.row_len() + 1), DType::F32, &dev).unwrap();
+        let i = Tensor::zeros(d.state_len(), DType::F32, &dev).unwrap();
+        let e = gdn_chunked(&t, &i, d).unwrap_err().to_string();
+        assert!(e.contains("gdn chunked"), "{e}");
+    }
+}
