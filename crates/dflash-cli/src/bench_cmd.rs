@@ -2,7 +2,7 @@
 //! forward against its physical floor (weight bytes / measured memory bandwidth).
 
 use crate::args::DeviceArgs;
-use crate::timing::{median, read_bandwidth, time};
+use crate::timing::{median, read_bandwidth, resident_memory, time};
 
 use anyhow::Result;
 use candle_core::DType;
@@ -58,6 +58,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         drafter,
     }];
     let specs = mode_specs(&a.modes, &drafters, None)?;
+    let loaded = resident_memory();
     println!(
         "target {} on {} ({}), {} new tokens × {} prompts, median of {}",
         a.target,
@@ -114,6 +115,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
             per(s.draft_secs),
             per(s.verify_secs),
             per(s.other_secs)
+        );
+    }
+    // resident memory before the floor's buffers below: the weights, caches and decoding's
+    if let (Some((after_load, _)), Some((now, peak))) = (loaded, resident_memory()) {
+        let mb = |b: u64| b as f64 / 1e6;
+        println!(
+            "\nresident memory: {:.1} MB after loading, {:.1} MB after decoding, peak (VmHWM) {:.1} MB; the target's weights hold {:.1} MB",
+            mb(after_load),
+            mb(now),
+            mb(peak),
+            mb(lt.target.weight_bytes_held() as u64)
         );
     }
     // one target forward on a warm 512-row cache, against the floor

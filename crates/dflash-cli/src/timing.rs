@@ -63,3 +63,20 @@ pub fn read_bandwidth(dev: &Device) -> Result<f64> {
     })?;
     Ok(bytes as f64 / t)
 }
+
+/// This process's resident memory in bytes, `(VmRSS, VmHWM)` (now and at its peak) from
+/// `/proc/self/status`; `None` where that file is absent (not Linux) or lacks either line.
+pub fn resident_memory() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kb: u64 = line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kb * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}

@@ -537,7 +537,7 @@ impl<'a> Decoding<'a> {
         if self.drafter.is_some() {
             let idx = Tensor::new(
                 kept.iter().map(|&r| r as u32).collect::<Vec<_>>(),
-                self.target.embedding_table().device(),
+                &self.target.device,
             )?;
             self.ctx = Some(
                 Target::concat_taps(&out.taps)?

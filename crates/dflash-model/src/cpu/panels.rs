@@ -79,8 +79,11 @@ macro_rules! panel_byte {
         #[derive(Debug, Clone, Copy, Default)]
         #[repr(transparent)]
         pub(crate) struct $t(u8);
+        impl QuantByte for $t {}
     )*};
 }
+/// A byte type of the quantized panels (a transparent `u8`).
+trait QuantByte: Copy {}
 panel_byte!(Q41: "Q4_1", Q80: "Q8_0 (and Q5_0)", Q4Kb: "Q4_K", Q6Kb: "Q6_K");
 
 /// Bytes of one Q4_1 panel block (16 columns × 32 steps).
@@ -182,6 +185,83 @@ impl Panels {
         Self { data, n, k }
     }
 
+    /// Row `j` of `W` (`k` values) as the products use it: the f32 or bf16 value, or the
+    /// quantized one dequantized as the kernels do (`q · d + m` or `q · d` in f32), which is the
+    /// loader's dequantization bit for bit. Example: Q8_0 with `d` = 0.25 and `q` = −6 → −1.5.
+    /// Panics if `j ≥ n` or `out` is not `k` long (callers check).
+    pub fn row_into(&self, j: usize, out: &mut [f32]) {
+        assert!(
+            j < self.n && out.len() == self.k,
+            "Panels::row_into: row {j}"
+        );
+        let (p, c, k) = (j / PANEL, j % PANEL, self.k);
+        let f16 = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        let f32_at =
+            |b: &[u8], at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let nibble = |b: &[u8], at: usize| {
+            let v = b[at + c % 8];
+            (if c < 8 { v & 15 } else { v >> 4 }) as f32
+        };
+        // the panel's bytes, and each block of `steps` steps' values
+        let bytes = |d: &[u8],
+                     per: usize,
+                     steps: usize,
+                     out: &mut [f32],
+                     f: &dyn Fn(&[u8], usize) -> f32| {
+            let panel = &d[p * (k / steps * per)..][..k / steps * per];
+            for (kk, o) in out.iter_mut().enumerate() {
+                *o = f(&panel[kk / steps * per..][..per], kk % steps);
+            }
+        };
+        match &self.data {
+            PanelData::F32(d) => {
+                for (kk, o) in out.iter_mut().enumerate() {
+                    *o = d[(p * k + kk) * PANEL + c];
+                }
+            }
+            PanelData::Bf16(d) => {
+                for (kk, o) in out.iter_mut().enumerate() {
+                    *o = f32::from_bits((d[(p * k + kk) * PANEL + c] as u32) << 16);
+                }
+            }
+            PanelData::Q4_1(d) => bytes(as_bytes(d), Q4_1_PANEL_BLOCK, QBLOCK, out, &|b, s| {
+                nibble(b, 64 + s * 8) * f16(b, 2 * c) + f16(b, 32 + 2 * c)
+            }),
+            PanelData::Q8_0(d) => bytes(as_bytes(d), Q8_0_PANEL_BLOCK, QBLOCK, out, &|b, s| {
+                (b[32 + s * 16 + c] as i8) as f32 * f16(b, 2 * c)
+            }),
+            PanelData::Q4K(d) => bytes(as_bytes(d), Q4K_PANEL_BLOCK, QBLOCK, out, &|b, s| {
+                nibble(b, 128 + s * 8) * f32_at(b, 4 * c) + f32_at(b, 64 + 4 * c)
+            }),
+            PanelData::Q6K(d) => bytes(as_bytes(d), Q6K_PANEL_BLOCK, 16, out, &|b, s| {
+                (b[64 + s * 16 + c] as i8) as f32 * f32_at(b, 4 * c)
+            }),
+        }
+    }
+
+    /// `W` `[n, k]` row-major, each row as [`Self::row_into`] gives it (rows in parallel).
+    pub fn dense(&self) -> Vec<f32> {
+        use rayon::prelude::*;
+        let mut w = vec![0f32; self.n * self.k];
+        w.par_chunks_mut(self.k.max(1))
+            .enumerate()
+            .take(self.n)
+            .for_each(|(j, row)| self.row_into(j, row));
+        w
+    }
+
+    /// Bytes the panels hold.
+    pub fn resident_bytes(&self) -> usize {
+        match &self.data {
+            PanelData::F32(d) => d.len() * 4,
+            PanelData::Bf16(d) => d.len() * 2,
+            PanelData::Q4_1(d) => d.len(),
+            PanelData::Q8_0(d) => d.len(),
+            PanelData::Q4K(d) => d.len(),
+            PanelData::Q6K(d) => d.len(),
+        }
+    }
+
     /// Bytes one product reads from the weights (panel padding aside): 4, 2, 0.625 (Q4_1) or
     /// 1.0625 (Q8_0) per weight.
     pub fn stream_bytes(&self) -> usize {
@@ -276,6 +356,12 @@ impl Panels {
         }
         y
     }
+}
+
+/// A quantized panel's bytes as `u8`.
+fn as_bytes<T: QuantByte>(d: &[T]) -> &[u8] {
+    // SAFETY: every QuantByte is a `#[repr(transparent)]` u8
+    unsafe { std::slice::from_raw_parts(d.as_ptr() as *const u8, d.len()) }
 }
 
 /// Column `c`'s part of the panel blocks of one source block `src` of `kind`: its sub-blocks'
@@ -751,7 +837,21 @@ mod tests {
                 .flat_map(|r| (0..q.k).map(move |c| (r, c)))
                 .map(|(r, c)| q.value(r, c))
                 .collect();
+            // the panels' rows are the loader's values (the embeddings and dense weight of a
+            // layer that holds only its quantized panels)
+            assert!(
+                p.dense()
+                    .iter()
+                    .zip(&w)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kind:?}: dense"
+            );
             let f = Panels::pack(&w, q.n, q.k);
+            assert!(f
+                .dense()
+                .iter()
+                .zip(&w)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
             for rows in [1usize, 2, 7, 16, 17, 33] {
                 let x = values(rows * q.k, rows as u32 + 11);
                 let (a, b) = (p.matmul(&x, rows), f.matmul(&x, rows));

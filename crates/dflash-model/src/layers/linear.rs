@@ -8,7 +8,8 @@
 //!
 //! [`Linear`] therefore multiplies an f32 CPU input that nothing differentiates (inference)
 //! by a copy of its weights re-laid as panels ([`crate::cpu::panels`], AVX-512), made when the
-//! layer is built: the CPU inference of an f32 model holds its projection weights twice.
+//! layer is built: the CPU inference of an f32 model holds its projection weights twice, while
+//! a GGUF weight streamed from its quantized blocks is held once, as the panels.
 //! Without AVX-512 it takes [`matmul_t`]'s direct path for at most [`FEW_ROWS`] rows (AVX2 +
 //! FMA, tiles of 4 input rows × 2 weight rows over the `[out, in]` layout); any other case
 //! (GPU, bf16, training with gradients, a CPU with neither) is candle's matmul, unchanged.
@@ -31,9 +32,11 @@ pub const FEW_ROWS: usize = 32;
 /// Clones share the panels.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    weight: Tensor,
+    /// The weight `[out, in]`; `None` where the panels stream it from quantized blocks (the
+    /// weight is then held once, as the panels, and [`Linear::weight`] dequantizes it from them).
+    weight: Option<Tensor>,
     bias: Option<Tensor>,
-    /// `weight` as panels, when [`packable`].
+    /// The weight as panels, when [`packable`].
     panels: Option<Arc<Panels>>,
 }
 
@@ -51,22 +54,23 @@ impl Linear {
             })
             .flatten();
         Self {
-            weight,
+            weight: Some(weight),
             bias,
             panels,
         }
     }
 
     /// [`Linear::new`] for a weight that also comes as quantized blocks (`weight` their
-    /// dequantization): on an AVX-512 CPU the panels stream the blocks
+    /// dequantization): on a CPU with the panels' kernels the panels stream the blocks
     /// ([`Panels::pack_quantized`]: Q4_1 at 5 bits per weight, Q8_0 at 8.5; products
-    /// bit-identical to the f32 panels').
+    /// bit-identical to the f32 panels') and `weight` is dropped: the layer holds the weight
+    /// once, at about the GGUF's size.
     pub fn new_quantized(weight: Tensor, bias: Option<Tensor>, q: &QuantBlocks) -> Self {
         let fits = weight.dims2().ok() == Some((q.n, q.k));
         let panels = (packable(&weight) && fits).then(|| Arc::new(Panels::pack_quantized(q)));
         match panels {
             Some(p) => Self {
-                weight,
+                weight: None,
                 bias,
                 panels: Some(p),
             },
@@ -77,9 +81,56 @@ impl Linear {
     /// Bytes a product reads from the weight: the panels' stream where there are panels,
     /// else the weight tensor's size.
     pub fn weight_bytes_read(&self) -> usize {
-        match &self.panels {
-            Some(p) => p.stream_bytes(),
-            None => self.weight.elem_count() * self.weight.dtype().size_in_bytes(),
+        match (&self.panels, &self.weight) {
+            (Some(p), _) => p.stream_bytes(),
+            (None, Some(w)) => w.elem_count() * w.dtype().size_in_bytes(),
+            (None, None) => 0,
+        }
+    }
+
+    /// Bytes the layer holds for its weight: the tensor's (where held) and the panels'.
+    pub fn weight_bytes_held(&self) -> usize {
+        let dense = self
+            .weight
+            .as_ref()
+            .map_or(0, |w| w.elem_count() * w.dtype().size_in_bytes());
+        dense + self.panels.as_ref().map_or(0, |p| p.resident_bytes())
+    }
+
+    /// The panels, where the layer has them (the quantized LM head's serve the tied
+    /// embedding's rows).
+    pub fn panels(&self) -> Option<&Arc<Panels>> {
+        self.panels.as_ref()
+    }
+
+    /// The layer over output rows `ids` only (a drafter's vocabulary head): row `j` of its
+    /// weight is row `ids[j]` of this one's, the same values, so its outputs are the same bits.
+    /// A quantized layer's rows are dequantized from the panels (not the whole weight).
+    pub fn select_rows(&self, ids: &[u32]) -> Result<Linear> {
+        let bias = match &self.bias {
+            Some(b) => Some(b.index_select(&Tensor::new(ids, b.device())?, 0)?),
+            None => None,
+        };
+        match (&self.weight, &self.panels) {
+            (Some(w), _) => {
+                let idx = Tensor::new(ids, w.device())?;
+                Ok(Linear::new(w.index_select(&idx, 0)?.contiguous()?, bias))
+            }
+            (None, Some(p)) => {
+                let k = p.in_features();
+                let mut w = vec![0f32; ids.len() * k];
+                for (row, &id) in w.chunks_mut(k.max(1)).zip(ids) {
+                    if id as usize >= p.out_features() {
+                        candle_core::bail!("Linear::select_rows: row {id} of {}", p.out_features());
+                    }
+                    p.row_into(id as usize, row);
+                }
+                Ok(Linear::new(
+                    Tensor::from_vec(w, (ids.len(), k), &Device::Cpu)?,
+                    bias,
+                ))
+            }
+            (None, None) => candle_core::bail!("Linear: neither a weight nor panels"),
         }
     }
 
@@ -88,9 +139,16 @@ impl Linear {
         self.panels.as_ref().is_some_and(|p| p.is_quantized())
     }
 
-    /// The weight `[out, in]`.
-    pub fn weight(&self) -> &Tensor {
-        &self.weight
+    /// The weight `[out, in]`: the tensor, or where the layer holds only quantized panels
+    /// their dequantization, made on each call (the loader's values, bit for bit).
+    pub fn weight(&self) -> Result<Tensor> {
+        match (&self.weight, &self.panels) {
+            (Some(w), _) => Ok(w.clone()),
+            (None, Some(p)) => {
+                Tensor::from_vec(p.dense(), (p.out_features(), p.in_features()), &Device::Cpu)
+            }
+            (None, None) => candle_core::bail!("Linear: neither a weight nor panels"),
+        }
     }
 
     /// The panels when `x` may use them: f32 on the CPU, not differentiated.
@@ -114,7 +172,14 @@ impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match self.panels_for(x) {
             Some(p) => panels_matmul(x, p)?,
-            None => matmul_t(x, &self.weight)?,
+            // a tracked, non-f32 or GPU input beside quantized panels: the dequantized weight
+            None => match &self.weight {
+                Some(w) => matmul_t(x, w)?,
+                None => matmul_t(
+                    x,
+                    &self.weight()?.to_device(x.device())?.to_dtype(x.dtype())?,
+                )?,
+            },
         };
         match &self.bias {
             None => Ok(y),
@@ -424,6 +489,60 @@ mod tests {
         let want = x.sum_keepdim(0).unwrap().broadcast_as((6, 8)).unwrap();
         let err = (dw - want).unwrap().abs().unwrap().max_all().unwrap();
         assert!(err.to_scalar::<f32>().unwrap() < 1e-5);
+    }
+
+    /// A layer that streams quantized panels holds no f32 weight, and still gives it: `weight()`
+    /// (dequantized from the panels), `select_rows` (the same bits as the full layer's columns)
+    /// and a tracked input's forward (candle's matmul of the dequantized weight).
+    #[test]
+    fn a_quantized_layer_holds_its_weight_once() {
+        use crate::cpu::quant::{QuantKind, Q8_0_BYTES};
+        let (n, k) = (20usize, 64usize);
+        let bytes: Vec<u8> = (0..n * k / 32 * Q8_0_BYTES)
+            .map(|i| match i % Q8_0_BYTES {
+                0 => 0x00,
+                1 => 0x2c, // d = 0.0625
+                j => (j * 37 + i / Q8_0_BYTES) as u8,
+            })
+            .collect();
+        let q = QuantBlocks::new(QuantKind::Q8_0, n, k, bytes).unwrap();
+        let values: Vec<f32> = (0..n * k).map(|i| q.value(i / k, i % k)).collect();
+        let dense = Tensor::from_vec(values.clone(), (n, k), &Device::Cpu).unwrap();
+        let l = Linear::new_quantized(dense.clone(), None, &q);
+        if !Panels::supported() {
+            return; // no panels on this CPU: the dense layer
+        }
+        assert!(l.is_quantized() && l.weight.is_none());
+        let w: Vec<f32> = l
+            .weight()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(w
+            .iter()
+            .zip(&values)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let x = Tensor::randn(0f32, 1., (3, k), &Device::Cpu).unwrap();
+        let full: Vec<Vec<f32>> = l.forward(&x).unwrap().to_vec2().unwrap();
+        let ids = [7u32, 0, 19];
+        let part: Vec<Vec<f32>> = l
+            .select_rows(&ids)
+            .unwrap()
+            .forward(&x)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        for (fr, pr) in full.iter().zip(&part) {
+            for (j, &id) in ids.iter().enumerate() {
+                assert_eq!(fr[id as usize].to_bits(), pr[j].to_bits());
+            }
+        }
+        assert!(l.select_rows(&[20]).is_err());
+        let v = candle_core::Var::from_tensor(&x).unwrap();
+        let tracked = l.forward(v.as_tensor()).unwrap();
+        assert!(max_diff(&tracked, &reference(&x, &dense)) < 1e-4);
     }
 
     /// A non-contiguous input (a narrow of the middle columns) is made contiguous first.

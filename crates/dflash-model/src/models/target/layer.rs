@@ -147,10 +147,10 @@ impl Target {
                 self.layers.len()
             );
         }
-        let mut x =
-            self.embed_tokens
-                .index_select(ids, 0)?
-                .reshape((b, n, self.config.hidden_size))?;
+        let mut x = self
+            .embed_tokens
+            .lookup(ids)?
+            .reshape((b, n, self.config.hidden_size))?;
         let mut tap_out = vec![None; taps.len()];
         for (i, layer) in self.layers.iter().enumerate() {
             let hn = layer.input_layernorm.forward(&x)?;

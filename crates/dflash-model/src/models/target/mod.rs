@@ -63,10 +63,63 @@ impl TargetOutput {
     }
 }
 
+/// The token embeddings `[vocab, hidden]`: a table, or the rows of quantized CPU panels
+/// dequantized on lookup (a GGUF's blocks; tied to the LM head, the head's own panels), the
+/// table's values bit for bit with the weight held once.
+#[derive(Debug, Clone)]
+pub enum Embeddings {
+    Table(Tensor),
+    Panels(std::sync::Arc<crate::cpu::panels::Panels>),
+}
+
+impl Embeddings {
+    /// The table `[vocab, hidden]`: the tensor, or the panels' dequantization, made on each
+    /// call (the loader's values, bit for bit).
+    pub fn table(&self) -> candle_core::Result<Tensor> {
+        match self {
+            Embeddings::Table(t) => Ok(t.clone()),
+            Embeddings::Panels(p) => {
+                Tensor::from_vec(p.dense(), (p.out_features(), p.in_features()), &Device::Cpu)
+            }
+        }
+    }
+
+    /// The device the rows come to.
+    pub fn device(&self) -> &Device {
+        static CPU: Device = Device::Cpu;
+        match self {
+            Embeddings::Table(t) => t.device(),
+            Embeddings::Panels(_) => &CPU,
+        }
+    }
+
+    /// Rows `ids` (a 1-D u32 tensor) → `[ids, hidden]`.
+    pub(crate) fn lookup(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Embeddings::Table(t) => t.index_select(ids, 0),
+            Embeddings::Panels(p) => {
+                let ids: Vec<u32> = ids.flatten_all()?.to_vec1()?;
+                let h = p.in_features();
+                let mut out = vec![0f32; ids.len() * h];
+                for (row, &id) in out.chunks_mut(h.max(1)).zip(&ids) {
+                    if id as usize >= p.out_features() {
+                        candle_core::bail!(
+                            "token id {id} is outside the vocabulary ({})",
+                            p.out_features()
+                        );
+                    }
+                    p.row_into(id as usize, row);
+                }
+                Tensor::from_vec(out, (ids.len(), h), &Device::Cpu)
+            }
+        }
+    }
+}
+
 pub struct Target {
     pub config: TargetConfig,
     pub spec: FamilySpec,
-    embed_tokens: Tensor,
+    embed_tokens: Embeddings,
     layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     lm_head: Linear,
@@ -163,6 +216,25 @@ impl Target {
         let lm_head = match store.quant(head_name, &[config.vocab_size, h]) {
             Some(q) => Linear::new_quantized(lm_head, None, &q),
             None => Linear::new(lm_head, None),
+        };
+        // quantized embeddings are looked up from panels: the tied LM head's, or their own
+        let embed_tokens = match (
+            lm_head.panels(),
+            store.quant("model.embed_tokens.weight", &[config.vocab_size, h]),
+        ) {
+            (Some(p), _) if p.is_quantized() && head_name == "model.embed_tokens.weight" => {
+                Embeddings::Panels(p.clone())
+            }
+            (_, Some(q))
+                if crate::cpu::panels::Panels::supported()
+                    && embed_tokens.device().is_cpu()
+                    && embed_tokens.dtype() == DType::F32 =>
+            {
+                Embeddings::Panels(std::sync::Arc::new(
+                    crate::cpu::panels::Panels::pack_quantized(&q),
+                ))
+            }
+            _ => Embeddings::Table(embed_tokens),
         };
         // partial RoPE rotates the first head_dim · partial_rotary_factor features (qwen3_5)
         let rotary = ((hd as f64 * config.rotary_fraction()) as usize) & !1;
@@ -293,7 +365,7 @@ impl Target {
     pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
         self.check_tokens(tokens)?;
         let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
-        Ok(self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?)
+        Ok(self.embed_tokens.lookup(&ids)?.unsqueeze(0)?)
     }
 
     /// The LM head on already-normalised hidden states `[.., hidden]` → f32 logits (f64 for f64 models).
@@ -313,11 +385,7 @@ impl Target {
     /// [`crate::models::draft_vocab`]): column `j` of its logits is bit-identical to column `ids[j]`
     /// of [`Self::lm_head`]'s (the same weight row, the same product).
     pub fn lm_head_rows(&self, ids: &[u32]) -> Result<Linear> {
-        let idx = Tensor::new(ids, &self.device)?;
-        Ok(Linear::new(
-            self.lm_head.weight().index_select(&idx, 0)?.contiguous()?,
-            None,
-        ))
+        Ok(self.lm_head.select_rows(ids)?)
     }
 
     /// The LM head in the weights' dtype (training: the drafter's fused loss reads bf16
@@ -326,9 +394,52 @@ impl Target {
         Ok(self.lm_head.forward(hidden)?)
     }
 
-    /// The embedding table (frozen, shared with the drafter).
-    pub fn embedding_table(&self) -> &Tensor {
+    /// The token embeddings (frozen, shared with the drafter): [`Embeddings::table`] is the
+    /// table as a tensor.
+    pub fn embedding_table(&self) -> &Embeddings {
         &self.embed_tokens
+    }
+
+    /// Bytes the target holds for its weights: the projections' (tensors and panels), the
+    /// embeddings' (counted once where tied to a quantized LM head) and the norms'.
+    pub fn weight_bytes_held(&self) -> usize {
+        let tied = matches!((&self.embed_tokens, self.lm_head.panels()), (Embeddings::Panels(e), Some(h)) if std::sync::Arc::ptr_eq(e, h));
+        let embed = match &self.embed_tokens {
+            Embeddings::Table(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            Embeddings::Panels(_) if tied => 0,
+            Embeddings::Panels(p) => p.resident_bytes(),
+        };
+        // the norms' and the Gated DeltaNets' weights: held as read
+        let rest = self.weight_bytes_read()
+            - self.lm_head.weight_bytes_read()
+            - self
+                .projections()
+                .iter()
+                .map(|p| p.weight_bytes_read())
+                .sum::<usize>();
+        embed
+            + rest
+            + self.lm_head.weight_bytes_held()
+            + self
+                .projections()
+                .iter()
+                .map(|p| p.weight_bytes_held())
+                .sum::<usize>()
+    }
+
+    /// The layers' projections (attention and MLP; not the Gated DeltaNet's).
+    fn projections(&self) -> Vec<&Linear> {
+        self.layers
+            .iter()
+            .flat_map(|l| {
+                let mut v: Vec<&Linear> = match &l.mixer {
+                    Mixer::Attention(a) => vec![&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj],
+                    Mixer::GatedDeltaNet(_) => vec![],
+                };
+                v.extend([&l.mlp.gate_proj, &l.mlp.up_proj, &l.mlp.down_proj]);
+                v
+            })
+            .collect()
     }
 
     /// One forward of one sequence: `tokens` at `positions`, `mask` over `[cache | new rows]`.
