@@ -1,11 +1,12 @@
 //! GGUF weights streamed from their blocks on the CPU give what the f32 path gives, bit for
 //! bit: logits and taps of a prefill, of AR steps and of a 16-row verify of SmolLM2-135M Q4_1
 //! (Q4_1 projections, a tied Q8_0 LM head) and Qwen2.5-Coder-0.5B Q4_K_M (Q5_0, Q8_0, Q4_K and
-//! Q6_K projections, a Q8_0 LM head). `DFLASH_CPU_QUANT=0` loads the same file with f32 panels
-//! only.
+//! Q6_K projections, a Q8_0 LM head), on every ISA the CPU runs (AVX-512, AVX2).
+//! `DFLASH_CPU_QUANT=0` loads the same file with f32 panels only.
 
 use candle_core::{DType, Device, Tensor};
 use dflash_core::visibility::causal;
+use dflash_model::cpu::Isa;
 use dflash_model::io::gguf;
 use dflash_model::io::loader::load_target;
 use dflash_model::{Rows, Target};
@@ -87,8 +88,8 @@ fn qwen25_coder_streaming_equals_the_f32_path_bit_for_bit() {
     same_bits_streamed_or_not(&path, 24 * 7 + 1);
 }
 
-/// Loads `path` streamed and with f32 panels only; `streamed` projections must stream (on an
-/// AVX-512 CPU), and every output must be the same bits.
+/// Loads `path` streamed and with f32 panels only; `streamed` projections must stream (on a
+/// CPU with a kernel ISA), and every output must be the same bits.
 fn same_bits_streamed_or_not(path: &std::path::Path, streamed_projections: usize) {
     let streamed = load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
     // SAFETY: this test's process (nextest runs each test alone) reads no other variable
@@ -103,16 +104,20 @@ fn same_bits_streamed_or_not(path: &std::path::Path, streamed_projections: usize
             streamed_projections
         );
     }
-    let (a, b) = (outputs(&streamed.target), outputs(&plain.target));
-    assert_eq!(a.len(), b.len());
-    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-        let (x, y) = (
-            x.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-            y.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-        );
-        assert!(
-            x.iter().zip(&y).all(|(u, v)| u.to_bits() == v.to_bits()),
-            "output {i} differs"
-        );
+    // on every ISA the CPU runs (AVX-512 and AVX2 on an AVX-512 CPU)
+    for isa in Isa::available() {
+        Isa::set(Some(isa)).unwrap();
+        let (a, b) = (outputs(&streamed.target), outputs(&plain.target));
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            let (x, y) = (
+                x.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                y.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            );
+            assert!(
+                x.iter().zip(&y).all(|(u, v)| u.to_bits() == v.to_bits()),
+                "{isa:?}: output {i} differs"
+            );
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! A weight matrix re-laid as panels of 16 output columns, and the AVX-512 kernel that
-//! multiplies any number of rows by it, for CPU inference.
+//! A weight matrix re-laid as panels of 16 output columns, and the kernel (AVX-512, or AVX2 +
+//! FMA + F16C as two 8-lane halves) that multiplies any number of rows by it, for CPU inference.
 //!
 //! Decoding on a CPU multiplies a handful of rows by each weight matrix: 1 row per AR step,
 //! 16 per DFlash verify, 9 per DDTree-8 verify. Reading the weights from memory is the floor
@@ -21,12 +21,10 @@
 //! 20 rows run as a block of 16 and a block of 4 on each panel (the panel then comes from L1/L2).
 
 use crate::cpu::quant::{QuantBlocks, QuantKind, Q4_1_BYTES, Q8_0_BYTES, QBLOCK};
+pub use crate::cpu::Isa;
 
-/// Output columns per panel: one AVX-512 vector of f32.
+/// Output columns per panel: one AVX-512 vector of f32, two AVX2 ones.
 pub const PANEL: usize = 16;
-
-/// Rows per block: 16 accumulators, one weight vector, within AVX-512's 32 registers.
-const BLOCK_ROWS: usize = 16;
 
 /// Below this many multiply-adds a product runs on the calling thread alone: waking the pool
 /// costs more (a tiny test model's 64 × 64 projection is 4,096 per row; SmolLM2's smallest,
@@ -72,7 +70,7 @@ enum PanelData {
 }
 
 /// The byte types of the quantized panels: one per layout, so that each picks its kernel
-/// (`avx512::Stream`); each a transparent `u8`.
+/// ([`Stream`]); each a transparent `u8`.
 macro_rules! panel_byte {
     ($($t:ident: $what:literal),*) => {$(
         #[doc = concat!("A byte of ", $what, " panels.")]
@@ -96,19 +94,10 @@ const Q4K_PANEL_BLOCK: usize = 128 + 32 * 8;
 const Q6K_PANEL_BLOCK: usize = 64 + 16 * 16;
 
 impl Panels {
-    /// Whether this CPU runs the kernel (AVX-512F), detected once.
+    /// Whether the kernels run here: [`Isa::detect`] names an ISA (AVX-512F, or AVX2 + FMA +
+    /// F16C).
     pub fn supported() -> bool {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                std::is_x86_feature_detected!("avx512f")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                false
-            }
-        })
+        Isa::detect().is_some()
     }
 
     /// Re-lays `w` (`n × k`, row-major, as in the safetensors), panels in parallel.
@@ -294,28 +283,43 @@ impl Panels {
         self.k
     }
 
-    /// `y[rows, n] = x[rows, k] · Wᵀ`, panels split over the calling thread and
-    /// [`crate::cpu::helpers`].
-    /// Panics if the CPU lacks AVX-512 ([`Self::supported`]) or the lengths disagree (callers
+    /// `y[rows, n] = x[rows, k] · Wᵀ` on [`Isa::detect`]'s kernels, panels split over the
+    /// calling thread and [`crate::cpu::helpers`].
+    /// Panics if the CPU runs no kernel ([`Self::supported`]) or the lengths disagree (callers
     /// check both).
     pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
-        assert!(Self::supported(), "Panels::matmul needs AVX-512F");
+        let isa = Isa::detect().expect("Panels::matmul needs AVX-512F or AVX2 + FMA + F16C");
+        self.matmul_on(isa, x, rows)
+    }
+
+    /// [`Self::matmul`] on the kernels of `isa`, which the CPU must run ([`Isa::available`]).
+    pub fn matmul_on(&self, isa: Isa, x: &[f32], rows: usize) -> Vec<f32> {
+        assert!(
+            Isa::available().contains(&isa),
+            "Panels::matmul_on: no {isa:?} here"
+        );
         assert_eq!(x.len(), rows * self.k, "Panels::matmul: input length");
         match &self.data {
-            PanelData::F32(d) => self.matmul_of(d, x, rows),
-            PanelData::Bf16(d) => self.matmul_of(d, x, rows),
-            PanelData::Q4_1(d) => self.matmul_of(d, x, rows),
-            PanelData::Q8_0(d) => self.matmul_of(d, x, rows),
-            PanelData::Q4K(d) => self.matmul_of(d, x, rows),
-            PanelData::Q6K(d) => self.matmul_of(d, x, rows),
+            PanelData::F32(d) => self.matmul_of(isa, d, x, rows),
+            PanelData::Bf16(d) => self.matmul_of(isa, d, x, rows),
+            PanelData::Q4_1(d) => self.matmul_of(isa, d, x, rows),
+            PanelData::Q8_0(d) => self.matmul_of(isa, d, x, rows),
+            PanelData::Q4K(d) => self.matmul_of(isa, d, x, rows),
+            PanelData::Q6K(d) => self.matmul_of(isa, d, x, rows),
         }
     }
 
-    fn matmul_of<E: avx512::Stream>(&self, data: &[E], x: &[f32], rows: usize) -> Vec<f32> {
+    fn matmul_of<E: Stream>(&self, isa: Isa, data: &[E], x: &[f32], rows: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         let mut y = vec![0f32; rows * n];
         let panels = n.div_ceil(PANEL);
         let out = SyncPtr(y.as_mut_ptr());
+        // rows per block: 16 accumulators and a weight vector within AVX-512's 32 registers;
+        // 6 × 2 halves and a weight's 2 within AVX2's 16
+        let block_rows = match isa {
+            Isa::Avx512 => 16,
+            Isa::Avx2 => 6,
+        };
         let run = |range: std::ops::Range<usize>| {
             let y = out.ptr();
             for p in range {
@@ -324,21 +328,21 @@ impl Panels {
                 let panel = &data[p * len..][..len];
                 let mut r0 = 0;
                 while r0 < rows {
-                    let r = BLOCK_ROWS.min(rows - r0);
-                    // SAFETY: AVX-512F checked above; the block writes y[r0..r0+r, 16p..16p+cols]
-                    // only, inside y (rows × n) and disjoint from every other chunk's columns
+                    let r = block_rows.min(rows - r0);
+                    let x = &x[r0 * k..(r0 + r) * k];
+                    let y = y.wrapping_add(r0 * n + p * PANEL);
+                    // SAFETY: the CPU runs `isa` (checked above); the block writes
+                    // y[r0..r0+r, 16p..16p+cols] only, inside y (rows × n) and disjoint from
+                    // every other chunk's columns
                     #[cfg(target_arch = "x86_64")]
                     unsafe {
-                        avx512::block(
-                            &x[r0 * k..(r0 + r) * k],
-                            r,
-                            k,
-                            panel,
-                            y.add(r0 * n + p * PANEL),
-                            n,
-                            cols,
-                        )
+                        match isa {
+                            Isa::Avx512 => avx512::block(x, r, k, panel, y, n, cols),
+                            Isa::Avx2 => avx2::block(x, r, k, panel, y, n, cols),
+                        }
                     };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let _ = (x, y, panel, cols);
                     r0 += r;
                 }
             }
@@ -428,301 +432,399 @@ impl<T> SyncPtr<T> {
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-mod avx512 {
-    /// A panel's values (the kernel exists on x86_64 only; `supported()` is false elsewhere).
-    pub trait Stream: Copy + Sync {
-        fn panel_len(k: usize) -> usize;
-    }
-    impl Stream for f32 {
-        fn panel_len(k: usize) -> usize {
-            k * 16
-        }
-    }
-    impl Stream for u16 {
-        fn panel_len(k: usize) -> usize {
-            k * 16
-        }
-    }
-    macro_rules! byte_stream {
-        ($t:ident, $steps:expr, $block:ident) => {
-            impl Stream for super::$t {
-                fn panel_len(k: usize) -> usize {
-                    k / $steps * super::$block
-                }
-            }
-        };
-    }
-    byte_stream!(Q41, 32, Q4_1_PANEL_BLOCK);
-    byte_stream!(Q80, 32, Q8_0_PANEL_BLOCK);
-    byte_stream!(Q4Kb, 32, Q4K_PANEL_BLOCK);
-    byte_stream!(Q6Kb, 16, Q6K_PANEL_BLOCK);
+/// The kernel a panel kind runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    F32,
+    Bf16,
+    /// 4-bit values, f16 (`false`) or f32 (`true`) scales: Q4_1, Q4_K.
+    Nibbles(bool),
+    /// Signed bytes, one scale per `.0` steps, f16 or f32: Q8_0 (and Q5_0), Q6_K.
+    Signed(usize, bool),
 }
 
+/// A panel's values as the kernels read them: its length for `k` steps and its kernel.
+trait Stream: Copy + Sync {
+    const KERNEL: Kernel;
+    fn panel_len(k: usize) -> usize;
+}
+
+impl Stream for f32 {
+    const KERNEL: Kernel = Kernel::F32;
+    fn panel_len(k: usize) -> usize {
+        k * PANEL
+    }
+}
+
+impl Stream for u16 {
+    const KERNEL: Kernel = Kernel::Bf16;
+    fn panel_len(k: usize) -> usize {
+        k * PANEL
+    }
+}
+
+macro_rules! byte_stream {
+    ($($t:ident: $steps:literal, $block:ident, $kernel:expr);*) => {$(
+        impl Stream for $t {
+            const KERNEL: Kernel = $kernel;
+            fn panel_len(k: usize) -> usize {
+                k / $steps * $block
+            }
+        }
+    )*};
+}
+byte_stream!(
+    Q41: 32, Q4_1_PANEL_BLOCK, Kernel::Nibbles(false);
+    Q4Kb: 32, Q4K_PANEL_BLOCK, Kernel::Nibbles(true);
+    Q80: 32, Q8_0_PANEL_BLOCK, Kernel::Signed(32, false);
+    Q6Kb: 16, Q6K_PANEL_BLOCK, Kernel::Signed(16, true)
+);
+
+/// The kernels, written once for both ISAs: expanded inside a module that defines `V` (16 f32
+/// lanes: one AVX-512 vector or two AVX2 ones) and its operations, all compiled for
+/// `$feature`: `zero`, `fma(acc, x, w)` (`acc + x · w`, `x` broadcast, fused), `mul`, `add`,
+/// `load_f32` and `load_bf16` (16 values), `load_f16` (16 f16 from 32 bytes), `nibbles` (8
+/// bytes → their 8 low nibbles then their 8 high ones), `signed` (16 i8) and `store` (the
+/// first `cols` lanes). `$r` lists the row counts of a block (1 ..= the ISA's block rows).
+///
+/// Each output lane is `Σ_kk x[r][kk] · w[kk]` summed in the order `kk = 0, 1, …` by fused
+/// multiply-adds into one accumulator lane, in both ISAs, and every panel kind dequantizes its
+/// 16 values per step with the loader's operations before the same multiply-adds: a quantized
+/// panel's outputs are the f32 panel's bits on either ISA.
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::*;
+macro_rules! panel_kernels {
+    ($feature:literal, $($r:literal)*) => {
+        use super::{Kernel, Stream};
 
-    /// Prefetch distance: 4 KiB ahead in the panel stream, which runs on into the next panel
-    /// (measured on the development VM with f32 panels: 32–128 lines within 5 %, none 1.3×
-    /// slower at 16 rows).
-    const AHEAD_BYTES: usize = 4096;
+        /// Prefetch distance: 4 KiB ahead in the panel stream, which runs on into the next
+        /// panel (measured on the development VM with f32 panels and AVX-512: 32–128 lines
+        /// within 5 %, none 1.3× slower at 16 rows).
+        const AHEAD_BYTES: usize = 4096;
 
-    /// A panel value: 16 of them load as one f32 vector.
-    pub trait Weight: Copy + Sync {
+        /// `y[r, 0..cols]` (row stride `ldy`) for the `rows` rows of `x` (`rows × k`, `rows`
+        /// one of `$r`) against one panel (`E::panel_len(k)` values).
         /// # Safety
-        /// AVX-512F; `p .. p + 16` readable.
-        unsafe fn load16(p: *const Self) -> __m512;
-    }
-
-    impl Weight for f32 {
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        unsafe fn load16(p: *const f32) -> __m512 {
-            _mm512_loadu_ps(p)
-        }
-    }
-
-    /// bf16 bits, widened exactly: the f32 with these upper 16 bits and zero lower ones.
-    impl Weight for u16 {
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        unsafe fn load16(p: *const u16) -> __m512 {
-            let h = _mm256_loadu_si256(p as *const __m256i);
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-        }
-    }
-
-    /// A panel's values as the kernel reads them: its length for `k` steps and its rows'
-    /// products ([`rows_r`] for plain values, the quantized kernels for blocks).
-    pub trait Stream: Copy + Sync {
-        fn panel_len(k: usize) -> usize;
-        /// # Safety
-        /// AVX-512F; `x` is `R × k`, `panel` [`Self::panel_len`]`(k)`, `y` writable for `R`
-        /// rows of stride `ldy` and `cols ≤ 16` columns.
-        unsafe fn rows<const R: usize>(
+        /// The CPU runs `$feature`; `y` writable for `rows` rows of stride `ldy`, `cols ≤ 16`.
+        #[target_feature(enable = $feature)]
+        pub unsafe fn block<E: Stream>(
             x: &[f32],
-            k: usize,
-            panel: &[Self],
-            y: *mut f32,
-            ldy: usize,
-            cols: usize,
-        );
-    }
-
-    impl<E: Weight> Stream for E {
-        fn panel_len(k: usize) -> usize {
-            k * 16
-        }
-        #[inline]
-        unsafe fn rows<const R: usize>(
-            x: &[f32],
+            rows: usize,
             k: usize,
             panel: &[E],
             y: *mut f32,
             ldy: usize,
             cols: usize,
         ) {
-            rows_r::<E, R>(x, k, panel, y, ldy, cols)
+            debug_assert!(x.len() == rows * k && panel.len() == E::panel_len(k));
+            let p = panel.as_ptr() as *const u8;
+            match rows {
+                $($r => match E::KERNEL {
+                    Kernel::F32 => plain::<$r, 4>(x, k, p, y, ldy, cols),
+                    Kernel::Bf16 => plain::<$r, 2>(x, k, p, y, ldy, cols),
+                    Kernel::Nibbles(f32_scales) => nibbles_rows::<$r>(x, k, p, f32_scales, y, ldy, cols),
+                    Kernel::Signed(group, f32_scales) => {
+                        signed_rows::<$r>(x, k, p, group, f32_scales, y, ldy, cols)
+                    }
+                },)*
+                _ => unreachable!("a block of {rows} rows"),
+            }
         }
-    }
 
-    /// The quantized panels' byte streams (see `PanelData`), each a transparent `u8`, and the
-    /// kernel that reads them: Q4_1 and Q4_K the 4-bit kernel (f16 or f32 scales), Q8_0 (and
-    /// Q5_0) and Q6_K the signed one (32 steps per f16 scale, or 16 per f32 one).
-    macro_rules! byte_stream {
-        ($t:ident, $steps:expr, $block:ident, $kernel:ident, $($arg:expr),*) => {
-            impl Stream for super::$t {
-                fn panel_len(k: usize) -> usize {
-                    k / $steps * super::$block
+        /// f32 (`BYTES` 4) or bf16 (`BYTES` 2, widened exactly) panel values.
+        #[inline]
+        #[target_feature(enable = $feature)]
+        unsafe fn plain<const R: usize, const BYTES: usize>(
+            x: &[f32],
+            k: usize,
+            p: *const u8,
+            y: *mut f32,
+            ldy: usize,
+            cols: usize,
+        ) {
+            let xp = x.as_ptr();
+            let mut acc = [zero(); R];
+            for kk in 0..k {
+                let at = kk * 16 * BYTES;
+                let w = if BYTES == 4 {
+                    load_f32(p.add(at) as *const f32)
+                } else {
+                    load_bf16(p.add(at) as *const u16)
+                };
+                // a hint: past the end of the weights it fetches nothing useful, never faults
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(at + AHEAD_BYTES) as *const i8);
+                fma_rows(&mut acc, xp, k, kk, w);
+            }
+            store_rows(&acc, y, ldy, cols);
+        }
+
+        /// `acc[r] += x[r][kk] · w` for every row: the one multiply-add order of every kind.
+        #[inline]
+        #[target_feature(enable = $feature)]
+        unsafe fn fma_rows<const R: usize>(
+            acc: &mut [V; R],
+            xp: *const f32,
+            k: usize,
+            kk: usize,
+            w: V,
+        ) {
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = fma(*a, *xp.add(r * k + kk), w);
+            }
+        }
+
+        /// The rows' first `cols` outputs to `y` (row stride `ldy`).
+        #[inline]
+        #[target_feature(enable = $feature)]
+        unsafe fn store_rows<const R: usize>(acc: &[V; R], y: *mut f32, ldy: usize, cols: usize) {
+            for (r, a) in acc.iter().enumerate() {
+                store(y.add(r * ldy), *a, cols);
+            }
+        }
+
+        /// A Q4_1 panel (f16 scales) or a Q4_K one (f32 scales): per block of 32 steps the 16
+        /// columns' `d` and `m` (widened from f16 exactly, or read), per step the 16 values
+        /// unpacked from 8 bytes and dequantized as `q · d + m` (a product, then a sum: the
+        /// loader's two roundings).
+        #[inline]
+        #[target_feature(enable = $feature)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn nibbles_rows<const R: usize>(
+            x: &[f32],
+            k: usize,
+            pp: *const u8,
+            f32_scales: bool,
+            y: *mut f32,
+            ldy: usize,
+            cols: usize,
+        ) {
+            let (block, scales) = if f32_scales {
+                (super::Q4K_PANEL_BLOCK, 128)
+            } else {
+                (super::Q4_1_PANEL_BLOCK, 64)
+            };
+            let xp = x.as_ptr();
+            let mut acc = [zero(); R];
+            for b in 0..k / 32 {
+                let base = pp.add(b * block);
+                for line in 0..block.div_ceil(64) {
+                    let at = b * block + AHEAD_BYTES + 64 * line;
+                    _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(at) as *const i8);
                 }
-                #[inline]
-                unsafe fn rows<const R: usize>(
-                    x: &[f32],
-                    k: usize,
-                    panel: &[super::$t],
-                    y: *mut f32,
-                    ldy: usize,
-                    cols: usize,
-                ) {
-                    let bytes =
-                        std::slice::from_raw_parts(panel.as_ptr() as *const u8, panel.len());
-                    $kernel::<R, $({ $arg }),*>(x, k, bytes, y, ldy, cols)
+                let (d, m) = if f32_scales {
+                    (load_f32(base as *const f32), load_f32(base.add(64) as *const f32))
+                } else {
+                    (load_f16(base), load_f16(base.add(32)))
+                };
+                for j in 0..32 {
+                    let w = add(mul(nibbles(base.add(scales + j * 8)), d), m);
+                    fma_rows(&mut acc, xp, k, b * 32 + j, w);
                 }
             }
-        };
-    }
-    byte_stream!(Q41, 32, Q4_1_PANEL_BLOCK, rows_r_q4_1, false);
-    byte_stream!(Q4Kb, 32, Q4K_PANEL_BLOCK, rows_r_q4_1, true);
-    byte_stream!(Q80, 32, Q8_0_PANEL_BLOCK, rows_r_q8_0, 32, false);
-    byte_stream!(Q6Kb, 16, Q6K_PANEL_BLOCK, rows_r_q8_0, 16, true);
+            store_rows(&acc, y, ldy, cols);
+        }
 
-    /// `y[r, 0..cols]` (row stride `ldy`) for the `rows ≤ 16` rows of `x` (`rows × k`) against
-    /// one panel (`k × 16` values).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn block<E: Stream>(
-        x: &[f32],
-        rows: usize,
-        k: usize,
-        panel: &[E],
-        y: *mut f32,
-        ldy: usize,
-        cols: usize,
-    ) {
-        macro_rules! rows_dispatch {
-            ($($r:literal)*) => {
-                match rows {
-                    $($r => E::rows::<$r>(x, k, panel, y, ldy, cols),)*
-                    _ => unreachable!("block of {rows} rows"),
+        /// A panel of signed values with one scale per `group` steps: Q8_0 / Q5_0 (32 steps,
+        /// f16 scales) or Q6_K (16 steps, f32 scales). Per step the 16 i8 values widened and
+        /// dequantized as `q · d` (the loader's one rounding).
+        #[inline]
+        #[target_feature(enable = $feature)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn signed_rows<const R: usize>(
+            x: &[f32],
+            k: usize,
+            pp: *const u8,
+            group: usize,
+            f32_scales: bool,
+            y: *mut f32,
+            ldy: usize,
+            cols: usize,
+        ) {
+            let scales = if f32_scales { 64 } else { 32 };
+            let block = scales + group * 16;
+            let xp = x.as_ptr();
+            let mut acc = [zero(); R];
+            for b in 0..k / group {
+                let base = pp.add(b * block);
+                let d = if f32_scales {
+                    load_f32(base as *const f32)
+                } else {
+                    load_f16(base)
+                };
+                for j in 0..group {
+                    if j % 4 == 0 {
+                        let at = b * block + scales + j * 16 + AHEAD_BYTES;
+                        _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(at) as *const i8);
+                    }
+                    let w = mul(signed(base.add(scales + j * 16)), d);
+                    fma_rows(&mut acc, xp, k, b * group + j, w);
                 }
-            };
+            }
+            store_rows(&acc, y, ldy, cols);
         }
-        rows_dispatch!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
-    }
+    };
+}
+
+/// The AVX-512 kernels: 16 lanes in one vector, blocks of up to 16 rows.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+    type V = __m512;
 
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows_r<E: Weight, const R: usize>(
-        x: &[f32],
-        k: usize,
-        panel: &[E],
-        y: *mut f32,
-        ldy: usize,
-        cols: usize,
-    ) {
-        debug_assert!(x.len() == R * k && panel.len() == k * 16);
-        let (xp, pp) = (x.as_ptr(), panel.as_ptr());
-        let mut acc = [_mm512_setzero_ps(); R];
-        let ahead = AHEAD_BYTES / std::mem::size_of::<E>();
-        for kk in 0..k {
-            let w = E::load16(pp.add(kk * 16));
-            // a hint: past the end of the weights it fetches nothing useful, and never faults
-            _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(kk * 16 + ahead) as *const i8);
-            fma_rows(&mut acc, xp, k, kk, w);
-        }
-        store_rows(&acc, y, ldy, cols);
+    unsafe fn zero() -> V {
+        _mm512_setzero_ps()
     }
-
-    /// `acc[r] += x[r][kk] · w` for every row: the one multiply-add order of every panel kind.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn fma_rows<const R: usize>(
-        acc: &mut [__m512; R],
-        xp: *const f32,
-        k: usize,
-        kk: usize,
-        w: __m512,
-    ) {
-        for (r, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(r * k + kk)), w, *a);
-        }
+    unsafe fn fma(acc: V, x: f32, w: V) -> V {
+        _mm512_fmadd_ps(_mm512_set1_ps(x), w, acc)
     }
-
-    /// The rows' first `cols` outputs to `y` (row stride `ldy`).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn store_rows<const R: usize>(acc: &[__m512; R], y: *mut f32, ldy: usize, cols: usize) {
+    unsafe fn mul(a: V, b: V) -> V {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn add(a: V, b: V) -> V {
+        _mm512_add_ps(a, b)
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_f32(p: *const f32) -> V {
+        _mm512_loadu_ps(p)
+    }
+    /// bf16 bits widened exactly: the f32 with these upper 16 bits and zero lower ones.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_bf16(p: *const u16) -> V {
+        let h = _mm256_loadu_si256(p as *const __m256i);
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_f16(p: *const u8) -> V {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+    /// Lanes 0..8 the low nibbles of the 8 bytes (columns 0..8), 8..16 the high ones.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn nibbles(p: *const u8) -> V {
+        let low = _mm_set1_epi8(0x0f);
+        let raw = _mm_loadl_epi64(p as *const __m128i);
+        let lo = _mm_and_si128(raw, low);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), low);
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn signed(p: *const u8) -> V {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store(y: *mut f32, v: V, cols: usize) {
         let m: __mmask16 = if cols >= 16 {
             0xffff
         } else {
             (1u16 << cols) - 1
         };
-        for (r, a) in acc.iter().enumerate() {
-            _mm512_mask_storeu_ps(y.add(r * ldy), m, *a);
-        }
+        _mm512_mask_storeu_ps(y, m, v)
     }
 
-    /// [`rows_r`] over a Q4_1 panel (f16 scales) or a Q4_K one (f32 scales): per block of 32
-    /// steps the 16 columns' `d` and `m` (widened from f16 exactly, or read), per step the 16
-    /// values unpacked from 8 bytes and dequantized as `q · d + m` (a product, then a sum: the
-    /// loader's two roundings), then the same multiply-adds in the same order as the f32 panels.
+    panel_kernels!("avx512f", 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16);
+}
+
+/// The AVX2 + FMA + F16C kernels: 16 lanes as two 8-lane halves, blocks of up to 6 rows.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+    type V = [__m256; 2];
+
     #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn rows_r_q4_1<const R: usize, const F32_SCALES: bool>(
-        x: &[f32],
-        k: usize,
-        panel: &[u8],
-        y: *mut f32,
-        ldy: usize,
-        cols: usize,
-    ) {
-        let (block, scales) = if F32_SCALES {
-            (super::Q4K_PANEL_BLOCK, 128)
-        } else {
-            (super::Q4_1_PANEL_BLOCK, 64)
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn zero() -> V {
+        [_mm256_setzero_ps(); 2]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn fma(acc: V, x: f32, w: V) -> V {
+        let x = _mm256_set1_ps(x);
+        [
+            _mm256_fmadd_ps(x, w[0], acc[0]),
+            _mm256_fmadd_ps(x, w[1], acc[1]),
+        ]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mul(a: V, b: V) -> V {
+        [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn add(a: V, b: V) -> V {
+        [_mm256_add_ps(a[0], b[0]), _mm256_add_ps(a[1], b[1])]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_f32(p: *const f32) -> V {
+        [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_bf16(p: *const u16) -> V {
+        let half = |p: *const u16| {
+            let h = _mm_loadu_si128(p as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
         };
-        debug_assert!(x.len() == R * k && panel.len() == k / 32 * block);
-        let (xp, pp) = (x.as_ptr(), panel.as_ptr());
-        let mut acc = [_mm512_setzero_ps(); R];
+        [half(p), half(p.add(8))]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load_f16(p: *const u8) -> V {
+        [
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i)),
+        ]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn nibbles(p: *const u8) -> V {
         let low = _mm_set1_epi8(0x0f);
-        for b in 0..k / 32 {
-            let base = pp.add(b * block);
-            for line in 0..block.div_ceil(64) {
-                let at = b * block + AHEAD_BYTES + 64 * line;
-                _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(at) as *const i8);
-            }
-            let (d, m) = if F32_SCALES {
-                (
-                    _mm512_loadu_ps(base as *const f32),
-                    _mm512_loadu_ps(base.add(64) as *const f32),
-                )
-            } else {
-                (
-                    _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i)),
-                    _mm512_cvtph_ps(_mm256_loadu_si256(base.add(32) as *const __m256i)),
-                )
-            };
-            for j in 0..32 {
-                let raw = _mm_loadl_epi64(base.add(scales + j * 8) as *const __m128i);
-                let lo = _mm_and_si128(raw, low);
-                let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), low);
-                // lanes 0..8 the low nibbles (columns 0..8), 8..16 the high ones
-                let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
-                let w = _mm512_add_ps(_mm512_mul_ps(q, d), m);
-                fma_rows(&mut acc, xp, k, b * 32 + j, w);
-            }
+        let raw = _mm_loadl_epi64(p as *const __m128i);
+        let lo = _mm_and_si128(raw, low);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), low);
+        [
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+        ]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn signed(p: *const u8) -> V {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        [
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(v))),
+        ]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn store(y: *mut f32, v: V, cols: usize) {
+        if cols >= 16 {
+            _mm256_storeu_ps(y, v[0]);
+            _mm256_storeu_ps(y.add(8), v[1]);
+        } else {
+            let mut t = [0f32; 16];
+            _mm256_storeu_ps(t.as_mut_ptr(), v[0]);
+            _mm256_storeu_ps(t.as_mut_ptr().add(8), v[1]);
+            std::ptr::copy_nonoverlapping(t.as_ptr(), y, cols);
         }
-        store_rows(&acc, y, ldy, cols);
     }
 
-    /// [`rows_r`] over a panel of signed values with one scale per `GROUP` steps: Q8_0 / Q5_0
-    /// (32 steps, f16 scales) or Q6_K (16 steps, f32 scales). Per step the 16 i8 values widened
-    /// and dequantized as `q · d` (the loader's one rounding).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn rows_r_q8_0<const R: usize, const GROUP: usize, const F32_SCALES: bool>(
-        x: &[f32],
-        k: usize,
-        panel: &[u8],
-        y: *mut f32,
-        ldy: usize,
-        cols: usize,
-    ) {
-        let scales = if F32_SCALES { 64 } else { 32 };
-        let block = scales + GROUP * 16;
-        debug_assert!(x.len() == R * k && panel.len() == k / GROUP * block);
-        let (xp, pp) = (x.as_ptr(), panel.as_ptr());
-        let mut acc = [_mm512_setzero_ps(); R];
-        for b in 0..k / GROUP {
-            let base = pp.add(b * block);
-            let d = if F32_SCALES {
-                _mm512_loadu_ps(base as *const f32)
-            } else {
-                _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i))
-            };
-            for j in 0..GROUP {
-                if j % 4 == 0 {
-                    let at = b * block + scales + j * 16 + AHEAD_BYTES;
-                    _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(at) as *const i8);
-                }
-                let v = _mm_loadu_si128(base.add(scales + j * 16) as *const __m128i);
-                let w = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)), d);
-                fma_rows(&mut acc, xp, k, b * GROUP + j, w);
-            }
-        }
-        store_rows(&acc, y, ldy, cols);
-    }
+    panel_kernels!("avx2,fma,f16c", 1 2 3 4 5 6);
 }
 
 #[cfg(test)]
@@ -816,10 +918,6 @@ mod tests {
             }
         };
         assert_eq!(byte, nib(0, 3) | nib(8, 3) << 4);
-        if !Panels::supported() {
-            eprintln!("skipped the products: no AVX-512F on this CPU");
-            return;
-        }
         for kind in [
             QuantKind::Q4_1,
             QuantKind::Q8_0,
@@ -852,13 +950,16 @@ mod tests {
                 .iter()
                 .zip(&w)
                 .all(|(a, b)| a.to_bits() == b.to_bits()));
-            for rows in [1usize, 2, 7, 16, 17, 33] {
-                let x = values(rows * q.k, rows as u32 + 11);
-                let (a, b) = (p.matmul(&x, rows), f.matmul(&x, rows));
-                assert!(
-                    a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits()),
-                    "{kind:?}: {rows} rows differ"
-                );
+            // every ISA this CPU runs (none: the packing and the values only)
+            for isa in Isa::available() {
+                for rows in [1usize, 2, 7, 16, 17, 33] {
+                    let x = values(rows * q.k, rows as u32 + 11);
+                    let (a, b) = (p.matmul_on(isa, &x, rows), f.matmul_on(isa, &x, rows));
+                    assert!(
+                        a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits()),
+                        "{kind:?} on {isa:?}: {rows} rows differ"
+                    );
+                }
             }
         }
     }
@@ -882,22 +983,24 @@ mod tests {
     /// multiple of 16 (the masked last panel) and odd depths.
     #[test]
     fn equals_the_reference_for_every_block_shape() {
-        if !Panels::supported() {
-            eprintln!("skipped: no AVX-512F on this CPU");
-            return;
+        for isa in Isa::available() {
+            reference_shapes(isa);
         }
+    }
+
+    fn reference_shapes(isa: Isa) {
         for &(n, k) in &[(37usize, 21usize), (64, 576), (5, 8), (16, 1)] {
             let w = values(n * k, 7);
             let p = Panels::pack(&w, n, k);
             for rows in [1usize, 2, 3, 9, 15, 16, 17, 32, 33, 40] {
                 let x = values(rows * k, rows as u32);
-                let got = p.matmul(&x, rows);
+                let got = p.matmul_on(isa, &x, rows);
                 let want = naive(&x, &w, rows, n, k);
                 let tol = 1e-5 * (k as f64).sqrt() + 1e-6;
                 for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         (g as f64 - e).abs() < tol,
-                        "n {n} k {k} rows {rows} at {i}: {g} vs {e}"
+                        "{isa:?}: n {n} k {k} rows {rows} at {i}: {g} vs {e}"
                     );
                 }
             }
@@ -908,10 +1011,6 @@ mod tests {
     /// of the same values (0.5 = 0x3F00_0000 → 0x3F00).
     #[test]
     fn bf16_weights_are_kept_as_bf16_and_give_the_same_bits() {
-        if !Panels::supported() {
-            eprintln!("skipped: no AVX-512F on this CPU");
-            return;
-        }
         let (n, k) = (37usize, 100usize);
         let w: Vec<f32> = values(n * k, 5)
             .iter()
@@ -936,27 +1035,46 @@ mod tests {
             panic!("0.5 is a bf16 value")
         };
         assert_eq!(half_bits[0], 0x3F00);
-        for rows in [1usize, 9, 17] {
-            let x = values(rows * k, 9);
-            assert_eq!(half.matmul(&x, rows), full.matmul(&x, rows), "rows {rows}");
+        for isa in Isa::available() {
+            for rows in [1usize, 9, 17] {
+                let x = values(rows * k, 9);
+                let (a, b) = (half.matmul_on(isa, &x, rows), full.matmul_on(isa, &x, rows));
+                assert_eq!(a, b, "{isa:?}: rows {rows}");
+            }
         }
     }
 
     /// A row's outputs are bit-identical alone and among others (AR step vs verify rows).
     #[test]
     fn a_row_gets_the_same_bits_alone_and_in_a_block() {
-        if !Panels::supported() {
-            eprintln!("skipped: no AVX-512F on this CPU");
-            return;
-        }
         let (n, k) = (100usize, 576usize);
         let w = values(n * k, 3);
         let p = Panels::pack(&w, n, k);
         let x = values(20 * k, 11);
-        let all = p.matmul(&x, 20);
-        for r in [0usize, 5, 15, 16, 19] {
-            let alone = p.matmul(&x[r * k..(r + 1) * k], 1);
-            assert_eq!(alone, all[r * n..(r + 1) * n].to_vec(), "row {r}");
+        for isa in Isa::available() {
+            let all = p.matmul_on(isa, &x, 20);
+            for r in [0usize, 5, 6, 15, 16, 19] {
+                let alone = p.matmul_on(isa, &x[r * k..(r + 1) * k], 1);
+                assert_eq!(alone, all[r * n..(r + 1) * n].to_vec(), "{isa:?}: row {r}");
+            }
+        }
+    }
+
+    /// Both ISAs sum each output in the same order with fused multiply-adds: the same bits
+    /// (not required of them, but what the kernels do; it keeps the two comparable).
+    #[test]
+    fn the_isas_give_the_same_bits() {
+        let isas = Isa::available();
+        if isas.len() < 2 {
+            return;
+        }
+        let (n, k) = (37usize, 96usize);
+        let q = quantized(QuantKind::Q4_1, n, k, 9);
+        let p = Panels::pack_quantized(&q);
+        let x = values(17 * k, 4);
+        let want = p.matmul_on(isas[0], &x, 17);
+        for &isa in &isas[1..] {
+            assert_eq!(p.matmul_on(isa, &x, 17), want, "{isa:?}");
         }
     }
 }

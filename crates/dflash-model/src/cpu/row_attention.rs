@@ -194,31 +194,7 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// The vector ISA the kernels of this module run on: AVX-512F where the CPU has it, else
-/// AVX2 + FMA, else none (candle's matmuls). Detected once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isa {
-    Avx512,
-    Avx2,
-}
-
-impl Isa {
-    pub fn detect() -> Option<Isa> {
-        static ISA: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
-        *ISA.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                if std::is_x86_feature_detected!("avx512f") {
-                    return Some(Isa::Avx512);
-                }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    return Some(Isa::Avx2);
-                }
-            }
-            None
-        })
-    }
-}
+pub use crate::cpu::Isa;
 
 /// The block kernel, written once for both ISAs: expanded inside a module that defines the
 /// vector type `V` of `W` lanes and its operations (`zero`, `ld`, `st`, `set1`, `fma`, `add`,

@@ -7,12 +7,13 @@
 //! and costs 1.5–3× more than that (docs/BENCHMARKS.md).
 //!
 //! [`Linear`] therefore multiplies an f32 CPU input that nothing differentiates (inference)
-//! by a copy of its weights re-laid as panels ([`crate::cpu::panels`], AVX-512), made when the
-//! layer is built: the CPU inference of an f32 model holds its projection weights twice, while
-//! a GGUF weight streamed from its quantized blocks is held once, as the panels.
-//! Without AVX-512 it takes [`matmul_t`]'s direct path for at most [`FEW_ROWS`] rows (AVX2 +
-//! FMA, tiles of 4 input rows × 2 weight rows over the `[out, in]` layout); any other case
-//! (GPU, bf16, training with gradients, a CPU with neither) is candle's matmul, unchanged.
+//! by a copy of its weights re-laid as panels ([`crate::cpu::panels`], AVX-512 or AVX2 + FMA +
+//! F16C), made when the layer is built: the CPU inference of an f32 model holds its projection
+//! weights twice, while a GGUF weight streamed from its quantized blocks is held once, as the
+//! panels. A CPU with neither ISA takes [`matmul_t`]'s direct path for at most [`FEW_ROWS`]
+//! rows where it has AVX2 + FMA (tiles of 4 input rows × 2 weight rows over the `[out, in]`
+//! layout); any other case (GPU, bf16, training with gradients, a CPU with no vector kernel) is
+//! candle's matmul, unchanged.
 //!
 //! Example: SmolLM2's `up_proj` `W` `[1536, 576]` and 16 verify rows `x` `[16, 576]`: on an
 //! AVX-512 CPU, 96 panels of 16 columns, each computed for the 16 rows at once; the result is
@@ -41,7 +42,7 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// A projection; on an AVX-512 CPU an f32 weight that nothing differentiates is re-laid as
+    /// A projection; on an AVX-512 or AVX2 CPU an f32 weight that nothing differentiates is re-laid as
     /// panels here, at load time (≈ 0.2 s for SmolLM2's 135 M weights on 2 cores), not in the
     /// first forward. (Reading the values cannot fail for a CPU tensor; if it did, the layer
     /// would keep candle's matmul, slower and equal.)
@@ -151,15 +152,19 @@ impl Linear {
         }
     }
 
-    /// The panels when `x` may use them: f32 on the CPU, not differentiated.
+    /// The panels when `x` may use them: f32 on the CPU, not differentiated, and a kernel ISA
+    /// selected ([`crate::cpu::Isa`]).
     fn panels_for(&self, x: &Tensor) -> Option<&Panels> {
-        let x_ok = matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32 && !x.track_op();
+        let x_ok = matches!(x.device(), Device::Cpu)
+            && x.dtype() == DType::F32
+            && !x.track_op()
+            && Panels::supported();
         self.panels.as_deref().filter(|_| x_ok)
     }
 }
 
-/// A weight the panels take: a 2-D f32 CPU tensor that nothing differentiates, on a CPU with
-/// AVX-512.
+/// A weight the panels take: a 2-D f32 CPU tensor that nothing differentiates, on a CPU that
+/// runs the panels' kernels ([`Panels::supported`]).
 fn packable(w: &Tensor) -> bool {
     matches!(w.device(), Device::Cpu)
         && w.dtype() == DType::F32
@@ -445,7 +450,7 @@ mod tests {
         crate::ops::compare::max_abs(a, b).unwrap()
     }
 
-    /// `matmul_t`'s AVX2 path and `Linear` (the panels on an AVX-512 CPU) = candle's matmul:
+    /// `matmul_t`'s AVX2 path and `Linear` (the panels on an AVX-512 or AVX2 CPU) = candle's matmul:
     /// rows 1..=33 (tiles of 4, the rest single rows; 33 is over the AVX2 path's limit), weight
     /// rows not a multiple of 2 or 16 (leftover columns), widths not a multiple of 8 (the tails).
     #[test]
@@ -462,7 +467,7 @@ mod tests {
                 assert_eq!(got.dims(), &[1, rows, n]);
                 let tol = 1e-4 * (k as f32).sqrt();
                 assert!(max_diff(&got, &want) < tol, "n {n} k {k} rows {rows}");
-                // Linear: the panels on an AVX-512 CPU, else the same as matmul_t
+                // Linear: the panels where the CPU runs them, else the same as matmul_t
                 let got = Linear::new(w.clone(), None).forward(&x).unwrap();
                 assert_eq!(got.dims(), &[1, rows, n]);
                 let err = max_diff(&got, &want);

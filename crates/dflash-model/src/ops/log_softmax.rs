@@ -17,7 +17,7 @@ pub fn log_softmax_rows(logits: &Tensor) -> Result<Tensor> {
     let fast = matches!(x.device(), Device::Cpu)
         && x.rank() == 2
         && !x.track_op()
-        && crate::cpu::panels::Panels::supported();
+        && crate::cpu::Isa::detect() == Some(crate::cpu::Isa::Avx512);
     if !fast {
         return candle_nn::ops::log_softmax(&x, D::Minus1);
     }
