@@ -71,6 +71,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     println!("| mode | ms / output token | tok/s | τ pooled | draft ms/round | verify ms/round | other ms/round |");
     println!("|---|---|---|---|---|---|---|");
     let cuda_graphs = a.cuda_graphs;
+    // with DFLASH_PROFILE set: the time per phase of each mode's decoding, then of one forward
+    // of 1 and of 16 rows (to stderr)
+    let _ = dflash_model::profile::report();
     for spec in &specs {
         let opts = DecodeOptions {
             cuda_graphs,
@@ -116,6 +119,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             per(s.verify_secs),
             per(s.other_secs)
         );
+        dflash_model::profile::print_report(&format!("{} decoding", spec.label));
     }
     // resident memory before the floor's buffers below: the weights, caches and decoding's
     if let (Some((after_load, _)), Some((now, peak))) = (loaded, resident_memory()) {
@@ -137,6 +141,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     t.forward_causal(&ctx, &mut cache, &[], &Rows::None)?;
     let mut rows = Vec::new();
     for n in [1usize, 16] {
+        let _ = dflash_model::profile::report();
         let toks: Vec<u32> = (0..n as u32).map(|i| 300 + i).collect();
         let secs = time(&dev, 10, || {
             let o = t.forward_causal(&toks, &mut cache, &[], &Rows::All)?;
@@ -150,12 +155,23 @@ pub fn run(a: BenchArgs) -> Result<()> {
             Ok(())
         })?;
         rows.push((n, secs));
+        dflash_model::profile::print_report(&format!(
+            "{n}-row forward on a 512-row cache (11 runs)"
+        ));
     }
     let bw = read_bandwidth(&dev)?;
     // the bytes a forward reads (quantized CPU panels at their block size)
     let weight_bytes = lt.target.weight_bytes_read();
     let floor = weight_bytes as f64 / bw;
     println!("\nmeasured read bandwidth {:.1} GB/s; weights read per forward {:.1} MB ({:?}{}) → read floor {:.3} ms per forward", bw / 1e9, weight_bytes as f64 / 1e6, dtype, if lt.target.quantized_projections() > 0 { ", GGUF blocks streamed" } else { "" }, floor * 1e3);
+    if dflash_model::profile::requested() {
+        let by: Vec<String> = t
+            .bytes_read_by_format()
+            .iter()
+            .map(|(f, b)| format!("{f} {:.1} MB", *b as f64 / 1e6))
+            .collect();
+        println!("weights read per forward by format: {}", by.join(", "));
+    }
     for (n, s) in rows {
         println!(
             "one target forward, {n:>2} new row(s) on a 512-row cache: {:.3} ms ({:.1}× the floor)",

@@ -480,6 +480,7 @@ impl<'a> Decoding<'a> {
     /// Stage 3, walk: the tree walked with the target's own samples: the accepted path (tree rows) and the
     /// bonus token.
     fn walk(&mut self, tree: &DraftTree, out: &TargetOutput) -> Result<(Vec<usize>, u32)> {
+        let _p = tracing::info_span!(target: "phase", "sample").entered();
         let logits = out.logits.as_ref().unwrap();
         let sampler = &mut self.sampler;
         match self.sampled.take() {

@@ -265,6 +265,18 @@ impl Panels {
         }
     }
 
+    /// The panels' value format: "f32", "bf16", "Q4_1", "Q8_0" (Q5_0 too), "Q4_K" or "Q6_K".
+    pub fn format(&self) -> &'static str {
+        match self.data {
+            PanelData::F32(_) => "f32",
+            PanelData::Bf16(_) => "bf16",
+            PanelData::Q4_1(_) => "Q4_1",
+            PanelData::Q8_0(_) => "Q8_0",
+            PanelData::Q4K(_) => "Q4_K",
+            PanelData::Q6K(_) => "Q6_K",
+        }
+    }
+
     /// Whether the weights stream from quantized blocks.
     pub fn is_quantized(&self) -> bool {
         !matches!(self.data, PanelData::F32(_) | PanelData::Bf16(_))

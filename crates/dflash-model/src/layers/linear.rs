@@ -173,10 +173,34 @@ fn packable(w: &Tensor) -> bool {
         && Panels::supported()
 }
 
+impl Linear {
+    /// The weight's format as the products read it: the panels' ([`Panels::format`]) or
+    /// "tensor" (candle's matmul or [`matmul_t`]).
+    pub fn format(&self) -> &'static str {
+        self.panels.as_ref().map_or("tensor", |p| p.format())
+    }
+}
+
+/// The `DFLASH_PROFILE` phase of a product by its panels' format.
+fn product_phase(format: &str) -> tracing::Span {
+    match format {
+        "f32" => tracing::info_span!(target: "phase", "proj f32"),
+        "bf16" => tracing::info_span!(target: "phase", "proj bf16"),
+        "Q4_1" => tracing::info_span!(target: "phase", "proj Q4_1"),
+        "Q8_0" => tracing::info_span!(target: "phase", "proj Q8_0"),
+        "Q4_K" => tracing::info_span!(target: "phase", "proj Q4_K"),
+        "Q6_K" => tracing::info_span!(target: "phase", "proj Q6_K"),
+        _ => tracing::info_span!(target: "phase", "proj tensor"),
+    }
+}
+
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match self.panels_for(x) {
-            Some(p) => panels_matmul(x, p)?,
+            Some(p) => {
+                let _p = product_phase(p.format()).entered();
+                panels_matmul(x, p)?
+            }
             // a tracked, non-f32 or GPU input beside quantized panels: the dequantized weight
             None => match &self.weight {
                 Some(w) => matmul_t(x, w)?,

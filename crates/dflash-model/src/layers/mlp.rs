@@ -32,9 +32,9 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate_proj.forward(x)?.silu()?;
-        let u = self.up_proj.forward(x)?;
-        self.down_proj.forward(&(g * u)?)
+        let (g, u) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
+        let a = tracing::info_span!(target: "phase", "mlp silu · up").in_scope(|| g.silu()? * u)?;
+        self.down_proj.forward(&a)
     }
 }
 

@@ -75,6 +75,7 @@ impl Attention {
         let k = split(self.k_proj.forward(x)?, self.kv_heads, &self.k_norm)?;
         let v = split(self.v_proj.forward(x)?, self.kv_heads, &None)?;
         // 2. RoPE at each row's own position
+        let phase = tracing::info_span!(target: "phase", "rope + cache").entered();
         let q = rope.apply(&q)?;
         let k = rope.apply(&k)?;
         // 3. cache: [cache rows | new rows] (fixed layout: all `cap` rows)
@@ -82,7 +83,9 @@ impl Attention {
             CacheLayout::Append => cache.append(layer, &k, &v)?,
             CacheLayout::Fixed { index, cap } => cache.write_fixed(layer, &k, &v, index, *cap)?,
         };
+        drop(phase);
         // 4. masked attention, grouped K/V
+        let phase = tracing::info_span!(target: "phase", "attention").entered();
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let o = match (keys.runs, keys.mask) {
             (Some(r), _) if row_attention::applies(&q) => attend_rows(&q, &k, &v, r, scale)?,
@@ -93,6 +96,7 @@ impl Attention {
             Some(g) => (o * candle_nn::ops::sigmoid(&g)?)?,
             None => o,
         };
+        drop(phase);
         Ok(self.o_proj.forward(&o)?)
     }
 }
@@ -147,19 +151,18 @@ impl Target {
                 self.layers.len()
             );
         }
+        let phase = tracing::info_span!(target: "phase", "embed").entered();
         let mut x = self
             .embed_tokens
             .lookup(ids)?
             .reshape((b, n, self.config.hidden_size))?;
+        drop(phase);
         let mut tap_out = vec![None; taps.len()];
+        // phases for DFLASH_PROFILE: the projections record theirs by weight format
+        // (`Linear`), a Gated DeltaNet layer its own steps
+        let norms = || tracing::info_span!(target: "phase", "norms + residuals");
         for (i, layer) in self.layers.iter().enumerate() {
-            let hn = layer.input_layernorm.forward(&x)?;
-            // phases for DFLASH_PROFILE (a Gated DeltaNet layer records its own steps)
-            let _p = match &layer.mixer {
-                Mixer::Attention(_) => tracing::info_span!(target: "phase", "attention mixer"),
-                Mixer::GatedDeltaNet(_) => tracing::Span::none(),
-            }
-            .entered();
+            let hn = norms().in_scope(|| layer.input_layernorm.forward(&x))?;
             let h = match &layer.mixer {
                 Mixer::Attention(a) => a.forward(
                     &hn,
@@ -177,14 +180,13 @@ impl Target {
                     g.forward(&hn, rows, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
                 }
             };
-            drop(_p);
-            let x1 = (x + h)?;
-            let _p = tracing::info_span!(target: "phase", "mlp").entered();
-            let m = layer
-                .mlp
-                .forward(&layer.post_attention_layernorm.forward(&x1)?)?;
-            drop(_p);
-            x = (x1 + m)?;
+            let (x1, xn) = norms().in_scope(|| -> Result<_> {
+                let x1 = (x + h)?;
+                let xn = layer.post_attention_layernorm.forward(&x1)?;
+                Ok((x1, xn))
+            })?;
+            let m = layer.mlp.forward(&xn)?;
+            x = norms().in_scope(|| x1 + m)?;
             for (slot, _) in taps.iter().enumerate().filter(|(_, &t)| t == i) {
                 tap_out[slot] = Some(x.clone());
             }
@@ -207,7 +209,7 @@ impl Target {
             }
         };
         let logits = match sel {
-            Some(s) => Some(self.lm_head(&self.norm.forward(&s)?)?),
+            Some(s) => Some(self.lm_head(&norms().in_scope(|| self.norm.forward(&s))?)?),
             None => None,
         };
         Ok(TargetOutput {

@@ -370,6 +370,7 @@ impl Target {
 
     /// The LM head on already-normalised hidden states `[.., hidden]` → f32 logits (f64 for f64 models).
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
+        let _p = tracing::info_span!(target: "phase", "lm head").entered();
         self.logits_with(&self.lm_head, hidden)
     }
 
@@ -425,6 +426,25 @@ impl Target {
                 .iter()
                 .map(|p| p.weight_bytes_held())
                 .sum::<usize>()
+    }
+
+    /// Bytes one forward reads per weight format (`Linear::format`; "embed rows" aside):
+    /// the layers' projections and, as "lm head", the LM head, largest first.
+    pub fn bytes_read_by_format(&self) -> Vec<(String, usize)> {
+        let mut by: Vec<(String, usize)> = Vec::new();
+        let mut add = |name: String, b: usize| match by.iter_mut().find(|(n, _)| *n == name) {
+            Some(e) => e.1 += b,
+            None => by.push((name, b)),
+        };
+        for p in self.projections() {
+            add(format!("proj {}", p.format()), p.weight_bytes_read());
+        }
+        add(
+            format!("lm head ({})", self.lm_head.format()),
+            self.lm_head.weight_bytes_read(),
+        );
+        by.sort_by(|a, b| b.1.cmp(&a.1));
+        by
     }
 
     /// The layers' projections (attention and MLP; not the Gated DeltaNet's).
