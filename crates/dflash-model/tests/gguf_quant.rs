@@ -50,7 +50,13 @@ fn quantized_streaming_equals_the_f32_path_bit_for_bit() {
         up.is_some() && q.is_some(),
         "SmolLM2's Q4_1 projections keep their blocks"
     );
-    // the blocks dequantize to the loaded f32 weight (q_proj: rows un-permuted like it)
+    // the blocks dequantize to candle's f32 weight, which the store holds with streaming off
+    // (q_proj: rows un-permuted like it)
+    // SAFETY: this test's process (nextest runs each test alone) reads no other variable
+    // concurrently
+    std::env::set_var("DFLASH_CPU_QUANT", "0");
+    let plain = gguf::load(&path, DType::F32, &Device::Cpu).unwrap();
+    std::env::remove_var("DFLASH_CPU_QUANT");
     for (name, b, shape) in [
         (
             "model.layers.0.mlp.up_proj.weight",
@@ -63,14 +69,29 @@ fn quantized_streaming_equals_the_f32_path_bit_for_bit() {
             [576, 576],
         ),
     ] {
-        let w = g.store.get(name, &shape).unwrap().to_vec2::<f32>().unwrap();
+        let w = plain
+            .store
+            .get(name, &shape)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
         for (r, row) in w.iter().enumerate().step_by(7) {
             for (c, &v) in row.iter().enumerate() {
                 assert_eq!(v.to_bits(), b.value(r, c).to_bits(), "{name}[{r}, {c}]");
             }
         }
+        // the store's own dequantization of a weight it holds as blocks only
+        let lazy = g.store.get(name, &shape).unwrap().flatten_all().unwrap();
+        let lazy: Vec<f32> = lazy.to_vec1().unwrap();
+        let all: Vec<f32> = w.into_iter().flatten().collect();
+        assert!(
+            lazy.iter()
+                .zip(&all)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}"
+        );
     }
-    drop(g);
+    drop((g, plain));
 
     // every projection of the 30 layers (q, k, v, o, gate, up, down) is Q4_1, and the LM head
     // (tied to the Q8_0 embedding) streams its Q8_0 blocks

@@ -194,6 +194,33 @@ impl QuantBlocks {
         }
     }
 
+    /// Every weight `[n, k]` row-major, [`Self::value`]'s values (each block decoded once).
+    pub fn dequantize(&self) -> Vec<f32> {
+        let (per, bw) = (self.kind.block_bytes(), self.kind.block_weights());
+        let mut out = Vec::with_capacity(self.n * self.k);
+        for blk in self.bytes.chunks_exact(per) {
+            match self.kind {
+                QuantKind::Q4_1 | QuantKind::Q4K => {
+                    for (d, m, q) in self.kind.affine_block(blk) {
+                        out.extend(q.iter().map(|&q| (q as f32) * d + m));
+                    }
+                }
+                QuantKind::Q8_0 | QuantKind::Q5_0 => {
+                    let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                    let (_, q) = self.kind.signed_block(blk);
+                    out.extend(q.iter().map(|&q| (q as f32) * d));
+                }
+                QuantKind::Q6K => {
+                    for (d, q) in QuantKind::q6k_block(blk) {
+                        out.extend(q.iter().map(|&q| (q as f32) * d));
+                    }
+                }
+            }
+        }
+        debug_assert_eq!(out.len(), self.n * self.k / bw * bw);
+        out
+    }
+
     /// Weight `(row, col)` as the loader dequantizes it (the reference of the tests).
     pub fn value(&self, row: usize, col: usize) -> f32 {
         let (per, bw) = (self.kind.block_bytes(), self.kind.block_weights());

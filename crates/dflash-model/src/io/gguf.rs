@@ -121,7 +121,9 @@ fn unpermute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
     Ok(t)
 }
 
-/// Read a GGUF target: config from metadata, all tensors dequantized to `dtype`.
+/// Read a GGUF target: config from metadata, every tensor dequantized to `dtype`, except the
+/// quantized weights the CPU streams (f32 on the CPU, [`crate::cpu::quant::streaming`]): those
+/// are held as their blocks, and the store dequantizes one when asked for its tensor.
 pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
     let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let file_len = file.metadata()?.len();
@@ -177,13 +179,14 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
 
     let mut tensors = HashMap::new();
     let mut quant = HashMap::new();
+    // weights held only as their blocks: streamed on the CPU, never dequantized whole
+    let mut deferred = HashMap::new();
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     names.sort();
     for name in names {
         let q = content
             .tensor(&mut file, name, &Device::Cpu)
             .map_err(|e| anyhow::anyhow!("reading tensor '{name}' from {}: {e}", path.display()))?;
-        let mut t = q.dequantize(&Device::Cpu)?;
         let hf = hf_name(name).unwrap_or_else(|| format!("gguf.{name}"));
         // the row order the model uses: a llama GGUF stores q/k rows permuted
         let mut row_heads = None;
@@ -196,11 +199,9 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
                 row_heads = Some(kv_heads);
             }
         }
-        if let Some(h) = row_heads {
-            t = unpermute_rows(&t, h)?;
-        }
         // a Q4_1, Q8_0, Q5_0, Q4_K or Q6_K weight also keeps its blocks, for the CPU panels to
-        // stream (exact)
+        // stream (exact); while streaming is on, only its blocks (the store dequantizes them
+        // on demand)
         let kind = match q.dtype() {
             GgmlDType::Q4_1 => Some(QuantKind::Q4_1),
             GgmlDType::Q8_0 => Some(QuantKind::Q8_0),
@@ -209,8 +210,10 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
             GgmlDType::Q6K => Some(QuantKind::Q6K),
             _ => None,
         };
-        if let (Some(kind), 2, DType::F32, true) = (kind, t.rank(), dtype, device.is_cpu()) {
-            let (n, kdim) = t.dims2()?;
+        let dims = q.shape().dims().to_vec();
+        if let (Some(kind), &[n, kdim], DType::F32, true) =
+            (kind, dims.as_slice(), dtype, device.is_cpu())
+        {
             let blocks = QuantBlocks::new(kind, n, kdim, q.data()?.into_owned())?;
             let blocks = match row_heads {
                 Some(h) => {
@@ -225,16 +228,27 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
                 }
                 None => blocks,
             };
+            if crate::cpu::quant::streaming() {
+                deferred.insert(hf, std::sync::Arc::new(blocks));
+                continue;
+            }
             quant.insert(hf.clone(), std::sync::Arc::new(blocks));
+        }
+        let mut t = q.dequantize(&Device::Cpu)?;
+        if let Some(h) = row_heads {
+            t = unpermute_rows(&t, h)?;
         }
         tensors.insert(hf, t.to_dtype(dtype)?.to_device(device)?);
     }
-    let vocab = tensors
-        .get("model.embed_tokens.weight")
-        .context("GGUF has no token_embd.weight")?
-        .dim(0)?;
-    let tie = !tensors.contains_key("lm_head.weight");
-
+    let vocab_of = |name: &str| -> Option<usize> {
+        match (tensors.get(name), deferred.get(name)) {
+            (Some(t), _) => t.dim(0).ok(),
+            (None, Some(q)) => Some(q.n),
+            (None, None) => None,
+        }
+    };
+    let vocab = vocab_of("model.embed_tokens.weight").context("GGUF has no token_embd.weight")?;
+    let tie = vocab_of("lm_head.weight").is_none();
     let tokenizer = GgufTokenizerData {
         model: content
             .metadata
@@ -291,7 +305,9 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
         linear_num_value_heads: None,
         extra: Map::new(),
     };
-    let store = TensorStore::new(tensors, dtype, device.clone()).with_quant(quant);
+    let store = TensorStore::new(tensors, dtype, device.clone())
+        .with_quant(quant)
+        .with_deferred(deferred);
     Ok(GgufModel {
         config,
         store,

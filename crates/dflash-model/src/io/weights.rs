@@ -16,6 +16,9 @@ pub struct TensorStore {
     /// Weights also held as their GGUF blocks, for the CPU panels to stream
     /// ([`crate::cpu::quant`]).
     quant: HashMap<String, Arc<QuantBlocks>>,
+    /// Weights held only as their blocks: [`TensorStore::get`] dequantizes them on demand (a
+    /// model that streams them never makes the f32 tensor).
+    deferred: BTreeSet<String>,
     used: RefCell<BTreeSet<String>>,
     /// Synthesize missing tensors (benchmarks of shapes we have no weights for).
     random: bool,
@@ -28,6 +31,7 @@ impl TensorStore {
         Self {
             tensors,
             quant: HashMap::new(),
+            deferred: BTreeSet::new(),
             used: RefCell::new(BTreeSet::new()),
             random: false,
             dtype,
@@ -77,17 +81,32 @@ impl TensorStore {
         self
     }
 
+    /// The store with weights held only as their blocks (`quant`, not in the tensors): `get`
+    /// dequantizes them on demand ([`QuantBlocks::dequantize`], the loader's values).
+    pub fn with_deferred(mut self, quant: HashMap<String, Arc<QuantBlocks>>) -> Self {
+        for (name, q) in quant {
+            self.deferred.insert(name.clone());
+            self.quant.insert(name, q);
+        }
+        self
+    }
+
     /// The quantized blocks of weight `name`, when the store has them, they match `shape` and
-    /// streaming is on ([`crate::cpu::quant::streaming`]).
+    /// streaming is on ([`crate::cpu::quant::streaming`]); the weight then counts as used.
     pub fn quant(&self, name: &str, shape: &[usize]) -> Option<Arc<QuantBlocks>> {
-        self.quant
+        let q = self
+            .quant
             .get(name)
             .filter(|q| [q.n, q.k] == shape && crate::cpu::quant::streaming())
-            .cloned()
+            .cloned();
+        if q.is_some() {
+            self.used.borrow_mut().insert(name.to_string());
+        }
+        q
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.tensors.contains_key(name) || self.deferred.contains(name)
     }
 
     /// The tensor `name`, in the store's dtype and on its device, checked against `shape`.
@@ -100,6 +119,21 @@ impl TensorStore {
                 Tensor::randn(0f32, 0.02f32, shape, &self.device)?
             };
             return Ok(t.to_dtype(self.dtype)?);
+        }
+        if let (false, true, Some(q)) = (
+            self.tensors.contains_key(name),
+            self.deferred.contains(name),
+            self.quant.get(name),
+        ) {
+            if [q.n, q.k] != shape {
+                bail!(
+                    "tensor '{name}' has shape {:?}, expected {shape:?}",
+                    [q.n, q.k]
+                );
+            }
+            self.used.borrow_mut().insert(name.to_string());
+            let t = Tensor::from_vec(q.dequantize(), (q.n, q.k), &Device::Cpu)?;
+            return Ok(t.to_dtype(self.dtype)?.to_device(&self.device)?);
         }
         let t = self
             .tensors
@@ -133,10 +167,9 @@ impl TensorStore {
     pub fn unused(&self) -> Vec<String> {
         let used = self.used.borrow();
         let mut v: Vec<String> = self
-            .tensors
-            .keys()
-            .filter(|k| !used.contains(*k))
-            .cloned()
+            .names()
+            .into_iter()
+            .filter(|k| !used.contains(k))
             .collect();
         v.sort();
         v
@@ -144,6 +177,7 @@ impl TensorStore {
 
     pub fn names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.tensors.keys().cloned().collect();
+        v.extend(self.deferred.iter().cloned());
         v.sort();
         v
     }

@@ -61,22 +61,24 @@ impl Linear {
         }
     }
 
-    /// [`Linear::new`] for a weight that also comes as quantized blocks (`weight` their
-    /// dequantization): on a CPU with the panels' kernels the panels stream the blocks
-    /// ([`Panels::pack_quantized`]: Q4_1 at 5 bits per weight, Q8_0 at 8.5; products
-    /// bit-identical to the f32 panels') and `weight` is dropped: the layer holds the weight
-    /// once, at about the GGUF's size.
-    pub fn new_quantized(weight: Tensor, bias: Option<Tensor>, q: &QuantBlocks) -> Self {
-        let fits = weight.dims2().ok() == Some((q.n, q.k));
-        let panels = (packable(&weight) && fits).then(|| Arc::new(Panels::pack_quantized(q)));
-        match panels {
-            Some(p) => Self {
+    /// A projection from a weight's quantized blocks (a GGUF's, on the CPU): where the CPU
+    /// runs the panels' kernels, the panels stream the blocks and `weight` is never called
+    /// (the weight is held once, at about the GGUF's size); elsewhere [`Linear::new`] of
+    /// `weight()`, its dequantization.
+    pub fn from_blocks(
+        q: &QuantBlocks,
+        bias: Option<Tensor>,
+        weight: impl FnOnce() -> anyhow::Result<Tensor>,
+    ) -> anyhow::Result<Self> {
+        Ok(if Panels::supported() {
+            Self {
                 weight: None,
                 bias,
-                panels: Some(p),
-            },
-            None => Self::new(weight, bias),
-        }
+                panels: Some(Arc::new(Panels::pack_quantized(q))),
+            }
+        } else {
+            Self::new(weight()?, bias)
+        })
     }
 
     /// Bytes a product reads from the weight: the panels' stream where there are panels,
@@ -537,7 +539,7 @@ mod tests {
         let q = QuantBlocks::new(QuantKind::Q8_0, n, k, bytes).unwrap();
         let values: Vec<f32> = (0..n * k).map(|i| q.value(i / k, i % k)).collect();
         let dense = Tensor::from_vec(values.clone(), (n, k), &Device::Cpu).unwrap();
-        let l = Linear::new_quantized(dense.clone(), None, &q);
+        let l = Linear::from_blocks(&q, None, || Ok(dense.clone())).unwrap();
         if !Panels::supported() {
             return; // no panels on this CPU: the dense layer
         }

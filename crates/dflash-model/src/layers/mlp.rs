@@ -46,14 +46,14 @@ pub fn load_linear(
     inp: usize,
     bias: bool,
 ) -> anyhow::Result<Linear> {
-    let w = store.get(&format!("{name}.weight"), &[out, inp])?;
+    let w = format!("{name}.weight");
     let b = if bias {
         Some(store.get(&format!("{name}.bias"), &[out])?)
     } else {
         None
     };
-    Ok(match store.quant(&format!("{name}.weight"), &[out, inp]) {
-        Some(q) => Linear::new_quantized(w, b, &q),
-        None => Linear::new(w, b),
+    Ok(match store.quant(&w, &[out, inp]) {
+        Some(q) => Linear::from_blocks(&q, b, || store.get(&w, &[out, inp]))?,
+        None => Linear::new(store.get(&w, &[out, inp])?, b),
     })
 }

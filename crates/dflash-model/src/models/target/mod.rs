@@ -205,36 +205,29 @@ impl Target {
                 mlp: Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?,
             });
         }
-        let embed_tokens = store.get("model.embed_tokens.weight", &[config.vocab_size, h])?;
-        let (lm_head, head_name) = match store.get_opt("lm_head.weight", &[config.vocab_size, h])? {
-            Some(w) => (w, "lm_head.weight"),
-            None if config.tie_word_embeddings || !store.contains("lm_head.weight") => {
-                (embed_tokens.clone(), "model.embed_tokens.weight")
-            }
-            None => bail!("missing tensor 'lm_head.weight'"),
+        // the LM head: its own weight, or tied to the embeddings
+        let embed_name = "model.embed_tokens.weight";
+        let head_name = if store.contains("lm_head.weight") {
+            "lm_head.weight"
+        } else {
+            embed_name
         };
-        let lm_head = match store.quant(head_name, &[config.vocab_size, h]) {
-            Some(q) => Linear::new_quantized(lm_head, None, &q),
-            None => Linear::new(lm_head, None),
+        let vocab_shape = [config.vocab_size, h];
+        let lm_head = match store.quant(head_name, &vocab_shape) {
+            Some(q) => Linear::from_blocks(&q, None, || store.get(head_name, &vocab_shape))?,
+            None => Linear::new(store.get(head_name, &vocab_shape)?, None),
         };
         // quantized embeddings are looked up from panels: the tied LM head's, or their own
-        let embed_tokens = match (
-            lm_head.panels(),
-            store.quant("model.embed_tokens.weight", &[config.vocab_size, h]),
-        ) {
-            (Some(p), _) if p.is_quantized() && head_name == "model.embed_tokens.weight" => {
+        let embed_tokens = match (lm_head.panels(), store.quant(embed_name, &vocab_shape)) {
+            (Some(p), _) if p.is_quantized() && head_name == embed_name => {
                 Embeddings::Panels(p.clone())
             }
-            (_, Some(q))
-                if crate::cpu::panels::Panels::supported()
-                    && embed_tokens.device().is_cpu()
-                    && embed_tokens.dtype() == DType::F32 =>
-            {
-                Embeddings::Panels(std::sync::Arc::new(
-                    crate::cpu::panels::Panels::pack_quantized(&q),
-                ))
-            }
-            _ => Embeddings::Table(embed_tokens),
+            (_, Some(q)) if crate::cpu::panels::Panels::supported() => Embeddings::Panels(
+                std::sync::Arc::new(crate::cpu::panels::Panels::pack_quantized(&q)),
+            ),
+            // tied: the head's tensor (one copy)
+            _ if head_name == embed_name => Embeddings::Table(lm_head.weight()?),
+            _ => Embeddings::Table(store.get(embed_name, &vocab_shape)?),
         };
         // partial RoPE rotates the first head_dim · partial_rotary_factor features (qwen3_5)
         let rotary = ((hd as f64 * config.rotary_fraction()) as usize) & !1;
