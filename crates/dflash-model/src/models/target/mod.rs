@@ -436,7 +436,7 @@ impl Target {
             format!("lm head ({})", self.lm_head.format()),
             self.lm_head.weight_bytes_read(),
         );
-        by.sort_by(|a, b| b.1.cmp(&a.1));
+        by.sort_by_key(|e| std::cmp::Reverse(e.1));
         by
     }
 
