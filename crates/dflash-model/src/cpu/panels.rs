@@ -82,7 +82,7 @@ macro_rules! panel_byte {
 }
 /// A byte type of the quantized panels (a transparent `u8`).
 trait QuantByte: Copy {}
-panel_byte!(Q41: "Q4_1", Q80: "Q8_0 (and Q5_0)", Q4Kb: "Q4_K", Q6Kb: "Q6_K");
+panel_byte!(Q41: "Q4_1", Q80: "Q8_0 (and Q4_0, Q5_0)", Q4Kb: "Q4_K", Q6Kb: "Q6_K");
 
 /// Bytes of one Q4_1 panel block (16 columns × 32 steps).
 const Q4_1_PANEL_BLOCK: usize = 64 + 32 * 8;
@@ -143,7 +143,7 @@ impl Panels {
         let (n, k) = (q.n, q.k);
         let (per_block, steps) = match q.kind {
             QuantKind::Q4_1 => (Q4_1_PANEL_BLOCK, QBLOCK),
-            QuantKind::Q8_0 | QuantKind::Q5_0 => (Q8_0_PANEL_BLOCK, QBLOCK),
+            QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q5_0 => (Q8_0_PANEL_BLOCK, QBLOCK),
             QuantKind::Q4K => (Q4K_PANEL_BLOCK, QBLOCK),
             QuantKind::Q6K => (Q6K_PANEL_BLOCK, 16),
         };
@@ -165,7 +165,7 @@ impl Panels {
             });
         let data = match q.kind {
             QuantKind::Q4_1 => PanelData::Q4_1(data.into_iter().map(Q41).collect()),
-            QuantKind::Q8_0 | QuantKind::Q5_0 => {
+            QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q5_0 => {
                 PanelData::Q8_0(data.into_iter().map(Q80).collect())
             }
             QuantKind::Q4K => PanelData::Q4K(data.into_iter().map(Q4Kb).collect()),
@@ -259,13 +259,13 @@ impl Panels {
             PanelData::F32(_) => w * 4,
             PanelData::Bf16(_) => w * 2,
             PanelData::Q4_1(_) => w / QBLOCK * Q4_1_BYTES,
-            PanelData::Q8_0(_) => w / QBLOCK * Q8_0_BYTES, // Q5_0 too, held as Q8_0
+            PanelData::Q8_0(_) => w / QBLOCK * Q8_0_BYTES, // Q4_0 and Q5_0 too, held as Q8_0
             PanelData::Q4K(_) => w / (QBLOCK * 16) * Q4K_PANEL_BLOCK,
             PanelData::Q6K(_) => w / (16 * 16) * Q6K_PANEL_BLOCK,
         }
     }
 
-    /// The panels' value format: "f32", "bf16", "Q4_1", "Q8_0" (Q5_0 too), "Q4_K" or "Q6_K".
+    /// The panels' value format: "f32", "bf16", "Q4_1", "Q8_0" (Q4_0 and Q5_0 too), "Q4_K" or "Q6_K".
     pub fn format(&self) -> &'static str {
         match self.data {
             PanelData::F32(_) => "f32",
@@ -393,7 +393,7 @@ fn write_block(kind: QuantKind, src: &[u8], c: usize, dst: &mut [u8], per_block:
             let (_, _, vals) = kind.affine_block(src)[0];
             put_nibbles(&mut dst[64..], c, &vals);
         }
-        QuantKind::Q8_0 | QuantKind::Q5_0 => {
+        QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q5_0 => {
             let (d, vals) = kind.signed_block(src);
             dst[2 * c..2 * c + 2].copy_from_slice(&d);
             put_signed(&mut dst[32..], c, &vals);
@@ -451,7 +451,7 @@ enum Kernel {
     Bf16,
     /// 4-bit values, f16 (`false`) or f32 (`true`) scales: Q4_1, Q4_K.
     Nibbles(bool),
-    /// Signed bytes, one scale per `.0` steps, f16 or f32: Q8_0 (and Q5_0), Q6_K.
+    /// Signed bytes, one scale per `.0` steps, f16 or f32: Q8_0 (and Q4_0, Q5_0), Q6_K.
     Signed(usize, bool),
 }
 
@@ -635,7 +635,7 @@ macro_rules! panel_kernels {
             store_rows(&acc, y, ldy, cols);
         }
 
-        /// A panel of signed values with one scale per `group` steps: Q8_0 / Q5_0 (32 steps,
+        /// A panel of signed values with one scale per `group` steps: Q8_0 / Q4_0 / Q5_0 (32 steps,
         /// f16 scales) or Q6_K (16 steps, f32 scales). Per step the 16 i8 values widened and
         /// dequantized as `q · d` (the loader's one rounding).
         #[inline]
@@ -877,6 +877,7 @@ mod tests {
                     16u32
                 }
                 QuantKind::Q8_0 => 32,
+                QuantKind::Q4_0 => 16,
                 QuantKind::Q5_0 => 20,
                 QuantKind::Q4K | QuantKind::Q6K => unreachable!("k_quantized"),
             };
@@ -907,7 +908,7 @@ mod tests {
         QuantBlocks::new(kind, n, k, bytes).unwrap()
     }
 
-    /// Quantized panels (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K) give the f32 panels' outputs of the dequantized weight
+    /// Quantized panels (Q4_1, Q8_0, Q4_0, Q5_0, Q4_K, Q6_K) give the f32 panels' outputs of the dequantized weight
     /// bit for bit, for every block of rows and a width that is not a multiple of 16; the Q4_1
     /// packing puts column 0 in the low and column 8 in the high nibble of a step's first byte
     /// (the doc's example).
@@ -933,6 +934,7 @@ mod tests {
         for kind in [
             QuantKind::Q4_1,
             QuantKind::Q8_0,
+            QuantKind::Q4_0,
             QuantKind::Q5_0,
             QuantKind::Q4K,
             QuantKind::Q6K,

@@ -7,6 +7,8 @@
 //! - Q4_1 `{d: f16, m: f16, qs: [u8; 16]}` (20 bytes): weight `j` = `q · d + m` (one product,
 //!   one sum), `q = qs[j] & 15` for `j < 16` and `qs[j − 16] >> 4` after;
 //! - Q8_0 `{d: f16, qs: [i8; 32]}` (34 bytes): weight `j` = `qs[j] · d`;
+//! - Q4_0 `{d: f16, qs: [u8; 16]}` (18 bytes): weight `j` = `(q − 8) · d`, `q` the low nibble
+//!   of `qs[j]` for `j < 16` and the high nibble of `qs[j − 16]` after (held as a Q8_0 value);
 //! - Q5_0 `{d: f16, qh: u32, qs: [u8; 16]}` (22 bytes): weight `j` = `q · d`, `q` the low or
 //!   high nibble of `qs[j mod 16]` with bit `j` of `qh` as its fifth bit, minus 16 (the panels
 //!   hold it as a Q8_0 value: the same product);
@@ -27,6 +29,8 @@ pub const QBLOCK: usize = 32;
 pub const Q4_1_BYTES: usize = 20;
 /// Bytes per Q8_0 block.
 pub const Q8_0_BYTES: usize = 34;
+/// Bytes per Q4_0 block.
+pub const Q4_0_BYTES: usize = 18;
 /// Bytes per Q5_0 block.
 pub const Q5_0_BYTES: usize = 22;
 /// Weights per K-quant super-block.
@@ -37,6 +41,7 @@ pub const QK_K: usize = 256;
 pub enum QuantKind {
     Q4_1,
     Q8_0,
+    Q4_0,
     Q5_0,
     Q4K,
     Q6K,
@@ -48,6 +53,7 @@ impl QuantKind {
         match self {
             QuantKind::Q4_1 => Q4_1_BYTES,
             QuantKind::Q8_0 => Q8_0_BYTES,
+            QuantKind::Q4_0 => Q4_0_BYTES,
             QuantKind::Q5_0 => Q5_0_BYTES,
             QuantKind::Q4K => 144,
             QuantKind::Q6K => 210,
@@ -133,7 +139,7 @@ impl QuantKind {
             .collect()
     }
 
-    /// A Q8_0 or Q5_0 block as its scale's f16 bytes and 32 signed values (weight `j` =
+    /// A Q8_0, Q4_0 or Q5_0 block as its scale's f16 bytes and 32 signed values (weight `j` =
     /// `q[j] · d`). Panics for Q4_1 (not of this form).
     pub fn signed_block(self, src: &[u8]) -> ([u8; 2], [i8; QBLOCK]) {
         let mut q = [0i8; QBLOCK];
@@ -141,6 +147,12 @@ impl QuantKind {
             QuantKind::Q8_0 => {
                 for (j, v) in q.iter_mut().enumerate() {
                     *v = src[2 + j] as i8;
+                }
+            }
+            QuantKind::Q4_0 => {
+                for j in 0..16 {
+                    q[j] = (src[2 + j] & 0x0f) as i8 - 8;
+                    q[j + 16] = (src[2 + j] >> 4) as i8 - 8;
                 }
             }
             QuantKind::Q5_0 => {
@@ -205,7 +217,7 @@ impl QuantBlocks {
                         out.extend(q.iter().map(|&q| (q as f32) * d + m));
                     }
                 }
-                QuantKind::Q8_0 | QuantKind::Q5_0 => {
+                QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q5_0 => {
                     let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
                     let (_, q) = self.kind.signed_block(blk);
                     out.extend(q.iter().map(|&q| (q as f32) * d));
@@ -231,7 +243,7 @@ impl QuantBlocks {
                 let (d, m, q) = self.kind.affine_block(blk)[j / QBLOCK];
                 (q[j % QBLOCK] as f32) * d + m
             }
-            QuantKind::Q8_0 | QuantKind::Q5_0 => {
+            QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q5_0 => {
                 let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
                 let (_, q) = self.kind.signed_block(blk);
                 (q[j] as f32) * d
@@ -271,5 +283,63 @@ mod tests {
         let q = QuantBlocks::new(QuantKind::Q8_0, 1, 32, b).unwrap();
         assert_eq!(q.value(0, 0), -1.5);
         assert_eq!(q.value(0, 1), 0.0);
+    }
+
+    /// Every format's values are candle's dequantization of the same bytes (the loader's
+    /// reference), bit for bit: random blocks of 32-weight formats and super-blocks of the
+    /// K-quants with finite f16 scales.
+    #[test]
+    fn values_equal_candles_dequantization() {
+        use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType};
+        let mut seed = 7u32;
+        let mut byte = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 13) as u8
+        };
+        for (kind, dt) in [
+            (QuantKind::Q4_1, GgmlDType::Q4_1),
+            (QuantKind::Q8_0, GgmlDType::Q8_0),
+            (QuantKind::Q4_0, GgmlDType::Q4_0),
+            (QuantKind::Q5_0, GgmlDType::Q5_0),
+            (QuantKind::Q4K, GgmlDType::Q4K),
+            (QuantKind::Q6K, GgmlDType::Q6K),
+        ] {
+            let (n, k) = (3, 512);
+            let per = kind.block_bytes();
+            let blocks = n * k / kind.block_weights();
+            let mut bytes: Vec<u8> = (0..blocks * per).map(|_| byte()).collect();
+            // finite f16 scales where each format keeps them
+            let scale_at: &[usize] = match kind {
+                QuantKind::Q4_1 | QuantKind::Q4K => &[0, 2],
+                QuantKind::Q6K => &[208],
+                _ => &[0],
+            };
+            for b in 0..blocks {
+                for &at in scale_at {
+                    let v = 0.01 + (b % 7) as f32 * 0.003 - (at as f32) * 1e-5;
+                    bytes[b * per + at..b * per + at + 2]
+                        .copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+                }
+            }
+            let ours = QuantBlocks::new(kind, n, k, bytes.clone()).unwrap();
+            let theirs = qtensor_from_ggml(dt, &bytes, vec![n, k], &candle_core::Device::Cpu)
+                .unwrap()
+                .dequantize(&candle_core::Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let got = ours.dequantize();
+            assert_eq!(got.len(), theirs.len(), "{kind:?}");
+            for (i, (a, b)) in got.iter().zip(&theirs).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{kind:?} weight {i}: {a} vs {b}");
+                assert_eq!(
+                    ours.value(i / k, i % k).to_bits(),
+                    b.to_bits(),
+                    "{kind:?} value {i}"
+                );
+            }
+        }
     }
 }

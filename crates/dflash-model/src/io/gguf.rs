@@ -199,12 +199,13 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
                 row_heads = Some(kv_heads);
             }
         }
-        // a Q4_1, Q8_0, Q5_0, Q4_K or Q6_K weight also keeps its blocks, for the CPU panels to
+        // a Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K weight also keeps its blocks, for the CPU panels to
         // stream (exact); while streaming is on, only its blocks (the store dequantizes them
         // on demand)
         let kind = match q.dtype() {
             GgmlDType::Q4_1 => Some(QuantKind::Q4_1),
             GgmlDType::Q8_0 => Some(QuantKind::Q8_0),
+            GgmlDType::Q4_0 => Some(QuantKind::Q4_0),
             GgmlDType::Q5_0 => Some(QuantKind::Q5_0),
             GgmlDType::Q4K => Some(QuantKind::Q4K),
             GgmlDType::Q6K => Some(QuantKind::Q6K),
