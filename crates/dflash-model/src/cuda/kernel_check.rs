@@ -141,6 +141,22 @@ const CHECK_TREE: [Option<usize>; 8] = [
     Some(4),
 ];
 
+/// Packed rows of the gated delta rule (`[n, row_len]`: q, k of unit scale as L2-normalised in
+/// the model, v, β in (0, 1), g < 0) and a non-zero state, seeded, on the CPU.
+fn gdn_rows(
+    dims: crate::ops::gdn_recurrence::RecurrenceDims,
+    n: usize,
+    seed: u64,
+) -> Result<(Tensor, Tensor)> {
+    let (kd, vd) = (dims.hk * dims.dk, dims.hv * dims.dv);
+    let qk = (fill(&[n, 2 * kd], seed, 1.0)? / (dims.dk as f64).sqrt())?;
+    let v = fill(&[n, vd], seed + 1, 1.0)?;
+    let beta = ((fill(&[n, dims.hv], seed + 2, 1.0)? + 1.0)? * 0.5)?;
+    let g = ((fill(&[n, dims.hv], seed + 3, 1.0)? - 1.5)? * 0.3)?;
+    let rows = Tensor::cat(&[&qk, &v, &beta, &g], 1)?;
+    Ok((rows, fill(&[dims.state_len()], seed + 4, 0.5)?))
+}
+
 /// The gated delta rule's recurrence at the Qwen3.6-27B layer shape (16 key / 48 value heads
 /// of 128) with a smaller one whose value heads are not a multiple of the kernel's 32-column
 /// tile: a tree verify keeping every row's state, and a 96-row chain keeping the last (a
@@ -171,15 +187,7 @@ fn gdn(dev: &Device) -> Result<Vec<Tensor>> {
         let tree = CHECK_TREE.to_vec();
         let chain: Vec<Option<usize>> = (0..96).map(|i: usize| i.checked_sub(1)).collect();
         for (parents, keep) in [(tree, true), (chain, false)] {
-            let n = parents.len();
-            let (kd, vd) = (dims.hk * dims.dk, dims.hv * dims.dv);
-            // q, k of unit scale (L2-normalised in the model), v, β in (0, 1), g < 0
-            let qk = (fill(&[n, 2 * kd], seed, 1.0)? / (dims.dk as f64).sqrt())?;
-            let v = fill(&[n, vd], seed + 1, 1.0)?;
-            let beta = ((fill(&[n, dims.hv], seed + 2, 1.0)? + 1.0)? * 0.5)?;
-            let g = ((fill(&[n, dims.hv], seed + 3, 1.0)? - 1.5)? * 0.3)?;
-            let rows = Tensor::cat(&[&qk, &v, &beta, &g], 1)?;
-            let init = fill(&[dims.state_len()], seed + 4, 0.5)?;
+            let (rows, init) = gdn_rows(dims, parents.len(), seed)?;
             let (o, st) = gdn_recurrence(
                 &rows.to_device(dev)?,
                 &init.to_device(dev)?,
@@ -222,13 +230,7 @@ fn gdn_chunk(dev: &Device) -> Result<Vec<Tensor>> {
             50,
         ),
     ] {
-        let (kd, vd) = (dims.hk * dims.dk, dims.hv * dims.dv);
-        let qk = (fill(&[n, 2 * kd], seed, 1.0)? / (dims.dk as f64).sqrt())?;
-        let v = fill(&[n, vd], seed + 1, 1.0)?;
-        let beta = ((fill(&[n, dims.hv], seed + 2, 1.0)? + 1.0)? * 0.5)?;
-        let g = ((fill(&[n, dims.hv], seed + 3, 1.0)? - 1.5)? * 0.3)?;
-        let rows = Tensor::cat(&[&qk, &v, &beta, &g], 1)?;
-        let init = fill(&[dims.state_len()], seed + 4, 0.5)?;
+        let (rows, init) = gdn_rows(dims, n, seed)?;
         let (o, st) = gdn_chunked(&rows.to_device(dev)?, &init.to_device(dev)?, dims)?;
         out.push(o.to_device(&Device::Cpu)?);
         out.push(st.to_device(&Device::Cpu)?);
