@@ -1,4 +1,5 @@
-//! Prompt sources for data regeneration: ShareGPT V3 (first human turns), the OpenAI evals
+//! Prompt sources for data regeneration: ShareGPT V3 (first human turns, or every human turn
+//! with the conversation before it), the OpenAI evals
 //! registry (chat-format `input`, capped per file, deduplicated), or any JSONL with `prompt`
 //! or `messages`. Known evaluation sets are refused: training on them would make every
 //! evaluation number meaningless.
@@ -42,9 +43,22 @@ pub(crate) fn user(content: String) -> Prompt {
     }
 }
 
+/// Which human turns of a ShareGPT record become prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turns {
+    /// The first human turn alone (`sharegpt:PATH`).
+    First,
+    /// Every human turn, after the conversation before it (`sharegpt-turns:PATH`). Example: a
+    /// record human "a", gpt "b", human "c" gives the prompts [user a] and [user a, assistant
+    /// b, user c]; the target then answers "c" in the context the person wrote it in.
+    Every,
+}
+
 /// ShareGPT's JSON array, record by record; the shipped file is cut off mid-string, so
-/// parsing stops at the first incomplete record and keeps the complete ones.
-pub fn sharegpt(path: &Path) -> Result<Vec<Prompt>> {
+/// parsing stops at the first incomplete record and keeps the complete ones. Records that do
+/// not open with a human turn, and turns of another speaker than human, gpt or system, end
+/// what a record gives (a conversation is kept only up to where it is well formed).
+pub fn sharegpt(path: &Path, turns: Turns) -> Result<Vec<Prompt>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut rest = text
@@ -62,24 +76,59 @@ pub fn sharegpt(path: &Path) -> Result<Vec<Prompt>> {
             Some(Ok(rec)) => {
                 let used = it.byte_offset();
                 rest = &rest[used..];
-                // records that start mid-conversation (a "gpt" turn first) are continuation
-                // splits whose first human turn lacks its context: only records that open with
-                // a human turn count
-                let first_human = rec
-                    .get("conversations")
-                    .and_then(|c| c.as_array())
-                    .and_then(|c| c.first())
-                    .filter(|t| t.get("from").and_then(|f| f.as_str()) == Some("human"))
-                    .and_then(|t| t.get("value"))
-                    .and_then(|v| v.as_str());
-                if let Some(v) = first_human.filter(|v| !v.trim().is_empty()) {
-                    out.push(user(v.to_string()));
-                }
+                out.extend(sharegpt_record(&rec, turns));
             }
             _ => break, // the truncated tail
         }
     }
     Ok(out)
+}
+
+/// The prompts of one ShareGPT record (see [`sharegpt`]).
+fn sharegpt_record(rec: &Value, turns: Turns) -> Vec<Prompt> {
+    let conv = rec
+        .get("conversations")
+        .and_then(|c| c.as_array())
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    // records that start mid-conversation (a "gpt" turn first) are continuation splits whose
+    // first human turn lacks its context: only records that open with a human turn count
+    if conv
+        .first()
+        .and_then(|t| t.get("from"))
+        .and_then(|f| f.as_str())
+        != Some("human")
+    {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut so_far: Vec<ChatMessage> = Vec::new();
+    for t in conv {
+        let role = match t.get("from").and_then(|f| f.as_str()) {
+            Some("human") => "user",
+            Some("gpt") => "assistant",
+            Some("system") => "system",
+            _ => break,
+        };
+        let Some(text) = t.get("value").and_then(|v| v.as_str()) else {
+            break;
+        };
+        so_far.push(ChatMessage {
+            role: role.into(),
+            content: text.to_string(),
+        });
+        if role == "user" && !text.trim().is_empty() {
+            out.push(Prompt {
+                messages: so_far.clone(),
+            });
+            if turns == Turns::First {
+                break;
+            }
+        } else if role == "user" && turns == Turns::First {
+            break;
+        }
+    }
+    out
 }
 
 /// A JSONL file: each line has `prompt` (a string) or `messages` (chat format); lines with
@@ -160,11 +209,12 @@ pub fn extend(old: Vec<Prompt>, new: Vec<Prompt>) -> (Vec<Prompt>, usize) {
     (out, already)
 }
 
-/// Load prompts from `source`: `sharegpt:PATH`, `evals:DIR` (capped per file), a `.json`
+/// Load prompts from `source`: `sharegpt:PATH` (first human turns), `sharegpt-turns:PATH`
+/// (every human turn with the conversation before it), `evals:DIR` (capped per file), a `.json`
 /// ShareGPT file, a `.jsonl` file, or a directory of `.jsonl` files. Deduplicated, in order.
 pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
     let (kind, path) = match source.split_once(':') {
-        Some((k @ ("sharegpt" | "evals" | "jsonl"), p)) => (k, PathBuf::from(p)),
+        Some((k @ ("sharegpt" | "sharegpt-turns" | "evals" | "jsonl"), p)) => (k, PathBuf::from(p)),
         _ => ("auto", PathBuf::from(source)),
     };
     if !path.exists() {
@@ -188,8 +238,10 @@ pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
     let mut prompts = Vec::new();
     for f in &files {
         let is_json = f.extension().is_some_and(|x| x == "json");
-        let mut p = if kind == "sharegpt" || (kind == "auto" && is_json) {
-            sharegpt(f)?
+        let mut p = if kind == "sharegpt-turns" {
+            sharegpt(f, Turns::Every)?
+        } else if kind == "sharegpt" || (kind == "auto" && is_json) {
+            sharegpt(f, Turns::First)?
         } else {
             let cap = (kind == "evals" || path.is_dir()).then_some(cap_per_file);
             jsonl(f, cap, kind == "evals")?
@@ -244,9 +296,49 @@ mod tests {
 {"id":"c","conversations":[{"from":"human","value":"second"}]}, {"id":"d","conversations":[{"from":"human","value":"cut of"#,
         )
         .unwrap();
-        let v = sharegpt(&p).unwrap();
+        let v = sharegpt(&p, Turns::First).unwrap();
         assert_eq!(v.len(), 2);
         assert_eq!(v[1].messages[0].content, "second");
+    }
+
+    /// Every human turn with the conversation before it (the doc's example), an empty human
+    /// turn skipped but kept as context, and a record cut at an unknown speaker.
+    #[test]
+    fn sharegpt_turns_carry_the_conversation_so_far() {
+        let d = std::env::temp_dir().join(format!("sgt-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("sg.json");
+        std::fs::write(
+            &p,
+            r#"[{"id":"a","conversations":[{"from":"human","value":"a"},{"from":"gpt","value":"b"},{"from":"human","value":"c"},{"from":"gpt","value":"d"}]},
+{"id":"b","conversations":[{"from":"gpt","value":"no human first"},{"from":"human","value":"x"}]},
+{"id":"c","conversations":[{"from":"human","value":" "},{"from":"gpt","value":"e"},{"from":"human","value":"f"},{"from":"bing","value":"?"},{"from":"human","value":"g"}]}]"#,
+        )
+        .unwrap();
+        let texts = |v: &[Prompt]| -> Vec<Vec<(String, String)>> {
+            v.iter()
+                .map(|p| {
+                    p.messages
+                        .iter()
+                        .map(|m| (m.role.clone(), m.content.clone()))
+                        .collect()
+                })
+                .collect()
+        };
+        let m = |r: &str, c: &str| (r.to_string(), c.to_string());
+        let every = sharegpt(&p, Turns::Every).unwrap();
+        assert_eq!(
+            texts(&every),
+            vec![
+                vec![m("user", "a")],
+                vec![m("user", "a"), m("assistant", "b"), m("user", "c")],
+                vec![m("user", " "), m("assistant", "e"), m("user", "f")],
+            ]
+        );
+        let first = sharegpt(&p, Turns::First).unwrap();
+        assert_eq!(texts(&first), vec![vec![m("user", "a")]]);
+        let loaded = load(&format!("sharegpt-turns:{}", p.display()), 0).unwrap();
+        assert_eq!(loaded.len(), 3);
     }
 
     #[test]
