@@ -10,9 +10,9 @@
 //! by a copy of its weights re-laid as panels ([`crate::cpu::panels`], AVX-512 or AVX2 + FMA +
 //! F16C), made when the layer is built: the CPU inference of an f32 model holds its projection
 //! weights twice, while a GGUF weight streamed from its quantized blocks is held once, as the
-//! panels. A CPU with neither ISA takes [`matmul_t`]'s direct path for at most [`FEW_ROWS`]
-//! rows where it has AVX2 + FMA (tiles of 4 input rows × 2 weight rows over the `[out, in]`
-//! layout); any other case (GPU, bf16, training with gradients, a CPU with no vector kernel) is
+//! panels. A CPU with AVX2 + FMA but without the panels' ISA (no F16C) takes [`matmul_t`]'s
+//! direct path for at most [`FEW_ROWS`] rows (tiles of 4 input rows × 2 weight rows over the
+//! `[out, in]` layout); any other case (GPU, bf16, training with gradients, a CPU with no vector kernel) is
 //! candle's matmul, unchanged.
 //!
 //! Example: SmolLM2's `up_proj` `W` `[1536, 576]` and 16 verify rows `x` `[16, 576]`: on an
