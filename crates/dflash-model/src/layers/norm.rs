@@ -15,6 +15,31 @@ use candle_core::{DType, Result, Tensor, D};
 
 use crate::ops::with_grad::with_grad2;
 
+/// The most values a CPU normalisation runs on one thread ([`RmsNorm::forward`]).
+const SERIAL_MAX: usize = 1 << 16;
+
+/// candle-nn's CPU RMSNorm on one thread, the same sums and divisions in the same order (the
+/// same bits): candle hands more than 32 rows to rayon (a drafter block's q/k norms: 16 rows ×
+/// heads), and waking its threads beside the panels' spinning helpers costs more than the
+/// normalisation. `x` `[.., d]` f32, contiguous, on the CPU; `w` `[d]`.
+fn rms_norm_serial(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    let d = x.dim(D::Minus1)?;
+    let alpha = w.flatten_all()?.to_vec1::<f32>()?;
+    if alpha.len() != d {
+        candle_core::bail!("rms_norm: a weight of {} for rows of {d}", alpha.len());
+    }
+    let src = x.flatten_all()?.to_vec1::<f32>()?;
+    let mut dst = vec![0f32; src.len()];
+    for (s, o) in src.chunks(d.max(1)).zip(dst.chunks_mut(d.max(1))) {
+        let sum2 = s.iter().map(|&v| v * v).sum::<f32>();
+        let m = (sum2 / d as f32 + eps).sqrt();
+        for ((o, s), a) in o.iter_mut().zip(s).zip(&alpha) {
+            *o = *s / m * *a
+        }
+    }
+    Tensor::from_vec(dst, x.shape(), x.device())
+}
+
 /// Reductions run in f32, or f64 for f64 models (gradient checks).
 pub fn compute_dtype(d: DType) -> DType {
     if d == DType::F64 {
@@ -56,6 +81,14 @@ impl RmsNorm {
         }
         let x = x.contiguous()?;
         let w = self.weight.to_dtype(x.dtype())?;
+        if x.device().is_cpu()
+            && x.dtype() == DType::F32
+            && !x.track_op()
+            && !w.track_op()
+            && x.elem_count() <= SERIAL_MAX
+        {
+            return rms_norm_serial(&x, &w, self.eps as f32);
+        }
         let y = candle_nn::ops::rms_norm(&x.detach(), &w.detach(), self.eps as f32)?;
         let eps = self.eps;
         with_grad2(&x, &w, y, "rms_norm", move |x, w, _y, g| {
@@ -106,6 +139,29 @@ fn rms_norm_grad(x: &Tensor, w: &Tensor, grad: &Tensor, eps: f64) -> Result<(Ten
 
 #[cfg(test)]
 mod tests {
+    /// The one-thread normalisation gives candle-nn's kernel's bits, below and above the 32 rows
+    /// where candle goes parallel.
+    #[test]
+    fn serial_norm_equals_candles_kernel() {
+        use candle_core::Device;
+        for rows in [1usize, 5, 40, 144] {
+            let x = Tensor::randn(0f32, 1.0, (rows, 64), &Device::Cpu).unwrap();
+            let w = Tensor::randn(1f32, 0.1, 64, &Device::Cpu).unwrap();
+            let ours = super::RmsNorm::new(w.clone(), 1e-6).forward(&x).unwrap();
+            let theirs = candle_nn::ops::rms_norm(&x, &w, 1e-6).unwrap();
+            let bits = |t: &Tensor| -> Vec<u32> {
+                t.flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            assert_eq!(bits(&ours), bits(&theirs), "{rows} rows");
+        }
+    }
+
     use super::*;
     use candle_core::{Device, Var};
 
