@@ -149,15 +149,7 @@ mod tests {
             let w = Tensor::randn(1f32, 0.1, 64, &Device::Cpu).unwrap();
             let ours = super::RmsNorm::new(w.clone(), 1e-6).forward(&x).unwrap();
             let theirs = candle_nn::ops::rms_norm(&x, &w, 1e-6).unwrap();
-            let bits = |t: &Tensor| -> Vec<u32> {
-                t.flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect()
-            };
+            let bits = |t: &Tensor| crate::ops::compare::bits_f32(t).unwrap();
             assert_eq!(bits(&ours), bits(&theirs), "{rows} rows");
         }
     }

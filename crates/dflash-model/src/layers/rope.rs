@@ -174,15 +174,7 @@ mod grad_tests {
             let x = Tensor::randn(0f32, 1.0, (b, 3, t, 64), &Device::Cpu).unwrap();
             let ours = tab.apply(&x).unwrap();
             let theirs = candle_nn::rotary_emb::rope(&x, &tab.cos, &tab.sin).unwrap();
-            let bits = |t: &Tensor| -> Vec<u32> {
-                t.flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect()
-            };
+            let bits = |t: &Tensor| crate::ops::compare::bits_f32(t).unwrap();
             assert_eq!(bits(&ours), bits(&theirs), "b {b}, t {t}");
         }
     }

@@ -325,15 +325,7 @@ mod tests {
             };
             adamw_step(&w, &st, &g, s).unwrap();
         }
-        let bits = |t: &Tensor| -> Vec<u32> {
-            t.flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-                .iter()
-                .map(|x| x.to_bits())
-                .collect()
-        };
+        let bits = |t: &Tensor| crate::ops::compare::bits_f32(t).unwrap();
         assert_eq!(bits(&w), bits(&cw));
         assert_eq!(bits(&st.get(0).unwrap()), bits(&cm));
         assert_eq!(bits(&st.get(1).unwrap()), bits(&cv));

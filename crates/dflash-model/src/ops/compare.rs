@@ -32,6 +32,16 @@ pub fn values_f64(t: &Tensor) -> Result<Vec<f64>> {
     t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()
 }
 
+/// Every f32 value of `t` (on the host), flattened, as its bits: what bit-exactness
+/// assertions compare.
+pub fn bits_f32(t: &Tensor) -> Result<Vec<u32>> {
+    Ok(host(t, DType::F32)?
+        .to_vec1::<f32>()?
+        .iter()
+        .map(|v| v.to_bits())
+        .collect())
+}
+
 /// `max |a - b|` over all elements.
 pub fn max_abs(a: &Tensor, b: &Tensor) -> Result<f32> {
     let dt = wide(a, b);
