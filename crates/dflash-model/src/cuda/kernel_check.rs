@@ -143,7 +143,7 @@ const CHECK_TREE: [Option<usize>; 8] = [
 
 /// Packed rows of the gated delta rule (`[n, row_len]`: q, k of unit scale as L2-normalised in
 /// the model, v, β in (0, 1), g < 0) and a non-zero state, seeded, on the CPU.
-fn gdn_rows(
+pub(crate) fn gdn_rows(
     dims: crate::ops::gdn_recurrence::RecurrenceDims,
     n: usize,
     seed: u64,

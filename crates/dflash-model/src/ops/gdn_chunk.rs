@@ -320,26 +320,6 @@ mod tests {
     use super::*;
     use crate::ops::gdn_recurrence::recurrence_host;
 
-    /// Packed rows of plausible values: q, k of unit scale, β in (0, 1), g < 0.
-    fn rows(d: RecurrenceDims, n: usize, seed: f32) -> Vec<f32> {
-        let (kd, vd) = (d.hk * d.dk, d.hv * d.dv);
-        (0..n * d.row_len())
-            .map(|i| {
-                let c = i % d.row_len();
-                let s = ((i as f32) * 0.7311 + seed).sin();
-                if c < 2 * kd {
-                    s / (d.dk as f32).sqrt()
-                } else if c < 2 * kd + vd {
-                    s
-                } else if c < 2 * kd + vd + d.hv {
-                    0.5 + 0.45 * s
-                } else {
-                    -0.3 * (1.2 + s)
-                }
-            })
-            .collect()
-    }
-
     /// The chunked form equals the row-by-row recurrence up to f32 rounding, over chunk
     /// boundaries (150 rows: 64 + 64 + 22) and from a non-zero state, with 3 value heads per
     /// key head and head sizes that are not multiples of 32.
@@ -352,10 +332,9 @@ mod tests {
             dv: 40,
         };
         let n = 150;
-        let r = rows(d, n, 0.3);
-        let init: Vec<f32> = (0..d.state_len())
-            .map(|i| 0.5 * (i as f32 * 0.37).cos())
-            .collect();
+        let (r, init) = crate::cuda::kernel_check::gdn_rows(d, n, 3).unwrap();
+        let r = r.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let init = init.to_vec1::<f32>().unwrap();
         let parents: Vec<Option<usize>> = (0..n).map(|i| i.checked_sub(1)).collect();
         let (o_rec, s_rec) = recurrence_host(d, &r, &init, &parents, false);
         let (o, s) = chunked_host(d, &r, &init, n);
