@@ -91,6 +91,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     max_new_tokens: a.max_new_tokens,
                     sampling: SamplingParams::default(),
                     stop_ids: vec![],
+                    loop_window: 0,
                 };
                 dev.synchronize()?;
                 let g = generate(&lt.target, d, spec.mode, &req, opts)?;

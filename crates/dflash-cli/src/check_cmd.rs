@@ -125,6 +125,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
         max_new_tokens: a.max_new_tokens,
         sampling: SamplingParams::default(),
         stop_ids: vec![],
+        loop_window: 0,
     };
     let ar_cpu = generate(&cpu.target, None, Mode::Ar, &req, Default::default())?;
     let precisions = std::iter::once(("f32", &gpu32)).chain(gpu16.as_ref().map(|g| ("bf16", g)));

@@ -115,6 +115,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         max_new_tokens: a.max_new_tokens,
         sampling,
         stop_ids: loaded.tokenizer.stop_ids.clone(),
+        loop_window: 0,
     };
     let t = Instant::now();
     let opts = DecodeOptions {

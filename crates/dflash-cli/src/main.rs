@@ -2,6 +2,7 @@
 
 mod args;
 mod bench_cmd;
+mod bench_regen;
 mod bench_shape;
 mod bench_train;
 mod check_cmd;
@@ -62,6 +63,8 @@ enum BenchCommand {
     Shape(bench_shape::BenchShapeArgs),
     /// The drafter's training step on a model shape without weights: time, tokens/s, MFU.
     Train(bench_train::BenchTrainArgs),
+    /// Data regeneration's batched decoding on a model shape without weights: tokens/s.
+    Regen(bench_regen::BenchRegenArgs),
 }
 
 #[derive(Subcommand)]
@@ -102,6 +105,7 @@ fn main() {
         Command::Bench(BenchCommand::Decode(a)) => bench_cmd::run(a),
         Command::Bench(BenchCommand::Shape(a)) => bench_shape::run(a),
         Command::Bench(BenchCommand::Train(a)) => bench_train::run(a),
+        Command::Bench(BenchCommand::Regen(a)) => bench_regen::run(a),
         Command::Check(CheckCommand::Device(a)) => check_cmd::run(a),
         Command::Check(CheckCommand::Forward(a)) => forward_cmd::run(a),
     };

@@ -150,6 +150,10 @@ pub struct GenerateDataArgs {
     pub out: PathBuf,
     #[arg(long, default_value_t = 1024)]
     pub max_new_tokens: usize,
+    /// End each response at its first repeated window of this many tokens, keeping that window
+    /// (a small target's greedy loops; the rule of training's `loop_window`). 0: never.
+    #[arg(long, default_value_t = 0)]
+    pub loop_window: usize,
     /// Use only the first N prompts.
     #[arg(long)]
     pub limit: Option<usize>,
@@ -233,6 +237,7 @@ pub fn run_data(cmd: DataCommand) -> Result<()> {
     eprintln!("{} prompts from {}", ps.len(), a.prompts);
     let opts = RegenOptions {
         max_new_tokens: a.max_new_tokens,
+        loop_window: a.loop_window,
         sampling,
         prompts_per_shard: a.shard_size,
         batch_size: a.batch_size,

@@ -87,6 +87,17 @@ fn killed_run_resumes_bit_for_bit() {
     let o = gen(&["--temperature", "0.7"]).output().unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("mix two data sets"));
+    let o = gen(&["--loop-window", "8"]).output().unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("mix two data sets") && e.contains("--loop-window 0"),
+        "{e}"
+    );
+    assert!(
+        !manifest.contains("loop_window"),
+        "0 is not written: {manifest}"
+    );
     // so would another shard size: refused, naming the one to continue with
     let o = gen_sharded("3", &[]).output().unwrap();
     assert!(!o.status.success());
@@ -99,6 +110,38 @@ fn killed_run_resumes_bit_for_bit() {
         std::fs::read_to_string(data.join("manifest.json")).unwrap(),
         manifest
     );
+    // --loop-window: recorded, and every response ends at its first repeated window at the latest
+    let looped = d.join("looped");
+    ok(bin().args([
+        "data",
+        "generate",
+        "--target",
+        "smollm2-135m",
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--out",
+        looped.to_str().unwrap(),
+        "--max-new-tokens",
+        "24",
+        "--batch-size",
+        "2",
+        "--loop-window",
+        "4",
+    ]));
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(looped.join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(m["loop_window"], 4);
+    for shard in m["shards"].as_array().unwrap() {
+        let text = std::fs::read_to_string(looped.join(shard["file"].as_str().unwrap())).unwrap();
+        for line in text.lines() {
+            let r: serde_json::Value = serde_json::from_str(line).unwrap();
+            let ids: Vec<u32> = serde_json::from_value(r["ids"].clone()).unwrap();
+            let mask: Vec<u8> = serde_json::from_value(r["loss_mask"].clone()).unwrap();
+            let resp = &ids[mask.iter().position(|&m| m == 1).unwrap()..];
+            assert_eq!(dflash_core::loops::keep_until_loop(resp, 4), resp.len());
+        }
+    }
 
     let cfg = d.join("cfg.json");
     std::fs::write(

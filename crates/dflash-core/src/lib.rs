@@ -7,10 +7,12 @@
 //! - [`acceptance`]: speculative sampling's acceptance rule at T > 0 (draft vs target);
 //! - [`selector`]: DFlash2's candidate-selector walk (greedy, sampled, tree children);
 //! - [`stats`]: τ and acceptance statistics, defined once;
-//! - [`segments`]: packed training rows (several sequences side by side).
+//! - [`segments`]: packed training rows (several sequences side by side);
+//! - [`loops`]: where a response starts repeating itself (regeneration stops there, training cuts).
 
 pub mod acceptance;
 pub mod config;
+pub mod loops;
 pub mod sampled_tree;
 pub mod sampling;
 pub mod segments;

@@ -22,6 +22,7 @@
 
 use anyhow::{bail, Result};
 
+use dflash_core::loops::LoopDetector;
 use dflash_core::sampling::Sampler;
 use dflash_core::visibility::right_aligned;
 use dflash_model::{KvCache, Rows, Target};
@@ -42,6 +43,8 @@ pub enum Flow {
 pub struct BatchedOutput {
     pub new_tokens: Vec<u32>,
     pub stopped_by_token: bool,
+    /// Ended at its first repeated window ([`Request::loop_window`]).
+    pub stopped_by_loop: bool,
 }
 
 /// Prompts prefilled in one forward: bounds the prefill's attention scores (`chunk · heads ·
@@ -56,22 +59,56 @@ struct Live {
     /// Rows of this sequence in the cache = the position of `next`.
     held: usize,
     new_tokens: Vec<u32>,
+    loops: LoopDetector,
+    /// `next` completed the response's first repeated window.
+    looped: bool,
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Copy)]
+enum End {
+    Token,
+    Loop,
+    Length,
 }
 
 impl Live {
-    fn finished(&self, req: &Request) -> Option<bool> {
+    fn new(index: usize, sampler: Sampler, first: u32, req: &Request) -> Self {
+        let mut loops = LoopDetector::new(req.loop_window);
+        let looped = loops.push(first);
+        Live {
+            index,
+            sampler,
+            next: first,
+            held: req.prompt_ids.len(),
+            new_tokens: vec![first],
+            loops,
+            looped,
+        }
+    }
+    /// `tok` sampled: it becomes the next step's input.
+    fn push(&mut self, tok: u32) {
+        self.new_tokens.push(tok);
+        self.next = tok;
+        self.held += 1;
+        self.looped = self.loops.push(tok);
+    }
+    fn finished(&self, req: &Request) -> Option<End> {
         if req.stop_ids.contains(&self.next) {
-            Some(true)
+            Some(End::Token)
+        } else if self.looped {
+            Some(End::Loop)
         } else if self.new_tokens.len() >= req.max_new_tokens {
-            Some(false)
+            Some(End::Length)
         } else {
             None
         }
     }
-    fn output(self, stopped: bool) -> BatchedOutput {
+    fn output(self, end: End) -> BatchedOutput {
         BatchedOutput {
             new_tokens: self.new_tokens,
-            stopped_by_token: stopped,
+            stopped_by_token: matches!(end, End::Token),
+            stopped_by_loop: matches!(end, End::Loop),
         }
     }
 }
@@ -161,13 +198,7 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
                 let req = &self.requests[i];
                 let mut sampler = Sampler::new(req.sampling);
                 let first = sampler.sample(row);
-                Live {
-                    index: i,
-                    sampler,
-                    next: first,
-                    held: req.prompt_ids.len(),
-                    new_tokens: vec![first],
-                }
+                Live::new(i, sampler, first, req)
             })
             .collect();
         Ok((cache, live))
@@ -176,9 +207,9 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
     /// Report `l` if it is finished; `Some(l)` back when it goes on.
     fn settle(&mut self, l: Live) -> Result<(Option<Live>, bool)> {
         match l.finished(&self.requests[l.index]) {
-            Some(stopped) => {
+            Some(end) => {
                 let i = l.index;
-                let stop = (self.done)(i, Ok(l.output(stopped)))? == Flow::Stop;
+                let stop = (self.done)(i, Ok(l.output(end)))? == Flow::Stop;
                 Ok((None, stop))
             }
             None => Ok((Some(l), false)),
@@ -288,9 +319,7 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         drop(phase);
         for (s, tok) in slot.iter_mut().zip(next) {
             if let Some(mut l) = s.take() {
-                l.new_tokens.push(tok);
-                l.next = tok;
-                l.held += 1;
+                l.push(tok);
                 let (l, stop) = self.settle(l)?;
                 if stop {
                     return Ok(true);

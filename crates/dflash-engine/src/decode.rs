@@ -46,6 +46,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use candle_core::Tensor;
+use dflash_core::loops::LoopDetector;
 use dflash_core::sampling::{Sampler, SamplingParams};
 use dflash_core::selector;
 use dflash_core::stats::RoundOutcome;
@@ -73,6 +74,10 @@ pub struct Request {
     pub max_new_tokens: usize,
     pub sampling: SamplingParams,
     pub stop_ids: Vec<u32>,
+    /// End the response at its first repeated window of this many tokens
+    /// ([`dflash_core::loops`]; 0: never). Example: 3 and new tokens `a b c d a b c …` → the
+    /// generation stops after the second `c`.
+    pub loop_window: usize,
 }
 
 /// What one generation did: the new tokens and every round.
@@ -83,6 +88,8 @@ pub struct Generation {
     pub prefill_secs: f64,
     pub decode_secs: f64,
     pub stopped_by_token: bool,
+    /// Ended at its first repeated window ([`Request::loop_window`]).
+    pub stopped_by_loop: bool,
 }
 
 /// Why a generation cannot start.
@@ -210,7 +217,8 @@ pub fn generate(
         rounds: run.rounds,
         prefill_secs: run.prefill_secs,
         decode_secs: t1.elapsed().as_secs_f64(),
-        stopped_by_token: run.stopped,
+        stopped_by_token: run.stopped && !run.looped,
+        stopped_by_loop: run.looped,
     })
 }
 
@@ -242,7 +250,10 @@ struct Decoding<'a> {
     start: usize,
     new_tokens: Vec<u32>,
     rounds: Vec<RoundOutcome>,
+    /// The generation ended: a stop token, or its first repeated window (`looped`).
     stopped: bool,
+    looped: bool,
+    loops: LoopDetector,
     prefill_secs: f64,
 }
 
@@ -302,6 +313,8 @@ impl<'a> Decoding<'a> {
             None
         };
         let prefill_secs = t0.elapsed().as_secs_f64();
+        let mut loops = LoopDetector::new(req.loop_window);
+        let looped = loops.push(first);
         let head = match drafter.and_then(|d| d.draft_vocab.as_ref()) {
             Some(v) => Some(DraftHead::new(target, v)?),
             None => None,
@@ -321,7 +334,9 @@ impl<'a> Decoding<'a> {
             acceptance: opts.acceptance,
             sampled: None,
             start: req.prompt_ids.len(),
-            stopped: req.stop_ids.contains(&first),
+            stopped: req.stop_ids.contains(&first) || looped,
+            looped,
+            loops,
             new_tokens: vec![first],
             rounds: Vec::new(),
             prefill_secs,
@@ -504,7 +519,8 @@ impl<'a> Decoding<'a> {
         tree.walk(|r| Ok::<u32, anyhow::Error>(sampler.sample(&row(logits, r)?)))
     }
 
-    /// Stage 4, commit: the path and the bonus, cut at `max_new_tokens` and at the first stop token;
+    /// Stage 4, commit: the path and the bonus, cut at `max_new_tokens`, at the first stop token
+    /// and at the end of the first repeated window ([`Request::loop_window`]);
     /// keep the committed rows' K/V and taps (the bonus is the next anchor). Returns how many
     /// tokens the round committed (τ_round).
     fn commit(
@@ -519,12 +535,14 @@ impl<'a> Decoding<'a> {
         let mut produced_tokens: Vec<u32> = path.iter().map(|&r| tree.tokens[r]).collect();
         produced_tokens.push(bonus);
         let mut produced = produced_tokens.len().min(max_len - self.start - 1);
-        if let Some(i) = produced_tokens[..produced]
-            .iter()
-            .position(|t| self.req.stop_ids.contains(t))
-        {
-            produced = i + 1;
-            self.stopped = true;
+        for (i, t) in produced_tokens[..produced].iter().enumerate() {
+            let looped = self.loops.push(*t);
+            if looped || self.req.stop_ids.contains(t) {
+                produced = i + 1;
+                self.stopped = true;
+                self.looped = looped && !self.req.stop_ids.contains(t);
+                break;
+            }
         }
         self.new_tokens
             .extend_from_slice(&produced_tokens[..produced]);

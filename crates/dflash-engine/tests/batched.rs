@@ -155,3 +155,64 @@ fn stop_ends_the_run_at_once() {
     .unwrap();
     assert_eq!(seen, 2);
 }
+
+/// `loop_window` ends a response exactly where training's cut of the whole response would
+/// ([`dflash_core::loops::keep_until_loop`]): batched, and one at a time in AR, DFlash and
+/// DDTree (whose rounds commit several tokens, cut inside a round). The tiny target falls
+/// into a loop from `loop_prompt`.
+#[test]
+fn a_loop_window_ends_the_response_where_training_cuts_it() {
+    use dflash_core::loops::keep_until_loop;
+    let t = tiny();
+    let d = quiet(&t);
+    let prompts = [loop_prompt(), tiny_prompt(), tiny_prompt()[3..].to_vec()];
+    let mut cut_some = false;
+    for w in [2, 4, 8] {
+        let mut full = Vec::new();
+        let mut reqs = Vec::new();
+        for p in &prompts {
+            let r = req(p, 48, SamplingParams::default(), &[]);
+            full.push(decode(&t, None, Mode::Ar, &r).new_tokens);
+            reqs.push(Request {
+                loop_window: w,
+                ..r
+            });
+        }
+        let batched = run_batched(&t, &reqs, 2);
+        for (i, r) in reqs.iter().enumerate() {
+            let keep = keep_until_loop(&full[i], w);
+            let want = &full[i][..keep];
+            cut_some |= keep < full[i].len();
+            let b = batched[i].as_ref().unwrap();
+            assert_eq!(b.new_tokens, want, "batched, request {i}, w {w}");
+            assert_eq!(
+                b.stopped_by_loop,
+                keep < full[i].len(),
+                "request {i}, w {w}"
+            );
+            assert!(!b.stopped_by_token);
+            for mode in [
+                Mode::Ar,
+                Mode::Chain { block: 8 },
+                Mode::Tree {
+                    block: 8,
+                    budget: 8,
+                    top_k: 0,
+                },
+            ] {
+                let drafter = (!matches!(mode, Mode::Ar)).then_some(&d);
+                let g = decode(&t, drafter, mode, r);
+                assert_eq!(g.new_tokens, want, "{mode:?}, request {i}, w {w}");
+                assert_eq!(
+                    g.stopped_by_loop,
+                    keep < full[i].len(),
+                    "{mode:?}, request {i}"
+                );
+            }
+        }
+    }
+    assert!(
+        cut_some,
+        "no response was cut: the test would not see the rule"
+    );
+}

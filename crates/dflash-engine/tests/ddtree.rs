@@ -70,6 +70,7 @@ fn smollm2_tree_is_lossless() {
             max_new_tokens: 10,
             sampling: SamplingParams::default(),
             stop_ids: lt.tokenizer.stop_ids.clone(),
+            loop_window: 0,
         };
         let ar = decode(&lt.target, None, Mode::Ar, &r);
         let g = decode(

@@ -183,6 +183,7 @@ fn decode_turn(
         max_new_tokens,
         sampling,
         stop_ids: lt.tokenizer.stop_ids.clone(),
+        loop_window: 0,
     };
     generate(
         &lt.target,

@@ -233,6 +233,7 @@ fn resumed_regeneration_refuses_other_prompts_and_continues_appended_ones() {
     let data = tmp("resume-data");
     let opts = RegenOptions {
         max_new_tokens: 4,
+        loop_window: 0,
         sampling: SamplingParams::default(),
         prompts_per_shard: 2,
         batch_size: 1,
@@ -277,6 +278,7 @@ fn trained_pair(name: &str) -> (PathBuf, PathBuf, PathBuf) {
     let data = tmp(&format!("{name}-data"));
     let opts = RegenOptions {
         max_new_tokens: 24,
+        loop_window: 0,
         sampling: SamplingParams::default(),
         prompts_per_shard: 5,
         // batched (attention-only) / falls back to one at a time (hybrid)

@@ -33,6 +33,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
     let data = tmp("data");
     let opts = RegenOptions {
         max_new_tokens: 32,
+        loop_window: 0,
         sampling: SamplingParams::default(),
         prompts_per_shard: 6,
         // batched (attention-only) / falls back to one at a time (hybrid)
@@ -76,6 +77,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
             max_new_tokens: 40,
             sampling: SamplingParams::default(),
             stop_ids: vec![],
+            loop_window: 0,
         };
         let ar = decode(&lt.target, None, Mode::Ar, &req);
         // the fixed-shape forwards CUDA graphs replay (on the CPU the same fixed layout and

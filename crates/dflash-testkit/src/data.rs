@@ -17,6 +17,7 @@ pub fn write_data(dir: &Path, target_dir: &Path, seqs: &[Sequence]) {
         chat_template_sha256: None,
         sampling: SamplingParams::default(),
         max_new_tokens: 0,
+        loop_window: 0,
         source: "test".into(),
         prompts_per_shard: seqs.len(),
         shards: vec![ShardInfo {

@@ -63,6 +63,7 @@ pub fn req(prompt: &[u32], n: usize, sampling: SamplingParams, stop: &[u32]) -> 
         max_new_tokens: n,
         sampling,
         stop_ids: stop.to_vec(),
+        loop_window: 0,
     }
 }
 

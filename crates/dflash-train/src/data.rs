@@ -55,9 +55,17 @@ pub struct Manifest {
     pub chat_template_sha256: Option<String>,
     pub sampling: SamplingParams,
     pub max_new_tokens: usize,
+    /// Responses ended at their first repeated window of this many tokens
+    /// ([`dflash_core::loops`]); 0 (absent in older manifests): never.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub loop_window: usize,
     pub source: String,
     pub prompts_per_shard: usize,
     pub shards: Vec<ShardInfo>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Manifest {

@@ -23,6 +23,8 @@ use crate::prompts::Prompt;
 
 pub struct RegenOptions {
     pub max_new_tokens: usize,
+    /// End each response at its first repeated window of this many tokens (0: never).
+    pub loop_window: usize,
     pub sampling: SamplingParams,
     pub prompts_per_shard: usize,
     /// Sequences decoded together (one batched forward per step); 1: one at a time.
@@ -107,6 +109,7 @@ fn build_request(
         max_new_tokens: max_new,
         sampling,
         stop_ids: lt.tokenizer.stop_ids.clone(),
+        loop_window: opts.loop_window,
     })
 }
 
@@ -218,13 +221,18 @@ pub(crate) fn regenerate_indexed(
                     opts.prompts_per_shard
                 );
             }
-            if m.max_new_tokens != opts.max_new_tokens || m.sampling != opts.sampling {
+            if m.max_new_tokens != opts.max_new_tokens
+                || m.sampling != opts.sampling
+                || m.loop_window != opts.loop_window
+            {
                 bail!(
-                    "{} was written with --max-new-tokens {} and sampling {:?}, not {} and {:?}: continuing would mix two data sets; use the same options or a new --out",
+                    "{} was written with --max-new-tokens {}, --loop-window {} and sampling {:?}, not {}, {} and {:?}: continuing would mix two data sets; use the same options or a new --out",
                     out.display(),
                     m.max_new_tokens,
+                    m.loop_window,
                     m.sampling,
                     opts.max_new_tokens,
+                    opts.loop_window,
                     opts.sampling
                 );
             }
@@ -237,6 +245,7 @@ pub(crate) fn regenerate_indexed(
             chat_template_sha256: lt.tokenizer.chat_template.as_deref().map(sha256_hex),
             sampling: opts.sampling,
             max_new_tokens: opts.max_new_tokens,
+            loop_window: opts.loop_window,
             source: opts.source.clone(),
             prompts_per_shard: opts.prompts_per_shard,
             shards: vec![],

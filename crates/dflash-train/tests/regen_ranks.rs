@@ -35,6 +35,7 @@ fn ranks_merge_into_the_one_process_data() {
     assert_eq!(ps.len(), 10);
     let opts = RegenOptions {
         max_new_tokens: 6,
+        loop_window: 0,
         sampling: SamplingParams::new(0.8, 1.0, 0, 3).unwrap(),
         prompts_per_shard: 2,
         batch_size: 1,

@@ -87,6 +87,7 @@ pub fn measured_tau(
             max_new_tokens: (s.ids.len() - p).max(2),
             sampling: SamplingParams::default(),
             stop_ids: lt.tokenizer.stop_ids.clone(),
+            loop_window: 0,
         };
         let g = generate(
             &lt.target,

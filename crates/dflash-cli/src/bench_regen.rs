@@ -1,0 +1,113 @@
+//! `dflash-rs bench regen`: data regeneration's decoding on a target shape with random weights
+//! — `--slots` sequences decoded together by [`dflash_engine::batched::generate_batched`] (the
+//! engine `data generate` runs), each from a prompt of `--prompt-tokens` to exactly
+//! `--new-tokens` (no stop token), greedy. Prints the generated tokens per second and the
+//! time per batched step; `bench/regen_reference.py` times HF transformers' `generate` on the
+//! same shape and batch.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Args;
+use dflash_core::sampling::SamplingParams;
+use dflash_engine::batched::{generate_batched, Flow};
+use dflash_engine::Request;
+
+use crate::bench_shape::{bench_tokens, random_target, ShapeArgs};
+
+#[derive(Args, Debug)]
+pub struct BenchRegenArgs {
+    #[command(flatten)]
+    pub model: ShapeArgs,
+    /// Sequences decoded together (one batched forward per step).
+    #[arg(long, default_value_t = 256)]
+    pub slots: usize,
+    /// Prompts in all (each a fresh sequence); default: as many as slots.
+    #[arg(long)]
+    pub requests: Option<usize>,
+    #[arg(long, default_value_t = 256)]
+    pub prompt_tokens: usize,
+    /// Tokens generated per prompt (no stop token ends a sequence earlier).
+    #[arg(long, default_value_t = 512)]
+    pub new_tokens: usize,
+    /// Untimed runs first (kernel compilation, allocator warm-up).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Also write the figures as one JSON row to this file, for `docs/bench/`.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+pub fn run(a: BenchRegenArgs) -> Result<()> {
+    let (dev, dtype, cfg) = a.model.parse()?;
+    let requests = a.requests.unwrap_or(a.slots);
+    if a.slots == 0 || requests == 0 || a.prompt_tokens == 0 || a.new_tokens == 0 {
+        anyhow::bail!("--slots, --requests, --prompt-tokens and --new-tokens must be >= 1");
+    }
+    if a.prompt_tokens + a.new_tokens > cfg.max_position_embeddings {
+        anyhow::bail!(
+            "--prompt-tokens + --new-tokens = {} exceeds the shape's context ({})",
+            a.prompt_tokens + a.new_tokens,
+            cfg.max_position_embeddings
+        );
+    }
+    let (target, _) = random_target(&a.model.shape, &cfg, dtype, &dev, 1, 16)?;
+    let vocab = target.vocab_size();
+    let base = bench_tokens(a.prompt_tokens + requests, vocab);
+    let reqs: Vec<Request> = (0..requests)
+        .map(|i| Request {
+            prompt_ids: base[i..i + a.prompt_tokens].to_vec(),
+            max_new_tokens: a.new_tokens,
+            sampling: SamplingParams::default(), // greedy
+            stop_ids: vec![],
+            loop_window: 0,
+        })
+        .collect();
+    let run = || -> Result<(f64, usize)> {
+        let t0 = Instant::now();
+        let mut tokens = 0;
+        generate_batched(&target, &reqs, a.slots, |_, r| {
+            tokens += r?.new_tokens.len();
+            Ok(Flow::Continue)
+        })?;
+        dev.synchronize()?;
+        Ok((t0.elapsed().as_secs_f64(), tokens))
+    };
+    for _ in 0..a.warmup {
+        run()?;
+    }
+    let _ = dflash_model::profile::report();
+    let (secs, tokens) = run()?;
+    let steps = requests.div_ceil(a.slots) * a.new_tokens;
+    let tok_s = tokens as f64 / secs;
+    println!(
+        "| shape | slots | requests | prompt | new | seconds | tokens/s | ms per step (incl. prefill) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {requests} | {} | {} | {secs:.2} | {tok_s:.0} | {:.2} |",
+        a.model.shape,
+        a.slots,
+        a.prompt_tokens,
+        a.new_tokens,
+        1e3 * secs / steps as f64
+    );
+    dflash_model::profile::print_report("bench regen");
+    if let Some(path) = &a.json {
+        let row = serde_json::json!({
+            "shape": a.model.shape,
+            "impl": "dflash-rs",
+            "slots": a.slots,
+            "requests": requests,
+            "prompt_tokens": a.prompt_tokens,
+            "new_tokens": a.new_tokens,
+            "seconds": secs,
+            "tok_s": tok_s,
+            "ms_per_step": 1e3 * secs / steps as f64,
+            "device": a.model.run_on.device,
+            "dtype": a.model.run_on.dtype,
+        });
+        dflash_model::io::atomic::write_file(path, format!("{row}\n").as_bytes())?;
+    }
+    Ok(())
+}
