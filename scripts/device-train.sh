@@ -19,6 +19,7 @@
 #   cfg       the run's config with max_steps = STEPS (instead of plan)
 #   train     train (or --resume) until UNTIL seconds after this call started, with a checkpoint
 #   savedata  the data directory → $OUT/data.tar.xz
+#   vocab     the draft vocabulary (VOCAB, 8192 tokens) of the data → $OUT/draft_vocab.json
 #   export    the latest checkpoint as a bf16 drafter in $E, the run's records → $OUT
 #   bench     `dflash-rs bench decode` of the drafter $E → $OUT/bench*.md
 #   reference the PyTorch reference (bench/zlab_reference.py: z-lab dflash, transformers) → $OUT
@@ -44,7 +45,9 @@
 #   of its prompts are done, and continuing shards needs the same size), TRAIN_SECS (900, plan),
 #   STEPS (cfg), UNTIL (560), ANCHORS (256), PACK (pack sequences into rows of this many tokens;
 #   unset: one sequence per row), ACCUM (4), LOOP_WINDOW (cut each response after its first
-#   repeated window of this many tokens), INIT_FROM (a drafter directory to continue from: same
+#   repeated window of this many tokens), DATA_LOOP (the same cut while regenerating: a response
+#   ends at its first repeated window of this many tokens; 0: never), DATA_GRAPHS ("1": batched
+#   steps replayed from a CUDA graph), INIT_FROM (a drafter directory to continue from: same
 #   weights, fresh optimizer), CACHE_MB (device memory for target features kept between epochs,
 #   0: runs with a 30–60 GB cache ran out of device memory, docs/BENCHMARKS.md), BENCH_MODES
 #   (ar,dflash,ddtree:8), BENCH_TOKENS (256), REPEATS (1), GRAPHS ("1": with --cuda-graphs;
@@ -108,9 +111,11 @@ prompts() {
 }
 
 generate() { # $1 seconds
+  local graphs=""
+  [ "${DATA_GRAPHS:-0}" = 1 ] && graphs=--cuda-graphs
   $B data generate --target "$TARGET" --prompts "$PROMPTS" --out "$D" --time-limit "$1" \
     --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" \
-    --device "$DEV" --dtype "${DATA_DTYPE:-f32}"
+    --loop-window "${DATA_LOOP:-0}" --device "$DEV" --dtype "${DATA_DTYPE:-f32}" $graphs
 }
 
 profile() {
@@ -263,6 +268,8 @@ for p in "$@"; do
     check) need_gguf; $B check device --target "$TARGET" --device "$DEV" --dtype bf16 > "$OUT/check-device.md" 2>&1
            log "check: exit $?, $(grep -ci fail "$OUT/check-device.md") lines mention a failure" ;;
     data) data ;;
+    vocab) $B data vocab --data "$D" --size "${VOCAB:-8192}" --out "$OUT/draft_vocab.json" >> "$OUT/log.txt" 2>&1
+           log "vocab: exit $?" ;;
     plan) plan ;;
     cfg) config "${STEPS:?cfg needs STEPS}" > "$WORK/cfg.json" && log "cfg: max_steps $STEPS" ;;
     train) train ;;

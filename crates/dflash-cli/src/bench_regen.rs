@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::batched::{generate_batched, Flow};
+use dflash_engine::batched::{generate_batched, BatchedOptions, Flow};
 use dflash_engine::Request;
 
 use crate::bench_shape::{bench_tokens, random_target, ShapeArgs};
@@ -30,6 +30,9 @@ pub struct BenchRegenArgs {
     /// Tokens generated per prompt (no stop token ends a sequence earlier).
     #[arg(long, default_value_t = 512)]
     pub new_tokens: usize,
+    /// Replay each batched step from a CUDA graph (`data generate --cuda-graphs`).
+    #[arg(long)]
+    pub cuda_graphs: bool,
     /// Untimed runs first (kernel compilation, allocator warm-up).
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
@@ -66,7 +69,10 @@ pub fn run(a: BenchRegenArgs) -> Result<()> {
     let run = || -> Result<(f64, usize)> {
         let t0 = Instant::now();
         let mut tokens = 0;
-        generate_batched(&target, &reqs, a.slots, |_, r| {
+        let opts = BatchedOptions {
+            cuda_graphs: a.cuda_graphs,
+        };
+        generate_batched(&target, &reqs, a.slots, opts, |_, r| {
             tokens += r?.new_tokens.len();
             Ok(Flow::Continue)
         })?;
@@ -104,6 +110,7 @@ pub fn run(a: BenchRegenArgs) -> Result<()> {
             "seconds": secs,
             "tok_s": tok_s,
             "ms_per_step": 1e3 * secs / steps as f64,
+            "cuda_graphs": a.cuda_graphs,
             "device": a.model.run_on.device,
             "dtype": a.model.run_on.dtype,
         });

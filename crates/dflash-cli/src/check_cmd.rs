@@ -205,6 +205,52 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                 ),
             ));
         }
+        if !lt.target.is_hybrid() {
+            // batched decoding (data regeneration): three prompts on two slots = AR for each,
+            // and its steps replayed from one CUDA graph = eager
+            let reqs: Vec<Request> = [&prompt[..], &prompt[..prompt.len() - 3], &prompt[2..]]
+                .iter()
+                .map(|p| Request {
+                    prompt_ids: p.to_vec(),
+                    ..req.clone()
+                })
+                .collect();
+            let run = |cuda_graphs: bool| -> Result<Vec<Vec<u32>>> {
+                let mut out = vec![Vec::new(); reqs.len()];
+                let opts = dflash_engine::batched::BatchedOptions { cuda_graphs };
+                dflash_engine::batched::generate_batched(&lt.target, &reqs, 2, opts, |i, r| {
+                    out[i] = r?.new_tokens;
+                    Ok(dflash_engine::batched::Flow::Continue)
+                })?;
+                Ok(out)
+            };
+            let (eager, graphed) = (run(false)?, run(true)?);
+            let mut same_ar = true;
+            for (r, e) in reqs.iter().zip(&eager) {
+                same_ar &=
+                    generate(&lt.target, None, Mode::Ar, r, Default::default())?.new_tokens == *e;
+            }
+            rows.push((
+                format!("batched decoding (3 prompts, 2 slots) = AR on device ({name})"),
+                same_ar || name == "bf16",
+                if same_ar {
+                    "equal"
+                } else {
+                    "differs (bf16; reported)"
+                }
+                .into(),
+            ));
+            rows.push((
+                format!("batched decoding with CUDA graphs = without ({name})"),
+                graphed == eager || name == "bf16",
+                if graphed == eager {
+                    "equal"
+                } else {
+                    "differs (bf16; reported)"
+                }
+                .into(),
+            ));
+        }
         let p = dflash_eval::doctor::parity_diff(lt, &d, &prompt)?;
         if name == "f32" {
             rows.push((

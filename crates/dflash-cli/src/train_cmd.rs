@@ -167,6 +167,10 @@ pub struct GenerateDataArgs {
     /// at a time; attention-only targets, a hybrid target decodes one at a time).
     #[arg(long, default_value_t = 1)]
     pub batch_size: usize,
+    /// Replay each batched step from a CUDA graph (the batched cache then has a fixed
+    /// capacity of twice the longest prompt + --max-new-tokens).
+    #[arg(long)]
+    pub cuda_graphs: bool,
     /// Stop after this many seconds, keeping the finished shards (run again to continue).
     #[arg(long)]
     pub time_limit: Option<f64>,
@@ -241,6 +245,7 @@ pub fn run_data(cmd: DataCommand) -> Result<()> {
         sampling,
         prompts_per_shard: a.shard_size,
         batch_size: a.batch_size,
+        cuda_graphs: a.cuda_graphs,
         time_limit: match a.time_limit {
             Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t)),
             Some(t) => anyhow::bail!("--time-limit must be a number of seconds >= 0 (got {t})"),

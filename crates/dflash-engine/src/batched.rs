@@ -25,6 +25,7 @@ use anyhow::{bail, Result};
 use dflash_core::loops::LoopDetector;
 use dflash_core::sampling::Sampler;
 use dflash_core::visibility::right_aligned;
+use dflash_model::cuda::graphed::GraphedBatch;
 use dflash_model::{KvCache, Rows, Target};
 
 use crate::decode::check_request;
@@ -122,6 +123,7 @@ pub fn generate_batched(
     target: &Target,
     requests: &[Request],
     slots: usize,
+    opts: BatchedOptions,
     mut done: impl FnMut(usize, Result<BatchedOutput>) -> Result<Flow>,
 ) -> Result<()> {
     if slots == 0 {
@@ -135,10 +137,21 @@ pub fn generate_batched(
         requests,
         done: &mut done,
         queue: 0..requests.len(),
+        graph: None,
     }
-    .run(slots);
+    .run(slots, opts);
     dflash_model::profile::print_report("batched decoding");
     result
+}
+
+/// How [`generate_batched`] runs its steps.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchedOptions {
+    /// Replay every step from one CUDA graph ([`GraphedBatch`]): the batched cache gets a
+    /// fixed capacity of twice the longest request (prompt + new tokens), rounded up to 64
+    /// columns, so mind the memory (SmolLM2-135M in bf16: 23 KB per column and slot, 256 slots
+    /// × 4,096 columns = 24 GB). On the CPU the same fixed-layout steps run eagerly.
+    pub cuda_graphs: bool,
 }
 
 struct Run<'a, F> {
@@ -146,6 +159,7 @@ struct Run<'a, F> {
     requests: &'a [Request],
     done: &'a mut F,
     queue: std::ops::Range<usize>,
+    graph: Option<GraphedBatch>,
 }
 
 /// Stop signal: `Err` carries real errors; `Ok(true)` means the caller asked to stop.
@@ -216,12 +230,25 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         }
     }
 
-    fn run(mut self, slots: usize) -> Result<()> {
+    fn run(mut self, slots: usize, opts: BatchedOptions) -> Result<()> {
         let n_slots = slots.min(self.requests.len());
         if n_slots == 0 {
             return Ok(());
         }
         let mut cache = self.target.new_batched_cache(n_slots, 64)?;
+        if opts.cuda_graphs {
+            let longest = self
+                .requests
+                .iter()
+                .filter(|r| check_request(self.target, r).is_ok())
+                .map(|r| r.prompt_ids.len() + r.max_new_tokens)
+                .max()
+                .unwrap_or(1);
+            self.graph = Some(GraphedBatch::new(
+                &mut cache,
+                (2 * longest).div_ceil(64) * 64,
+            )?);
+        }
         let mut slot: Vec<Option<Live>> = (0..n_slots).map(|_| None).collect();
         loop {
             // 1. refill once 1/8 of the slots (at the start: all of them) are free
@@ -288,6 +315,13 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
     /// One forward: every slot feeds one token (a free slot a dummy that sees only itself).
     /// `Ok(true)`: stop.
     fn step(&mut self, cache: &mut KvCache, slot: &mut [Option<Live>]) -> Stopped {
+        if let Some(g) = &self.graph {
+            // the captured step writes column `t` of buffers of `cap` columns
+            if cache.len() + 1 > g.cap() {
+                let held = slot.iter().flatten().map(|l| l.held).max().unwrap_or(0);
+                cache.drop_front(cache.len() - held)?;
+            }
+        }
         let t = cache.len();
         let phase = tracing::info_span!(target: "phase", "step mask").entered();
         let (mut tokens, mut positions, mut masks) = (Vec::new(), Vec::new(), Vec::new());
@@ -299,10 +333,20 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         }
         drop(phase);
         let phase = tracing::info_span!(target: "phase", "step forward").entered();
-        let out =
-            self.target
-                .forward_batch(&tokens, &positions, &masks, cache, &[], &Rows::Last)?;
-        let logits = out.logits.unwrap().squeeze(1)?; // [slots, vocab]
+        let logits = match &mut self.graph {
+            Some(g) => g.step(self.target, &tokens, &positions, &masks, cache)?,
+            None => {
+                let out = self.target.forward_batch(
+                    &tokens,
+                    &positions,
+                    &masks,
+                    cache,
+                    &[],
+                    &Rows::Last,
+                )?;
+                out.logits.unwrap().squeeze(1)? // [slots, vocab]
+            }
+        };
         drop(phase);
         let phase = tracing::info_span!(target: "phase", "sample").entered();
         let greedy = slot.iter().flatten().all(|l| l.sampler.params.is_greedy());

@@ -1,22 +1,40 @@
 //! Batched decoding equals one-at-a-time AR: the same tokens at T = 0 (SmolLM2 and the
 //! tiny Qwen3) and at T > 0 with the same seeds (tiny Qwen3), with fewer slots than requests
 //! (continuous refill and cache compaction are exercised), stop tokens and a request that
-//! does not fit the context.
+//! does not fit the context; the fixed-capacity steps that CUDA graphs replay equal the
+//! growing cache's.
 
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::batched::{generate_batched, BatchedOutput, Flow};
+use dflash_engine::batched::{generate_batched, BatchedOptions, BatchedOutput, Flow};
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::Target;
 use dflash_testkit::*;
 
-fn run_batched(t: &Target, reqs: &[Request], slots: usize) -> Vec<Option<BatchedOutput>> {
+fn run_batched_with(
+    t: &Target,
+    reqs: &[Request],
+    slots: usize,
+    cuda_graphs: bool,
+) -> Vec<Option<BatchedOutput>> {
     let mut out = vec![None; reqs.len()];
-    generate_batched(t, reqs, slots, |i, r| {
+    generate_batched(t, reqs, slots, BatchedOptions { cuda_graphs }, |i, r| {
         assert!(out[i].is_none(), "request {i} reported twice");
         out[i] = r.ok();
         Ok(Flow::Continue)
     })
     .unwrap();
+    out
+}
+
+/// A batched run, which the fixed-capacity steps of `cuda_graphs` (on the CPU: run eagerly on
+/// the same buffers, moved in place) must equal.
+fn run_batched(t: &Target, reqs: &[Request], slots: usize) -> Vec<Option<BatchedOutput>> {
+    let out = run_batched_with(t, reqs, slots, false);
+    assert_eq!(
+        run_batched_with(t, reqs, slots, true),
+        out,
+        "fixed-capacity steps, {slots} slots"
+    );
     out
 }
 
@@ -133,7 +151,8 @@ fn batched_fills_many_slots_in_chunks() {
 fn batched_refuses_zero_slots() {
     let t = tiny();
     let r = req(&tiny_prompt(), 4, SamplingParams::default(), &[]);
-    let e = generate_batched(&t, &[r], 0, |_, _| Ok(Flow::Continue)).unwrap_err();
+    let e =
+        generate_batched(&t, &[r], 0, Default::default(), |_, _| Ok(Flow::Continue)).unwrap_err();
     assert!(e.to_string().contains("slot"), "{e}");
 }
 
@@ -144,7 +163,7 @@ fn stop_ends_the_run_at_once() {
         .map(|i| req(&tiny_prompt(), 4 + i, SamplingParams::default(), &[]))
         .collect();
     let mut seen = 0;
-    generate_batched(&t, &reqs, 2, |_, _| {
+    generate_batched(&t, &reqs, 2, Default::default(), |_, _| {
         seen += 1;
         Ok(if seen == 2 {
             Flow::Stop

@@ -237,6 +237,7 @@ fn resumed_regeneration_refuses_other_prompts_and_continues_appended_ones() {
         sampling: SamplingParams::default(),
         prompts_per_shard: 2,
         batch_size: 1,
+        cuda_graphs: false,
         time_limit: None,
         source: "prompts.jsonl".into(),
         target_name: "tiny".into(),
@@ -283,6 +284,7 @@ fn trained_pair(name: &str) -> (PathBuf, PathBuf, PathBuf) {
         prompts_per_shard: 5,
         // batched (attention-only) / falls back to one at a time (hybrid)
         batch_size: 4,
+        cuda_graphs: false,
         time_limit: None,
         source: "test".into(),
         target_name: "tiny".into(),

@@ -38,6 +38,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
         prompts_per_shard: 6,
         // batched (attention-only) / falls back to one at a time (hybrid)
         batch_size: 4,
+        cuda_graphs: false,
         time_limit: None,
         source: "test".into(),
         target_name: "qwen35-tiny".into(),

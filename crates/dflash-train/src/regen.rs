@@ -10,7 +10,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::batched::{generate_batched, Flow};
+use dflash_engine::batched::{generate_batched, BatchedOptions, Flow};
 use dflash_engine::{generate, Mode, Request};
 use dflash_model::io::loader::{identity_hash, LoadedTarget};
 use sha2::{Digest, Sha256};
@@ -29,6 +29,8 @@ pub struct RegenOptions {
     pub prompts_per_shard: usize,
     /// Sequences decoded together (one batched forward per step); 1: one at a time.
     pub batch_size: usize,
+    /// Batched steps replayed from a CUDA graph ([`dflash_engine::batched::BatchedOptions`]).
+    pub cuda_graphs: bool,
     /// Stop (keeping the finished shards) once this much wall time has passed.
     pub time_limit: Option<std::time::Duration>,
     pub source: String,
@@ -313,7 +315,10 @@ pub(crate) fn regenerate_indexed(
             }
         }
         if !stop {
-            generate_batched(&lt.target, &reqs, opts.batch_size, |j, r| {
+            let bopts = BatchedOptions {
+                cuda_graphs: opts.cuda_graphs,
+            };
+            generate_batched(&lt.target, &reqs, opts.batch_size, bopts, |j, r| {
                 let i = index_of[j];
                 let seq = r
                     .map(|g| to_sequence(&reqs[j].prompt_ids, &g.new_tokens))

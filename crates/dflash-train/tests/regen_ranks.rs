@@ -39,6 +39,7 @@ fn ranks_merge_into_the_one_process_data() {
         sampling: SamplingParams::new(0.8, 1.0, 0, 3).unwrap(),
         prompts_per_shard: 2,
         batch_size: 1,
+        cuda_graphs: false,
         time_limit: None,
         source: "p.jsonl".into(),
         target_name: "tiny".into(),

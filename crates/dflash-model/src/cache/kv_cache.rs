@@ -180,8 +180,8 @@ impl KvCache {
         Ok(())
     }
 
-    /// The fixed-shape form of [`KvCache::append`]: write `k, v` (`[1, hkv, n, d]`) at the rows
-    /// `index` names (`[1, hkv, n, d]` u32, built by `Target::prepare` with a capacity: rows `len ..
+    /// The fixed-shape form of [`KvCache::append`]: write `k, v` (`[b, hkv, n, d]`) at the rows
+    /// `index` names (`[b, hkv, n, d]` u32, built by `Target::prepare` with a capacity: rows `len ..
     /// len + n`) of buffers of exactly `cap` rows, and return the whole buffers (`cap` rows;
     /// the mask hides the rows past the new ones). No shape depends on the cache length.
     pub fn write_fixed(
@@ -365,12 +365,25 @@ impl KvCache {
     }
 
     /// Batched caches: insert `k` zero columns before the current ones (room for a prompt
-    /// longer than the cache). Example: len 3, k 2 → old columns 0..3 are now 2..5.
+    /// longer than the cache). Example: len 3, k 2 → old columns 0..3 are now 2..5. In place
+    /// when the buffers have room (a fixed capacity, [`KvCache::reserve_exact`], keeps its
+    /// buffers: a captured forward reads them), else into larger buffers.
     pub fn grow_front(&mut self, k: usize) -> Result<()> {
         self.refuse_gdn("grow_front")?;
         let len = self.len;
         for s in self.layers.iter_mut().flatten() {
-            let cap = s.k.dim(2)?.max(len + k);
+            let (b, h, old_cap, d) = s.k.dims4()?;
+            if old_cap >= len + k {
+                for t in [&s.k, &s.v] {
+                    if len > 0 {
+                        let moved = t.narrow(2, 0, len)?.contiguous()?;
+                        t.slice_set(&moved, 2, k)?;
+                    }
+                    t.slice_set(&Tensor::zeros((b, h, k, d), t.dtype(), t.device())?, 2, 0)?;
+                }
+                continue;
+            }
+            let cap = old_cap.max(len + k);
             let fresh = |old: &Tensor| -> Result<Tensor> {
                 let (b, h, _, d) = old.dims4()?;
                 let t = Tensor::zeros((b, h, cap, d), old.dtype(), old.device())?;

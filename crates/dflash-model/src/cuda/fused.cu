@@ -223,6 +223,215 @@ __device__ void interval_softmax_fwd(const T* s, T* p, const uint32_t* iv, int r
 INSTANTIATE(f32, float)
 INSTANTIATE(bf16, __nv_bfloat16)
 
+// ---------------------------------------------------------------------------------------------
+// Attention of a few query rows over a cache, each row over one interval of keys (decoding: AR
+// steps of many slots, a chain's verify), in one pass over K and V: `crate::ops::interval_attention`.
+// Grid (b · hkv, splits), 128 threads (4 warps). A block holds the R = g · n query rows that share
+// K/V head h of sequence s (g = hq / hkv; row r is query head h·g + r / n at query row r % n),
+// walks split j of the union of their intervals in tiles of 64 keys (32 when R > 4) staged in
+// shared memory as f32 (16-byte loads, the next tile's in registers during this one's math; K
+// padded to D + 1 floats: one lane per key, no bank conflicts) and keeps an online softmax per
+// row (warp w owns rows w, w + 4, …, at most RW of them; lane c owns output dims c, c + 32, …).
+// One split: the normalised output `[b, n, hq · D]`; several: each split's (acc, m, l) to `part`
+// (`[b·hkv, splits, R, D + 2]` f32), merged by interval_attn_merge. q is contiguous `[b, hq, n,
+// D]`; K/V element (s, h, c, e) at s·hkv·hs + h·hs + c·D + e (a cache's buffer read in place).
+template <typename T> struct Vec16;  // 16 bytes of T
+template <> struct Vec16<float> {
+    static constexpr int N = 4;
+    __device__ static void cvt(const uint4& u, float* f) {
+        f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y);
+        f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
+    }
+};
+template <> struct Vec16<__nv_bfloat16> {
+    static constexpr int N = 8;
+    __device__ static void cvt(const uint4& u, float* f) {
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(w[i] << 16);
+            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+};
+
+template <typename T, int D, int RW>
+__device__ void interval_attn(const T* q, const T* k, const T* v, const uint32_t* iv, T* out,
+                              float* part, int hq, int hkv, int n, long long hs, float scale) {
+    // a tile of TK keys: KL lanes per key … (one key per lane for the scores, KPL keys per lane)
+    constexpr int TK = RW == 1 ? 64 : 32, KPL = TK / 32, U = D / 32;
+    constexpr int VN = Vec16<T>::N, VPR = D / VN;            // 16-byte vectors per K/V row
+    constexpr int LOADS = (2 * TK * VPR + 127) / 128;        // per thread per tile (K and V)
+    extern __shared__ float sm[];
+    float* ks = sm;                      // [TK][D + 1]
+    float* vs = ks + TK * (D + 1);       // [TK][D]
+    float* qs = vs + TK * D;             // [R][D], scaled
+    const int s = blockIdx.x / hkv, h = blockIdx.x % hkv, g = hq / hkv, R = g * n;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, splits = gridDim.y;
+    uint32_t lo = 0xffffffffu, hi = 0;
+    for (int i = 0; i < n; i++) {
+        lo = min(lo, iv[2 * (s * n + i)]);
+        hi = max(hi, iv[2 * (s * n + i) + 1]);
+    }
+    if (hi < lo) hi = lo;
+    uint32_t chunk = ((hi - lo + splits - 1) / splits + TK - 1) / TK * TK;
+    uint32_t c0 = min(hi, lo + blockIdx.y * chunk), c1 = min(hi, c0 + chunk);
+    for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
+        int r = idx / D, e = idx % D;
+        qs[idx] = ld(q, ((size_t)(s * hq + h * g + r / n) * n + r % n) * D + e) * scale;
+    }
+    float m[RW], l[RW], acc[RW][U];
+    uint32_t rlo[RW], rhi[RW];
+#pragma unroll
+    for (int w = 0; w < RW; w++) {
+        m[w] = NEG_INF;
+        l[w] = 0.0f;
+        for (int u = 0; u < U; u++) acc[w][u] = 0.0f;
+        int r = warp + 4 * w;
+        int i = r % n;
+        rlo[w] = r < R ? iv[2 * (s * n + i)] : 0;
+        rhi[w] = r < R ? iv[2 * (s * n + i) + 1] : 0;
+    }
+    const T* kb = k + (size_t)(s * hkv + h) * hs;
+    const T* vb = v + (size_t)(s * hkv + h) * hs;
+    // the next tile's K/V in registers while this one is computed (16-byte loads)
+    uint4 buf[LOADS];
+    auto fetch = [&](uint32_t t0) {
+#pragma unroll
+        for (int i = 0; i < LOADS; i++) {
+            int idx = threadIdx.x + 128 * i;
+            int kv = idx / (TK * VPR), j = (idx / VPR) % TK, e = idx % VPR;
+            uint32_t c = t0 + j;
+            buf[i] = make_uint4(0, 0, 0, 0);
+            if (idx < 2 * TK * VPR && c < c1)
+                buf[i] = reinterpret_cast<const uint4*>((kv ? vb : kb) + (size_t)c * D)[e];
+        }
+    };
+    if (c0 < c1) fetch(c0);
+    for (uint32_t t0 = c0; t0 < c1; t0 += TK) {
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < LOADS; i++) {
+            int idx = threadIdx.x + 128 * i;
+            if (idx >= 2 * TK * VPR) break;
+            int kv = idx / (TK * VPR), j = (idx / VPR) % TK, e = idx % VPR;
+            float f[VN];
+            Vec16<T>::cvt(buf[i], f);
+            float* dst = kv ? vs + j * D + e * VN : ks + j * (D + 1) + e * VN;
+#pragma unroll
+            for (int x = 0; x < VN; x++) dst[x] = f[x];
+        }
+        __syncthreads();
+        if (t0 + TK < c1) fetch(t0 + TK);
+#pragma unroll
+        for (int w = 0; w < RW; w++) {
+            int r = warp + 4 * w;
+            if (r >= R) break;
+            float sc[KPL], p[KPL];
+            bool vis[KPL];
+            float tm = NEG_INF;
+#pragma unroll
+            for (int x = 0; x < KPL; x++) {
+                uint32_t c = t0 + lane + 32 * x;
+                vis[x] = c < c1 && c >= rlo[w] && c < rhi[w];
+                sc[x] = NEG_INF;
+                if (vis[x]) {
+                    float a = 0.0f;
+                    const float* qr = qs + r * D;
+                    const float* kr = ks + (lane + 32 * x) * (D + 1);
+#pragma unroll 16
+                    for (int e = 0; e < D; e++) a += qr[e] * kr[e];
+                    sc[x] = a;
+                }
+                tm = fmaxf(tm, sc[x]);
+            }
+            for (int o = 16; o > 0; o >>= 1) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
+            float mn = fmaxf(m[w], tm);
+            if (mn == NEG_INF) continue;  // nothing visible to this row yet
+            float corr = expf(m[w] - mn), ps = 0.0f;
+#pragma unroll
+            for (int x = 0; x < KPL; x++) {
+                p[x] = vis[x] ? expf(sc[x] - mn) : 0.0f;
+                ps += p[x];
+            }
+            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l[w] = l[w] * corr + ps;
+            m[w] = mn;
+#pragma unroll
+            for (int u = 0; u < U; u++) acc[w][u] *= corr;
+#pragma unroll
+            for (int x = 0; x < KPL; x++)
+                for (int j = 0; j < 32; j++) {
+                    float pj = __shfl_sync(0xffffffffu, p[x], j);
+                    const float* vr = vs + (32 * x + j) * D + lane;
+#pragma unroll
+                    for (int u = 0; u < U; u++) acc[w][u] += pj * vr[32 * u];
+                }
+        }
+    }
+#pragma unroll
+    for (int w = 0; w < RW; w++) {
+        int r = warp + 4 * w;
+        if (r >= R) break;
+        if (splits == 1) {
+            float inv = l[w] > 0.0f ? 1.0f / l[w] : 0.0f;
+            size_t o = ((size_t)(s * n + r % n) * hq + h * g + r / n) * D;
+            for (int u = 0; u < U; u++) st(out, o + lane + 32 * u, acc[w][u] * inv);
+        } else {
+            float* pr = part + (((size_t)blockIdx.x * splits + blockIdx.y) * R + r) * (D + 2);
+            for (int u = 0; u < U; u++) pr[lane + 32 * u] = acc[w][u];
+            if (lane == 0) {
+                pr[D] = m[w];
+                pr[D + 1] = l[w];
+            }
+        }
+    }
+}
+
+// The splits of interval_attn merged: one block of D threads per (s, h, r).
+template <typename T, int D>
+__device__ void interval_attn_merge(const float* part, T* out, int hq, int hkv, int n, int splits) {
+    const int R = (hq / hkv) * n, g = hq / hkv;
+    const int r = blockIdx.x % R, sh = blockIdx.x / R, s = sh / hkv, h = sh % hkv;
+    const float* p0 = part + (size_t)sh * splits * R * (D + 2);
+    float M = NEG_INF;
+    for (int j = 0; j < splits; j++) M = fmaxf(M, p0[((size_t)j * R + r) * (D + 2) + D]);
+    float L = 0.0f, a = 0.0f;
+    if (M != NEG_INF)
+        for (int j = 0; j < splits; j++) {
+            const float* pr = p0 + ((size_t)j * R + r) * (D + 2);
+            float f = pr[D] == NEG_INF ? 0.0f : expf(pr[D] - M);
+            L += pr[D + 1] * f;
+            a += pr[threadIdx.x] * f;
+        }
+    size_t o = ((size_t)(s * n + r % n) * hq + h * g + r / n) * D;
+    st(out, o + threadIdx.x, L > 0.0f ? a / L : 0.0f);
+}
+
+#define INTERVAL_ATTN(NAME, T, D, RW)                                                              \
+    extern "C" __global__ void __launch_bounds__(128) interval_attn_d##D##_r##RW##_##NAME(         \
+        const T* q, const T* k, const T* v, const uint32_t* iv, T* out, float* part, int hq,      \
+        int hkv, int n, long long hs, float scale) {                                               \
+        interval_attn<T, D, RW>(q, k, v, iv, out, part, hq, hkv, n, hs, scale);                     \
+    }
+#define INTERVAL_ATTN_MERGE(NAME, T, D)                                                            \
+    extern "C" __global__ void interval_attn_merge_d##D##_##NAME(const float* part, T* out,        \
+        int hq, int hkv, int n, int splits) {                                                      \
+        interval_attn_merge<T, D>(part, out, hq, hkv, n, splits);                                  \
+    }
+INTERVAL_ATTN(f32, float, 64, 1)
+INTERVAL_ATTN(f32, float, 64, 16)
+INTERVAL_ATTN(f32, float, 128, 1)
+INTERVAL_ATTN(f32, float, 128, 16)
+INTERVAL_ATTN(bf16, __nv_bfloat16, 64, 1)
+INTERVAL_ATTN(bf16, __nv_bfloat16, 64, 16)
+INTERVAL_ATTN(bf16, __nv_bfloat16, 128, 1)
+INTERVAL_ATTN(bf16, __nv_bfloat16, 128, 16)
+INTERVAL_ATTN_MERGE(f32, float, 64)
+INTERVAL_ATTN_MERGE(f32, float, 128)
+INTERVAL_ATTN_MERGE(bf16, __nv_bfloat16, 64)
+INTERVAL_ATTN_MERGE(bf16, __nv_bfloat16, 128)
+
 // The arg-max of each row of f32 values, as the host's `dflash_core::sampling::argmax` picks it:
 // the first index of the largest value, NaN never chosen, except that a row whose first value is
 // NaN gives 0 (the host's scan never moves off it). One block of 256 threads per row.

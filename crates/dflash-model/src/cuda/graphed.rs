@@ -202,3 +202,88 @@ impl GraphedForward {
         v
     }
 }
+
+/// One-row steps of `b` sequences side by side (batched decoding: data regeneration) over a
+/// batched cache of exactly `cap` columns, replayed from one CUDA graph. Each step's inputs —
+/// ids, RoPE rows, the fixed layout's write index (column `cache_len` of every sequence) and
+/// each sequence's interval of keys — are written into the captured buffers, so the step's
+/// shapes never change; the fused interval attention
+/// ([`crate::ops::interval_attention`]) reads only each sequence's rows, whatever `cap`. The
+/// caller keeps `cache.len() < cap` (dropping columns from the front in place,
+/// [`KvCache::drop_front`]) and grows or moves the cache only in place.
+///
+/// Example: 256 sequences, cap 4,096: step 1 at cache length 700 captures; step 2 at 701
+/// writes 256 ids, RoPE rows, intervals and the index of column 701 and replays.
+pub struct GraphedBatch {
+    cap: usize,
+    slot: Option<(ForwardInputs, Option<(Captured, TargetOutput)>)>,
+}
+
+impl GraphedBatch {
+    /// Give the batched `cache` exactly `cap` columns.
+    pub fn new(cache: &mut KvCache, cap: usize) -> Result<Self> {
+        cache.reserve_exact(cap)?;
+        Ok(Self { cap, slot: None })
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// [`Target::forward_batch`] of one row per sequence (`masks[s]`: `[1, cache + 1]`, one
+    /// interval) → logits `[b, vocab]`, the graph's output buffer: read it before the next
+    /// call. On the CPU the fixed-layout step runs eagerly on the same buffers.
+    pub fn step(
+        &mut self,
+        target: &Target,
+        tokens: &[u32],
+        positions: &[usize],
+        masks: &[Visibility],
+        cache: &mut KvCache,
+    ) -> Result<candle_core::Tensor> {
+        let cache_len = cache.len();
+        if tokens.len() != masks.len() {
+            bail!(
+                "a batched step has one token per sequence ({} tokens, {} sequences)",
+                tokens.len(),
+                masks.len()
+            );
+        }
+        let fresh = target.prepare(tokens, positions, masks, cache_len, Some(self.cap))?;
+        let logits = |o: &TargetOutput| -> Result<candle_core::Tensor> {
+            Ok(o.logits
+                .as_ref()
+                .ok_or_else(|| anyhow::anyhow!("the step returned no logits"))?
+                .squeeze(1)?)
+        };
+        if let Some((inputs, graph)) = &mut self.slot {
+            fresh.write_into(inputs)?;
+            return match graph {
+                Some((g, out)) => {
+                    g.replay()?;
+                    cache.commit(1);
+                    logits(out)
+                }
+                None => logits(&target.forward_prepared(inputs, cache, &[], &Rows::All)?),
+            };
+        }
+        let dev = target.embedding_table().device().clone();
+        let (out, graph) = match dev {
+            Device::Cuda(_) => {
+                let _params = ParamCache::enable(&dev);
+                target.forward_prepared(&fresh, cache, &[], &Rows::All)?;
+                cache.truncate(cache_len)?;
+                let (graph, out) = capture(&dev, || {
+                    target.forward_prepared(&fresh, cache, &[], &Rows::All)
+                })?;
+                (out.clone(), Some((graph, out)))
+            }
+            _ => (
+                target.forward_prepared(&fresh, cache, &[], &Rows::All)?,
+                None,
+            ),
+        };
+        self.slot = Some((fresh, graph));
+        logits(&out)
+    }
+}

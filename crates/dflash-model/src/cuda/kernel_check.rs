@@ -103,6 +103,53 @@ fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     .collect()
 }
 
+/// The fused interval attention ([`crate::ops::interval_attention`]) on `dev` in `dtype`, or its
+/// twin (the matmuls around the interval softmax) on the CPU, as f32 on the CPU: (1) 7 slots
+/// decoding one row each over a 300-column view of a 400-row cache buffer (SmolLM2's 9/3 heads
+/// of 64; several splits merged), (2) 100 such slots (one split per block, written directly),
+/// (3) a 16-row chain verify of one sequence over 700 columns (Qwen3-8B's 32/8 heads of 128).
+fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    use crate::layers::attention::{attend_intervals, attend_intervals_unfused};
+    let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+    let mut outs = Vec::new();
+    for (case, (b, hq, hkv, d, n, t, cap)) in [
+        (7, 9, 3, 64, 1, 300, 400),
+        (100, 9, 3, 64, 1, 120, 128),
+        (1, 32, 8, 128, 16, 700, 720),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 20 + 3 * case as u64;
+        let q = on(fill(&[b, hq, n, d], seed, 1.0)?)?;
+        let kbuf = on(fill(&[b, hkv, cap, d], seed + 1, 1.0)?)?;
+        let vbuf = on(fill(&[b, hkv, cap, d], seed + 2, 1.0)?)?;
+        let (k, v) = (kbuf.narrow(2, 0, t)?, vbuf.narrow(2, 0, t)?);
+        let masks: Vec<_> = (0..b)
+            .map(|s| {
+                if n == 1 {
+                    // slot s holds (37 s mod (t − 1)) + 1 rows before its new one
+                    right_aligned((37 * s) % (t - n) + 1, t - n, 1, 1)
+                } else {
+                    causal(t - n, n)
+                }
+            })
+            .collect();
+        let iv = RowIntervals::from_visibilities(&masks, dev)?
+            .ok_or_else(|| candle_core::Error::Msg("right-aligned rows are intervals".into()))?;
+        let o = if dev.is_cpu() {
+            attend_intervals_unfused(&q, &k, &v, &iv, 0.125)?
+        } else {
+            if !crate::ops::interval_attention::serves(&q, &k, &v) {
+                candle_core::bail!("the fused interval attention does not serve case {case}");
+            }
+            attend_intervals(&q, &k, &v, &iv, 0.125)?
+        };
+        outs.push(o.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+    }
+    Ok(outs)
+}
+
 /// Three AdamW steps of a `[64, 300]` parameter on `dev` (f32 master weights): the weights and
 /// the moments `[2, n]`, on the CPU.
 fn adamw(dev: &Device) -> Result<Vec<Tensor>> {
@@ -307,6 +354,23 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             });
         }
     }
+    // the fused interval attention against the matmuls around the interval softmax
+    let want = interval_attention_rows(&Device::Cpu, DType::F32)?;
+    for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 3e-2)] {
+        let got = interval_attention_rows(dev, dtype)?;
+        let names = [
+            "interval attention, 7 slots decoding (splits merged)",
+            "interval attention, 100 slots decoding",
+            "interval attention, 16-row verify, head dim 128",
+        ];
+        for ((name, a), b) in names.iter().zip(&got).zip(&want) {
+            checks.push(KernelCheck {
+                name: format!("{name} ({dtype:?})"),
+                rel_err: rel_err(a, b)? as f64,
+                tolerance: tol,
+            });
+        }
+    }
     // the arg-max of each row: the same index, ties (the values repeat) and NaN included
     let mut x = fill(&[48, 3001], 5, 8.0)?;
     x = x.slice_assign(&[0..1, 0..1], &Tensor::new(&[[f32::NAN]], &Device::Cpu)?)?;
@@ -396,7 +460,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 34);
+        assert_eq!(checks.len(), 40);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

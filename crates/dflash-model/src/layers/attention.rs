@@ -73,8 +73,9 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> 
 }
 
 /// [`attend`] with one interval of keys per query row (`iv`, from the same visibility rule):
-/// the two matmuls and one fused pass ([`crate::ops::interval_softmax`]) instead of scale, cast,
-/// mask add, softmax and cast. The fused softmax has no backward: inputs that carry a graph
+/// on a GPU where it serves, one kernel ([`crate::ops::interval_attention`]); else the two
+/// matmuls and one fused pass ([`crate::ops::interval_softmax`]) instead of scale, cast, mask
+/// add, softmax and cast. The fused softmax has no backward: inputs that carry a graph
 /// (never the target's) are refused.
 pub fn attend_intervals(
     q: &Tensor,
@@ -86,6 +87,21 @@ pub fn attend_intervals(
     if q.track_op() || k.track_op() || v.track_op() {
         candle_core::bail!("attend_intervals has no backward: attend with a mask for gradients");
     }
+    if crate::ops::interval_attention::serves(q, k, v) {
+        return crate::ops::interval_attention::fused(q, k, v, iv, scale);
+    }
+    attend_intervals_unfused(q, k, v, iv, scale)
+}
+
+/// [`attend_intervals`] as two matmuls around the interval softmax: the CPU's path and the
+/// twin of the fused CUDA kernel ([`crate::ops::interval_attention`]).
+pub fn attend_intervals_unfused(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    iv: &RowIntervals,
+    scale: f64,
+) -> Result<Tensor> {
     grouped(q, k, v, |scores, _, _| interval_softmax(scores, iv, scale))
 }
 

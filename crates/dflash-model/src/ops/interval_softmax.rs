@@ -22,7 +22,7 @@ use crate::ops::kernel_io::{cpu_slice, KernelTable};
 /// The visible keys of each query row of `b` sequences × `n` rows: `[lo, hi)` per row.
 #[derive(Debug, Clone)]
 pub struct RowIntervals {
-    table: KernelTable,
+    pub(crate) table: KernelTable,
     pub b: usize,
     pub n: usize,
     /// Key columns of the masks they came from.
@@ -33,15 +33,30 @@ impl RowIntervals {
     /// The intervals of `b` visibility matrices (`[n, cols]` each), or `None` when a row does
     /// not see one interval (a tree's verify).
     pub fn from_visibilities(masks: &[Visibility], device: &Device) -> Result<Option<Self>> {
-        let (n, cols) = match masks.first() {
-            Some(m) => (m.rows, m.cols),
+        let cols = masks.first().map_or(0, |m| m.cols);
+        Self::widened(masks, cols, device)
+    }
+
+    /// [`RowIntervals::from_visibilities`] over `cols ≥` the masks' columns (a cache of fixed
+    /// capacity: the columns past the masks' are seen by no row). Example: right-aligned rows
+    /// over 41 columns widened to 128 → the same intervals, `cols` 128.
+    pub fn widened(masks: &[Visibility], cols: usize, device: &Device) -> Result<Option<Self>> {
+        let n = match masks.first() {
+            Some(m) => m.rows,
             None => return Ok(None),
         };
+        if masks[0].cols > cols {
+            candle_core::bail!(
+                "masks of {} columns cannot be widened to {cols}",
+                masks[0].cols
+            );
+        }
+        let mcols = masks[0].cols;
         let mut host = Vec::with_capacity(masks.len() * n * 2);
         for m in masks {
-            if (m.rows, m.cols) != (n, cols) {
+            if (m.rows, m.cols) != (n, mcols) {
                 candle_core::bail!(
-                    "masks of different shapes: {}x{} and {n}x{cols}",
+                    "masks of different shapes: {}x{} and {n}x{mcols}",
                     m.rows,
                     m.cols
                 );
@@ -63,6 +78,23 @@ impl RowIntervals {
             n,
             cols,
         })
+    }
+
+    /// Copy these intervals into `dst`'s buffers in place (the same shape): a captured
+    /// forward's inputs for the next replay.
+    pub fn write_into(&self, dst: &mut RowIntervals) -> Result<()> {
+        if (self.b, self.n, self.cols) != (dst.b, dst.n, dst.cols) {
+            candle_core::bail!(
+                "intervals of {} × {} rows over {} keys cannot be written into {} × {} over {}",
+                self.b,
+                self.n,
+                self.cols,
+                dst.b,
+                dst.n,
+                dst.cols
+            );
+        }
+        self.table.write_into(&mut dst.table)
     }
 
     /// Row `r` of sequence `s`.

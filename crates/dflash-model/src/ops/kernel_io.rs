@@ -23,6 +23,23 @@ impl KernelTable {
         Ok(Self { host, device })
     }
 
+    /// Copy `self` into `dst` in place (the same length): the host values and the device
+    /// buffer a captured CUDA graph reads.
+    pub fn write_into(&self, dst: &mut KernelTable) -> Result<()> {
+        if self.host.len() != dst.host.len() {
+            candle_core::bail!(
+                "a table of {} values cannot be written into one of {}",
+                self.host.len(),
+                dst.host.len()
+            );
+        }
+        dst.host.copy_from_slice(&self.host);
+        if let (Some(s), Some(d)) = (&self.device, &dst.device) {
+            d.slice_set(s, 0, 0)?;
+        }
+        Ok(())
+    }
+
     /// `f` on the table's GPU copy; `what` names the table in the error.
     #[cfg(feature = "cuda")]
     pub fn with_cuda_view<R>(

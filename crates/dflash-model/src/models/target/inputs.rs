@@ -30,7 +30,8 @@ pub struct ForwardInputs {
     /// The attention rule: one interval of keys per row where every row has one (the fused
     /// softmax), else the additive mask `[n, cache + n]` (one sequence) or
     /// `[b, 1, 1, n, cache + n]` in the compute dtype of the attention scores (f32; f64 for f64
-    /// models). The fixed layout always has the additive mask (the captured buffer).
+    /// models). The fixed layout of one sequence has the additive mask `[n, cap]`, of several
+    /// sequences their intervals over `cap` columns (the captured buffers).
     pub(super) mask: AttnMask,
     /// Each row's visible keys, for [`crate::cpu::row_attention`] (f32 CPU inference of one
     /// sequence with at most [`crate::cpu::row_attention::MAX_ROWS`] rows; else `None`).
@@ -77,10 +78,14 @@ impl ForwardInputs {
             (&self.ids, &dst.ids),
             (&self.rope.cos, &dst.rope.cos),
             (&self.rope.sin, &dst.rope.sin),
-            (self.mask.additive()?, dst.mask.additive()?),
             (si, di),
         ] {
             d.slice_set(src, 0, 0)?;
+        }
+        match (&self.mask, &mut dst.mask) {
+            (AttnMask::Additive(s), AttnMask::Additive(d)) => d.slice_set(s, 0, 0)?,
+            (AttnMask::Intervals(s), AttnMask::Intervals(d)) => s.write_into(d)?,
+            _ => bail!("write_into: an additive mask and intervals"),
         }
         match (&self.gdn, &mut dst.gdn) {
             (Some(src), Some(d)) => src.write_into(d)?,
@@ -99,15 +104,6 @@ pub(super) enum AttnMask {
     Intervals(RowIntervals),
 }
 
-impl AttnMask {
-    pub(super) fn additive(&self) -> Result<&Tensor> {
-        match self {
-            AttnMask::Additive(t) => Ok(t),
-            AttnMask::Intervals(_) => bail!("an interval mask has no additive buffer"),
-        }
-    }
-}
-
 /// Which keys each query row of a forward sees: the mask, and each row's key runs where
 /// [`crate::cpu::row_attention`] runs the attention.
 #[derive(Clone, Copy)]
@@ -122,13 +118,14 @@ pub enum CacheLayout {
     /// After the committed rows, into a cache that grows as needed; attention over
     /// `[cache | new]`, the mask's `cache + n` columns.
     Append,
-    /// The same rows (`cache .. cache + n`), written through a device index into a cache of
-    /// exactly `cap` rows ([`KvCache::reserve_exact`]); attention over all `cap` rows, the mask
-    /// `[n, cap]` hiding the columns past the new rows. Every shape is fixed by `n` and `cap`,
+    /// The same rows (`cache .. cache + n`, of every sequence), written through a device index
+    /// into a cache of exactly `cap` rows ([`KvCache::reserve_exact`]); attention over all `cap`
+    /// rows, the mask (`[n, cap]`, or each row's interval) hiding the columns past the new
+    /// rows. Every shape is fixed by `n` and `cap`,
     /// so a captured forward can be replayed at any cache length (CUDA graphs).
     /// Example: cache 37, n 16, cap 64 → rows 37..53 written, mask columns 53..64 hidden.
     Fixed {
-        /// `[1, hkv, n, head_dim]` u32: the row of each new K/V element.
+        /// `[b, hkv, n, head_dim]` u32: the row of each new K/V element.
         index: Tensor,
         cap: usize,
     },
@@ -142,9 +139,10 @@ impl Target {
     /// the cache's length.
     ///
     /// `cap`: `None` appends the new rows to a growing cache ([`CacheLayout::Append`]);
-    /// `Some(cap)` is the fixed layout ([`CacheLayout::Fixed`]): one sequence, its `n` new rows at cache rows `cache_len ..` of a cache of
-    /// exactly `cap` rows, attention over all of them with the columns past the visibility
-    /// hidden.
+    /// `Some(cap)` is the fixed layout ([`CacheLayout::Fixed`]): each sequence's `n` new rows
+    /// at cache rows `cache_len ..` of a cache of exactly `cap` rows, attention over all of
+    /// them with the columns past the visibility hidden (one sequence: the additive mask
+    /// `[n, cap]`; several: their intervals over `cap` columns).
     /// Examples: one AR step on a 512-row cache, `cap` `None`: ids `[t]`, RoPE rows of
     /// position 512, mask `[1, 513]` all visible; the same step with `cap` 1024: mask
     /// `[1, 1024]` with columns 0..=512 visible, index rows all 512.
@@ -157,13 +155,10 @@ impl Target {
         cap: Option<usize>,
     ) -> Result<ForwardInputs> {
         if let Some(cap) = cap {
-            if masks.len() != 1 {
-                bail!("a fixed-shape forward is for one sequence");
-            }
-            if cache_len + tokens.len() > cap {
+            let per_seq = tokens.len() / masks.len().max(1);
+            if cache_len + per_seq > cap {
                 bail!(
-                    "a fixed-shape forward of {} rows on a {cache_len}-row cache needs more than its capacity of {cap} rows",
-                    tokens.len()
+                    "a fixed-shape forward of {per_seq} rows on a {cache_len}-row cache needs more than its capacity of {cap} rows"
                 );
             }
         }
@@ -228,7 +223,11 @@ impl Target {
             (Some(cols), [one]) => {
                 AttnMask::Additive(mask_tensor_cols(one, cols, cd, &self.device)?)
             }
-            (Some(_), _) => bail!("a widened mask is for one sequence"),
+            // several sequences (batched decoding): one interval per row, over all `cols`
+            (Some(cols), _) => match RowIntervals::widened(masks, cols, &self.device)? {
+                Some(iv) => AttnMask::Intervals(iv),
+                None => bail!("a batched fixed-shape forward needs one interval of keys per row"),
+            },
             (None, _) => match RowIntervals::from_visibilities(masks, &self.device)? {
                 Some(iv) => AttnMask::Intervals(iv),
                 None => AttnMask::Additive(mask_tensors(masks, cd, &self.device)?),
@@ -247,7 +246,7 @@ impl Target {
         let layout = match cap {
             None => CacheLayout::Append,
             Some(cap) => CacheLayout::Fixed {
-                index: self.fixed_index(n, cache_len)?,
+                index: self.fixed_index(b, n, cache_len)?,
                 cap,
             },
         };
@@ -273,9 +272,9 @@ impl Target {
         })
     }
 
-    /// The fixed layout's write index `[1, hkv, n, head_dim]`: the cache row of each new K/V
-    /// element (rows `cache_len ..`).
-    fn fixed_index(&self, n: usize, cache_len: usize) -> Result<Tensor> {
+    /// The fixed layout's write index `[b, hkv, n, head_dim]`: the cache row of each new K/V
+    /// element (rows `cache_len ..`, the same for every sequence).
+    fn fixed_index(&self, b: usize, n: usize, cache_len: usize) -> Result<Tensor> {
         let (hkv, d) = self
             .layers
             .iter()
@@ -284,9 +283,9 @@ impl Target {
                 Mixer::GatedDeltaNet(_) => None,
             })
             .context("the target has no attention layer")?;
-        let index: Vec<u32> = (0..hkv)
+        let index: Vec<u32> = (0..b * hkv)
             .flat_map(|_| (0..n).flat_map(move |j| std::iter::repeat_n((cache_len + j) as u32, d)))
             .collect();
-        Ok(Tensor::from_vec(index, (1, hkv, n, d), &self.device)?)
+        Ok(Tensor::from_vec(index, (b, hkv, n, d), &self.device)?)
     }
 }

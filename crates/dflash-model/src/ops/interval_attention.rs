@@ -1,0 +1,182 @@
+//! The target's attention for a few query rows per sequence, each row over one interval of a
+//! cache's keys (AR steps of many slots in data regeneration, a chain's verify, a single
+//! sequence's decode), as one kernel that reads each visible K/V row once and never writes the
+//! scores: `q · kᵀ`, the interval softmax and `p · v` of
+//! [`crate::layers::attention::attend_intervals`] (its CPU twin, and the path everywhere the
+//! kernel does not serve) fused in the manner of flash-decoding.
+//!
+//! Example: 256 slots of SmolLM2 (9 query heads over 3 K/V heads, head dim 64) decoding one
+//! token each, slot 0 holding 40 rows and slot 1 holding 700 of a 1,000-column cache: slot 0's
+//! block reads columns 960..1000 and slot 1's 300..1000; the matmul path reads all 1,000 of
+//! both and writes and reads `256 · 9 · 1,000` scores per layer.
+//!
+//! The kernel (`src/cuda/fused.cu`, `interval_attn_*`) runs a block per (sequence, K/V head,
+//! split of the keys), the `hq / hkv · n` query rows that share the K/V head together, an
+//! online softmax in f32 per row, and merges the splits in a second kernel when there are
+//! several. It serves head dims 64 and 128, at most 64 query rows per K/V head, f32 and bf16,
+//! and K/V whose rows are read in place ([`crate::layers::attention`]'s `matmul_operand`
+//! layout). `DFLASH_FUSED_ATTENTION=0` turns it off (the matmul path).
+
+use candle_core::{DType, Result, Tensor};
+
+use crate::ops::interval_softmax::RowIntervals;
+
+/// Query rows per K/V head one block holds (4 warps × 16).
+pub const MAX_ROWS: usize = 64;
+
+/// Whether the fused kernel takes this attention: a CUDA device, head dim 64 or 128, at most
+/// [`MAX_ROWS`] query rows per K/V head, f32 or bf16, K and V read in place with one layout.
+pub fn serves(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+    if !q.device().is_cuda() || std::env::var("DFLASH_FUSED_ATTENTION").as_deref() == Ok("0") {
+        return false;
+    }
+    let (Ok((b, hq, n, d)), Ok((kb, hkv, _, kd))) = (q.dims4(), k.dims4()) else {
+        return false;
+    };
+    let (ks, vs) = (k.stride(), v.stride());
+    matches!(d, 64 | 128)
+        && kd == d
+        && kb == b
+        && hkv > 0
+        && hq % hkv == 0
+        && hq / hkv * n <= MAX_ROWS
+        && matches!(q.dtype(), DType::F32 | DType::BF16)
+        && k.dtype() == q.dtype()
+        && v.dtype() == q.dtype()
+        && k.dims() == v.dims()
+        && ks == vs
+        && ks[3] == 1
+        && ks[2] == d
+        && (b == 1 || ks[0] == ks[1] * hkv)
+}
+
+/// `q: [b, hq, n, d]`, `k, v: [b, hkv, t, d]` (a cache's view, read in place), one key
+/// interval per query row (`iv`: `b` sequences × `n` rows over `t` columns) → `[b, n, hq · d]`,
+/// as [`crate::layers::attention::attend_intervals`] computes it. Only where [`serves`].
+pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, iv: &RowIntervals, scale: f64) -> Result<Tensor> {
+    let (b, _, n, _) = q.dims4()?;
+    let t = k.dim(2)?;
+    if !serves(q, k, v) || iv.b != b || iv.n != n || iv.cols != t {
+        candle_core::bail!(
+            "fused interval attention: q {:?}, k {:?} and intervals of {} × {} rows over {} keys do not fit",
+            q.dims(),
+            k.dims(),
+            iv.b,
+            iv.n,
+            iv.cols
+        );
+    }
+    let q = q.contiguous()?;
+    q.apply_op3_no_bwd(k, v, &Op { iv, scale })
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Op<'a> {
+    iv: &'a RowIntervals,
+    scale: f64,
+}
+
+impl candle_core::CustomOp3 for Op<'_> {
+    fn name(&self) -> &'static str {
+        "interval-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &candle_core::Layout,
+        _: &candle_core::CpuStorage,
+        _: &candle_core::Layout,
+        _: &candle_core::CpuStorage,
+        _: &candle_core::Layout,
+    ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        candle_core::bail!("the fused interval attention is a CUDA kernel: the CPU attends through attend_intervals")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        qs: &candle_core::CudaStorage,
+        ql: &candle_core::Layout,
+        ks: &candle_core::CudaStorage,
+        kl: &candle_core::Layout,
+        vs: &candle_core::CudaStorage,
+        vl: &candle_core::Layout,
+    ) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        use crate::cuda::ptx::{alloc, launch, view};
+        use candle_core::backend::BackendStorage;
+        use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+        let (b, hq, n, d) = ql.shape().dims4()?;
+        let (_, hkv, t, _) = kl.shape().dims4()?;
+        let hs = kl.stride()[1];
+        let rows = hq / hkv * n;
+        // tiles of 64 keys (32 for more than 4 rows); about 1,024 blocks (a few per SM, their
+        // loads in flight together), each split at least one tile
+        let (rw, tile) = if rows <= 4 { (1, 64) } else { (16, 32) };
+        let blocks = b * hkv;
+        let splits = 1024usize
+            .div_ceil(blocks)
+            .clamp(1, t.div_ceil(tile).clamp(1, 64));
+        let smem = (tile * (d + 1) + tile * d + rows * d) * 4;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, splits as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let dev = qs.device().clone();
+        let (hq_, hkv_, n_, hs_, sc) = (
+            hq as i32,
+            hkv as i32,
+            n as i32,
+            hs as i64,
+            self.scale as f32,
+        );
+        // the K/V buffers from the view's first element to the end of the last row read
+        let span = (blocks - 1) * hs + t * d;
+        let name = format!("interval_attn_d{d}_r{rw}");
+        let merge = format!("interval_attn_merge_d{d}");
+        self.iv
+            .table
+            .with_cuda_view("interval attention intervals", |iv| {
+                macro_rules! run {
+                    ($ty:ty, $dt:expr) => {{
+                        let q = view::<$ty>(qs, ql, "q")?;
+                        let k = ks
+                            .as_cuda_slice::<$ty>()?
+                            .slice(kl.start_offset()..kl.start_offset() + span);
+                        let v = vs
+                            .as_cuda_slice::<$ty>()?
+                            .slice(vl.start_offset()..vl.start_offset() + span);
+                        let out = alloc::<$ty>(&dev, b * n * hq * d)?;
+                        let part = alloc::<f32>(
+                            &dev,
+                            if splits > 1 {
+                                blocks * splits * rows * (d + 2)
+                            } else {
+                                1
+                            },
+                        )?;
+                        launch!(
+                            dev, &name, $dt, cfg, q, k, v, iv, out, part, hq_, hkv_, n_, hs_, sc
+                        );
+                        if splits > 1 {
+                            let mcfg = LaunchConfig {
+                                grid_dim: ((blocks * rows) as u32, 1, 1),
+                                block_dim: (d as u32, 1, 1),
+                                shared_mem_bytes: 0,
+                            };
+                            let sp = splits as i32;
+                            launch!(dev, &merge, $dt, mcfg, part, out, hq_, hkv_, n_, sp);
+                        }
+                        candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+                    }};
+                }
+                let out = match qs.dtype() {
+                    DType::F32 => run!(f32, DType::F32),
+                    DType::BF16 => run!(half::bf16, DType::BF16),
+                    other => candle_core::bail!("interval attention: no CUDA kernel for {other:?}"),
+                };
+                Ok((out, candle_core::Shape::from((b, n, hq * d))))
+            })
+    }
+}
