@@ -14,6 +14,14 @@ fn ok(c: &mut Command) {
     let o = c.output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
+/// `c` fails and its error names every one of `needles`.
+fn refused(c: &mut Command, needles: &[&str]) {
+    let o = c.output().unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(needles.iter().all(|n| e.contains(n)), "{e}");
+}
+
 fn curve(out: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(out.join("metrics.jsonl"))
         .unwrap()
@@ -84,27 +92,19 @@ fn killed_run_resumes_bit_for_bit() {
     // a second run finds every shard done and changes nothing
     ok(&mut gen(&[]));
     // other generation options would mix two data sets: refused, nothing written
-    let o = gen(&["--temperature", "0.7"]).output().unwrap();
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("mix two data sets"));
-    let o = gen(&["--loop-window", "8"]).output().unwrap();
-    assert!(!o.status.success());
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        e.contains("mix two data sets") && e.contains("--loop-window 0"),
-        "{e}"
+    refused(&mut gen(&["--temperature", "0.7"]), &["mix two data sets"]);
+    refused(
+        &mut gen(&["--loop-window", "8"]),
+        &["mix two data sets", "--loop-window 0"],
     );
     assert!(
         !manifest.contains("loop_window"),
         "0 is not written: {manifest}"
     );
     // so would another shard size: refused, naming the one to continue with
-    let o = gen_sharded("3", &[]).output().unwrap();
-    assert!(!o.status.success());
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        e.contains("--shard-size 2, not from") && e.contains("--shard-size 3"),
-        "{e}"
+    refused(
+        &mut gen_sharded("3", &[]),
+        &["--shard-size 2, not from", "--shard-size 3"],
     );
     assert_eq!(
         std::fs::read_to_string(data.join("manifest.json")).unwrap(),

@@ -8,17 +8,17 @@
 //! [`crate::Mode::Ar`] computes for it alone (up to float summation order) and samples with its
 //! own seeded [`Sampler`], so at T = 0 the tokens are the same.
 //!
-//! Scheduling is continuous: whenever 1/8 of the slots are free (at the start: all),
-//! the next prompts are prefilled, up to 16 per forward in a left-padded batch of their own,
-//! and their K/V rows are copied into the free slots, ending at the cache's current last
+//! Scheduling is continuous: whenever 1/8 of the slots are free (at the start: all), the next
+//! prompts are prefilled, shortest first, up to 16 per forward in a left-padded batch of their
+//! own, and their K/V rows are copied into the free slots, ending at the cache's current last
 //! column (the cache grows at the front when a prompt is longer than it). Columns no live
 //! sequence holds are dropped from the front once they are half the cache.
 //!
 //! Example, 2 slots, requests A (prompt 3 tokens), B (prompt 2), C (prompt 4): the first fill
-//! prefills [A A A] and [_ B B] (B left-padded), the cache grows to 3 columns, A is copied to
-//! columns 0..3 of slot 0 and B to 1..3 of slot 1; a step adds column 3 to both; B stops →
+//! prefills [_ B B] and [A A A] (B left-padded), the cache grows to 3 columns, B is copied to
+//! columns 1..3 of slot 0 and A to 0..3 of slot 1; a step adds column 3 to both; B stops →
 //! C is prefilled alone: the cache (4 columns) is long enough, C goes to columns 0..4 of
-//! slot 1, and A keeps columns 0..4 of slot 0.
+//! slot 0, and A keeps columns 0..4 of slot 1.
 
 use anyhow::{bail, Result};
 
@@ -278,17 +278,19 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         }
     }
 
-    /// Prefill the next requests into the `free` slots, [`PREFILL_CHUNK`] prompts per forward.
-    /// `Ok(true)`: stop.
+    /// Prefill the next requests into the `free` slots, [`PREFILL_CHUNK`] prompts per forward,
+    /// shortest first (a forward pads its prompts to its longest). `Ok(true)`: stop.
     fn refill(
         &mut self,
         cache: &mut KvCache,
         slot: &mut [Option<Live>],
         free: &[usize],
     ) -> Stopped {
-        let Some(idx) = self.take(free.len())? else {
+        let Some(mut idx) = self.take(free.len())? else {
             return Ok(true);
         };
+        // prompts of similar lengths share a prefill forward: less left padding
+        idx.sort_by_key(|&i| self.requests[i].prompt_ids.len());
         let mut free = free.iter();
         for chunk in idx.chunks(PREFILL_CHUNK) {
             let (fresh, live) = self.prefill(chunk)?;
