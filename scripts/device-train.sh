@@ -179,10 +179,11 @@ plan() {
 import json, sys
 ms = [json.loads(l) for l in open(sys.argv[1])]
 # elapsed after step k = cumulative supervised tokens / cumulative rate; skip the warm-up steps
+# and the last one (it validates and writes the checkpoint: 2.2x the step time when counted)
 t = []; c = 0
 for m in ms:
     c += m["supervised_tokens"]; t.append(c / m["tokens_per_sec"])
-per = (t[-1] - t[2]) / (len(t) - 3)
+per = (t[-2] - t[2]) / (len(t) - 4)
 print(max(10, int(float(sys.argv[2]) / per)))
 print(f"probe: {per:.3f} s/step, {ms[-1]['tokens_per_sec']:.0f} supervised tok/s", file=sys.stderr)
 EOF

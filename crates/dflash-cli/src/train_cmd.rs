@@ -268,6 +268,14 @@ pub fn run_data(cmd: DataCommand) -> Result<()> {
         m.supervised_tokens(),
         m.shards.len()
     );
+    if m.loop_window > 0 {
+        let looped: usize = m.shards.iter().map(|s| s.ended_by_loop).sum();
+        eprintln!(
+            "{looped} of the {} responses ended at their first repeated {}-token window",
+            m.sequences(),
+            m.loop_window
+        );
+    }
     Ok(())
 }
 

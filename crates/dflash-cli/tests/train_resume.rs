@@ -110,15 +110,22 @@ fn killed_run_resumes_bit_for_bit() {
         std::fs::read_to_string(data.join("manifest.json")).unwrap(),
         manifest
     );
-    // --loop-window: recorded, and every response ends at its first repeated window at the latest
+    // --loop-window: recorded, every response ends at its first repeated window at the latest,
+    // and the manifest counts those that ended there
     let looped = d.join("looped");
+    let loop_prompts = d.join("loops.jsonl");
+    std::fs::write(
+        &loop_prompts,
+        "{\"prompt\": \"Repeat the word ha twenty times.\"}\n{\"prompt\": \"Count to three.\"}\n",
+    )
+    .unwrap();
     ok(bin().args([
         "data",
         "generate",
         "--target",
         "smollm2-135m",
         "--prompts",
-        prompts.to_str().unwrap(),
+        loop_prompts.to_str().unwrap(),
         "--out",
         looped.to_str().unwrap(),
         "--max-new-tokens",
@@ -126,22 +133,33 @@ fn killed_run_resumes_bit_for_bit() {
         "--batch-size",
         "2",
         "--loop-window",
-        "4",
+        "2",
     ]));
     let m: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(looped.join("manifest.json")).unwrap())
             .unwrap();
-    assert_eq!(m["loop_window"], 4);
+    assert_eq!(m["loop_window"], 2);
+    let (mut ends_in_repeat, mut recorded) = (0, 0);
     for shard in m["shards"].as_array().unwrap() {
         let text = std::fs::read_to_string(looped.join(shard["file"].as_str().unwrap())).unwrap();
+        recorded += shard["ended_by_loop"].as_u64().unwrap_or(0);
         for line in text.lines() {
             let r: serde_json::Value = serde_json::from_str(line).unwrap();
             let ids: Vec<u32> = serde_json::from_value(r["ids"].clone()).unwrap();
             let mask: Vec<u8> = serde_json::from_value(r["loss_mask"].clone()).unwrap();
             let resp = &ids[mask.iter().position(|&m| m == 1).unwrap()..];
-            assert_eq!(dflash_core::loops::keep_until_loop(resp, 4), resp.len());
+            assert_eq!(dflash_core::loops::keep_until_loop(resp, 2), resp.len());
+            // its last window repeats an earlier one: the response ended there
+            let n = resp.len();
+            ends_in_repeat +=
+                (n > 2 && resp.windows(2).take(n - 2).any(|w| w == &resp[n - 2..])) as u64;
         }
     }
+    assert_eq!(
+        recorded, ends_in_repeat,
+        "the manifest counts the loop-cut responses"
+    );
+    assert!(recorded > 0, "\"ha ha ha …\" repeats a 2-token window");
 
     let cfg = d.join("cfg.json");
     std::fs::write(

@@ -25,6 +25,7 @@ pub fn write_data(dir: &Path, target_dir: &Path, seqs: &[Sequence]) {
             sequences: seqs.len(),
             tokens: seqs.iter().map(|s| s.ids.len()).sum(),
             supervised_tokens: seqs.iter().map(|s| s.supervised()).sum(),
+            ended_by_loop: 0,
         }],
     };
     write_manifest(dir, &m).unwrap();

@@ -44,6 +44,9 @@ pub struct ShardInfo {
     pub sequences: usize,
     pub tokens: usize,
     pub supervised_tokens: usize,
+    /// Responses that ended at their first repeated window (`--loop-window`; absent: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ended_by_loop: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

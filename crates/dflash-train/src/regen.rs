@@ -131,9 +131,27 @@ pub fn regenerate_one(
     opts: &RegenOptions,
     seed: u64,
 ) -> Result<Sequence> {
+    regenerate_one_ended(lt, prompt, opts, seed).map(|f| f.seq)
+}
+
+/// A regenerated sequence and whether its response ended at its first repeated window.
+struct Regenerated {
+    seq: Sequence,
+    looped: bool,
+}
+
+fn regenerate_one_ended(
+    lt: &LoadedTarget,
+    prompt: &Prompt,
+    opts: &RegenOptions,
+    seed: u64,
+) -> Result<Regenerated> {
     let req = build_request(lt, prompt, opts, seed)?;
     let g = generate(&lt.target, None, Mode::Ar, &req, Default::default())?;
-    Ok(to_sequence(&req.prompt_ids, &g.new_tokens))
+    Ok(Regenerated {
+        seq: to_sequence(&req.prompt_ids, &g.new_tokens),
+        looped: g.stopped_by_loop,
+    })
 }
 
 /// Collects finished prompts (in any order) and writes shard k as soon as all of its prompts
@@ -145,13 +163,13 @@ struct ShardWriter<'a> {
     pps: usize,
     next_shard: usize,
     n_prompts: usize,
-    finished: BTreeMap<usize, Option<Sequence>>,
+    finished: BTreeMap<usize, Option<Regenerated>>,
     tokens_done: usize,
 }
 
 impl ShardWriter<'_> {
-    fn finish(&mut self, idx: usize, seq: Option<Sequence>) -> Result<()> {
-        self.tokens_done += seq.as_ref().map_or(0, |s| s.supervised());
+    fn finish(&mut self, idx: usize, seq: Option<Regenerated>) -> Result<()> {
+        self.tokens_done += seq.as_ref().map_or(0, |s| s.seq.supervised());
         self.finished.insert(idx, seq);
         loop {
             let lo = self.next_shard * self.pps;
@@ -159,9 +177,11 @@ impl ShardWriter<'_> {
             if lo >= hi || !(lo..hi).all(|i| self.finished.contains_key(&i)) {
                 return Ok(());
             }
-            let seqs: Vec<Sequence> = (lo..hi)
+            let done: Vec<Regenerated> = (lo..hi)
                 .filter_map(|i| self.finished.remove(&i).flatten())
                 .collect();
+            let ended_by_loop = done.iter().filter(|r| r.looped).count();
+            let seqs: Vec<Sequence> = done.into_iter().map(|r| r.seq).collect();
             let file = shard_name(self.next_shard);
             write_shard(&self.out.join(&file), &seqs)?;
             self.manifest.shards.push(ShardInfo {
@@ -169,6 +189,7 @@ impl ShardWriter<'_> {
                 sequences: seqs.len(),
                 tokens: seqs.iter().map(|s| s.ids.len()).sum(),
                 supervised_tokens: seqs.iter().map(|s| s.supervised()).sum(),
+                ended_by_loop,
             });
             write_manifest(self.out, self.manifest)?;
             self.next_shard += 1;
@@ -272,7 +293,7 @@ pub(crate) fn regenerate_indexed(
         finished: BTreeMap::new(),
         tokens_done: 0,
     };
-    let mut finish = |idx: usize, seq: Option<Sequence>| -> Result<Flow> {
+    let mut finish = |idx: usize, seq: Option<Regenerated>| -> Result<Flow> {
         writer.finish(idx, seq)?;
         pb.inc(
             1,
@@ -290,7 +311,7 @@ pub(crate) fn regenerate_indexed(
     let seed_of = |i: usize| opts.sampling.seed.wrapping_add(global(i) as u64);
     if opts.batch_size <= 1 || lt.target.is_hybrid() {
         for (i, p) in prompts.iter().enumerate().skip(first) {
-            let seq = regenerate_one(lt, p, opts, seed_of(i))
+            let seq = regenerate_one_ended(lt, p, opts, seed_of(i))
                 .map_err(|e| tracing::warn!("prompt {i} skipped: {e:#}"))
                 .ok();
             if finish(i, seq)? == Flow::Stop {
@@ -321,7 +342,10 @@ pub(crate) fn regenerate_indexed(
             generate_batched(&lt.target, &reqs, opts.batch_size, bopts, |j, r| {
                 let i = index_of[j];
                 let seq = r
-                    .map(|g| to_sequence(&reqs[j].prompt_ids, &g.new_tokens))
+                    .map(|g| Regenerated {
+                        seq: to_sequence(&reqs[j].prompt_ids, &g.new_tokens),
+                        looped: g.stopped_by_loop,
+                    })
                     .map_err(|e| tracing::warn!("prompt {i} skipped: {e:#}"))
                     .ok();
                 finish(i, seq)
