@@ -1,6 +1,6 @@
 //! The tiny Qwen3's fixed-shape forwards (the layouts a CUDA graph captures): `prepare` then
-//! `forward_prepared`, the fixed-capacity cache layout and `GraphedForward`, each against the
-//! plain forward (which `qwen3_tiny.rs` anchors to transformers).
+//! `forward_prepared`, the fixed-capacity cache layout, `GraphedForward` and `GraphedBatch`,
+//! each against the plain forward (which `qwen3_tiny.rs` anchors to transformers).
 
 use candle_core::Tensor;
 use dflash_core::visibility::causal;
@@ -194,4 +194,59 @@ fn graphed_forward_pads_short_forwards_to_one_shape() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("needs a 2x"), "{err}");
+}
+
+/// `GraphedBatch`'s steps: logits of the plain batched forward (two sequences, right-aligned),
+/// and a cache reallocated under it (its captured buffers gone) refused by name.
+#[test]
+fn graphed_batch_steps_like_the_plain_batched_forward() {
+    use dflash_core::visibility::right_aligned;
+    use dflash_model::cuda::graphed::GraphedBatch;
+    let t = tiny();
+    let prefill = |c: &mut dflash_model::KvCache| {
+        // sequence 0 holds 3 rows, sequence 1 holds 2 (left-padded)
+        t.forward_batch(
+            &[3, 4, 5, 3, 8, 9],
+            &[0, 1, 2, 0, 0, 1],
+            &[right_aligned(0, 0, 3, 3), right_aligned(0, 0, 2, 3)],
+            c,
+            &[],
+            &Rows::None,
+        )
+        .unwrap();
+    };
+    let (mut plain, mut fixed) = (
+        t.new_batched_cache(2, 8).unwrap(),
+        t.new_batched_cache(2, 8).unwrap(),
+    );
+    prefill(&mut plain);
+    prefill(&mut fixed);
+    let mut g = GraphedBatch::new(&mut fixed, 16).unwrap();
+    let (mut held, mut toks) = ([3usize, 2], [6u32, 7]);
+    for _ in 0..3 {
+        let n = plain.len();
+        let masks = [
+            right_aligned(held[0], n, 1, 1),
+            right_aligned(held[1], n, 1, 1),
+        ];
+        let want = t
+            .forward_batch(&toks, &held, &masks, &mut plain, &[], &Rows::All)
+            .unwrap()
+            .logits
+            .unwrap()
+            .squeeze(1)
+            .unwrap();
+        let got = g.step(&t, &toks, &held, &masks, &mut fixed).unwrap();
+        assert!(dflash_model::ops::compare::max_abs(&got, &want).unwrap() < 1e-5);
+        held = [held[0] + 1, held[1] + 1];
+        toks = [toks[0] + 1, toks[1] + 1];
+    }
+    fixed.grow_front(20).unwrap(); // past the 16 columns: new buffers
+    let n = fixed.len();
+    let masks = [
+        right_aligned(held[0], n, 1, 1),
+        right_aligned(held[1], n, 1, 1),
+    ];
+    let e = g.step(&t, &toks, &held, &masks, &mut fixed).unwrap_err();
+    assert!(e.to_string().contains("reallocated"), "{e}");
 }

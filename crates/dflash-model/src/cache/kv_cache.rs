@@ -109,6 +109,16 @@ impl KvCache {
         self.gdn.iter().any(|g| g.is_some())
     }
 
+    /// Rows the attention layers' K/V buffers hold (committed or not; 0 before the first
+    /// write). Example: a batched cache of 4 columns grown to 6 with `grow_front(2)` on
+    /// buffers of 64 rows keeps 64.
+    pub fn capacity(&self) -> Result<usize> {
+        match self.layers.iter().flatten().next() {
+            Some(s) => s.k.dim(2),
+            None => Ok(0),
+        }
+    }
+
     /// Rows committed to the cache (visible to the next forward as its first columns).
     pub fn len(&self) -> usize {
         self.len
@@ -501,5 +511,21 @@ mod tests {
             vec![vec![0., 0., 1., 11., 12.], vec![0., 0., 11., 12., 13.]]
         );
         assert!(c.copy_sequence(0, 4, &src, 1, 1, 2).is_err());
+    }
+
+    /// Front moves within the buffers keep them (a captured CUDA graph reads them); a grow past
+    /// them reallocates, keeping every sequence right-aligned.
+    #[test]
+    fn front_moves_stay_in_place_within_the_capacity() {
+        let mut c = filled(4);
+        assert_eq!(c.capacity().unwrap(), 64);
+        c.drop_front(1).unwrap();
+        c.grow_front(60).unwrap(); // 3 + 60 ≤ 64
+        assert_eq!((c.len(), c.capacity().unwrap()), (63, 64));
+        assert_eq!(&values(&c)[1][59..], &[0., 11., 12., 13.]);
+        c.grow_front(2).unwrap(); // 65 > 64
+        assert_eq!((c.len(), c.capacity().unwrap()), (65, 65));
+        assert_eq!(&values(&c)[1][61..], &[0., 11., 12., 13.]);
+        assert_eq!(KvCache::new(2).capacity().unwrap(), 0);
     }
 }

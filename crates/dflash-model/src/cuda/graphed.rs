@@ -249,6 +249,14 @@ impl GraphedBatch {
                 masks.len()
             );
         }
+        // the captured step reads and writes the buffers it was captured with
+        if cache.capacity()? != self.cap {
+            bail!(
+                "the batched cache holds {} columns, not the {} of its captured step: it was reallocated (grow it in place)",
+                cache.capacity()?,
+                self.cap
+            );
+        }
         let fresh = target.prepare(tokens, positions, masks, cache_len, Some(self.cap))?;
         let logits = |o: &TargetOutput| -> Result<candle_core::Tensor> {
             Ok(o.logits
