@@ -1,5 +1,6 @@
 """HF transformers beside `dflash-rs bench regen`: batched greedy decoding on a random-weight
-model of a shape (config.json), `--slots` prompts of `--prompt-tokens` tokens to exactly
+model of a shape (config.json), `--slots` prompts of `--prompt-tokens` tokens (or lengths spread
+over `--prompt-tokens-min ..= --prompt-tokens`, left-padded) to exactly
 `--new-tokens` new tokens each (no EOS), bf16 on CUDA. Two variants: eager with the dynamic
 cache, and the static cache (which transformers compiles with torch.compile; warmed up first).
 
@@ -20,6 +21,7 @@ def main():
     ap.add_argument("--shape", required=True)
     ap.add_argument("--slots", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--prompt-tokens-min", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=512)
     ap.add_argument("--variants", default="eager,static")
     ap.add_argument("--json")
@@ -32,10 +34,14 @@ def main():
     # the same prompt tokens as bench_tokens in dflash-rs: (17 + i * 7919) % vocab, prompt j
     # starting at offset j
     base = [(17 + i * 7919) % vocab for i in range(a.prompt_tokens + a.slots)]
-    ids = torch.tensor(
-        [base[j : j + a.prompt_tokens] for j in range(a.slots)], device="cuda"
-    )
-    mask = torch.ones_like(ids)
+    lo = a.prompt_tokens if a.prompt_tokens_min is None else a.prompt_tokens_min
+    lens = [lo + (7919 * j) % (a.prompt_tokens - lo + 1) for j in range(a.slots)]
+    # left-padded to the longest prompt, as generate() expects for a decoder
+    ids = torch.zeros((a.slots, a.prompt_tokens), dtype=torch.long, device="cuda")
+    mask = torch.zeros_like(ids)
+    for j, n in enumerate(lens):
+        ids[j, a.prompt_tokens - n :] = torch.tensor(base[j : j + n])
+        mask[j, a.prompt_tokens - n :] = 1
     rows = []
     for variant in a.variants.split(","):
         kw = dict(
@@ -62,6 +68,7 @@ def main():
             "slots": a.slots,
             "requests": a.slots,
             "prompt_tokens": a.prompt_tokens,
+            "prompt_tokens_min": lo,
             "new_tokens": a.new_tokens,
             "seconds": secs,
             "tok_s": tokens / secs,

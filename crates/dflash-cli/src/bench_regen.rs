@@ -25,8 +25,13 @@ pub struct BenchRegenArgs {
     /// Prompts in all (each a fresh sequence); default: as many as slots.
     #[arg(long)]
     pub requests: Option<usize>,
+    /// Prompt length (the longest, with `--prompt-tokens-min`).
     #[arg(long, default_value_t = 256)]
     pub prompt_tokens: usize,
+    /// Spread the prompt lengths over `MIN ..= --prompt-tokens` (prompt i: `MIN + 7919 i mod
+    /// (span + 1)`, the same in `bench/regen_reference.py`), as real prompts are.
+    #[arg(long)]
+    pub prompt_tokens_min: Option<usize>,
     /// Tokens generated per prompt (no stop token ends a sequence earlier).
     #[arg(long, default_value_t = 512)]
     pub new_tokens: usize,
@@ -54,12 +59,17 @@ pub fn run(a: BenchRegenArgs) -> Result<()> {
             cfg.max_position_embeddings
         );
     }
+    let min = a.prompt_tokens_min.unwrap_or(a.prompt_tokens);
+    if min == 0 || min > a.prompt_tokens {
+        anyhow::bail!("--prompt-tokens-min must be in 1..=--prompt-tokens");
+    }
     let (target, _) = random_target(&a.model.shape, &cfg, dtype, &dev, 1, 16)?;
     let vocab = target.vocab_size();
     let base = bench_tokens(a.prompt_tokens + requests, vocab);
+    let len = |i: usize| min + (7919 * i) % (a.prompt_tokens - min + 1);
     let reqs: Vec<Request> = (0..requests)
         .map(|i| Request {
-            prompt_ids: base[i..i + a.prompt_tokens].to_vec(),
+            prompt_ids: base[i..i + len(i)].to_vec(),
             max_new_tokens: a.new_tokens,
             sampling: SamplingParams::default(), // greedy
             stop_ids: vec![],
@@ -90,11 +100,14 @@ pub fn run(a: BenchRegenArgs) -> Result<()> {
         "| shape | slots | requests | prompt | new | seconds | tokens/s | ms per step (incl. prefill) |"
     );
     println!("|---|---|---|---|---|---|---|---|");
+    let prompt = match a.prompt_tokens_min {
+        Some(m) if m < a.prompt_tokens => format!("{m}–{}", a.prompt_tokens),
+        _ => a.prompt_tokens.to_string(),
+    };
     println!(
-        "| {} | {} | {requests} | {} | {} | {secs:.2} | {tok_s:.0} | {:.2} |",
+        "| {} | {} | {requests} | {prompt} | {} | {secs:.2} | {tok_s:.0} | {:.2} |",
         a.model.shape,
         a.slots,
-        a.prompt_tokens,
         a.new_tokens,
         1e3 * secs / steps as f64
     );
@@ -106,6 +119,7 @@ pub fn run(a: BenchRegenArgs) -> Result<()> {
             "slots": a.slots,
             "requests": requests,
             "prompt_tokens": a.prompt_tokens,
+            "prompt_tokens_min": min,
             "new_tokens": a.new_tokens,
             "seconds": secs,
             "tok_s": tok_s,
