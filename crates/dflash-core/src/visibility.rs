@@ -196,6 +196,43 @@ pub fn right_aligned(held: usize, cache_len: usize, fresh: usize, new_len: usize
     v
 }
 
+/// The rows of [`right_aligned`] as their key intervals, without the dense matrix (the
+/// batched engine's prefills and steps): `None` when a row sees two runs (a sequence with cache
+/// rows, padding rows and new rows: `held > 0` and `0 < fresh < new_len`).
+/// Examples: held 2, cache 5, fresh 1 of 1 → `[3..6]`; held 0, cache 0, fresh 2 of 4 →
+/// `[0..1, 1..2, 2..3, 2..4]`.
+pub fn right_aligned_rows(
+    held: usize,
+    cache_len: usize,
+    fresh: usize,
+    new_len: usize,
+) -> Option<Vec<Range<usize>>> {
+    assert!(
+        held <= cache_len && fresh <= new_len,
+        "right_aligned_rows: held {held} of {cache_len}, fresh {fresh} of {new_len}"
+    );
+    let first_new = new_len - fresh;
+    if held > 0 && first_new > 0 && fresh > 0 {
+        return None;
+    }
+    let start = if held > 0 {
+        cache_len - held
+    } else {
+        cache_len + first_new
+    };
+    Some(
+        (0..new_len)
+            .map(|r| {
+                if r < first_new {
+                    cache_len + r..cache_len + r + 1
+                } else {
+                    start..cache_len + r + 1
+                }
+            })
+            .collect(),
+    )
+}
+
 /// A key as a drafter query sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DraftKey {
@@ -632,5 +669,33 @@ mod tests {
         assert_eq!(row3, vec![0, 1, 2, 3, 5]);
         assert!(causal(3, 2).is_causal());
         assert!(!v.is_causal());
+    }
+
+    /// `right_aligned_rows` is `right_aligned` read row by row: the same interval for every row,
+    /// and `None` exactly where a row of the dense rule is not one interval.
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)] // one row, one interval
+    fn right_aligned_rows_are_the_dense_rules_intervals() {
+        assert_eq!(right_aligned_rows(2, 5, 1, 1), Some(vec![3..6]));
+        assert_eq!(
+            right_aligned_rows(0, 0, 2, 4),
+            Some(vec![0..1, 1..2, 2..3, 2..4])
+        );
+        for cache in 0..5 {
+            for held in 0..=cache {
+                for new in 1..5 {
+                    for fresh in 0..=new {
+                        let dense = right_aligned(held, cache, fresh, new);
+                        let rows: Option<Vec<_>> =
+                            (0..new).map(|r| dense.row_interval(r)).collect();
+                        assert_eq!(
+                            right_aligned_rows(held, cache, fresh, new),
+                            rows,
+                            "held {held}, cache {cache}, fresh {fresh} of {new}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

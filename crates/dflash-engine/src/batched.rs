@@ -3,8 +3,8 @@
 //! drafter is involved).
 //!
 //! Every slot holds one sequence, right-aligned: its rows are the last columns of its cache
-//! row, and each forward shows it only those ([`dflash_core::visibility::right_aligned`]), at
-//! its own positions. Each sequence therefore computes exactly what [`crate::generate`] in
+//! row, and each forward shows it only those ([`dflash_core::visibility::right_aligned`], given
+//! to the forward as each row's key interval: `right_aligned_rows`), at its own positions. Each sequence therefore computes exactly what [`crate::generate`] in
 //! [`crate::Mode::Ar`] computes for it alone (up to float summation order) and samples with its
 //! own seeded [`Sampler`], so at T = 0 the tokens are the same.
 //!
@@ -24,12 +24,26 @@ use anyhow::{bail, Result};
 
 use dflash_core::loops::LoopDetector;
 use dflash_core::sampling::Sampler;
-use dflash_core::visibility::right_aligned;
+use dflash_core::visibility::right_aligned_rows;
 use dflash_model::cuda::graphed::GraphedBatch;
 use dflash_model::{KvCache, Rows, Target};
 
 use crate::decode::check_request;
 use crate::Request;
+
+/// The key interval of each row of a right-aligned sequence
+/// ([`dflash_core::visibility::right_aligned_rows`]; the engine's prefills and steps are
+/// always intervals).
+fn intervals(
+    held: usize,
+    cache_len: usize,
+    fresh: usize,
+    new_len: usize,
+) -> Result<Vec<std::ops::Range<usize>>> {
+    right_aligned_rows(held, cache_len, fresh, new_len).ok_or_else(|| {
+        anyhow::anyhow!("a right-aligned row of the batched engine is not one interval")
+    })
+}
 
 /// What the caller wants after a request finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,18 +206,23 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
             .map(|&i| self.requests[i].prompt_ids.len())
             .max()
             .unwrap_or(0);
-        let (mut tokens, mut positions, mut masks) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut tokens, mut positions, mut rows) = (Vec::new(), Vec::new(), Vec::new());
         for &i in idx {
             let ids = &self.requests[i].prompt_ids;
             let pad = p - ids.len();
             tokens.extend(std::iter::repeat_n(ids[0], pad).chain(ids.iter().copied()));
             positions.extend(std::iter::repeat_n(0, pad).chain(0..ids.len()));
-            masks.push(right_aligned(0, 0, ids.len(), p));
+            rows.push(intervals(0, 0, ids.len(), p)?);
         }
         let mut cache = self.target.new_cache();
-        let out =
-            self.target
-                .forward_batch(&tokens, &positions, &masks, &mut cache, &[], &Rows::Last)?;
+        let out = self.target.forward_batch_intervals(
+            &tokens,
+            &positions,
+            &rows,
+            &mut cache,
+            &[],
+            &Rows::Last,
+        )?;
         let logits = out.logits.unwrap().squeeze(1)?.to_vec2::<f32>()?;
         let live = idx
             .iter()
@@ -326,22 +345,22 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         }
         let t = cache.len();
         let phase = tracing::info_span!(target: "phase", "step mask").entered();
-        let (mut tokens, mut positions, mut masks) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut tokens, mut positions, mut rows) = (Vec::new(), Vec::new(), Vec::new());
         for s in slot.iter() {
             let (tok, held) = s.as_ref().map_or((0, 0), |l| (l.next, l.held));
             tokens.push(tok);
             positions.push(held);
-            masks.push(right_aligned(held, t, 1, 1));
+            rows.push(intervals(held, t, 1, 1)?);
         }
         drop(phase);
         let phase = tracing::info_span!(target: "phase", "step forward").entered();
         let logits = match &mut self.graph {
-            Some(g) => g.step(self.target, &tokens, &positions, &masks, cache)?,
+            Some(g) => g.step(self.target, &tokens, &positions, &rows, cache)?,
             None => {
-                let out = self.target.forward_batch(
+                let out = self.target.forward_batch_intervals(
                     &tokens,
                     &positions,
-                    &masks,
+                    &rows,
                     cache,
                     &[],
                     &Rows::Last,

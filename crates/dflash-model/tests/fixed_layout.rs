@@ -197,10 +197,11 @@ fn graphed_forward_pads_short_forwards_to_one_shape() {
 }
 
 /// `GraphedBatch`'s steps: logits of the plain batched forward (two sequences, right-aligned),
-/// and a cache reallocated under it (its captured buffers gone) refused by name.
+/// and a cache reallocated under it (its captured buffers gone) refused by name; a prefill
+/// from key intervals equals the one from dense masks bit for bit.
 #[test]
 fn graphed_batch_steps_like_the_plain_batched_forward() {
-    use dflash_core::visibility::right_aligned;
+    use dflash_core::visibility::{right_aligned, right_aligned_rows};
     use dflash_model::cuda::graphed::GraphedBatch;
     let t = tiny();
     let prefill = |c: &mut dflash_model::KvCache| {
@@ -221,8 +222,45 @@ fn graphed_batch_steps_like_the_plain_batched_forward() {
     );
     prefill(&mut plain);
     prefill(&mut fixed);
+    // the same prefill from key intervals gives the same logits and cache, bit for bit
+    let mut third = t.new_batched_cache(2, 8).unwrap();
+    let dense = t
+        .forward_batch(
+            &[3, 4, 5, 3, 8, 9],
+            &[0, 1, 2, 0, 0, 1],
+            &[right_aligned(0, 0, 3, 3), right_aligned(0, 0, 2, 3)],
+            &mut t.new_batched_cache(2, 8).unwrap(),
+            &[],
+            &Rows::All,
+        )
+        .unwrap();
+    let iv: Vec<_> = [3, 2]
+        .iter()
+        .map(|&f| right_aligned_rows(0, 0, f, 3).unwrap())
+        .collect();
+    let sparse = t
+        .forward_batch_intervals(
+            &[3, 4, 5, 3, 8, 9],
+            &[0, 1, 2, 0, 0, 1],
+            &iv,
+            &mut third,
+            &[],
+            &Rows::All,
+        )
+        .unwrap();
+    let (a, b) = (dense.logits.unwrap(), sparse.logits.unwrap());
+    assert_eq!(dflash_model::ops::compare::max_abs(&a, &b).unwrap(), 0.0);
+    let (kp, _) = plain.layer(0).unwrap().unwrap();
+    let (k3, _) = third.layer(0).unwrap().unwrap();
+    assert_eq!(dflash_model::ops::compare::max_abs(&kp, &k3).unwrap(), 0.0);
     let mut g = GraphedBatch::new(&mut fixed, 16).unwrap();
     let (mut held, mut toks) = ([3usize, 2], [6u32, 7]);
+    // the step's key intervals, from the rule the dense masks come from
+    let rows = |held: [usize; 2], n: usize| -> Vec<Vec<std::ops::Range<usize>>> {
+        held.iter()
+            .map(|&h| right_aligned_rows(h, n, 1, 1).unwrap())
+            .collect()
+    };
     for _ in 0..3 {
         let n = plain.len();
         let masks = [
@@ -236,17 +274,39 @@ fn graphed_batch_steps_like_the_plain_batched_forward() {
             .unwrap()
             .squeeze(1)
             .unwrap();
-        let got = g.step(&t, &toks, &held, &masks, &mut fixed).unwrap();
+        let got = g
+            .step(&t, &toks, &held, &rows(held, n), &mut fixed)
+            .unwrap();
         assert!(dflash_model::ops::compare::max_abs(&got, &want).unwrap() < 1e-5);
         held = [held[0] + 1, held[1] + 1];
         toks = [toks[0] + 1, toks[1] + 1];
     }
     fixed.grow_front(20).unwrap(); // past the 16 columns: new buffers
     let n = fixed.len();
-    let masks = [
-        right_aligned(held[0], n, 1, 1),
-        right_aligned(held[1], n, 1, 1),
-    ];
-    let e = g.step(&t, &toks, &held, &masks, &mut fixed).unwrap_err();
+    let e = g
+        .step(&t, &toks, &held, &rows(held, n), &mut fixed)
+        .unwrap_err();
     assert!(e.to_string().contains("reallocated"), "{e}");
+}
+
+/// Key intervals that do not fit the forward are refused by name: another number of rows per
+/// sequence, an interval past the columns.
+#[test]
+#[allow(clippy::single_range_in_vec_init)] // one row, one interval
+fn key_interval_forwards_check_their_rows() {
+    let t = tiny();
+    let e = t
+        .prepare_intervals(&[3, 4], &[0, 1], &[vec![0..1]], 0, None)
+        .err()
+        .expect("refused");
+    assert!(
+        e.to_string()
+            .contains("1 key intervals for a sequence of 2"),
+        "{e}"
+    );
+    let e = t
+        .prepare_intervals(&[3, 4], &[0, 1], &[vec![0..1, 0..3]], 0, None)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("does not lie in 2 columns"), "{e}");
 }

@@ -241,3 +241,15 @@ fn tree_verify_equals_per_path_forwards_and_compacts() {
     let bad: Vec<usize> = (0..p).chain([p, p + 1, p + 3]).collect();
     assert!(c.keep_rows(&bad).is_err());
 }
+
+/// A forward from key intervals carries no parents for the linear-attention layers: refused by
+/// name for a hybrid target.
+#[test]
+fn key_interval_forwards_refuse_a_hybrid_target() {
+    let t = hybrid(64);
+    let e = t
+        .prepare_intervals(&[3, 4], &[0, 1], &[vec![0..1, 0..2]], 0, None)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("attention-only target"), "{e}");
+}

@@ -230,23 +230,24 @@ impl GraphedBatch {
         self.cap
     }
 
-    /// [`Target::forward_batch`] of one row per sequence (`masks[s]`: `[1, cache + 1]`, one
-    /// interval) → logits `[b, vocab]`, the graph's output buffer: read it before the next
-    /// call. On the CPU the fixed-layout step runs eagerly on the same buffers.
+    /// [`Target::forward_batch_intervals`] of one row per sequence (`rows[s]`: sequence `s`'s
+    /// one key interval over `[cache | new]`) → logits `[b, vocab]`, the graph's output buffer:
+    /// read it before the next call. On the CPU the fixed-layout step runs eagerly on the same
+    /// buffers.
     pub fn step(
         &mut self,
         target: &Target,
         tokens: &[u32],
         positions: &[usize],
-        masks: &[Visibility],
+        rows: &[Vec<std::ops::Range<usize>>],
         cache: &mut KvCache,
     ) -> Result<candle_core::Tensor> {
         let cache_len = cache.len();
-        if tokens.len() != masks.len() {
+        if tokens.len() != rows.len() {
             bail!(
-                "a batched step has one token per sequence ({} tokens, {} sequences)",
+                "a batched step has one token per sequence ({} tokens, {} key intervals)",
                 tokens.len(),
-                masks.len()
+                rows.len()
             );
         }
         // the captured step reads and writes the buffers it was captured with
@@ -257,7 +258,7 @@ impl GraphedBatch {
                 self.cap
             );
         }
-        let fresh = target.prepare(tokens, positions, masks, cache_len, Some(self.cap))?;
+        let fresh = target.prepare_intervals(tokens, positions, rows, cache_len, Some(self.cap))?;
         let logits = |o: &TargetOutput| -> Result<candle_core::Tensor> {
             Ok(o.logits
                 .as_ref()

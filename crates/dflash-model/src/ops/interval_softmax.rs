@@ -71,6 +71,28 @@ impl RowIntervals {
         Self::new(host, masks.len(), n, cols, device).map(Some)
     }
 
+    /// The intervals of `b` sequences × `n` rows given directly (`rows[s · n + r]`, e.g. from
+    /// [`dflash_core::visibility::right_aligned_rows`]), over `cols` key columns.
+    pub fn from_rows(
+        rows: &[Range<usize>],
+        b: usize,
+        n: usize,
+        cols: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        if rows.len() != b * n {
+            candle_core::bail!("{} key intervals for {b} sequences of {n} rows", rows.len());
+        }
+        if let Some(r) = rows.iter().find(|r| r.start > r.end || r.end > cols) {
+            candle_core::bail!("key interval {r:?} does not lie in {cols} columns");
+        }
+        let host = rows
+            .iter()
+            .flat_map(|r| [r.start as u32, r.end as u32])
+            .collect();
+        Self::new(host, b, n, cols, device)
+    }
+
     fn new(host: Vec<u32>, b: usize, n: usize, cols: usize, device: &Device) -> Result<Self> {
         Ok(Self {
             table: KernelTable::new(host, device)?,
@@ -340,5 +362,25 @@ mod tests {
         .reshape((b, hkv, g * n, t))
         .unwrap();
         assert!(crate::ops::compare::max_abs(&got, &want).unwrap() < 1e-6);
+    }
+
+    /// Intervals given directly: the same table as from the visibilities, and a wrong count or
+    /// an interval past the columns refused by name.
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)] // one row, one interval
+    fn intervals_from_rows_equal_those_from_visibilities_and_check_their_bounds() {
+        let masks = [right_aligned(2, 5, 1, 1), right_aligned(4, 5, 1, 1)];
+        let a = RowIntervals::from_visibilities(&masks, &Device::Cpu)
+            .unwrap()
+            .unwrap();
+        let b = RowIntervals::from_rows(&[3..6, 1..6], 2, 1, 6, &Device::Cpu).unwrap();
+        assert_eq!(a.table.host, b.table.host);
+        let e = RowIntervals::from_rows(&[3..6], 2, 1, 6, &Device::Cpu).unwrap_err();
+        assert!(
+            e.to_string().contains("1 key intervals for 2 sequences"),
+            "{e}"
+        );
+        let e = RowIntervals::from_rows(&[3..7, 1..6], 2, 1, 6, &Device::Cpu).unwrap_err();
+        assert!(e.to_string().contains("does not lie in 6 columns"), "{e}");
     }
 }

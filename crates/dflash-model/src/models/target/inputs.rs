@@ -2,6 +2,8 @@
 //! rule (one key interval per row, an additive mask, or each row's key runs) and, for hybrid
 //! targets, each new row's parent, copied to the device once.
 
+use std::ops::Range;
+
 use anyhow::{bail, Context, Result};
 use candle_core::Tensor;
 use dflash_core::visibility::Visibility;
@@ -193,22 +195,7 @@ impl Target {
         if b > 1 && self.is_hybrid() {
             bail!("a batch of {b} sequences needs an attention-only target: the linear-attention layers of this hybrid target keep one sequence's state");
         }
-        let max_pos = positions.iter().copied().max().unwrap_or(0);
-        if max_pos >= self.config.max_position_embeddings {
-            bail!(
-                "position {max_pos} exceeds the context length ({})",
-                self.config.max_position_embeddings
-            );
-        }
-        self.check_tokens(tokens)?;
-        let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
-        let mut rope = self.rope.tables(positions, self.dtype, &self.device)?;
-        if b > 1 {
-            // [b·n, half] → [b, n, half]: each sequence's rows at their own positions
-            let half = rope.cos.dim(1)?;
-            rope.cos = rope.cos.reshape((b, n, half))?;
-            rope.sin = rope.sin.reshape((b, n, half))?;
-        }
+        let (ids, rope, layout) = self.prepare_rows(tokens, positions, b, n, cache_len, cap)?;
         let gdn = match self.gdn_kernel() {
             Some(k) => Some(GdnRowsInput::new(
                 &parents_from_mask(&masks[0], cache_len),
@@ -243,13 +230,6 @@ impl Target {
             }
             _ => None,
         };
-        let layout = match cap {
-            None => CacheLayout::Append,
-            Some(cap) => CacheLayout::Fixed {
-                index: self.fixed_index(b, n, cache_len)?,
-                cap,
-            },
-        };
         Ok(ForwardInputs {
             ids,
             rope,
@@ -261,6 +241,96 @@ impl Target {
             cache_len,
             layout,
         })
+    }
+
+    /// [`Target::prepare`] from each row's key interval instead of dense visibility matrices
+    /// (`rows[s][r]`: sequence `s`, row `r`, over `[cache | new]`, or the `cap` columns of the
+    /// fixed layout), for attention-only targets: the batched engine's prefills and steps, whose
+    /// dense masks would cost the host `b · n · (cache + n)` cells. Example: two sequences of one
+    /// AR step on a 40-column batched cache holding 12 and 30 rows → `[[28..41], [10..41]]`.
+    pub fn prepare_intervals(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        rows: &[Vec<Range<usize>>],
+        cache_len: usize,
+        cap: Option<usize>,
+    ) -> Result<ForwardInputs> {
+        let b = rows.len();
+        if self.is_hybrid() {
+            bail!("a forward from key intervals needs an attention-only target: the linear-attention layers read each row's parent from the visibility");
+        }
+        if b == 0
+            || tokens.is_empty()
+            || !tokens.len().is_multiple_of(b)
+            || positions.len() != tokens.len()
+        {
+            bail!(
+                "forward needs one position per token and the same number of tokens per sequence (got {} tokens, {} positions, {b} sequences)",
+                tokens.len(),
+                positions.len()
+            );
+        }
+        let n = tokens.len() / b;
+        if let Some(cap) = cap {
+            if cache_len + n > cap {
+                bail!("a fixed-shape forward of {n} rows on a {cache_len}-row cache needs more than its capacity of {cap} rows");
+            }
+        }
+        if let Some(r) = rows.iter().find(|r| r.len() != n) {
+            bail!("{} key intervals for a sequence of {n} new rows", r.len());
+        }
+        let cols = cap.unwrap_or(cache_len + n);
+        let iv = RowIntervals::from_rows(&rows.concat(), b, n, cols, &self.device)?;
+        let (ids, rope, layout) = self.prepare_rows(tokens, positions, b, n, cache_len, cap)?;
+        Ok(ForwardInputs {
+            ids,
+            rope,
+            mask: AttnMask::Intervals(iv),
+            runs: None,
+            gdn: None,
+            b,
+            n,
+            cache_len,
+            layout,
+        })
+    }
+
+    /// What both kinds of inputs share: the token ids, each row's RoPE rows (`[b, n, half]`
+    /// for several sequences) and where the new K/V go.
+    fn prepare_rows(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        b: usize,
+        n: usize,
+        cache_len: usize,
+        cap: Option<usize>,
+    ) -> Result<(Tensor, RopeTables, CacheLayout)> {
+        let max_pos = positions.iter().copied().max().unwrap_or(0);
+        if max_pos >= self.config.max_position_embeddings {
+            bail!(
+                "position {max_pos} exceeds the context length ({})",
+                self.config.max_position_embeddings
+            );
+        }
+        self.check_tokens(tokens)?;
+        let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
+        let mut rope = self.rope.tables(positions, self.dtype, &self.device)?;
+        if b > 1 {
+            // [b·n, half] → [b, n, half]: each sequence's rows at their own positions
+            let half = rope.cos.dim(1)?;
+            rope.cos = rope.cos.reshape((b, n, half))?;
+            rope.sin = rope.sin.reshape((b, n, half))?;
+        }
+        let layout = match cap {
+            None => CacheLayout::Append,
+            Some(cap) => CacheLayout::Fixed {
+                index: self.fixed_index(b, n, cache_len)?,
+                cap,
+            },
+        };
+        Ok((ids, rope, layout))
     }
 
     /// The conv kernel size of the linear-attention layers (`None` for an attention-only

@@ -520,6 +520,22 @@ impl Target {
         self.forward_prepared(&inputs, cache, taps, rows)
     }
 
+    /// [`Target::forward_batch`] with each row's key interval instead of the dense masks
+    /// (`rows[s][r]`, [`Target::prepare_intervals`]; attention-only targets). Example: the
+    /// same 2 sequences: `rows = [[2..10], [6..10]]`.
+    pub fn forward_batch_intervals(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        rows: &[Vec<std::ops::Range<usize>>],
+        cache: &mut KvCache,
+        taps: &[usize],
+        out_rows: &Rows,
+    ) -> Result<TargetOutput> {
+        let inputs = self.prepare_intervals(tokens, positions, rows, cache.len(), None)?;
+        self.forward_prepared(&inputs, cache, taps, out_rows)
+    }
+
     /// Concatenate taps along the hidden axis: the drafter's context feature input `[n, L*h]`.
     pub fn concat_taps(taps: &[Tensor]) -> Result<Tensor> {
         Ok(Tensor::cat(taps, D::Minus1)?)
