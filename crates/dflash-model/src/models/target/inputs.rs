@@ -156,28 +156,10 @@ impl Target {
         cache_len: usize,
         cap: Option<usize>,
     ) -> Result<ForwardInputs> {
-        if let Some(cap) = cap {
-            let per_seq = tokens.len() / masks.len().max(1);
-            if cache_len + per_seq > cap {
-                bail!(
-                    "a fixed-shape forward of {per_seq} rows on a {cache_len}-row cache needs more than its capacity of {cap} rows"
-                );
-            }
-        }
         let mask_cols = cap;
         let b = masks.len();
-        if b == 0
-            || tokens.is_empty()
-            || !tokens.len().is_multiple_of(b)
-            || positions.len() != tokens.len()
-        {
-            bail!(
-                "forward needs one position per token and the same number of tokens per sequence (got {} tokens, {} positions, {b} sequences)",
-                tokens.len(),
-                positions.len()
-            );
-        }
-        let n = tokens.len() / b;
+        let n = rows_per_sequence(tokens, positions, b)?;
+        check_capacity(n, cache_len, cap)?;
         if let Some(mask) = masks
             .iter()
             .find(|m| m.rows != n || m.cols != cache_len + n)
@@ -260,23 +242,8 @@ impl Target {
         if self.is_hybrid() {
             bail!("a forward from key intervals needs an attention-only target: the linear-attention layers read each row's parent from the visibility");
         }
-        if b == 0
-            || tokens.is_empty()
-            || !tokens.len().is_multiple_of(b)
-            || positions.len() != tokens.len()
-        {
-            bail!(
-                "forward needs one position per token and the same number of tokens per sequence (got {} tokens, {} positions, {b} sequences)",
-                tokens.len(),
-                positions.len()
-            );
-        }
-        let n = tokens.len() / b;
-        if let Some(cap) = cap {
-            if cache_len + n > cap {
-                bail!("a fixed-shape forward of {n} rows on a {cache_len}-row cache needs more than its capacity of {cap} rows");
-            }
-        }
+        let n = rows_per_sequence(tokens, positions, b)?;
+        check_capacity(n, cache_len, cap)?;
         if let Some(r) = rows.iter().find(|r| r.len() != n) {
             bail!("{} key intervals for a sequence of {n} new rows", r.len());
         }
@@ -357,5 +324,32 @@ impl Target {
             .flat_map(|_| (0..n).flat_map(move |j| std::iter::repeat_n((cache_len + j) as u32, d)))
             .collect();
         Ok(Tensor::from_vec(index, (b, hkv, n, d), &self.device)?)
+    }
+}
+
+/// The new rows per sequence of a forward of `tokens` (`b` sequences, sequence-major), checked:
+/// one position per token, the same count per sequence. Example: 6 tokens, 2 sequences → 3.
+fn rows_per_sequence(tokens: &[u32], positions: &[usize], b: usize) -> Result<usize> {
+    if b == 0
+        || tokens.is_empty()
+        || !tokens.len().is_multiple_of(b)
+        || positions.len() != tokens.len()
+    {
+        bail!(
+            "forward needs one position per token and the same number of tokens per sequence (got {} tokens, {} positions, {b} sequences)",
+            tokens.len(),
+            positions.len()
+        );
+    }
+    Ok(tokens.len() / b)
+}
+
+/// A fixed-layout forward's `n` rows after `cache_len` fit its capacity.
+fn check_capacity(n: usize, cache_len: usize, cap: Option<usize>) -> Result<()> {
+    match cap {
+        Some(cap) if cache_len + n > cap => bail!(
+            "a fixed-shape forward of {n} rows on a {cache_len}-row cache needs more than its capacity of {cap} rows"
+        ),
+        _ => Ok(()),
     }
 }
