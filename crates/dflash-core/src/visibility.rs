@@ -175,25 +175,43 @@ pub fn packed(cache_owner: &[usize], new_owner: &[usize]) -> Visibility {
 /// Prefill of a 2-token prompt padded to 4: held 0, cache 0, fresh 2 of 4 → rows 0 and 1 see
 /// only themselves, row 2 sees col 2, row 3 sees cols 2, 3.
 pub fn right_aligned(held: usize, cache_len: usize, fresh: usize, new_len: usize) -> Visibility {
+    let mut v = Visibility::new(new_len, cache_len + new_len);
+    for (r, runs) in right_aligned_runs(held, cache_len, fresh, new_len)
+        .into_iter()
+        .enumerate()
+    {
+        for c in runs.into_iter().flatten() {
+            v.set(r, c, true);
+        }
+    }
+    v
+}
+
+/// The rule of [`right_aligned`], written once: each row's visible columns as two runs, its
+/// sequence's cache rows and its new rows (a padding row: itself, and an empty cache run).
+fn right_aligned_runs(
+    held: usize,
+    cache_len: usize,
+    fresh: usize,
+    new_len: usize,
+) -> Vec<[Range<usize>; 2]> {
     assert!(
         held <= cache_len && fresh <= new_len,
         "right_aligned: held {held} of {cache_len}, fresh {fresh} of {new_len}"
     );
-    let mut v = Visibility::new(new_len, cache_len + new_len);
     let first_new = new_len - fresh;
-    for r in 0..new_len {
-        if r < first_new {
-            v.set(r, cache_len + r, true);
-            continue;
-        }
-        for c in cache_len - held..cache_len {
-            v.set(r, c, true);
-        }
-        for j in first_new..=r {
-            v.set(r, cache_len + j, true);
-        }
-    }
-    v
+    (0..new_len)
+        .map(|r| {
+            if r < first_new {
+                [cache_len..cache_len, cache_len + r..cache_len + r + 1]
+            } else {
+                [
+                    cache_len - held..cache_len,
+                    cache_len + first_new..cache_len + r + 1,
+                ]
+            }
+        })
+        .collect()
 }
 
 /// The rows of [`right_aligned`] as their key intervals, without the dense matrix (the
@@ -207,30 +225,14 @@ pub fn right_aligned_rows(
     fresh: usize,
     new_len: usize,
 ) -> Option<Vec<Range<usize>>> {
-    assert!(
-        held <= cache_len && fresh <= new_len,
-        "right_aligned_rows: held {held} of {cache_len}, fresh {fresh} of {new_len}"
-    );
-    let first_new = new_len - fresh;
-    if held > 0 && first_new > 0 && fresh > 0 {
-        return None;
-    }
-    let start = if held > 0 {
-        cache_len - held
-    } else {
-        cache_len + first_new
-    };
-    Some(
-        (0..new_len)
-            .map(|r| {
-                if r < first_new {
-                    cache_len + r..cache_len + r + 1
-                } else {
-                    start..cache_len + r + 1
-                }
-            })
-            .collect(),
-    )
+    right_aligned_runs(held, cache_len, fresh, new_len)
+        .into_iter()
+        .map(|[c, n]| match (c.is_empty(), c.end == n.start) {
+            (true, _) => Some(n),
+            (false, true) => Some(c.start..n.end),
+            (false, false) => None,
+        })
+        .collect()
 }
 
 /// A key as a drafter query sees it.

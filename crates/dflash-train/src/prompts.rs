@@ -260,6 +260,17 @@ pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
 mod tests {
     use super::*;
 
+    /// `text` written to `name` (a relative path) in a per-process directory `dir` under the
+    /// temp dir. Example: `temp_file("ev", "gsm8k/test.jsonl", …)` → `/tmp/ev-<pid>/gsm8k/test.jsonl`.
+    fn temp_file(dir: &str, name: &str, text: &str) -> std::path::PathBuf {
+        let p = std::env::temp_dir()
+            .join(format!("{dir}-{}", std::process::id()))
+            .join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
     #[test]
     fn extend_keeps_the_old_order_and_adds_only_new_prompts() {
         let p = |t: &str| user(t.to_string());
@@ -286,16 +297,13 @@ mod tests {
 
     #[test]
     fn truncated_sharegpt_keeps_complete_records() {
-        let d = std::env::temp_dir().join(format!("sg-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        let p = d.join("sg.json");
-        std::fs::write(
-            &p,
+        let p = temp_file(
+            "sg",
+            "sg.json",
             r#"[{"id":"a","conversations":[{"from":"human","value":"hi there"},{"from":"gpt","value":"x"}]},
 {"id":"b","conversations":[{"from":"gpt","value":"no human"}]},
 {"id":"c","conversations":[{"from":"human","value":"second"}]}, {"id":"d","conversations":[{"from":"human","value":"cut of"#,
-        )
-        .unwrap();
+        );
         let v = sharegpt(&p, Turns::First).unwrap();
         assert_eq!(v.len(), 2);
         assert_eq!(v[1].messages[0].content, "second");
@@ -305,16 +313,13 @@ mod tests {
     /// turn skipped but kept as context, and a record cut at an unknown speaker.
     #[test]
     fn sharegpt_turns_carry_the_conversation_so_far() {
-        let d = std::env::temp_dir().join(format!("sgt-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        let p = d.join("sg.json");
-        std::fs::write(
-            &p,
+        let p = temp_file(
+            "sgt",
+            "sg.json",
             r#"[{"id":"a","conversations":[{"from":"human","value":"a"},{"from":"gpt","value":"b"},{"from":"human","value":"c"},{"from":"gpt","value":"d"}]},
 {"id":"b","conversations":[{"from":"gpt","value":"no human first"},{"from":"human","value":"x"}]},
 {"id":"c","conversations":[{"from":"human","value":" "},{"from":"gpt","value":"e"},{"from":"human","value":"f"},{"from":"bing","value":"?"},{"from":"human","value":"g"}]}]"#,
-        )
-        .unwrap();
+        );
         let texts = |v: &[Prompt]| -> Vec<Vec<(String, String)>> {
             v.iter()
                 .map(|p| {
@@ -343,10 +348,7 @@ mod tests {
 
     #[test]
     fn evaluation_sets_are_refused() {
-        let d = std::env::temp_dir().join(format!("ev-{}/gsm8k", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        let p = d.join("test.jsonl");
-        std::fs::write(&p, "{\"prompt\": \"1+1\"}\n").unwrap();
+        let p = temp_file("ev", "gsm8k/test.jsonl", "{\"prompt\": \"1+1\"}\n");
         let err = load(p.to_str().unwrap(), 10).unwrap_err().to_string();
         assert!(
             err.contains("refusing to train on an evaluation set (GSM8K test)"),
@@ -356,14 +358,7 @@ mod tests {
 
     #[test]
     fn jsonl_prompt_and_messages_and_dedup() {
-        let d = std::env::temp_dir().join(format!("jl-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        let p = d.join("p.jsonl");
-        std::fs::write(
-            &p,
-            "{\"prompt\": \"a\"}\n{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"b\"}]}\n{\"prompt\": \"a\"}\n",
-        )
-        .unwrap();
+        let p = temp_file("jl", "p.jsonl", "{\"prompt\": \"a\"}\n{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"b\"}]}\n{\"prompt\": \"a\"}\n");
         let v = load(p.to_str().unwrap(), 10).unwrap();
         assert_eq!(v.len(), 2);
         assert_eq!(v[1].messages.len(), 2);

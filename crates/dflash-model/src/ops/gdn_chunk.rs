@@ -339,12 +339,8 @@ mod tests {
         let (o_rec, s_rec) = recurrence_host(d, &r, &init, &parents, false);
         let (o, s) = chunked_host(d, &r, &init, n);
         let rel = |a: &[f32], b: &[f32]| {
-            let num: f32 = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f32::max);
-            num / b.iter().map(|x| x.abs()).fold(0.0, f32::max)
+            let t = |v: &[f32]| Tensor::new(v, &candle_core::Device::Cpu).unwrap();
+            crate::ops::compare::rel_err(&t(a), &t(b)).unwrap()
         };
         assert!(rel(&o, &o_rec) < 1e-5, "o: {}", rel(&o, &o_rec));
         assert!(rel(&s, &s_rec) < 1e-5, "state: {}", rel(&s, &s_rec));

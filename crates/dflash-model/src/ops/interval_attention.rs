@@ -27,7 +27,10 @@ pub const MAX_ROWS: usize = 64;
 /// Whether the fused kernel takes this attention: a CUDA device, head dim 64 or 128, at most
 /// [`MAX_ROWS`] query rows per K/V head, f32 or bf16, K and V read in place with one layout.
 pub fn serves(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
-    if !q.device().is_cuda() || std::env::var("DFLASH_FUSED_ATTENTION").as_deref() == Ok("0") {
+    // read once: this runs at every attention layer of every forward
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("DFLASH_FUSED_ATTENTION").as_deref() == Ok("0"));
+    if !q.device().is_cuda() || off {
         return false;
     }
     let (Ok((b, hq, n, d)), Ok((kb, hkv, _, kd))) = (q.dims4(), k.dims4()) else {
