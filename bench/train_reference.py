@@ -20,6 +20,9 @@ Prints one JSON row: shape, impl, features_ms, step_ms, supervised_tok_s (SEQ âˆ
 row over features + step), medians of STEPS after one warm-up.
 Usage: python3 bench/train_reference.py SHAPE(qwen3-8b|CONFIG.json) [SEQ=2048] [ANCHORS=512]
        [LAYERS=5] [STEPS=5]
+PROFILE=FILE: after the timed steps, one more step under torch.profiler; its CUDA kernels, summed
+by name (the 40 with the most device time), go to FILE (where the reference's step spends its time,
+beside `dflash-rs`'s kernel profile).
 """
 import json
 import math
@@ -177,6 +180,12 @@ except Exception as e:  # no working compiler on this machine: say so, time eage
     step(model)
 t_feats, t_step = zip(*(step(model) for _ in range(STEPS)))
 tf, ts = statistics.median(t_feats), statistics.median(t_step)
+if os.environ.get("PROFILE"):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step(model)
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
+    open(os.environ["PROFILE"], "w").write(table)
 print(json.dumps({"shape": shape, "impl": "pytorch+flex_attention", "features_ms": round(tf * 1e3, 2),
                   "step_ms": round(ts * 1e3, 2), "supervised_tok_s": round((SEQ - 1) / (tf + ts)),
                   "seq_len": SEQ, "anchors": ANCHORS, "draft_layers": LAYERS, "block_size": B,

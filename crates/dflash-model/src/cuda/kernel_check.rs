@@ -175,6 +175,50 @@ fn adamw(dev: &Device) -> Result<Vec<Tensor>> {
         .collect()
 }
 
+/// The RMSNorm backward ([`crate::ops::rms_norm_grad`]) at a hidden width (300 rows of 1,000:
+/// the row loops' tails and several chunks of `dw`) and a per-head width (2,000 rows of 128):
+/// `dx` and `dw` of each, on the CPU.
+fn rms_norm_grads(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    let mut outs = Vec::new();
+    for (i, (rows, h)) in [(300usize, 1000usize), (2000, 128)].into_iter().enumerate() {
+        let s = 20 + 3 * i as u64;
+        let on = |t: Tensor| t.to_device(dev)?.to_dtype(dtype);
+        let x = on(fill(&[rows, h], s, 2.0)?)?;
+        let g = on(fill(&[rows, h], s + 1, 0.5)?)?;
+        let w = on(fill(&[h], s + 2, 1.0)?)?;
+        let (dx, dw) = crate::ops::rms_norm_grad::rms_norm_grad(&x, &w, &g, 1e-6)?;
+        for t in [dx, dw] {
+            outs.push(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+        }
+    }
+    Ok(outs)
+}
+
+/// A training linear `[1, 300, 96] · [80, 96]ᵀ` with both inputs tracked (on a GPU one node
+/// with a written backward, on the CPU candle's autograd): the output, `dx` and `dW` on the CPU.
+fn linear_grads(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    let x = Var::from_tensor(
+        &fill(&[1, 300, 96], 31, 1.0)?
+            .to_device(dev)?
+            .to_dtype(dtype)?,
+    )?;
+    let w = Var::from_tensor(&fill(&[80, 96], 32, 0.3)?.to_device(dev)?.to_dtype(dtype)?)?;
+    let up = fill(&[1, 300, 80], 33, 1.0)?
+        .to_device(dev)?
+        .to_dtype(dtype)?;
+    let y = crate::layers::linear::matmul_t(x.as_tensor(), w.as_tensor())?;
+    let g = (&y * &up)?.sum_all()?.backward()?;
+    let grad = |v: &Var| {
+        g.get(v.as_tensor())
+            .ok_or_else(|| candle_core::Error::Msg("linear check: no gradient".into()))
+            .cloned()
+    };
+    [y, grad(&x)?, grad(&w)?]
+        .into_iter()
+        .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
+        .collect()
+}
+
 /// The tree of the Gated DeltaNet rows (parents of 8 rows: two branches off the root, a
 /// chain of three, a node with two children).
 const CHECK_TREE: [Option<usize>; 8] = [
@@ -371,6 +415,42 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             });
         }
     }
+    // the RMSNorm backward of training (bf16 inputs rounded alike on both sides)
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {
+        let (got, want) = (
+            rms_norm_grads(dev, dtype)?,
+            rms_norm_grads(&Device::Cpu, dtype)?,
+        );
+        let names = [
+            "rms-norm backward dx, rows of 1,000",
+            "rms-norm backward dw, rows of 1,000",
+            "rms-norm backward dx, rows of 128",
+            "rms-norm backward dw, rows of 128",
+        ];
+        for ((name, a), b) in names.iter().zip(&got).zip(&want) {
+            checks.push(KernelCheck {
+                name: format!("{name} ({dtype:?})"),
+                rel_err: rel_err(a, b)? as f64,
+                tolerance: tol,
+            });
+        }
+    }
+    // the training linear's written backward against candle's autograd on the CPU
+    let want = linear_grads(&Device::Cpu, DType::F32)?;
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+        let got = linear_grads(dev, dtype)?;
+        for ((name, a), b) in ["linear out", "linear dx", "linear dW"]
+            .iter()
+            .zip(&got)
+            .zip(&want)
+        {
+            checks.push(KernelCheck {
+                name: format!("training {name} ({dtype:?})"),
+                rel_err: rel_err(a, b)? as f64,
+                tolerance: tol,
+            });
+        }
+    }
     // the arg-max of each row: the same index, ties (the values repeat) and NaN included
     let mut x = fill(&[48, 3001], 5, 8.0)?;
     x = x.slice_assign(&[0..1, 0..1], &Tensor::new(&[[f32::NAN]], &Device::Cpu)?)?;
@@ -460,7 +540,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 40);
+        assert_eq!(checks.len(), 54);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -258,11 +258,49 @@ pub fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if few_rows_path(x, w, rows) {
         return few_rows_matmul(x, w, rows, k)?.reshape(out_shape);
     }
+    if !x.device().is_cpu() && (x.track_op() || w.track_op()) && w.rank() == 2 {
+        return tracked_matmul_t(x, w, rows, k, out_shape);
+    }
     // candle's matmul, the way candle_nn's Linear calls it
     if x.is_contiguous() && dims.len() > 2 {
         x.reshape((rows, k))?.matmul(&w.t()?)?.reshape(out_shape)
     } else {
         x.broadcast_matmul(&w.t()?)
+    }
+}
+
+/// `x · Wᵀ` in training on a GPU: one graph node with a written backward, `dx = g · W` and
+/// `dW = gᵀ · x`, both straight into their tensors' layouts. candle's autograd of the composed
+/// form (reshape, transpose, matmul, reshape) adds each of those nodes' gradients into a fresh
+/// zero tensor and takes `dW` through a strided transpose: at the Qwen3-8B shape these adds
+/// were a quarter of the drafter's backward (`docs/BENCHMARKS.md`, the step's kernel profile).
+/// The same products as candle's; CPU training keeps candle's graph (its summation order).
+pub(crate) fn tracked_matmul_t(
+    x: &Tensor,
+    w: &Tensor,
+    rows: usize,
+    k: usize,
+    out_shape: Vec<usize>,
+) -> Result<Tensor> {
+    let n = w.dim(0)?;
+    let y = x
+        .detach()
+        .reshape((rows, k))?
+        .matmul(&w.detach().t()?)?
+        .reshape(out_shape)?;
+    let (xd, wd) = (x.detach(), w.detach());
+    let dx = move |g: &Tensor| g.reshape((rows, n))?.matmul(&wd)?.reshape(xd.shape());
+    let xd = x.detach();
+    let dw = move |g: &Tensor| g.reshape((rows, n))?.t()?.matmul(&xd.reshape((rows, k))?);
+    use crate::ops::with_grad::{with_grad, with_grad2};
+    // a frozen operand (the shared LM head, the taps) gets no gradient: no product for it
+    match (x.track_op(), w.track_op()) {
+        (true, true) => with_grad2(x, w, y, "linear", move |_, _, _, g| {
+            let g = g.detach();
+            Ok((dx(&g)?, dw(&g)?))
+        }),
+        (true, false) => with_grad(x, y, "linear", move |_, g| dx(&g.detach())),
+        _ => with_grad(w, y, "linear", move |_, g| dw(&g.detach())),
     }
 }
 
@@ -590,5 +628,45 @@ mod tests {
             .max_all()
             .unwrap();
         assert!(err.to_scalar::<f32>().unwrap() < 1e-4);
+    }
+
+    /// The GPU's training path (one node, written backward) gives candle's autograd's
+    /// gradients, for a 3-d input and both inputs tracked (run here on the CPU).
+    #[test]
+    fn tracked_path_has_candles_gradients() {
+        let dev = Device::Cpu;
+        let var = |t: Tensor| candle_core::Var::from_tensor(&t).unwrap();
+        let x = var(Tensor::randn(0f32, 1., (2, 5, 7), &dev).unwrap());
+        let w = var(Tensor::randn(0f32, 1., (3, 7), &dev).unwrap());
+        let up = Tensor::randn(0f32, 1., (2, 5, 3), &dev).unwrap();
+        let grads = |y: Tensor| {
+            let g = (y * &up).unwrap().sum_all().unwrap().backward().unwrap();
+            (
+                g.get(x.as_tensor()).unwrap().clone(),
+                g.get(w.as_tensor()).unwrap().clone(),
+            )
+        };
+        let ours = tracked_matmul_t(x.as_tensor(), w.as_tensor(), 10, 7, vec![2, 5, 3]).unwrap();
+        let want = x
+            .as_tensor()
+            .broadcast_matmul(&w.as_tensor().t().unwrap())
+            .unwrap();
+        assert!(max_diff(&ours, &want) < 1e-5);
+        let (a, b) = (grads(ours), grads(want));
+        assert_eq!(a.0.dims(), &[2, 5, 7]);
+        assert!(max_diff(&a.0, &b.0) < 1e-5 && max_diff(&a.1, &b.1) < 1e-5);
+        // one operand frozen: the other's gradient alone
+        let frozen = w.as_tensor().detach();
+        let y = tracked_matmul_t(x.as_tensor(), &frozen, 10, 7, vec![2, 5, 3]).unwrap();
+        let g = (y * &up).unwrap().sum_all().unwrap().backward().unwrap();
+        assert!(max_diff(g.get(x.as_tensor()).unwrap(), &b.0) < 1e-5);
+        let y = tracked_matmul_t(&x.as_tensor().detach(), w.as_tensor(), 10, 7, vec![2, 5, 3]);
+        let g = (y.unwrap() * &up)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert!(max_diff(g.get(w.as_tensor()).unwrap(), &b.1) < 1e-5);
     }
 }

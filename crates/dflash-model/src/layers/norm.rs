@@ -92,7 +92,12 @@ impl RmsNorm {
         let y = candle_nn::ops::rms_norm(&x.detach(), &w.detach(), self.eps as f32)?;
         let eps = self.eps;
         with_grad2(&x, &w, y, "rms_norm", move |x, w, _y, g| {
-            rms_norm_grad(x, w, g, eps)
+            if x.device().is_cuda() && crate::ops::rms_norm_grad::serves(x.dtype()) {
+                // the fused kernels; CPU training keeps the composed form below
+                crate::ops::rms_norm_grad::rms_norm_grad(x, w, &g.to_dtype(x.dtype())?, eps)
+            } else {
+                composed_grad(x, w, g, eps)
+            }
         })
     }
 
@@ -116,7 +121,14 @@ impl RmsNorm {
 }
 
 /// The closed-form gradients `(dx, dw)` of the RMSNorm (module doc), reduced in f32.
-fn rms_norm_grad(x: &Tensor, w: &Tensor, grad: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+/// The RMSNorm backward composed of candle ops in f32 (the CPU's, and the reference of the
+/// fused kernels in [`crate::ops::rms_norm_grad`]).
+pub(crate) fn composed_grad(
+    x: &Tensor,
+    w: &Tensor,
+    grad: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
     let cd = compute_dtype(x.dtype());
     let (xf, gf, wf) = (x.to_dtype(cd)?, grad.to_dtype(cd)?, w.to_dtype(cd)?);
     let r = (xf.sqr()?.mean_keepdim(D::Minus1)? + eps)?

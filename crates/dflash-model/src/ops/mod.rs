@@ -15,6 +15,7 @@ pub mod interval_attention;
 pub mod interval_softmax;
 pub(crate) mod kernel_io;
 pub mod log_softmax;
+pub mod rms_norm_grad;
 pub mod softmax;
 pub mod top_k;
 pub mod with_grad;
