@@ -18,7 +18,7 @@ use candle_core::{DType, Tensor, D};
 use dflash_core::stats::AcceptCounts;
 use dflash_core::visibility::packed;
 use dflash_model::models::drafter::{DraftLayout, Drafter};
-use dflash_model::ops::cross_entropy::cross_entropy_rows;
+use dflash_model::ops::cross_entropy::{cross_entropy_rows, linear_cross_entropy_rows};
 use dflash_model::{Rows, Target};
 
 use crate::config::LossKind;
@@ -164,15 +164,25 @@ pub fn block_loss(
         bail!("no supervised label in any block");
     }
     let (per_row, pred, logits) = match kind {
-        LossKind::Ce => {
-            let phase = tracing::info_span!(target: "phase", "LM head").entered();
-            // logits in the model's dtype, into the fused cross-entropy (f32 inside)
-            let logits = drafter.training_logits(target, &hidden_rows)?.squeeze(0)?; // [R, V]
-            drop(phase);
-            let _loss = tracing::info_span!(target: "phase", "loss").entered();
-            let (per_row, pred) = cross_entropy_rows(&logits, &labels)?;
-            (per_row, pred, logits)
-        }
+        LossKind::Ce => match target.lm_head_weight() {
+            // the head and the loss as one node (no selector reads the logits' graph): the
+            // logits' gradients are never accumulated, the rows' come from them directly
+            Some(w) if drafter.logits_are_the_heads() && drafter.selector.is_none() => {
+                let _p = tracing::info_span!(target: "phase", "LM head + loss").entered();
+                let x = hidden_rows.squeeze(0)?;
+                let w = w.to_dtype(x.dtype())?;
+                linear_cross_entropy_rows(&x, &w, &labels)?
+            }
+            _ => {
+                let phase = tracing::info_span!(target: "phase", "LM head").entered();
+                // logits in the model's dtype, into the fused cross-entropy (f32 inside)
+                let logits = drafter.training_logits(target, &hidden_rows)?.squeeze(0)?; // [R, V]
+                drop(phase);
+                let _loss = tracing::info_span!(target: "phase", "loss").entered();
+                let (per_row, pred) = cross_entropy_rows(&logits, &labels)?;
+                (per_row, pred, logits)
+            }
+        },
         LossKind::Kl => {
             let phase = tracing::info_span!(target: "phase", "LM head").entered();
             let logits = drafter.logits(target, &hidden_rows)?.squeeze(0)?; // [R, V] f32

@@ -53,7 +53,7 @@ fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     let v = Var::from_tensor(&on(fill(&[1, hkv, m + r, d], 3, 1.0)?)?)?;
     let (c, o) = draft_training_parts(DraftRule::FULL, &segs, &anchors, block);
     let group: Vec<usize> = anchors.iter().map(|&a| segs.segment_of(a)).collect();
-    let windows = context_windows(&c, &o, block, &group, 4 * block * 64, dev)?;
+    let windows = context_windows(&c, &o, block, &group, 4 * block * 64, m, dev)?;
     let out = attend_blocks(
         q.as_tensor(),
         k.as_tensor(),
@@ -214,6 +214,52 @@ fn linear_grads(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
             .cloned()
     };
     [y, grad(&x)?, grad(&w)?]
+        .into_iter()
+        .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
+        .collect()
+}
+
+/// SwiGLU's gate `silu(g) · u` on `[300, 700]` with both inputs tracked (on a GPU the fused op
+/// and its written backward, on the CPU candle's ops and autograd): `y`, `dg`, `du` on the CPU.
+fn silu_mul_grads(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    let on = |t: Tensor| t.to_device(dev)?.to_dtype(dtype);
+    let g = Var::from_tensor(&on(fill(&[300, 700], 41, 4.0)?)?)?;
+    let u = Var::from_tensor(&on(fill(&[300, 700], 42, 1.0)?)?)?;
+    let up = on(fill(&[300, 700], 43, 1.0)?)?;
+    let y = crate::ops::silu_mul::silu_mul(g.as_tensor(), u.as_tensor())?;
+    let gr = (&y * &up)?.sum_all()?.backward()?;
+    let grad = |v: &Var| {
+        gr.get(v.as_tensor())
+            .ok_or_else(|| candle_core::Error::Msg("silu-mul check: no gradient".into()))
+            .cloned()
+    };
+    [y, grad(&g)?, grad(&u)?]
+        .into_iter()
+        .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
+        .collect()
+}
+
+/// The permuted copy ([`crate::ops::permute`]) of a strided view (a narrow of a transposed
+/// `[4, 70, 9, 64]`: an offset and gaps) to the heads-first order, and the gradient of a
+/// weighted sum through it (the inverse permutation): both on the CPU.
+fn permute_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    use crate::ops::permute::permuted_twin;
+    let base = Var::from_tensor(
+        &fill(&[4, 70, 9, 64], 51, 1.0)?
+            .to_device(dev)?
+            .to_dtype(dtype)?,
+    )?;
+    let view = base.as_tensor().transpose(1, 2)?.narrow(2, 5, 60)?; // [4, 9, 60, 64]
+    let y = permuted_twin(&view, &[0, 2, 1, 3])?; // [4, 60, 9, 64]
+    let w = fill(&[4, 60, 9, 64], 52, 1.0)?
+        .to_device(dev)?
+        .to_dtype(dtype)?;
+    let g = (&y * &w)?.sum_all()?.backward()?;
+    let dx = g
+        .get(base.as_tensor())
+        .ok_or_else(|| candle_core::Error::Msg("permute check: no gradient".into()))?
+        .clone();
+    [y, dx]
         .into_iter()
         .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
         .collect()
@@ -451,6 +497,40 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             });
         }
     }
+    // the permuted copy: the same values, bit for bit
+    for dtype in [DType::F32, DType::BF16] {
+        let (got, want) = (
+            permute_rows(dev, dtype)?,
+            permute_rows(&Device::Cpu, dtype)?,
+        );
+        for ((name, a), b) in ["permuted copy", "permuted copy backward"]
+            .iter()
+            .zip(&got)
+            .zip(&want)
+        {
+            checks.push(KernelCheck {
+                name: format!("{name} ({dtype:?})"),
+                rel_err: rel_err(a, b)? as f64,
+                tolerance: 0.0,
+            });
+        }
+    }
+    // SwiGLU's fused gate and its written backward against candle's ops on the CPU
+    let want = silu_mul_grads(&Device::Cpu, DType::F32)?;
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+        let got = silu_mul_grads(dev, dtype)?;
+        for ((name, a), b) in ["silu·up", "silu·up dgate", "silu·up dup"]
+            .iter()
+            .zip(&got)
+            .zip(&want)
+        {
+            checks.push(KernelCheck {
+                name: format!("{name} ({dtype:?})"),
+                rel_err: rel_err(a, b)? as f64,
+                tolerance: tol,
+            });
+        }
+    }
     // the arg-max of each row: the same index, ties (the values repeat) and NaN included
     let mut x = fill(&[48, 3001], 5, 8.0)?;
     x = x.slice_assign(&[0..1, 0..1], &Tensor::new(&[[f32::NAN]], &Device::Cpu)?)?;
@@ -540,7 +620,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 54);
+        assert_eq!(checks.len(), 64);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -121,10 +121,14 @@ fn grouped(
     let k = matmul_operand(k)?;
     let v = matmul_operand(v)?;
     let p = probs(&q.matmul(&k.t()?)?, g, n)?;
-    let out = p.matmul(&v)?; // [b, hkv, g*n, d]
-    out.reshape((b, hq, n, d))?
-        .transpose(1, 2)?
-        .reshape((b, n, hq * d))
+    let out = p.matmul(&v)?.reshape((b, hq, n, d))?; // [b, hkv, g*n, d] as [b, hq, n, d]
+                                                     // rows first: the GPU's permuted copy, else candle's (in the reshape)
+    let out = if crate::ops::permute::serves(&out) {
+        crate::ops::permute::permuted(&out, &[0, 2, 1, 3])?
+    } else {
+        out.transpose(1, 2)?
+    };
+    out.reshape((b, n, hq * d))
 }
 
 /// `t` (`[b, h, t, d]`) as it is when a matmul reads it in place — rows of `d` adjacent values,

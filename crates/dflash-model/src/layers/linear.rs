@@ -142,6 +142,15 @@ impl Linear {
         self.panels.as_ref().is_some_and(|p| p.is_quantized())
     }
 
+    /// The held weight tensor when the layer is exactly `x · Wᵀ` (no bias; not panels only):
+    /// what a fused consumer of the product needs ([`crate::ops::cross_entropy::linear_cross_entropy_rows`]).
+    pub fn plain_weight(&self) -> Option<&Tensor> {
+        match (&self.weight, &self.bias) {
+            (Some(w), None) => Some(w),
+            _ => None,
+        }
+    }
+
     /// The weight `[out, in]`: the tensor, or where the layer holds only quantized panels
     /// their dequantization, made on each call (the loader's values, bit for bit).
     pub fn weight(&self) -> Result<Tensor> {

@@ -33,7 +33,8 @@ impl Mlp {
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (g, u) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
-        let a = tracing::info_span!(target: "phase", "mlp silu · up").in_scope(|| g.silu()? * u)?;
+        let a = tracing::info_span!(target: "phase", "mlp silu · up")
+            .in_scope(|| crate::ops::silu_mul::silu_mul(&g, &u))?;
         self.down_proj.forward(&a)
     }
 }

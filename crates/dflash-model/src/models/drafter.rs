@@ -43,6 +43,7 @@ use crate::models::draft_vocab::{DraftHead, DraftVocab};
 use crate::models::selector::CandidateSelector;
 use crate::models::target::Target;
 use crate::ops::block_attention::{attend_blocks, context_windows, ContextWindow};
+use crate::ops::permute::heads_first;
 
 /// Where the rows of one drafter forward sit.
 #[derive(Debug, Clone, Copy)]
@@ -392,7 +393,8 @@ impl Drafter {
                         // score only the context keys their rows may see
                         let group: Vec<usize> =
                             anchors.iter().map(|&a| segs.segment_of(a)).collect();
-                        let context = context_windows(&c, &o, block, &group, WINDOW_CELLS, device)?;
+                        let context =
+                            context_windows(&c, &o, block, &group, WINDOW_CELLS, m, device)?;
                         LayerMask::Parts { context, block }
                     }
                     DraftLayout::Inference { anchor, block } => {
@@ -435,20 +437,18 @@ impl Drafter {
             };
             let heads = |t: Tensor, n: usize, h: usize| t.reshape((1, n, h, a.head_dim));
             // 2. q from the block stream only
-            let q = a
-                .q_norm
-                .forward(&heads(a.q_proj.forward(&hn)?, nb, a.heads)?)?
-                .transpose(1, 2)?;
+            let q = heads_first(&a.q_norm.forward(&heads(
+                a.q_proj.forward(&hn)?,
+                nb,
+                a.heads,
+            )?)?)?;
             let q = rope_q.apply(&q)?;
             // 3. K/V over [context | block]
             let k = with_ctx(&a.k_proj, &hn)?;
             let v = with_ctx(&a.v_proj, &hn)?;
-            let k = a
-                .k_norm
-                .forward(&heads(k, m + nb, a.kv_heads)?)?
-                .transpose(1, 2)?;
+            let k = heads_first(&a.k_norm.forward(&heads(k, m + nb, a.kv_heads)?)?)?;
             let k = rope_kv.apply(&k)?;
-            let v = heads(v, m + nb, a.kv_heads)?.transpose(1, 2)?;
+            let v = heads_first(&heads(v, m + nb, a.kv_heads)?)?;
             let (k, v) = match cache.as_deref_mut() {
                 Some(c) => c.append(i, &k, &v)?,
                 None => (k, v),
@@ -501,6 +501,13 @@ impl Drafter {
             l = ((l / cap)?.tanh()? * cap)?;
         }
         Ok(l)
+    }
+
+    /// Whether the drafter's logits are the LM head's as they are (no `output_multiplier`, no
+    /// `final_logit_softcapping`): the loss may then take the head and the cross-entropy as one
+    /// node ([`crate::ops::cross_entropy::linear_cross_entropy_rows`]).
+    pub fn logits_are_the_heads(&self) -> bool {
+        self.config.output_multiplier() == 1.0 && self.config.final_logit_softcapping().is_none()
     }
 
     /// Draft logits for training, in the model's dtype (the LM head's matmul output, no f32

@@ -12,6 +12,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use dflash_core::visibility::Visibility;
 
 use crate::ops::block_softmax::{block_softmax, block_softmax_bwd, BlockGeometry, Intervals};
+use crate::ops::permute::{contiguous, permuted};
 use crate::ops::with_grad::with_grad3;
 
 /// One window of the training layout: the block rows `rows` (whole blocks) score only the
@@ -19,8 +20,8 @@ use crate::ops::with_grad::with_grad3;
 /// are the rule inside the window (each row's visible context keys, window-local, and its
 /// visible own-block columns). Example: a packed row with segments [0..400, 400..900] and
 /// anchors in both → the first segment's blocks get keys 0..(its last anchor), the second's
-/// 400..(its last anchor): no row scores the other sequence or keys at or after its anchor
-/// group's end.
+/// 400..(its last anchor), each widened to a multiple of [`KEY_ALIGN`] keys: no row sees the
+/// other sequence or keys at or after its anchor (the intervals hide the few widened keys).
 pub struct ContextWindow {
     pub rows: Range<usize>,
     pub keys: Range<usize>,
@@ -69,15 +70,35 @@ pub fn window_bounds(
     out
 }
 
-/// The [`ContextWindow`]s of a training layout ([`window_bounds`]) with the rule's intervals:
-/// `ranges[row]` the context keys row `row` sees, `own` (`[rows, block]`) the own-block
-/// columns (one interval per row, as every draft rule makes them).
+/// Key spans are widened to a multiple of this many keys: the score matrices' rows then start
+/// 16-byte aligned in bf16, which cuBLAS's fast tensor-core GEMMs need (a window of 1,037 keys
+/// ran an sm75 fallback kernel at ≈ 40 TFLOP/s on the H200).
+pub const KEY_ALIGN: usize = 8;
+
+/// `keys` widened to a multiple of [`KEY_ALIGN`] keys inside `0..context` (upward first, then
+/// downward; as it is when `context` is too short). The extra keys are hidden from every row by
+/// the window's intervals. Example: context 2,048: 0..1037 → 0..1040, 2043..2047 → 2040..2048;
+/// context 5: 0..3 → 0..5.
+pub fn aligned_keys(keys: Range<usize>, context: usize) -> Range<usize> {
+    if keys.is_empty() || keys.end > context {
+        return keys;
+    }
+    let want = keys.len().next_multiple_of(KEY_ALIGN).min(context);
+    let end = (keys.start + want).min(context);
+    end - want..end
+}
+
+/// The [`ContextWindow`]s of a training layout ([`window_bounds`], key spans widened by
+/// [`aligned_keys`] within the `context` keys) with the rule's intervals: `ranges[row]` the
+/// context keys row `row` sees, `own` (`[rows, block]`) the own-block columns (one interval
+/// per row, as every draft rule makes them).
 pub fn context_windows(
     ranges: &[Range<usize>],
     own: &Visibility,
     block: usize,
     group_of_block: &[usize],
     max_cells: usize,
+    context: usize,
     device: &Device,
 ) -> Result<Vec<ContextWindow>> {
     let own: Vec<Range<usize>> = (0..own.rows)
@@ -90,6 +111,7 @@ pub fn context_windows(
     window_bounds(ranges, block, group_of_block, max_cells)
         .into_iter()
         .map(|(rows, keys)| {
+            let keys = aligned_keys(keys, context);
             let local: Vec<Range<usize>> = ranges[rows.clone()]
                 .iter()
                 .map(|r| {
@@ -138,9 +160,9 @@ pub fn attend_blocks(
     }
     let g = hq / hkv;
     // [hkv, g, R, d] and [hkv, m + R, d], without a graph
-    let qd = q.detach().contiguous()?.reshape((hkv, g, r, d))?;
-    let kd = k.detach().contiguous()?.squeeze(0)?;
-    let vd = v.detach().contiguous()?.squeeze(0)?;
+    let qd = contiguous(&q.detach())?.reshape((hkv, g, r, d))?;
+    let kd = contiguous(&k.detach())?.squeeze(0)?;
+    let vd = contiguous(&v.detach())?.squeeze(0)?;
     // each window's operands and probabilities, kept for the backward
     let mut outs = Vec::with_capacity(windows.len());
     let mut saved = Vec::with_capacity(windows.len());
@@ -151,22 +173,15 @@ pub fn attend_blocks(
         saved.push((win, p));
     }
     let o = cat_rows(&outs)?; // [hkv, g, R, d]
-    let y = o
-        .reshape((1, hq, r, d))?
-        .transpose(1, 2)?
-        .reshape((1, r, hq * d))?
-        .contiguous()?;
+    let y = permuted(&o.reshape((1, hq, r, d))?, &[0, 2, 1, 3])?.reshape((1, r, hq * d))?;
     let (dtype, device) = (qd.dtype(), qd.device().clone());
     with_grad3(q, k, v, y, "block-attention", move |grad| {
         // dO [1, R, hq·d] → [hkv, g, R, d]
-        let dout = grad
-            .reshape((1, r, hq, d))?
-            .transpose(1, 2)?
-            .contiguous()?
-            .reshape((hkv, g, r, d))?;
+        let dout =
+            permuted(&grad.reshape((1, r, hq, d))?, &[0, 2, 1, 3])?.reshape((hkv, g, r, d))?;
         let (mut dq, mut dk_blk, mut dv_blk) = (Vec::new(), Vec::new(), Vec::new());
-        let mut dk_ctx = Tensor::zeros((hkv, m, d), DType::F32, &device)?;
-        let mut dv_ctx = dk_ctx.clone();
+        let dk_ctx = Tensor::zeros((hkv, m, d), DType::F32, &device)?;
+        let dv_ctx = Tensor::zeros((hkv, m, d), DType::F32, &device)?;
         for (w, p) in &saved {
             let (rows, keys) = (&w.rows, &w.keys);
             let gr = w.backward(&dout.narrow(2, rows.start, rows.len())?, p)?;
@@ -174,8 +189,8 @@ pub fn attend_blocks(
             dk_blk.push(gr.dk_blk);
             dv_blk.push(gr.dv_blk);
             if let (Some(dk), Some(dv)) = (gr.dk_ctx, gr.dv_ctx) {
-                dk_ctx = add_rows(&dk_ctx, &dk, keys)?;
-                dv_ctx = add_rows(&dv_ctx, &dv, keys)?;
+                add_rows(&dk_ctx, &dk, keys)?;
+                add_rows(&dv_ctx, &dv, keys)?;
             }
         }
         let dq = cat_rows(&dq)?.reshape((1, hq, r, d))?;
@@ -193,11 +208,11 @@ fn cat_rows(parts: &[Tensor]) -> Result<Tensor> {
     Tensor::cat(parts, 2)
 }
 
-/// `acc [hkv, m, d]` (f32) plus `part [hkv, keys.len(), d]` at rows `keys`.
-fn add_rows(acc: &Tensor, part: &Tensor, keys: &Range<usize>) -> Result<Tensor> {
-    let (hkv, _, d) = acc.dims3()?;
+/// `acc [hkv, m, d]` (f32, fresh: no other tensor shares it) plus `part [hkv, keys.len(), d]`
+/// at rows `keys`, in place: one add and one strided copy.
+fn add_rows(acc: &Tensor, part: &Tensor, keys: &Range<usize>) -> Result<()> {
     let sum = (acc.narrow(1, keys.start, keys.len())? + part.to_dtype(DType::F32)?)?;
-    acc.slice_assign(&[0..hkv, keys.clone(), 0..d], &sum)
+    acc.slice_set(&sum, 1, keys.start)
 }
 
 /// One window's operands: `q [hkv, g·rows, d]` (rows in head-major order), its context keys
@@ -239,18 +254,17 @@ impl Window {
         let (hkv, g, _, d) = q.dims4()?;
         let rn = rows.len();
         let nbw = rn / block;
-        let q = q.narrow(2, rows.start, rn)?.contiguous()?; // [hkv, g, rn, d]
+        let q = contiguous(&q.narrow(2, rows.start, rn)?)?; // [hkv, g, rn, d]
         let qb = per_block(&q, block)?;
         let (kc, vc) = if keys.is_empty() {
             (None, None)
         } else {
-            let part = |t: &Tensor| t.narrow(1, keys.start, keys.len())?.contiguous();
+            // read in place by the matmuls (rows of d adjacent values, heads at one stride)
+            let part = |t: &Tensor| t.narrow(1, keys.start, keys.len());
             (Some(part(k)?), Some(part(v)?))
         };
         let blk = |t: &Tensor| {
-            t.narrow(1, m + rows.start, rn)?
-                .contiguous()?
-                .reshape((hkv * nbw, block, d))
+            contiguous(&t.narrow(1, m + rows.start, rn)?)?.reshape((hkv * nbw, block, d))
         };
         let geo = BlockGeometry {
             hkv,
@@ -322,7 +336,7 @@ impl Window {
             ..
         } = self.geo;
         let d = self.q.dim(2)?;
-        let dout = dout.contiguous()?;
+        let dout = contiguous(dout)?;
         let do_ctx = dout.reshape((hkv, g * rows, d))?;
         let do_blk = per_block(&dout, block)?;
         let (p_ctx, p_blk) = self.parts(p)?;
@@ -356,20 +370,23 @@ impl Window {
 fn per_block(t: &Tensor, block: usize) -> Result<Tensor> {
     let (hkv, g, rows, d) = t.dims4()?;
     let nbw = rows / block;
-    t.reshape((hkv, g, nbw, block, d))?
-        .transpose(1, 2)?
-        .contiguous()?
-        .reshape((hkv * nbw, g * block, d))
+    permuted(&t.reshape((hkv, g, nbw, block, d))?, &[0, 2, 1, 3, 4])?.reshape((
+        hkv * nbw,
+        g * block,
+        d,
+    ))
 }
 
 /// The inverse of [`per_block`]: `[hkv·nbw, g·block, d]` → `[hkv, g, nbw·block, d]`.
 fn from_blocks(t: &Tensor, hkv: usize, g: usize, block: usize) -> Result<Tensor> {
     let (hn, _, d) = t.dims3()?;
     let nbw = hn / hkv;
-    t.reshape((hkv, nbw, g, block, d))?
-        .transpose(1, 2)?
-        .contiguous()?
-        .reshape((hkv, g, nbw * block, d))
+    permuted(&t.reshape((hkv, nbw, g, block, d))?, &[0, 2, 1, 3, 4])?.reshape((
+        hkv,
+        g,
+        nbw * block,
+        d,
+    ))
 }
 
 #[cfg(test)]
@@ -411,6 +428,21 @@ mod tests {
     }
 
     #[test]
+    fn key_spans_widen_to_aligned_lengths_inside_the_context() {
+        // the docs' examples
+        assert_eq!(aligned_keys(0..1037, 2048), 0..1040);
+        assert_eq!(aligned_keys(2043..2047, 2048), 2040..2048);
+        assert_eq!(aligned_keys(0..3, 5), 0..5);
+        assert_eq!(aligned_keys(16..24, 2048), 16..24, "already aligned");
+        assert_eq!(aligned_keys(0..0, 2048), 0..0, "no keys stay none");
+        for (start, end, ctx) in [(3, 9, 100), (90, 97, 100), (0, 97, 100), (5, 6, 7)] {
+            let a = aligned_keys(start..end, ctx);
+            assert!(a.start <= start && a.end >= end && a.end <= ctx, "{a:?}");
+            assert!(a.len().is_multiple_of(KEY_ALIGN) || a.len() == ctx, "{a:?}");
+        }
+    }
+
+    #[test]
     fn block_attention_equals_dense_masked_attention() {
         let (hq, hkv, d, block) = (4, 2, 8, 3);
         // one sequence, two packed ones, no context at all
@@ -445,7 +477,8 @@ mod tests {
                 let group: Vec<usize> = anchors.iter().map(|&a| segs.segment_of(a)).collect();
                 for max_cells in [usize::MAX, 0] {
                     let windows =
-                        context_windows(&c, &o, block, &group, max_cells, &Device::Cpu).unwrap();
+                        context_windows(&c, &o, block, &group, max_cells, seq_len, &Device::Cpu)
+                            .unwrap();
                     let got = attend_blocks(&q, &k, &v, seq_len, &windows, block, 0.35).unwrap();
                     let err = crate::ops::compare::max_abs(&want, &got).unwrap();
                     assert!(
@@ -484,7 +517,7 @@ mod tests {
                 } else {
                     let (c, o) = draft_training_parts(rule, &segs, &anchors, block);
                     let group: Vec<usize> = anchors.iter().map(|&a| segs.segment_of(a)).collect();
-                    let w = context_windows(&c, &o, block, &group, 10, &Device::Cpu).unwrap();
+                    let w = context_windows(&c, &o, block, &group, 10, m, &Device::Cpu).unwrap();
                     assert!(w.len() > 2, "the test should span several windows");
                     attend_blocks(
                         q.as_tensor(),

@@ -54,6 +54,13 @@ pub fn rms_norm_grad(x: &Tensor, w: &Tensor, g: &Tensor, eps: f64) -> Result<(Te
     Ok((dx, dw))
 }
 
+/// Threads per row of the row kernels (`r`, `dx`): about four values per thread, one warp at
+/// least, 256 at most. Example: rows of 128 (a per-head norm) → one warp; of 4,096 → 256.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn row_threads(h: usize) -> usize {
+    (h / 4).next_multiple_of(32).clamp(32, 256)
+}
+
 /// Columns per block of the `dw` kernel.
 fn dw_threads(h: usize) -> usize {
     h.next_multiple_of(32).min(256)
@@ -131,7 +138,7 @@ impl CustomOp1 for RmsInv {
         let (rows, h) = lx.shape().dims2()?;
         let dev = x.device().clone();
         let r = alloc::<f32>(&dev, rows)?;
-        let cfg = row_cfg(rows, dw_threads(h) as u32);
+        let cfg = row_cfg(rows, row_threads(h) as u32);
         let (hi, eps) = (h as i32, self.eps);
         match x.dtype() {
             DType::F32 => {
@@ -190,7 +197,7 @@ impl CustomOp3 for RmsDx {
         let (rows, h) = lx.shape().dims2()?;
         let dev = x.device().clone();
         let aux = view::<f32>(a, la, "w and r")?;
-        let cfg = row_cfg(rows, dw_threads(h) as u32);
+        let cfg = row_cfg(rows, row_threads(h) as u32);
         let hi = h as i32;
         let out = match x.dtype() {
             DType::F32 => {
@@ -307,6 +314,14 @@ impl CustomOp3 for RmsDw {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    #[test]
+    fn row_threads_follow_the_width() {
+        assert_eq!(row_threads(128), 32);
+        assert_eq!(row_threads(4096), 256);
+        assert_eq!(row_threads(1000), 256);
+        assert_eq!(row_threads(8), 32);
+    }
 
     #[test]
     fn the_docs_example() {

@@ -14,6 +14,7 @@ use crate::layers::linear::Linear;
 use crate::layers::mlp::Mlp;
 use crate::layers::norm::RmsNorm;
 use crate::layers::rope::RopeTables;
+use crate::ops::permute::heads_first;
 
 #[derive(Debug, Clone)]
 pub(super) struct Attention {
@@ -46,7 +47,7 @@ impl Attention {
                 Some(nm) => nm.forward(&t)?,
                 None => t,
             };
-            Ok(t.transpose(1, 2)?)
+            Ok(heads_first(&t)?)
         };
         // 1. projections → [b, heads, n, d]; qwen3 normalises each head before RoPE
         let (q, gate) = if self.gated {

@@ -388,6 +388,12 @@ impl Target {
         Ok(self.lm_head.forward(hidden)?)
     }
 
+    /// The LM head's weight `[vocab, hidden]` when [`Self::lm_head_native`] is exactly
+    /// `hidden · Wᵀ` with a held tensor (no bias, not quantized panels only).
+    pub fn lm_head_weight(&self) -> Option<&Tensor> {
+        self.lm_head.plain_weight()
+    }
+
     /// The token embeddings (frozen, shared with the drafter): [`Embeddings::table`] is the
     /// table as a tensor.
     pub fn embedding_table(&self) -> &Embeddings {
