@@ -194,6 +194,41 @@ fn rms_norm_grads(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     Ok(outs)
 }
 
+/// `y` and the gradients of `Σ y · up` for `vars`, as f32 on the CPU (a check's outputs).
+fn value_and_grads(y: Tensor, up: &Tensor, vars: &[&Var], what: &str) -> Result<Vec<Tensor>> {
+    let g = (&y * up)?.sum_all()?.backward()?;
+    let mut outs = vec![y];
+    for v in vars {
+        outs.push(
+            g.get(v.as_tensor())
+                .ok_or_else(|| candle_core::Error::Msg(format!("{what} check: no gradient")))?
+                .clone(),
+        );
+    }
+    outs.into_iter()
+        .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
+        .collect()
+}
+
+/// One check row per `(name, got, want)`, named `{name} ({dtype:?})`.
+fn push_rows(
+    checks: &mut Vec<KernelCheck>,
+    names: &[&str],
+    got: &[Tensor],
+    want: &[Tensor],
+    dtype: DType,
+    tolerance: f64,
+) -> Result<()> {
+    for ((name, a), b) in names.iter().zip(got).zip(want) {
+        checks.push(KernelCheck {
+            name: format!("{name} ({dtype:?})"),
+            rel_err: rel_err(a, b)? as f64,
+            tolerance,
+        });
+    }
+    Ok(())
+}
+
 /// A training linear `[1, 300, 96] · [80, 96]ᵀ` with both inputs tracked (on a GPU one node
 /// with a written backward, on the CPU candle's autograd): the output, `dx` and `dW` on the CPU.
 fn linear_grads(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
@@ -207,16 +242,7 @@ fn linear_grads(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
         .to_device(dev)?
         .to_dtype(dtype)?;
     let y = crate::layers::linear::matmul_t(x.as_tensor(), w.as_tensor())?;
-    let g = (&y * &up)?.sum_all()?.backward()?;
-    let grad = |v: &Var| {
-        g.get(v.as_tensor())
-            .ok_or_else(|| candle_core::Error::Msg("linear check: no gradient".into()))
-            .cloned()
-    };
-    [y, grad(&x)?, grad(&w)?]
-        .into_iter()
-        .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
-        .collect()
+    value_and_grads(y, &up, &[&x, &w], "linear")
 }
 
 /// SwiGLU's gate `silu(g) · u` on `[300, 700]` with both inputs tracked (on a GPU the fused op
@@ -227,16 +253,7 @@ fn silu_mul_grads(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     let u = Var::from_tensor(&on(fill(&[300, 700], 42, 1.0)?)?)?;
     let up = on(fill(&[300, 700], 43, 1.0)?)?;
     let y = crate::ops::silu_mul::silu_mul(g.as_tensor(), u.as_tensor())?;
-    let gr = (&y * &up)?.sum_all()?.backward()?;
-    let grad = |v: &Var| {
-        gr.get(v.as_tensor())
-            .ok_or_else(|| candle_core::Error::Msg("silu-mul check: no gradient".into()))
-            .cloned()
-    };
-    [y, grad(&g)?, grad(&u)?]
-        .into_iter()
-        .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
-        .collect()
+    value_and_grads(y, &up, &[&g, &u], "silu-mul")
 }
 
 /// The permuted copy ([`crate::ops::permute`]) of a strided view (a narrow of a transposed
@@ -254,15 +271,7 @@ fn permute_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     let w = fill(&[4, 60, 9, 64], 52, 1.0)?
         .to_device(dev)?
         .to_dtype(dtype)?;
-    let g = (&y * &w)?.sum_all()?.backward()?;
-    let dx = g
-        .get(base.as_tensor())
-        .ok_or_else(|| candle_core::Error::Msg("permute check: no gradient".into()))?
-        .clone();
-    [y, dx]
-        .into_iter()
-        .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
-        .collect()
+    value_and_grads(y, &w, &[&base], "permute")
 }
 
 /// The tree of the Gated DeltaNet rows (parents of 8 rows: two branches off the root, a
@@ -453,13 +462,7 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             "interval attention, 100 slots decoding",
             "interval attention, 16-row verify, head dim 128",
         ];
-        for ((name, a), b) in names.iter().zip(&got).zip(&want) {
-            checks.push(KernelCheck {
-                name: format!("{name} ({dtype:?})"),
-                rel_err: rel_err(a, b)? as f64,
-                tolerance: tol,
-            });
-        }
+        push_rows(&mut checks, &names, &got, &want, dtype, tol)?;
     }
     // the RMSNorm backward of training (bf16 inputs rounded alike on both sides)
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {
@@ -473,29 +476,24 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             "rms-norm backward dx, rows of 128",
             "rms-norm backward dw, rows of 128",
         ];
-        for ((name, a), b) in names.iter().zip(&got).zip(&want) {
-            checks.push(KernelCheck {
-                name: format!("{name} ({dtype:?})"),
-                rel_err: rel_err(a, b)? as f64,
-                tolerance: tol,
-            });
-        }
+        push_rows(&mut checks, &names, &got, &want, dtype, tol)?;
     }
     // the training linear's written backward against candle's autograd on the CPU
     let want = linear_grads(&Device::Cpu, DType::F32)?;
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
         let got = linear_grads(dev, dtype)?;
-        for ((name, a), b) in ["linear out", "linear dx", "linear dW"]
-            .iter()
-            .zip(&got)
-            .zip(&want)
-        {
-            checks.push(KernelCheck {
-                name: format!("training {name} ({dtype:?})"),
-                rel_err: rel_err(a, b)? as f64,
-                tolerance: tol,
-            });
-        }
+        push_rows(
+            &mut checks,
+            &[
+                "training linear out",
+                "training linear dx",
+                "training linear dW",
+            ],
+            &got,
+            &want,
+            dtype,
+            tol,
+        )?;
     }
     // the permuted copy: the same values, bit for bit
     for dtype in [DType::F32, DType::BF16] {
@@ -503,33 +501,27 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             permute_rows(dev, dtype)?,
             permute_rows(&Device::Cpu, dtype)?,
         );
-        for ((name, a), b) in ["permuted copy", "permuted copy backward"]
-            .iter()
-            .zip(&got)
-            .zip(&want)
-        {
-            checks.push(KernelCheck {
-                name: format!("{name} ({dtype:?})"),
-                rel_err: rel_err(a, b)? as f64,
-                tolerance: 0.0,
-            });
-        }
+        push_rows(
+            &mut checks,
+            &["permuted copy", "permuted copy backward"],
+            &got,
+            &want,
+            dtype,
+            0.0,
+        )?;
     }
     // SwiGLU's fused gate and its written backward against candle's ops on the CPU
     let want = silu_mul_grads(&Device::Cpu, DType::F32)?;
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
         let got = silu_mul_grads(dev, dtype)?;
-        for ((name, a), b) in ["silu·up", "silu·up dgate", "silu·up dup"]
-            .iter()
-            .zip(&got)
-            .zip(&want)
-        {
-            checks.push(KernelCheck {
-                name: format!("{name} ({dtype:?})"),
-                rel_err: rel_err(a, b)? as f64,
-                tolerance: tol,
-            });
-        }
+        push_rows(
+            &mut checks,
+            &["silu·up", "silu·up dgate", "silu·up dup"],
+            &got,
+            &want,
+            dtype,
+            tol,
+        )?;
     }
     // the arg-max of each row: the same index, ties (the values repeat) and NaN included
     let mut x = fill(&[48, 3001], 5, 8.0)?;

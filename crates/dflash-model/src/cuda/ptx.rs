@@ -57,6 +57,15 @@ pub fn rows(rows: usize, threads: u32) -> LaunchConfig {
     }
 }
 
+/// A grid-stride launch over `n` values: 256 threads per block, at most 65,535 blocks.
+pub fn elementwise(n: u64) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// The contiguous data of a kernel input, from its offset.
 pub fn view<'a, T: CudaDType>(
     s: &'a CudaStorage,

@@ -94,8 +94,20 @@ impl DraftLayout<'_> {
 /// the H200 before the fused block softmax (a 2,048-token packed row, 1,024 anchors): 64-block
 /// windows (≈ 0.4–2 M cells) 125 ms of drafter forward per row, 4 M-cell windows 214 ms. With
 /// the fused softmax and 1 M cells the whole drafter step of a 512-anchor row is 90 ms
-/// (docs/BENCHMARKS.md); other budgets are not measured.
+/// (docs/BENCHMARKS.md). `DFLASH_WINDOW_CELLS=N` sets another budget (read once; for
+/// measuring the trade-off).
 const WINDOW_CELLS: usize = 1 << 20;
+
+/// [`WINDOW_CELLS`], or `DFLASH_WINDOW_CELLS` when it is a number.
+fn window_cells() -> usize {
+    static CELLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CELLS.get_or_init(|| {
+        std::env::var("DFLASH_WINDOW_CELLS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(WINDOW_CELLS)
+    })
+}
 
 /// A layer's attention mask: the whole `[keys]` mask and each row's visible key runs (for
 /// [`crate::cpu::row_attention`] where it applies), or (training) the two visible parts.
@@ -389,12 +401,12 @@ impl Drafter {
                         block,
                     } => {
                         let (c, o) = draft_training_parts(l.rule, segs, anchors, block);
-                        // windows: the blocks of one sequence, WINDOW_CELLS at a time,
+                        // windows: the blocks of one sequence, window_cells() at a time,
                         // score only the context keys their rows may see
                         let group: Vec<usize> =
                             anchors.iter().map(|&a| segs.segment_of(a)).collect();
                         let context =
-                            context_windows(&c, &o, block, &group, WINDOW_CELLS, m, device)?;
+                            context_windows(&c, &o, block, &group, window_cells(), m, device)?;
                         LayerMask::Parts { context, block }
                     }
                     DraftLayout::Inference { anchor, block } => {

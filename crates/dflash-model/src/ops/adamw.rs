@@ -156,7 +156,7 @@ impl InplaceOp2 for Moments {
         g: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<()> {
-        use crate::cuda::ptx::{launch, view};
+        use crate::cuda::ptx::{elementwise, launch, view};
         use candle_core::backend::BackendStorage;
         use candle_core::DType;
         contiguous(l1, "moments")?;
@@ -212,7 +212,7 @@ impl InplaceOp2 for Apply {
         mv: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<()> {
-        use crate::cuda::ptx::{launch, view};
+        use crate::cuda::ptx::{elementwise, launch, view};
         use candle_core::backend::BackendStorage;
         use candle_core::DType;
         contiguous(l1, "weights")?;
@@ -245,16 +245,6 @@ impl InplaceOp2 for Apply {
             lr
         );
         Ok(())
-    }
-}
-
-/// A grid-stride launch over `n` values: 256 threads per block, at most 65,535 blocks.
-#[cfg(feature = "cuda")]
-fn elementwise(n: u64) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
-    candle_core::cuda_backend::cudarc::driver::LaunchConfig {
-        grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
     }
 }
 

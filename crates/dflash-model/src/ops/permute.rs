@@ -150,7 +150,7 @@ impl CustomOp1 for Permute {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, launch};
+        use crate::cuda::ptx::{alloc, elementwise, launch};
         let v = view_of(l, &self.perm)?;
         let n = v.shape().elem_count();
         let mut sh = Strided6 {
@@ -164,11 +164,7 @@ impl CustomOp1 for Permute {
             sh.strides[k] = st as i32;
         }
         let dev = s.device().clone();
-        let cfg = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
-            grid_dim: ((n as u32).div_ceil(256).clamp(1, 65_535), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = elementwise(n as u64);
         let nn = n as u32;
         let out = match s.dtype() {
             DType::F32 => {

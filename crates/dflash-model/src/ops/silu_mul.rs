@@ -87,15 +87,6 @@ fn storage(v: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
     })
 }
 
-#[cfg(feature = "cuda")]
-fn elementwise(n: u64) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
-    candle_core::cuda_backend::cudarc::driver::LaunchConfig {
-        grid_dim: (n.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
 impl CustomOp2 for SiluMul {
     fn name(&self) -> &'static str {
         "silu-mul"
@@ -119,7 +110,7 @@ impl CustomOp2 for SiluMul {
         u: &candle_core::CudaStorage,
         lu: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, launch, view};
+        use crate::cuda::ptx::{alloc, elementwise, launch, view};
         let dev = g.device().clone();
         let n = lg.shape().elem_count();
         let (nn, cfg) = (n as u64, elementwise(n as u64));
@@ -187,7 +178,7 @@ impl CustomOp3 for SiluMulBwd {
         dy: &candle_core::CudaStorage,
         ld: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, launch, view};
+        use crate::cuda::ptx::{alloc, elementwise, launch, view};
         let dev = g.device().clone();
         let n = lg.shape().elem_count();
         let (nn, cfg) = (n as u64, elementwise(n as u64));
