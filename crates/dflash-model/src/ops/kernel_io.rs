@@ -72,6 +72,35 @@ pub(crate) fn cpu_slice<'a, T: WithDType>(
     Ok(&s.as_slice::<T>()?[o..o + l.shape().elem_count()])
 }
 
+/// A CPU input's values as f32 (f32 or bf16 storage): what the CPU twins of the f32-arithmetic
+/// kernels read.
+pub(crate) fn f32_values(s: &CpuStorage, l: &Layout, what: &str) -> Result<Vec<f32>> {
+    use candle_core::backend::BackendStorage;
+    Ok(match s.dtype() {
+        candle_core::DType::F32 => cpu_slice::<f32>(s, l, what)?.to_vec(),
+        candle_core::DType::BF16 => cpu_slice::<half::bf16>(s, l, what)?
+            .iter()
+            .map(|v| v.to_f32())
+            .collect(),
+        other => candle_core::bail!("{what}: {other:?} is not supported (f32, bf16)"),
+    })
+}
+
+/// f32 values as a CPU storage of `dtype` (f32, or bf16 rounded to nearest).
+pub(crate) fn f32_storage(
+    v: Vec<f32>,
+    dtype: candle_core::DType,
+    what: &str,
+) -> Result<CpuStorage> {
+    Ok(match dtype {
+        candle_core::DType::F32 => CpuStorage::F32(v),
+        candle_core::DType::BF16 => {
+            CpuStorage::BF16(v.into_iter().map(half::bf16::from_f32).collect())
+        }
+        other => candle_core::bail!("{what}: {other:?} is not supported (f32, bf16)"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

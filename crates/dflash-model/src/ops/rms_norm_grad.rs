@@ -16,7 +16,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
-use crate::ops::kernel_io::cpu_slice;
+use crate::ops::kernel_io::{cpu_slice, f32_storage, f32_values};
 
 /// The dtypes the kernels take (x and g share one).
 pub fn serves(dtype: DType) -> bool {
@@ -81,31 +81,6 @@ struct RmsInv {
 struct RmsDx;
 struct RmsDw {
     per: usize,
-}
-
-fn values<T: candle_core::WithDType>(s: &CpuStorage, l: &Layout, what: &str) -> Result<Vec<f32>> {
-    Ok(cpu_slice::<T>(s, l, what)?
-        .iter()
-        .map(|v| v.to_f64() as f32)
-        .collect())
-}
-
-/// A CPU input as f32 values (f32 or bf16).
-fn f32_values(s: &CpuStorage, l: &Layout, what: &str) -> Result<Vec<f32>> {
-    match s.dtype() {
-        DType::F32 => values::<f32>(s, l, what),
-        DType::BF16 => values::<half::bf16>(s, l, what),
-        other => candle_core::bail!("{what}: {other:?} is not supported (f32, bf16)"),
-    }
-}
-
-/// f32 values as a CPU storage of `dtype`.
-fn storage(v: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
-    Ok(match dtype {
-        DType::F32 => CpuStorage::F32(v),
-        DType::BF16 => CpuStorage::BF16(v.into_iter().map(half::bf16::from_f32).collect()),
-        other => candle_core::bail!("rms_norm_grad: {other:?} is not supported"),
-    })
 }
 
 /// Row sums in the kernels' spirit (f32, in index order).
@@ -181,7 +156,10 @@ impl CustomOp3 for RmsDx {
             let m = r[i] * s / h as f32;
             dx.extend((0..h).map(|j| (gr[j] * w[j] - xr[j] * r[i] * m) * r[i]));
         }
-        Ok((storage(dx, x.dtype())?, lx.shape().clone()))
+        Ok((
+            f32_storage(dx, x.dtype(), "rms_norm_grad")?,
+            lx.shape().clone(),
+        ))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(

@@ -12,7 +12,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
-use crate::ops::kernel_io::cpu_slice;
+use crate::ops::kernel_io::{f32_storage, f32_values};
 
 /// Whether the fused op serves `g` and `u`: on a GPU, f32 or bf16, one dtype and shape.
 pub fn serves(g: &Tensor, u: &Tensor) -> bool {
@@ -67,26 +67,6 @@ fn sig(g: f32) -> f32 {
     1.0 / (1.0 + (-g).exp())
 }
 
-/// A CPU input as f32 values (f32 or bf16).
-fn f32_values(s: &CpuStorage, l: &Layout, what: &str) -> Result<Vec<f32>> {
-    Ok(match s.dtype() {
-        DType::F32 => cpu_slice::<f32>(s, l, what)?.to_vec(),
-        DType::BF16 => cpu_slice::<half::bf16>(s, l, what)?
-            .iter()
-            .map(|v| v.to_f32())
-            .collect(),
-        other => candle_core::bail!("{what}: {other:?} is not supported (f32, bf16)"),
-    })
-}
-
-fn storage(v: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
-    Ok(match dtype {
-        DType::F32 => CpuStorage::F32(v),
-        DType::BF16 => CpuStorage::BF16(v.into_iter().map(half::bf16::from_f32).collect()),
-        other => candle_core::bail!("silu_mul: {other:?} is not supported (f32, bf16)"),
-    })
-}
-
 impl CustomOp2 for SiluMul {
     fn name(&self) -> &'static str {
         "silu-mul"
@@ -100,7 +80,7 @@ impl CustomOp2 for SiluMul {
     ) -> Result<(CpuStorage, Shape)> {
         let (gv, uv) = (f32_values(g, lg, "gate")?, f32_values(u, lu, "up")?);
         let y = gv.iter().zip(&uv).map(|(&g, &u)| g * sig(g) * u).collect();
-        Ok((storage(y, g.dtype())?, lg.shape().clone()))
+        Ok((f32_storage(y, g.dtype(), "silu_mul")?, lg.shape().clone()))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -166,7 +146,7 @@ impl CustomOp3 for SiluMulBwd {
             dv[i] * uv[i] * s * (1.0 + gv[i] * (1.0 - s))
         }));
         d.extend((0..n).map(|i| dv[i] * gv[i] * sig(gv[i])));
-        Ok((storage(d, g.dtype())?, Shape::from(2 * n)))
+        Ok((f32_storage(d, g.dtype(), "silu_mul")?, Shape::from(2 * n)))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
