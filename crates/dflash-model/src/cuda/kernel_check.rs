@@ -445,13 +445,7 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
     let mut checks = Vec::new();
     for (dtype, tol) in [(DType::F32, 1e-4), (DType::BF16, 3e-2)] {
         let got = run(dev, dtype)?;
-        for ((name, a), b) in names.iter().zip(&got).zip(&cpu) {
-            checks.push(KernelCheck {
-                name: format!("{name} ({dtype:?})"),
-                rel_err: rel_err(a, b)? as f64,
-                tolerance: tol,
-            });
-        }
+        push_rows(&mut checks, &names, &got, &cpu, dtype, tol)?;
     }
     // the fused interval attention against the matmuls around the interval softmax
     let want = interval_attention_rows(&Device::Cpu, DType::F32)?;
@@ -557,17 +551,9 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         });
     }
     // the AdamW kernels round every operation as their CPU twin does
-    for ((name, a), b) in ["adamw weights (F32)", "adamw moments (F32)"]
-        .iter()
-        .zip(&adamw(dev)?)
-        .zip(&adamw(&Device::Cpu)?)
-    {
-        checks.push(KernelCheck {
-            name: name.to_string(),
-            rel_err: rel_err(a, b)? as f64,
-            tolerance: 1e-6,
-        });
-    }
+    let (got, want) = (adamw(dev)?, adamw(&Device::Cpu)?);
+    let names = ["adamw weights", "adamw moments"];
+    push_rows(&mut checks, &names, &got, &want, DType::F32, 1e-6)?;
     // the linear-attention recurrence (f32 state): every output and kept state
     let names = [
         "gdn 27B-shape tree o",
@@ -585,21 +571,18 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
     let mut want = gdn(&Device::Cpu)?;
     want.extend(gdn_prep_and_norm(&Device::Cpu)?);
     want.extend(gdn_chunk(&Device::Cpu)?);
-    let names = names.iter().chain(&[
-        "gdn prep (27B shape, tree windows)",
-        "gdn gated norm (27B shape)",
-        "gdn chunked 27B-shape prefill o",
-        "gdn chunked 27B-shape prefill state",
-        "gdn chunked small prefill o",
-        "gdn chunked small prefill state",
-    ]);
-    for ((name, a), b) in names.zip(&got).zip(&want) {
-        checks.push(KernelCheck {
-            name: format!("{name} (F32)"),
-            rel_err: rel_err(a, b)? as f64,
-            tolerance: 1e-5,
-        });
-    }
+    let names: Vec<&str> = names
+        .into_iter()
+        .chain([
+            "gdn prep (27B shape, tree windows)",
+            "gdn gated norm (27B shape)",
+            "gdn chunked 27B-shape prefill o",
+            "gdn chunked 27B-shape prefill state",
+            "gdn chunked small prefill o",
+            "gdn chunked small prefill state",
+        ])
+        .collect();
+    push_rows(&mut checks, &names, &got, &want, DType::F32, 1e-5)?;
     Ok(checks)
 }
 

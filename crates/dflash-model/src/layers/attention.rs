@@ -122,12 +122,7 @@ fn grouped(
     let v = matmul_operand(v)?;
     let p = probs(&q.matmul(&k.t()?)?, g, n)?;
     let out = p.matmul(&v)?.reshape((b, hq, n, d))?; // [b, hkv, g*n, d] as [b, hq, n, d]
-                                                     // rows first: the GPU's permuted copy, else candle's (in the reshape)
-    let out = if crate::ops::permute::serves(&out) {
-        crate::ops::permute::permuted(&out, &[0, 2, 1, 3])?
-    } else {
-        out.transpose(1, 2)?
-    };
+    let out = crate::ops::permute::swap_rows_heads(&out)?; // rows first
     out.reshape((b, n, hq * d))
 }
 

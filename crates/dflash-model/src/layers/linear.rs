@@ -292,15 +292,14 @@ pub(crate) fn tracked_matmul_t(
     out_shape: Vec<usize>,
 ) -> Result<Tensor> {
     let n = w.dim(0)?;
-    let y = x
-        .detach()
-        .reshape((rows, k))?
-        .matmul(&w.detach().t()?)?
-        .reshape(out_shape)?;
-    let (xd, wd) = (x.detach(), w.detach());
-    let dx = move |g: &Tensor| g.reshape((rows, n))?.matmul(&wd)?.reshape(xd.shape());
-    let xd = x.detach();
-    let dw = move |g: &Tensor| g.reshape((rows, n))?.t()?.matmul(&xd.reshape((rows, k))?);
+    let (x2, wd, x_shape) = (
+        x.detach().reshape((rows, k))?,
+        w.detach(),
+        x.shape().clone(),
+    );
+    let y = x2.matmul(&wd.t()?)?.reshape(out_shape)?;
+    let dx = move |g: &Tensor| g.reshape((rows, n))?.matmul(&wd)?.reshape(&x_shape);
+    let dw = move |g: &Tensor| g.reshape((rows, n))?.t()?.matmul(&x2);
     use crate::ops::with_grad::{with_grad, with_grad2};
     // a frozen operand (the shared LM head, the taps) gets no gradient: no product for it
     match (x.track_op(), w.track_op()) {

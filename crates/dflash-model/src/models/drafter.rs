@@ -43,7 +43,7 @@ use crate::models::draft_vocab::{DraftHead, DraftVocab};
 use crate::models::selector::CandidateSelector;
 use crate::models::target::Target;
 use crate::ops::block_attention::{attend_blocks, context_windows, ContextWindow};
-use crate::ops::permute::heads_first;
+use crate::ops::permute::swap_rows_heads;
 
 /// Where the rows of one drafter forward sit.
 #[derive(Debug, Clone, Copy)]
@@ -449,7 +449,7 @@ impl Drafter {
             };
             let heads = |t: Tensor, n: usize, h: usize| t.reshape((1, n, h, a.head_dim));
             // 2. q from the block stream only
-            let q = heads_first(&a.q_norm.forward(&heads(
+            let q = swap_rows_heads(&a.q_norm.forward(&heads(
                 a.q_proj.forward(&hn)?,
                 nb,
                 a.heads,
@@ -458,9 +458,9 @@ impl Drafter {
             // 3. K/V over [context | block]
             let k = with_ctx(&a.k_proj, &hn)?;
             let v = with_ctx(&a.v_proj, &hn)?;
-            let k = heads_first(&a.k_norm.forward(&heads(k, m + nb, a.kv_heads)?)?)?;
+            let k = swap_rows_heads(&a.k_norm.forward(&heads(k, m + nb, a.kv_heads)?)?)?;
             let k = rope_kv.apply(&k)?;
-            let v = heads_first(&heads(v, m + nb, a.kv_heads)?)?;
+            let v = swap_rows_heads(&heads(v, m + nb, a.kv_heads)?)?;
             let (k, v) = match cache.as_deref_mut() {
                 Some(c) => c.append(i, &k, &v)?,
                 None => (k, v),

@@ -54,11 +54,12 @@ pub fn permuted(t: &Tensor, perm: &[usize]) -> Result<Tensor> {
     })
 }
 
-/// `[b, rows, heads, d]` → `[b, heads, rows, d]`: on a GPU where the kernel [`serves`], a
+/// Dimensions 1 and 2 swapped, `[b, rows, heads, d]` ↔ `[b, heads, rows, d]` (attention's
+/// projection and matmul layouts, both ways): on a GPU where the kernel [`serves`], a
 /// contiguous copy (with its backward); elsewhere candle's transposed view, no copy (its
 /// consumers copy where they must, as they did). Example: q of 8,192 rows × 32 heads × 128 at
 /// the Qwen3-8B training shape → `[1, 32, 8192, 128]`.
-pub fn heads_first(t: &Tensor) -> Result<Tensor> {
+pub fn swap_rows_heads(t: &Tensor) -> Result<Tensor> {
     if serves(t) && t.rank() == 4 {
         permuted(t, &[0, 2, 1, 3])
     } else {

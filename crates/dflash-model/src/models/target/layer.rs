@@ -14,7 +14,7 @@ use crate::layers::linear::Linear;
 use crate::layers::mlp::Mlp;
 use crate::layers::norm::RmsNorm;
 use crate::layers::rope::RopeTables;
-use crate::ops::permute::heads_first;
+use crate::ops::permute::swap_rows_heads;
 
 #[derive(Debug, Clone)]
 pub(super) struct Attention {
@@ -47,7 +47,7 @@ impl Attention {
                 Some(nm) => nm.forward(&t)?,
                 None => t,
             };
-            Ok(heads_first(&t)?)
+            Ok(swap_rows_heads(&t)?)
         };
         // 1. projections → [b, heads, n, d]; qwen3 normalises each head before RoPE
         let (q, gate) = if self.gated {
