@@ -84,8 +84,16 @@ impl AdamW {
         Ok(())
     }
 
-    /// One AdamW step of every parameter at `lr`, in place (weight decay on matrices only).
-    pub fn update(&mut self, params: &[(String, Var)], grads: &[Tensor], lr: f64) -> Result<()> {
+    /// One AdamW step of every parameter at `lr`, in place (weight decay on matrices only),
+    /// the gradients multiplied by `grad_scale` first when it is `Some` (the clip's factor,
+    /// [`clip_scale`]: applied inside the update, not as a pass of its own).
+    pub fn update(
+        &mut self,
+        params: &[(String, Var)],
+        grads: &[Tensor],
+        lr: f64,
+        grad_scale: Option<f64>,
+    ) -> Result<()> {
         self.step += 1;
         let t = self.step as i32;
         let (b1, b2) = (self.beta1, self.beta2);
@@ -103,6 +111,7 @@ impl AdamW {
                 eps: self.eps,
                 decay,
                 lr,
+                grad_scale,
             };
             adamw_step(p.as_tensor(), s, g, step)?;
         }
@@ -112,12 +121,25 @@ impl AdamW {
 
 /// Scale `grads` so their global L2 norm is at most `max_norm` (0: no clipping). Returns the
 /// norm before clipping.
+pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
+    let (norm, scale) = clip_scale(grads, max_norm)?;
+    if let Some(s) = scale {
+        for g in grads.iter_mut() {
+            *g = (&*g * s)?;
+        }
+    }
+    Ok(norm)
+}
+
+/// The global L2 norm of `grads` and the factor that brings it to `max_norm` when it is
+/// over (`None` when it is not, or `max_norm` is 0): `max_norm / (norm + 1e-6)`.
+/// Example: norms 3 and 4 (global 5), limit 1 → `(5.0, Some(≈ 0.2))`.
 /// The squares are summed on the device, row by row (many blocks, not one per tensor), in f32
 /// (f64 for f64 gradients), and read back once for all tensors (one synchronisation per step,
 /// not one per tensor).
-pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
+pub fn clip_scale(grads: &[Tensor], max_norm: f64) -> Result<(f64, Option<f64>)> {
     if grads.is_empty() {
-        return Ok(0.0);
+        return Ok((0.0, None));
     }
     let per_tensor = grads
         .iter()
@@ -140,13 +162,8 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
         .to_device(&candle_core::Device::Cpu)?
         .to_vec1()?;
     let norm = sq.iter().sum::<f64>().sqrt();
-    if max_norm > 0.0 && norm > max_norm {
-        let s = max_norm / (norm + 1e-6);
-        for g in grads.iter_mut() {
-            *g = (&*g * s)?;
-        }
-    }
-    Ok(norm)
+    let scale = (max_norm > 0.0 && norm > max_norm).then(|| max_norm / (norm + 1e-6));
+    Ok((norm, scale))
 }
 
 #[cfg(test)]
@@ -176,5 +193,45 @@ mod tests {
         assert!((n - (1.0f64 + 1e-8).sqrt()).abs() < 1e-14, "{n}");
         assert!(n > 1.0);
         assert!(clip_grad_norm(&mut [], 1.0).unwrap() == 0.0);
+    }
+
+    /// An update with the clip's factor applied inside it equals the update of gradients
+    /// clipped first, bit for bit (weights and moments), and an unclipped step takes no factor.
+    #[test]
+    fn the_clip_factor_inside_the_update_equals_clipping_first() {
+        let dev = Device::Cpu;
+        let w0: Vec<f32> = (0..60).map(|i| (i as f32 * 0.3).sin()).collect();
+        let g0: Vec<f32> = (0..60).map(|i| (i as f32 * 0.7).cos() * 4.0).collect();
+        let run = |inside: bool| {
+            let p = Var::from_tensor(
+                &Tensor::new(w0.as_slice(), &dev)
+                    .unwrap()
+                    .reshape((6, 10))
+                    .unwrap(),
+            )
+            .unwrap();
+            let params = vec![("w".to_string(), p.clone())];
+            let mut opt = AdamW::new(&params, 0.9, 0.95, 1e-8, 0.01).unwrap();
+            let mut grads = vec![Tensor::new(g0.as_slice(), &dev)
+                .unwrap()
+                .reshape((6, 10))
+                .unwrap()];
+            if inside {
+                let (n, scale) = clip_scale(&grads, 1.0).unwrap();
+                assert!(n > 1.0 && scale.is_some());
+                opt.update(&params, &grads, 1e-2, scale).unwrap();
+                assert_eq!(clip_scale(&grads, 1e3).unwrap().1, None);
+            } else {
+                clip_grad_norm(&mut grads, 1.0).unwrap();
+                opt.update(&params, &grads, 1e-2, None).unwrap();
+            }
+            let bits = |t: &Tensor| dflash_model::ops::compare::bits_f32(t).unwrap();
+            (
+                bits(p.as_tensor()),
+                bits(&opt.m(&params).unwrap()[0]),
+                bits(&opt.v(&params).unwrap()[0]),
+            )
+        };
+        assert_eq!(run(true), run(false));
     }
 }

@@ -694,11 +694,12 @@ __device__ __forceinline__ float aff(float x, float mul, float add) {
     return __fadd_rn(__fmul_rn(x, mul), add);
 }
 
+// `scaled`: the gradient is first multiplied by the clip's factor `gs` (as `g * s` rounds).
 extern "C" __global__ void adamw_moments_f32(float* mv, const float* g, unsigned long long n,
-    float b1, float omb1, float b2, float omb2) {
+    float b1, float omb1, float b2, float omb2, unsigned int scaled, float gs) {
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
-        float gi = g[i];
+        float gi = scaled ? aff(g[i], gs, 0.0f) : g[i];
         mv[i] = __fadd_rn(aff(mv[i], b1, 0.0f), aff(gi, omb1, 0.0f));
         mv[n + i] = __fadd_rn(aff(mv[n + i], b2, 0.0f), aff(__fmul_rn(gi, gi), omb2, 0.0f));
     }

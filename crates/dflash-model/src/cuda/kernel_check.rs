@@ -150,8 +150,8 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     Ok(outs)
 }
 
-/// Three AdamW steps of a `[64, 300]` parameter on `dev` (f32 master weights): the weights and
-/// the moments `[2, n]`, on the CPU.
+/// Three AdamW steps of a `[64, 300]` parameter on `dev` (f32 master weights; the second one
+/// with a clip scale): the weights and the moments `[2, n]`, on the CPU.
 fn adamw(dev: &Device) -> Result<Vec<Tensor>> {
     use crate::ops::adamw::{adamw_step, AdamStep};
     let w = fill(&[64, 300], 8, 1.0)?.to_device(dev)?;
@@ -166,6 +166,8 @@ fn adamw(dev: &Device) -> Result<Vec<Tensor>> {
             eps: 1e-8,
             decay: 1.0 - 6e-4 * 0.01,
             lr: 6e-4,
+            // step 2 clipped: the gradient scaled inside the moments kernel
+            grad_scale: (t == 2).then_some(0.37),
         };
         adamw_step(&w, &st, &g, s)?;
     }

@@ -26,7 +26,7 @@ use std::path::Path;
 use crate::layers::linear::Linear;
 use anyhow::{bail, Context, Result};
 use candle_core::Module;
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Device, Tensor, D};
 use dflash_core::config::DrafterConfig;
 use dflash_core::segments::Segments;
 use dflash_core::visibility::{draft_inference, draft_training_parts, DraftRule};
@@ -89,23 +89,27 @@ impl DraftLayout<'_> {
     }
 }
 
-/// Row × key cells per training attention window (`window_bounds`). Each window costs a fixed
-/// number of kernel launches; each cell past a row's own context is wasted work. Measured on
-/// the H200 before the fused block softmax (a 2,048-token packed row, 1,024 anchors): 64-block
-/// windows (≈ 0.4–2 M cells) 125 ms of drafter forward per row, 4 M-cell windows 214 ms. With
-/// the fused softmax and 1 M cells the whole drafter step of a 512-anchor row is 90 ms
-/// (docs/BENCHMARKS.md). `DFLASH_WINDOW_CELLS=N` sets another budget (read once; for
-/// measuring the trade-off).
-const WINDOW_CELLS: usize = 1 << 20;
+/// Row × key cells per training attention window (`window_bounds`) on a GPU. Each window costs
+/// a fixed number of kernel launches; each cell past a row's own context is wasted work. On the
+/// H200 (Qwen3-8B shape, a 2,048-token row, 512 anchors, docs/BENCHMARKS.md) the drafter step
+/// takes 267, 260, 257 and 248 ms with windows of 0.5, 1, 2 and 4 M cells.
+const WINDOW_CELLS_GPU: usize = 1 << 22;
+/// The same on the CPU, where launches cost nothing and wasted cells cost FLOPs.
+const WINDOW_CELLS_CPU: usize = 1 << 20;
 
-/// [`WINDOW_CELLS`], or `DFLASH_WINDOW_CELLS` when it is a number.
-fn window_cells() -> usize {
-    static CELLS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CELLS.get_or_init(|| {
+/// [`WINDOW_CELLS_GPU`] or [`WINDOW_CELLS_CPU`] for `device`, or `DFLASH_WINDOW_CELLS` when it
+/// is a number (read once; for measuring the trade-off).
+fn window_cells(device: &Device) -> usize {
+    static CELLS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let set = *CELLS.get_or_init(|| {
         std::env::var("DFLASH_WINDOW_CELLS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(WINDOW_CELLS)
+    });
+    set.unwrap_or(if device.is_cpu() {
+        WINDOW_CELLS_CPU
+    } else {
+        WINDOW_CELLS_GPU
     })
 }
 
@@ -401,12 +405,19 @@ impl Drafter {
                         block,
                     } => {
                         let (c, o) = draft_training_parts(l.rule, segs, anchors, block);
-                        // windows: the blocks of one sequence, window_cells() at a time,
+                        // windows: the blocks of one sequence, window_cells(device) at a time,
                         // score only the context keys their rows may see
                         let group: Vec<usize> =
                             anchors.iter().map(|&a| segs.segment_of(a)).collect();
-                        let context =
-                            context_windows(&c, &o, block, &group, window_cells(), m, device)?;
+                        let context = context_windows(
+                            &c,
+                            &o,
+                            block,
+                            &group,
+                            window_cells(device),
+                            m,
+                            device,
+                        )?;
                         LayerMask::Parts { context, block }
                     }
                     DraftLayout::Inference { anchor, block } => {

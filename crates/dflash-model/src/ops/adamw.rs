@@ -5,7 +5,8 @@
 //!
 //! The arithmetic is that of the composed form it replaces, operation for operation in f32
 //! (f64 for f64 weights, the gradient checks' dtype), each scalar product rounded as
-//! `x · mul + add` (how a tensor times a scalar computes):
+//! `x · mul + add` (how a tensor times a scalar computes): with a clip scale `s`,
+//! `g ← g·s + 0` first (the clipped gradient, without a pass of its own), then
 //! `m ← m·β1 + g·(1 − β1)`, `v ← v·β2 + g²·(1 − β2)`,
 //! `w ← w·decay − lr · (m·(1/c1)) / (sqrt(v·(1/c2)) + ε)` with `c_i = 1 − β_i^t` and
 //! `decay = 1 − lr·wd` (1 for vectors). The CUDA kernels (`adamw_moments_f32`,
@@ -30,6 +31,10 @@ pub struct AdamStep {
     /// `1 − lr · weight_decay` for matrices, 1 for vectors.
     pub decay: f64,
     pub lr: f64,
+    /// The global-norm clip's factor the gradient is multiplied by first, `None` when the
+    /// norm was under the limit (the gradient as given). Example: norm 2.6, limit 1.3 →
+    /// `Some(0.5)` (up to the clip's ε).
+    pub grad_scale: Option<f64>,
 }
 
 /// One parameter's step: `state` `[2, n]` (the first moments, then the second) and `w` (n
@@ -99,9 +104,14 @@ fn moments_cpu<T: num_like::Float + WithDType>(
     let (b1, omb1) = (T::of(s.beta1), T::of(1.0 - s.beta1));
     let (b2, omb2) = (T::of(s.beta2), T::of(1.0 - s.beta2));
     let zero = T::of(0.0);
+    let scale = s.grad_scale.map(T::of);
     for i in 0..n {
-        m[i] = aff(m[i], b1, zero) + aff(g[i], omb1, zero);
-        v[i] = aff(v[i], b2, zero) + aff(g[i] * g[i], omb2, zero);
+        let gi = match scale {
+            Some(c) => aff(g[i], c, zero),
+            None => g[i],
+        };
+        m[i] = aff(m[i], b1, zero) + aff(gi, omb1, zero);
+        v[i] = aff(v[i], b2, zero) + aff(gi * gi, omb2, zero);
     }
     Ok(())
 }
@@ -171,6 +181,10 @@ impl InplaceOp2 for Moments {
             s.beta2 as f32,
             (1.0 - s.beta2) as f32,
         );
+        let (scaled, gs) = (
+            s.grad_scale.is_some() as u32,
+            s.grad_scale.unwrap_or(1.0) as f32,
+        );
         let cfg = elementwise(n);
         // SAFETY of the write: `mv` is this op's destination, held exclusively.
         launch!(
@@ -184,7 +198,9 @@ impl InplaceOp2 for Moments {
             b1,
             omb1,
             b2,
-            omb2
+            omb2,
+            scaled,
+            gs
         );
         Ok(())
     }
@@ -254,7 +270,7 @@ mod tests {
     use candle_core::{DType, Device};
 
     /// The module's example, and the composed form (tensor ops) it replaces, bit for bit over
-    /// three steps with weight decay.
+    /// three steps with weight decay, the second one clipped.
     #[test]
     fn equals_the_composed_form_bit_for_bit() {
         let dev = Device::Cpu;
@@ -269,6 +285,7 @@ mod tests {
             eps: 1e-8,
             decay: 1.0,
             lr: 0.1,
+            grad_scale: None,
         };
         adamw_step(&w, &st, &g, s).unwrap();
         let m = st.to_vec2::<f32>().unwrap();
@@ -292,12 +309,18 @@ mod tests {
             let g: Vec<f32> = (0..n)
                 .map(|i| ((i * 7 + t as usize) as f32 * 0.11).cos())
                 .collect();
-            let g = Tensor::new(g.as_slice(), &dev)
+            let g_raw = Tensor::new(g.as_slice(), &dev)
                 .unwrap()
                 .reshape((10, 100))
                 .unwrap();
             let (c1, c2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
             let decay = 1.0 - lr * wd;
+            // step 2 is clipped: the composed form scales the gradient first
+            let grad_scale = (t == 2).then_some(0.37);
+            let g = match grad_scale {
+                Some(c) => (&g_raw * c).unwrap(),
+                None => g_raw.clone(),
+            };
             // the composed form
             cm = ((&cm * b1).unwrap() + (&g * (1.0 - b1)).unwrap()).unwrap();
             cv = ((&cv * b2).unwrap() + (g.sqr().unwrap() * (1.0 - b2)).unwrap()).unwrap();
@@ -312,8 +335,9 @@ mod tests {
                 eps,
                 decay,
                 lr,
+                grad_scale,
             };
-            adamw_step(&w, &st, &g, s).unwrap();
+            adamw_step(&w, &st, &g_raw, s).unwrap();
         }
         let bits = |t: &Tensor| crate::ops::compare::bits_f32(t).unwrap();
         assert_eq!(bits(&w), bits(&cw));
@@ -334,6 +358,7 @@ mod tests {
             eps: 1e-8,
             decay: 1.0,
             lr: 0.1,
+            grad_scale: None,
         };
         assert!(adamw_step(&w, &st, &w, s).is_err());
     }

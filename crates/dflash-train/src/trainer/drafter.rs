@@ -11,7 +11,7 @@ use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::Drafter;
 use dflash_model::Target;
 
-use crate::optim::{clip_grad_norm, AdamW};
+use crate::optim::{clip_scale, AdamW};
 
 /// The trainable drafter: named variables (sorted), the frozen weights, and the drafter built
 /// on both.
@@ -138,7 +138,7 @@ impl TrainableDrafter {
         grad_clip: f64,
         lr: f64,
     ) -> Result<f64> {
-        let mut grads: Vec<Tensor> = grads
+        let grads: Vec<Tensor> = grads
             .into_iter()
             .zip(&self.params)
             .map(|(g, (_, p))| {
@@ -146,16 +146,17 @@ impl TrainableDrafter {
                     .unwrap_or_else(|| Tensor::zeros(p.shape(), p.dtype(), p.device()))
             })
             .collect::<candle_core::Result<_>>()?;
-        let grad_norm = {
+        let (grad_norm, scale) = {
             let _p = tracing::info_span!(target: "phase", "clip").entered();
-            clip_grad_norm(&mut grads, grad_clip)?
+            clip_scale(&grads, grad_clip)?
         };
         if !grad_norm.is_finite() {
             return Ok(grad_norm);
         }
         {
+            // the clip's factor is applied inside the update (no pass of its own)
             let _p = tracing::info_span!(target: "phase", "optimizer").entered();
-            opt.update(&self.params, &grads, lr)?;
+            opt.update(&self.params, &grads, lr, scale)?;
         }
         let _p = tracing::info_span!(target: "phase", "refresh bf16 copies").entered();
         self.refresh(target)?;
