@@ -389,6 +389,19 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         assert_eq!(!c.failed(), pass, "{name}: {c:?}");
         assert_eq!(c.detail.contains("none recorded"), pass, "{c:?}");
     }
+    // the same stale value in a record that names another data set: the stored value was
+    // validated on that set's sequences, so it is not compared with these, and the detail says so
+    let dir = with_record(&drafter, "doc-other-data", |v| {
+        v["val_simulated_tau"] = serde_json::json!(2.0 * sim);
+        v["data_manifest_sha256"] = serde_json::json!("0".repeat(64));
+    });
+    let r = run_doctor(&target, &dir, Some(&data));
+    let c = r
+        .checks
+        .iter()
+        .find(|c| c.name == "simulated vs measured τ")
+        .unwrap();
+    assert!(!c.failed() && c.detail.contains("not compared"), "{c:?}");
 
     // (f) the record says another kernel family computed the training features (fla's, as in
     // the seeds' project): named, and the likely cause; the same numerics in another precision

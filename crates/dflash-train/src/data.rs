@@ -131,6 +131,19 @@ pub fn write_manifest(dir: &Path, m: &Manifest) -> Result<()> {
     )
 }
 
+/// The sha256 of `dir/manifest.json` (lowercase hex): what a training record keeps to name
+/// its data set (`TrainingRecord::data_manifest_sha256`), and what the doctor compares to tell
+/// the training data from another set.
+pub fn manifest_sha256(dir: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let p = dir.join("manifest.json");
+    let bytes = std::fs::read(&p).with_context(|| format!("reading {}", p.display()))?;
+    Ok(Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
 /// Every sequence of a data directory, shard by shard, checked.
 pub fn read_sequences(dir: &Path) -> Result<(Manifest, Vec<Sequence>)> {
     let m = read_manifest(dir)?;

@@ -134,9 +134,9 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
 /// The global L2 norm of `grads` and the factor that brings it to `max_norm` when it is
 /// over (`None` when it is not, or `max_norm` is 0): `max_norm / (norm + 1e-6)`.
 /// Example: norms 3 and 4 (global 5), limit 1 → `(5.0, Some(≈ 0.2))`.
-/// The squares are summed on the device, row by row (many blocks, not one per tensor), in f32
-/// (f64 for f64 gradients), and read back once for all tensors (one synchronisation per step,
-/// not one per tensor).
+/// The squares are summed on the device in f32 (f64 for f64 gradients; on a GPU by
+/// [`dflash_model::ops::sq_sum`], on the CPU row by row), and read back once for all tensors (one
+/// synchronisation per step, not one per tensor).
 pub fn clip_scale(grads: &[Tensor], max_norm: f64) -> Result<(f64, Option<f64>)> {
     if grads.is_empty() {
         return Ok((0.0, None));
@@ -144,6 +144,10 @@ pub fn clip_scale(grads: &[Tensor], max_norm: f64) -> Result<(f64, Option<f64>)>
     let per_tensor = grads
         .iter()
         .map(|g| {
+            if !g.device().is_cpu() && matches!(g.dtype(), DType::F32 | DType::BF16) {
+                // on a GPU each value is read once, bf16 widened in registers
+                return dflash_model::ops::sq_sum::sq_sum(g)?.to_dtype(DType::F64);
+            }
             let wide = if g.dtype() == DType::F64 {
                 DType::F64
             } else {

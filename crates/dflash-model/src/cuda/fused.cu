@@ -695,14 +695,50 @@ __device__ __forceinline__ float aff(float x, float mul, float add) {
 }
 
 // `scaled`: the gradient is first multiplied by the clip's factor `gs` (as `g * s` rounds).
-extern "C" __global__ void adamw_moments_f32(float* mv, const float* g, unsigned long long n,
+// The gradient is f32 or bf16 (widened exactly, as a cast to f32 would).
+template <typename G>
+__device__ void adamw_moments(float* mv, const G* g, unsigned long long n,
     float b1, float omb1, float b2, float omb2, unsigned int scaled, float gs) {
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
-        float gi = scaled ? aff(g[i], gs, 0.0f) : g[i];
+        float g0 = ld(g, i);
+        float gi = scaled ? aff(g0, gs, 0.0f) : g0;
         mv[i] = __fadd_rn(aff(mv[i], b1, 0.0f), aff(gi, omb1, 0.0f));
         mv[n + i] = __fadd_rn(aff(mv[n + i], b2, 0.0f), aff(__fmul_rn(gi, gi), omb2, 0.0f));
     }
+}
+
+extern "C" __global__ void adamw_moments_f32(float* mv, const float* g, unsigned long long n,
+    float b1, float omb1, float b2, float omb2, unsigned int scaled, float gs) {
+    adamw_moments<float>(mv, g, n, b1, omb1, b2, omb2, scaled, gs);
+}
+
+extern "C" __global__ void adamw_moments_bf16(float* mv, const __nv_bfloat16* g,
+    unsigned long long n, float b1, float omb1, float b2, float omb2, unsigned int scaled, float gs) {
+    adamw_moments<__nv_bfloat16>(mv, g, n, b1, omb1, b2, omb2, scaled, gs);
+}
+
+// The sum of squares of n values in f32 (`sq_sum.rs`): each block of 256 threads sums its
+// grid-stride share and writes one partial; the partials are summed after.
+template <typename T>
+__device__ void sq_sum(const T* x, float* partial, unsigned long long n) {
+    __shared__ float sh[32];
+    float acc = 0.0f;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        float v = ld(x, i);
+        acc += v * v;
+    }
+    float total = block_sum(acc, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+extern "C" __global__ void sq_sum_f32(const float* x, float* partial, unsigned long long n) {
+    sq_sum<float>(x, partial, n);
+}
+
+extern "C" __global__ void sq_sum_bf16(const __nv_bfloat16* x, float* partial, unsigned long long n) {
+    sq_sum<__nv_bfloat16>(x, partial, n);
 }
 
 extern "C" __global__ void adamw_apply_f32(float* p, const float* mv, unsigned long long n,

@@ -151,13 +151,16 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 }
 
 /// Three AdamW steps of a `[64, 300]` parameter on `dev` (f32 master weights; the second one
-/// with a clip scale): the weights and the moments `[2, n]`, on the CPU.
-fn adamw(dev: &Device) -> Result<Vec<Tensor>> {
+/// with a clip scale), from f32 gradients or from bf16 ones (a bf16 compute copy's): the weights
+/// and the moments `[2, n]`, on the CPU.
+fn adamw(dev: &Device, grads: DType) -> Result<Vec<Tensor>> {
     use crate::ops::adamw::{adamw_step, AdamStep};
     let w = fill(&[64, 300], 8, 1.0)?.to_device(dev)?;
     let st = Tensor::zeros((2, 64 * 300), DType::F32, dev)?;
     for t in 1..=3i32 {
-        let g = fill(&[64, 300], 9 + t as u64, 0.1)?.to_device(dev)?;
+        let g = fill(&[64, 300], 9 + t as u64, 0.1)?
+            .to_dtype(grads)?
+            .to_device(dev)?;
         let s = AdamStep {
             beta1: 0.9,
             beta2: 0.95,
@@ -553,9 +556,34 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         });
     }
     // the AdamW kernels round every operation as their CPU twin does
-    let (got, want) = (adamw(dev)?, adamw(&Device::Cpu)?);
-    let names = ["adamw weights", "adamw moments"];
-    push_rows(&mut checks, &names, &got, &want, DType::F32, 1e-6)?;
+    for (grads, names) in [
+        (DType::F32, ["adamw weights", "adamw moments"]),
+        (
+            DType::BF16,
+            [
+                "adamw weights, bf16 gradients",
+                "adamw moments, bf16 gradients",
+            ],
+        ),
+    ] {
+        let (got, want) = (adamw(dev, grads)?, adamw(&Device::Cpu, grads)?);
+        push_rows(&mut checks, &names, &got, &want, DType::F32, 1e-6)?;
+    }
+    // the clip's sum of squares, each value read once (f32 and bf16; 300,000 values span the
+    // kernel's largest grid)
+    let x = fill(&[300, 1000], 12, 3.0)?;
+    let mut got = Vec::new();
+    let mut want = Vec::new();
+    for dt in [DType::F32, DType::BF16] {
+        let v = x.to_dtype(dt)?;
+        got.push(crate::ops::sq_sum::sq_sum(&v.to_device(dev)?)?.to_device(&Device::Cpu)?);
+        want.push(crate::ops::sq_sum::sq_sum(&v)?);
+    }
+    let names = [
+        "sum of squares of f32 values",
+        "sum of squares of bf16 values",
+    ];
+    push_rows(&mut checks, &names, &got, &want, DType::F32, 1e-5)?;
     // the linear-attention recurrence (f32 state): every output and kept state
     let names = [
         "gdn 27B-shape tree o",
@@ -597,7 +625,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 64);
+        assert_eq!(checks.len(), 68);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

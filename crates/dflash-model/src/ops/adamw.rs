@@ -15,7 +15,7 @@
 //! m = v = 0, β = (0.9, 0.999), t = 1, lr = 0.1, no decay → m = 0.05, v = 0.00025,
 //! w = 1 − 0.1 · 0.5 / (0.5 + ε) ≈ 0.9.
 
-use candle_core::{CpuStorage, InplaceOp2, Layout, Result, Tensor, WithDType};
+use candle_core::{CpuStorage, DType, InplaceOp2, Layout, Result, Tensor, WithDType};
 
 use crate::ops::kernel_io::cpu_slice;
 
@@ -38,7 +38,8 @@ pub struct AdamStep {
 }
 
 /// One parameter's step: `state` `[2, n]` (the first moments, then the second) and `w` (n
-/// values, contiguous) updated in place from the gradient `g`.
+/// values, contiguous) updated in place from the gradient `g`: of `w`'s dtype, or bf16 for f32
+/// weights (the gradient of a bf16 compute copy, widened in the kernel as a cast would).
 pub fn adamw_step(w: &Tensor, state: &Tensor, g: &Tensor, s: AdamStep) -> Result<()> {
     let n = w.elem_count();
     if state.dims() != [2, n] || g.elem_count() != n {
@@ -48,7 +49,11 @@ pub fn adamw_step(w: &Tensor, state: &Tensor, g: &Tensor, s: AdamStep) -> Result
             g.dims()
         );
     }
-    let g = g.to_dtype(w.dtype())?.contiguous()?;
+    let g = if g.dtype() == DType::BF16 && w.dtype() == DType::F32 {
+        g.contiguous()?
+    } else {
+        g.to_dtype(w.dtype())?.contiguous()?
+    };
     state.inplace_op2(&g.flatten_all()?, &Moments(s))?;
     w.inplace_op2(state, &Apply(s))
 }
@@ -152,6 +157,10 @@ impl InplaceOp2 for Moments {
     fn cpu_fwd(&self, mv: &mut CpuStorage, l1: &Layout, g: &CpuStorage, l2: &Layout) -> Result<()> {
         contiguous(l1, "moments")?;
         match mv {
+            CpuStorage::F32(x) if matches!(g, CpuStorage::BF16(_)) => {
+                let g = crate::ops::kernel_io::f32_values(g, l2, "gradient")?;
+                moments_cpu(x, l1, &g, &self.0)
+            }
             CpuStorage::F32(x) => moments_cpu(x, l1, cpu_slice::<f32>(g, l2, "gradient")?, &self.0),
             CpuStorage::F64(x) => moments_cpu(x, l1, cpu_slice::<f64>(g, l2, "gradient")?, &self.0),
             _ => candle_core::bail!("adamw: moments must be f32 or f64"),
@@ -168,12 +177,10 @@ impl InplaceOp2 for Moments {
     ) -> Result<()> {
         use crate::cuda::ptx::{elementwise, launch, view};
         use candle_core::backend::BackendStorage;
-        use candle_core::DType;
         contiguous(l1, "moments")?;
         let s = &self.0;
         let dev = mv.device().clone();
         let n = l2.shape().elem_count() as u64;
-        let gv = view::<f32>(g, l2, "gradient")?;
         let mvv = view::<f32>(mv, l1, "moments")?;
         let (b1, omb1, b2, omb2) = (
             s.beta1 as f32,
@@ -187,21 +194,30 @@ impl InplaceOp2 for Moments {
         );
         let cfg = elementwise(n);
         // SAFETY of the write: `mv` is this op's destination, held exclusively.
-        launch!(
-            dev,
-            "adamw_moments",
-            DType::F32,
-            cfg,
-            mvv,
-            gv,
-            n,
-            b1,
-            omb1,
-            b2,
-            omb2,
-            scaled,
-            gs
-        );
+        macro_rules! go {
+            ($t:ty, $dt:expr) => {{
+                let gv = view::<$t>(g, l2, "gradient")?;
+                launch!(
+                    dev,
+                    "adamw_moments",
+                    $dt,
+                    cfg,
+                    mvv,
+                    gv,
+                    n,
+                    b1,
+                    omb1,
+                    b2,
+                    omb2,
+                    scaled,
+                    gs
+                );
+            }};
+        }
+        match g.dtype() {
+            DType::BF16 => go!(half::bf16, DType::BF16),
+            _ => go!(f32, DType::F32),
+        }
         Ok(())
     }
 }
@@ -230,7 +246,6 @@ impl InplaceOp2 for Apply {
     ) -> Result<()> {
         use crate::cuda::ptx::{elementwise, launch, view};
         use candle_core::backend::BackendStorage;
-        use candle_core::DType;
         contiguous(l1, "weights")?;
         let s = &self.0;
         let dev = w.device().clone();
@@ -343,6 +358,42 @@ mod tests {
         assert_eq!(bits(&w), bits(&cw));
         assert_eq!(bits(&st.get(0).unwrap()), bits(&cm));
         assert_eq!(bits(&st.get(1).unwrap()), bits(&cv));
+    }
+
+    /// bf16 gradients of f32 weights (read by the moments kernel as they are) give the same bits
+    /// as the same gradients cast to f32 first, clipped and not.
+    #[test]
+    fn bf16_gradients_equal_their_f32_casts() {
+        let dev = Device::Cpu;
+        let run = |bf16: bool| {
+            let w = Tensor::new(&[0.3f32, -1.2, 2.5, 0.0, 7.0, -0.01], &dev).unwrap();
+            let st = Tensor::zeros((2, 6), DType::F32, &dev).unwrap();
+            for t in 1..=2i32 {
+                let g = Tensor::new(&[0.1f32 * t as f32, -3.0, 0.7, 1e-3, -0.0, 2.2], &dev)
+                    .unwrap()
+                    .to_dtype(DType::BF16)
+                    .unwrap();
+                let g = if bf16 {
+                    g
+                } else {
+                    g.to_dtype(DType::F32).unwrap()
+                };
+                let s = AdamStep {
+                    beta1: 0.9,
+                    beta2: 0.95,
+                    inv_c1: 1.0 / (1.0 - 0.9f64.powi(t)),
+                    inv_c2: 1.0 / (1.0 - 0.95f64.powi(t)),
+                    eps: 1e-8,
+                    decay: 0.999,
+                    lr: 1e-2,
+                    grad_scale: (t == 2).then_some(0.41),
+                };
+                adamw_step(&w, &st, &g, s).unwrap();
+            }
+            let bits = |t: &Tensor| crate::ops::compare::bits_f32(t).unwrap();
+            (bits(&w), bits(&st))
+        };
+        assert_eq!(run(true), run(false));
     }
 
     #[test]

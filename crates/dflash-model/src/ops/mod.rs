@@ -19,5 +19,6 @@ pub mod permute;
 pub mod rms_norm_grad;
 pub mod silu_mul;
 pub mod softmax;
+pub mod sq_sum;
 pub mod top_k;
 pub mod with_grad;

@@ -17,7 +17,14 @@ use crate::optim::{clip_scale, AdamW};
 /// on both.
 pub struct TrainableDrafter {
     pub config: DrafterConfig,
+    /// The master weights the optimizer updates and checkpoints save.
     pub params: Vec<(String, Var)>,
+    /// When the drafter computes in another dtype than its masters (bf16 on a GPU): per
+    /// parameter, the compute copy as a variable of its own, so that the backward ends there
+    /// (a bf16 gradient, read as it is by the clip and AdamW: no cast of each weight's gradient
+    /// and no f32 accumulation of it). Empty at the master dtype, where the drafter computes on
+    /// the masters themselves. Refreshed from the masters after each update.
+    compute: Vec<Var>,
     /// Weights that are not trained (`train_only`): constants, so no gradient is computed
     /// through them.
     pub frozen: HashMap<String, Tensor>,
@@ -56,13 +63,20 @@ impl TrainableDrafter {
         let mut names: Vec<&String> = weights.keys().collect();
         names.sort();
         let mut params = Vec::new();
+        let mut compute = Vec::new();
         let mut frozen = HashMap::new();
         let mut map = HashMap::new();
         for n in names {
             let w = weights[n].to_dtype(master)?.to_device(&t.device)?;
             if trained(n) {
                 let var = Var::from_tensor(&w)?;
-                map.insert(n.clone(), var.as_tensor().clone());
+                if master == t.dtype {
+                    map.insert(n.clone(), var.as_tensor().clone());
+                } else {
+                    let c = Var::from_tensor(&w.to_dtype(t.dtype)?)?;
+                    map.insert(n.clone(), c.as_tensor().clone());
+                    compute.push(c);
+                }
                 params.push((n.clone(), var));
             } else {
                 map.insert(n.clone(), w.clone());
@@ -77,9 +91,26 @@ impl TrainableDrafter {
         Ok(Self {
             config,
             params,
+            compute,
             frozen,
             drafter,
         })
+    }
+
+    /// Each parameter's gradient in `g` (in `params` order): the compute copy's when there is
+    /// one (bf16 on a GPU), else the master's.
+    pub fn grads_of(&self, g: &candle_core::backprop::GradStore) -> Vec<Option<Tensor>> {
+        if self.compute.is_empty() {
+            self.params
+                .iter()
+                .map(|(_, p)| g.get(p.as_tensor()).cloned())
+                .collect()
+        } else {
+            self.compute
+                .iter()
+                .map(|c| g.get(c.as_tensor()).cloned())
+                .collect()
+        }
     }
 
     /// Every weight, trained and frozen.
@@ -100,11 +131,11 @@ impl TrainableDrafter {
         acc: &mut [Option<Tensor>],
         g: &candle_core::backprop::GradStore,
     ) -> Result<()> {
-        for (slot, (_, p)) in acc.iter_mut().zip(&self.params) {
-            if let Some(gi) = g.get(p.as_tensor()) {
+        for (slot, gi) in acc.iter_mut().zip(self.grads_of(g)) {
+            if let Some(gi) = gi {
                 *slot = Some(match slot.take() {
-                    Some(a) => (a + gi)?,
-                    None => gi.clone(),
+                    Some(a) => add_wide(&a, &gi)?,
+                    None => gi,
                 });
             }
         }
@@ -115,14 +146,16 @@ impl TrainableDrafter {
     /// weights (bf16 on GPU), its weights are casts taken at build time, so cast them anew.
     /// (At the master dtype the drafter's tensors share storage with the variables.)
     pub fn refresh(&mut self, t: &Target) -> Result<()> {
-        if self
-            .params
-            .first()
-            .is_some_and(|(_, p)| p.dtype() != t.dtype)
-        {
-            let store = TensorStore::new(self.weights(), t.dtype, t.device.clone());
-            self.drafter = Drafter::load(self.config.clone(), &store, t)?;
+        if self.compute.is_empty() {
+            return Ok(());
         }
+        let mut map = self.frozen.clone();
+        for ((n, p), c) in self.params.iter().zip(&self.compute) {
+            c.set(&p.as_tensor().to_dtype(c.dtype())?)?;
+            map.insert(n.clone(), c.as_tensor().clone());
+        }
+        let store = TensorStore::new(map, t.dtype, t.device.clone());
+        self.drafter = Drafter::load(self.config.clone(), &store, t)?;
         Ok(())
     }
 
@@ -162,6 +195,19 @@ impl TrainableDrafter {
         self.refresh(target)?;
         Ok(grad_norm)
     }
+}
+
+/// `a + b`, in f32 when either is bf16 (a sum of the compute copies' gradients over a step's
+/// rows is taken at the masters' precision; f32 and f64 sums stay as they are).
+pub fn add_wide(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+    let wide = |t: &Tensor| {
+        if t.dtype() == DType::BF16 {
+            t.to_dtype(DType::F32)
+        } else {
+            Ok(t.clone())
+        }
+    };
+    wide(a)? + wide(b)?
 }
 
 /// The weights of an existing drafter directory, checked against the run's drafter config

@@ -13,9 +13,8 @@ use dflash_model::io::loader::{identity_hash, LoadedTarget};
 use dflash_model::models::drafter_init::{
     default_mask_token, drafter_config, random_weights, DrafterShape,
 };
-use sha2::{Digest, Sha256};
 
-use super::drafter::{init_weights_from, TrainableDrafter};
+use super::drafter::{add_wide, init_weights_from, TrainableDrafter};
 use super::features::FeatureCache;
 use super::rows::{permutation, row_loss, usable_sequences, validate};
 use super::{read_metrics, StepMetrics, TrainOptions};
@@ -70,13 +69,6 @@ pub(super) struct Run<'a> {
     pub latest_checkpoint: Option<PathBuf>,
     started: Instant,
     tokens_total: usize,
-}
-
-fn sha256_file(p: &Path) -> Result<String> {
-    Ok(Sha256::digest(std::fs::read(p)?)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
 }
 
 impl<'a> Run<'a> {
@@ -191,7 +183,7 @@ impl<'a> Run<'a> {
         } else {
             (None, None)
         };
-        let manifest_sha = sha256_file(&data_dir.join("manifest.json"))?;
+        let manifest_sha = crate::data::manifest_sha256(data_dir)?;
         let order = permutation(train_rows.len(), cfg.seed, state.epoch);
         Ok(Self {
             lt,
@@ -275,12 +267,7 @@ impl<'a> Run<'a> {
                     (out.loss / a as f64)?.backward()?
                 };
                 stats.extend(row_stats(l, out.weight_sum, &out.counts, positions));
-                Ok(self
-                    .td
-                    .params
-                    .iter()
-                    .map(|(_, p)| g.get(p.as_tensor()).cloned())
-                    .collect())
+                Ok(self.td.grads_of(&g))
             },
             &add_grads,
         );
@@ -550,13 +537,13 @@ fn open_metrics(path: &Path, resumed_at: Option<usize>) -> Result<std::fs::File>
     Ok(std::fs::OpenOptions::new().append(true).open(path)?)
 }
 
-/// The parameters' gradients summed element-wise (a missing one is `None`).
+/// The parameters' gradients summed element-wise (a missing one is `None`; bf16 ones in f32).
 fn add_grads(a: Vec<Option<Tensor>>, b: Vec<Option<Tensor>>) -> Result<Vec<Option<Tensor>>> {
     a.into_iter()
         .zip(b)
         .map(|(x, y)| {
             Ok(match (x, y) {
-                (Some(x), Some(y)) => Some((x + y)?),
+                (Some(x), Some(y)) => Some(add_wide(&x, &y)?),
                 (x, None) => x,
                 (None, y) => y,
             })
@@ -575,7 +562,8 @@ fn all_reduce_grads(
         .iter()
         .zip(params)
         .map(|(g, (_, p))| match g {
-            Some(g) => g.flatten_all(),
+            // summed over the ranks at the masters' precision
+            Some(g) => g.to_dtype(p.dtype())?.flatten_all(),
             None => Tensor::zeros(p.elem_count(), p.dtype(), p.device()),
         })
         .collect::<candle_core::Result<Vec<_>>>()?;
