@@ -65,13 +65,13 @@ def main():
         row = {
             "shape": a.shape,
             "impl": f"transformers-{variant}",
-            "slots": a.slots,
+            "batch": a.slots,
             "requests": a.slots,
             "prompt_tokens": a.prompt_tokens,
             "prompt_tokens_min": lo,
             "new_tokens": a.new_tokens,
             "seconds": secs,
-            "tok_s": tokens / secs,
+            "new_tok_s": tokens / secs,
             "ms_per_step": 1e3 * secs / a.new_tokens,
         }
         print(json.dumps(row), flush=True)

@@ -8,7 +8,7 @@
 # SHAPE defaults to bench/shapes/smollm2-135m.json. Cases (PROMPT_MIN:PROMPT_MAX:NEW, the
 # CASES variable): 256:256:512 (equal lengths) and 64:1024:256 (lengths spread like real
 # prompts); 256 slots, bf16. Writes $OUT/regen.json (rows: shape, impl, attention, cuda_graphs,
-# prompt_tokens_min, prompt_tokens, new_tokens, tok_s, ms_per_step) and $OUT/regen.md.
+# batch, prompt_tokens_min, prompt_tokens, new_tokens, new_tok_s, ms_per_step) and $OUT/regen.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-target/cuda/release/dflash-rs}
@@ -45,7 +45,7 @@ lines = ["| prompts | new | impl | attention | graphs | tokens/s | ms per step (
 for r in rows:
     p = f"{r.get('prompt_tokens_min', r['prompt_tokens'])}–{r['prompt_tokens']}"
     lines.append(f"| {p} | {r['new_tokens']} | {r['impl']} | {r.get('attention', 'SDPA')} | "
-                 f"{r.get('cuda_graphs', '')} | {r['tok_s']:.0f} | {r['ms_per_step']:.2f} |")
+                 f"{r.get('cuda_graphs', '')} | {r['new_tok_s']:.0f} | {r['ms_per_step']:.2f} |")
 open(f"{out}/regen.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

