@@ -7,12 +7,39 @@ pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
-/// An empty temporary folder of this process for `name` (removed and made again).
+/// An empty temporary folder of this process for `name` (removed and made again). The first
+/// call of a process also removes the folders of test processes that have exited (Linux: no
+/// `/proc/PID`), so repeated test runs do not fill the temporary directory.
 pub fn tmp(name: &str) -> PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(sweep_exited);
     let d = std::env::temp_dir().join(format!("dflash-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// Remove `dflash-test-PID-*` folders whose process has exited. Example: `dflash-test-4242-data`
+/// goes when `/proc/4242` does not exist; this process's own folders stay.
+fn sweep_exited() {
+    if !std::path::Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("dflash-test-")) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// A cached asset under `$DFLASH_HOME`, or a panic that says how to fetch it
