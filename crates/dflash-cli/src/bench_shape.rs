@@ -64,6 +64,37 @@ pub struct BenchShapeArgs {
     /// recurrent, per length (comma-separated; empty for none).
     #[arg(long, default_value = "2048,8192")]
     pub gdn_lengths: String,
+    /// The τ of the cost-model figures in `--json` rows (the paper's Qwen3-8B GSM8K τ: 6.5).
+    #[arg(long, default_value_t = 6.5)]
+    pub tau: f64,
+    /// Also write the figures as JSON lines to this file, for `docs/bench/`: one row of the
+    /// eager forwards and, on a GPU, one of the forwards replayed from CUDA graphs (`shape`,
+    /// `impl`, `mode`, `ar_ms`, `verify16_ms` (the chain verify of `--block-size` rows),
+    /// `draft_ms`, `read_floor_ms`, `costmodel`: `{"tau", "dflash", "ddtree_best"}`).
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+/// The cost model's speed-ups at `tau`: the chain (`t_draft + t_chain`) and the best DDTree
+/// budget (`t_draft_top + t_tree`, the same τ: a lower bound, a tree's τ being higher).
+/// Example: AR 10 ms, draft 1, chain 11, τ 6 → dflash 6 · 10 / 12 = 5.0.
+fn costmodel(
+    tau: f64,
+    t_ar: f64,
+    t_draft: f64,
+    t_chain: f64,
+    t_draft_top: f64,
+    trees: &[f64],
+) -> serde_json::Value {
+    let best = trees
+        .iter()
+        .map(|t| tau * t_ar / (t_draft_top + t))
+        .fold(f64::NAN, f64::max);
+    serde_json::json!({
+        "tau": tau,
+        "dflash": tau * t_ar / (t_draft + t_chain),
+        "ddtree_best": if best.is_nan() { serde_json::Value::Null } else { best.into() },
+    })
 }
 
 /// A best-first tree of `budget` nodes over `depth` positions from fixed, decaying scores
@@ -378,6 +409,54 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     line("DFlash chain", t_chain);
     for (b, _, t) in &tree_rows {
         line(&format!("DDTree-{b}"), *t);
+    }
+    if let Some(path) = &a.json {
+        let ms = |t: f64| t * 1e3;
+        let trees: Vec<f64> = tree_rows.iter().map(|r| r.2).collect();
+        let mut rows = vec![serde_json::json!({
+            "shape": a.model.shape,
+            "impl": "dflash-rs",
+            "mode": "eager",
+            "device": a.model.run_on.device,
+            "dtype": a.model.run_on.dtype,
+            "cache_rows": n,
+            "block_size": a.block_size,
+            "ar_ms": ms(t_ar),
+            "verify16_ms": ms(t_chain),
+            "draft_ms": ms(t_draft),
+            "draft_top32_ms": ms(t_draft_top),
+            "read_floor_ms": ms(floor),
+            "costmodel": costmodel(a.tau, t_ar, t_draft, t_chain, t_draft_top, &trees),
+        })];
+        let replay = |name: &str| {
+            graphs
+                .iter()
+                .find(|g| g.0.starts_with(name))
+                .map(|g| g.2.replay)
+        };
+        if let (Some(g_ar), Some(g_chain)) = (replay("AR step"), replay("chain verify")) {
+            let g_trees: Vec<f64> = ["DDTree-8 verify", "DDTree-32 verify"]
+                .iter()
+                .filter_map(|n| replay(n))
+                .collect();
+            rows.push(serde_json::json!({
+                "shape": a.model.shape,
+                "impl": "dflash-rs",
+                "mode": "cuda graphs (the draft block eager)",
+                "device": a.model.run_on.device,
+                "dtype": a.model.run_on.dtype,
+                "cache_rows": n,
+                "block_size": a.block_size,
+                "ar_ms": ms(g_ar),
+                "verify16_ms": ms(g_chain),
+                "draft_ms": ms(t_draft),
+                "draft_top32_ms": ms(t_draft_top),
+                "read_floor_ms": ms(floor),
+                "costmodel": costmodel(a.tau, g_ar, t_draft, g_chain, t_draft_top, &g_trees),
+            }));
+        }
+        let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+        dflash_model::io::atomic::write_file(path, text.as_bytes())?;
     }
     Ok(())
 }

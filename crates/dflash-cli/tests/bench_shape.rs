@@ -26,6 +26,7 @@ fn small_shape(name: &str) -> std::path::PathBuf {
 #[test]
 fn bench_shape_reports_every_forward_and_the_cost_model() {
     let cfg = small_shape("bench-shape");
+    let json = cfg.with_extension("rows.jsonl");
     let o = bin()
         .args(["bench", "shape", "--shape", cfg.to_str().unwrap()])
         .args([
@@ -37,6 +38,10 @@ fn bench_shape_reports_every_forward_and_the_cost_model() {
             "1",
             "--draft-layers",
             "2",
+            "--tau",
+            "5",
+            "--json",
+            json.to_str().unwrap(),
         ])
         .output()
         .unwrap();
@@ -55,6 +60,29 @@ fn bench_shape_reports_every_forward_and_the_cost_model() {
     ] {
         assert!(out.contains(row), "missing {row:?} in\n{out}");
     }
+    // the JSON row (the CPU: eager only) carries the figures under the names docs/bench/ uses,
+    // and the cost model's chain figure is τ · AR / (draft + verify)
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!(
+        (r["impl"].as_str(), r["mode"].as_str()),
+        (Some("dflash-rs"), Some("eager"))
+    );
+    let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
+    for k in ["ar_ms", "verify16_ms", "draft_ms", "read_floor_ms"] {
+        assert!(f(k) > 0.0, "{k}: {r}");
+    }
+    let cm = &r["costmodel"];
+    assert_eq!(cm["tau"], 5.0);
+    let want = 5.0 * f("ar_ms") / (f("draft_ms") + f("verify16_ms"));
+    let got = cm["dflash"].as_f64().unwrap();
+    assert!((got - want).abs() <= 1e-9 * want, "{got} vs {want}");
+    assert!(cm["ddtree_best"].as_f64().is_some_and(|x| x > 0.0), "{cm}");
     let bad = bin()
         .args(["bench", "shape", "--shape", "/nonexistent/config.json"])
         .output()
