@@ -411,23 +411,27 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         line(&format!("DDTree-{b}"), *t);
     }
     if let Some(path) = &a.json {
-        let ms = |t: f64| t * 1e3;
+        // one row per timing mode: the AR step, the chain verify and the DDTree verifies of
+        // that mode, the (eager) draft block beside them
+        let row = |mode: &str, ar: f64, chain: f64, trees: &[f64]| {
+            serde_json::json!({
+                "shape": a.model.shape,
+                "impl": "dflash-rs",
+                "mode": mode,
+                "device": a.model.run_on.device,
+                "dtype": a.model.run_on.dtype,
+                "cache_rows": n,
+                "block_size": a.block_size,
+                "ar_ms": ar * 1e3,
+                "verify16_ms": chain * 1e3,
+                "draft_ms": t_draft * 1e3,
+                "draft_top32_ms": t_draft_top * 1e3,
+                "read_floor_ms": floor * 1e3,
+                "costmodel": costmodel(a.tau, ar, t_draft, chain, t_draft_top, trees),
+            })
+        };
         let trees: Vec<f64> = tree_rows.iter().map(|r| r.2).collect();
-        let mut rows = vec![serde_json::json!({
-            "shape": a.model.shape,
-            "impl": "dflash-rs",
-            "mode": "eager",
-            "device": a.model.run_on.device,
-            "dtype": a.model.run_on.dtype,
-            "cache_rows": n,
-            "block_size": a.block_size,
-            "ar_ms": ms(t_ar),
-            "verify16_ms": ms(t_chain),
-            "draft_ms": ms(t_draft),
-            "draft_top32_ms": ms(t_draft_top),
-            "read_floor_ms": ms(floor),
-            "costmodel": costmodel(a.tau, t_ar, t_draft, t_chain, t_draft_top, &trees),
-        })];
+        let mut rows = vec![row("eager", t_ar, t_chain, &trees)];
         let replay = |name: &str| {
             graphs
                 .iter()
@@ -439,21 +443,12 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
                 .iter()
                 .filter_map(|n| replay(n))
                 .collect();
-            rows.push(serde_json::json!({
-                "shape": a.model.shape,
-                "impl": "dflash-rs",
-                "mode": "cuda graphs (the draft block eager)",
-                "device": a.model.run_on.device,
-                "dtype": a.model.run_on.dtype,
-                "cache_rows": n,
-                "block_size": a.block_size,
-                "ar_ms": ms(g_ar),
-                "verify16_ms": ms(g_chain),
-                "draft_ms": ms(t_draft),
-                "draft_top32_ms": ms(t_draft_top),
-                "read_floor_ms": ms(floor),
-                "costmodel": costmodel(a.tau, g_ar, t_draft, g_chain, t_draft_top, &g_trees),
-            }));
+            rows.push(row(
+                "cuda graphs (the draft block eager)",
+                g_ar,
+                g_chain,
+                &g_trees,
+            ));
         }
         let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
         dflash_model::io::atomic::write_file(path, text.as_bytes())?;
