@@ -141,6 +141,29 @@ pub fn simulated_decoding_tau(inverse_tau_sum: f64, anchors: u64) -> f64 {
     anchors as f64 / inverse_tau_sum
 }
 
+/// The decoding walk over a response whose drafts accepted at each anchor are known: the
+/// first round anchors at `start` (the first response token, which the prefill produced), a
+/// round at anchor `a` commits `1 + accepted_at(a)` tokens (at most up to position `end − 1`,
+/// the response's last) and the next round anchors where it ended. Returns (tokens, rounds), τ
+/// = tokens / rounds as decoding at T = 0 measures it on the same tokens, or `None` when a
+/// visited anchor has no record. Unlike [`simulated_decoding_tau`] it needs every anchor the
+/// walk visits, not a sample. Example: start 10, end 20, accepted 3 at 10, 0 at 14, 7 at 15 →
+/// rounds at 10 (4 tokens), 14 (1) and 15 (4, cut at 19): `Some((9, 3))`, τ 3.
+pub fn walk_decoding(
+    start: usize,
+    end: usize,
+    accepted_at: impl Fn(usize) -> Option<usize>,
+) -> Option<(u64, u64)> {
+    let (mut a, mut tokens, mut rounds) = (start, 0u64, 0u64);
+    while a + 1 < end {
+        let t = (1 + accepted_at(a)?).min(end - 1 - a);
+        tokens += t as u64;
+        rounds += 1;
+        a += t;
+    }
+    Some((tokens, rounds))
+}
+
 /// Per-position acceptance of drafted blocks scored against their labels, as a chain walk
 /// would accept them (training metrics, validation, the doctor): `offered[k-1]` blocks
 /// reached draft k with drafts 1..k-1 all right and a label at k; `reached[k-1]` of them got
@@ -170,8 +193,9 @@ impl AcceptCounts {
     }
 
     /// Walk one block: entry k-1 is `Some(draft k is right)`, or `None` where position k has
-    /// no label (the walk ends there, as it ends at the first wrong draft).
-    pub fn add_block(&mut self, drafts: impl IntoIterator<Item = Option<bool>>) {
+    /// no label (the walk ends there, as it ends at the first wrong draft). Returns the drafts
+    /// accepted (τ_anchor − 1).
+    pub fn add_block(&mut self, drafts: impl IntoIterator<Item = Option<bool>>) -> usize {
         let mut accepted = 0;
         for (k, d) in drafts.into_iter().enumerate() {
             let Some(right) = d else { break };
@@ -188,6 +212,7 @@ impl AcceptCounts {
         }
         self.anchors += 1;
         self.inverse_tau_sum += 1.0 / (1 + accepted) as f64;
+        accepted
     }
 
     pub fn merge(&mut self, o: &AcceptCounts) {
@@ -282,6 +307,21 @@ mod tests {
         // one new token: it came from the prefill; no division by zero
         assert_eq!(decode_secs_per_token(0.5, 1), 0.5);
         assert_eq!(decode_secs_per_token(0.5, 0), 0.5);
+    }
+
+    #[test]
+    fn the_walk_of_the_doc_example_and_a_missing_anchor() {
+        let acc = |a: usize| match a {
+            10 => Some(3),
+            14 => Some(0),
+            15 => Some(7),
+            _ => None,
+        };
+        assert_eq!(walk_decoding(10, 20, acc), Some((9, 3)));
+        // an anchor the walk visits without a record
+        assert_eq!(walk_decoding(10, 20, |a| (a != 14).then_some(3)), None);
+        // a response of one token: nothing to decode
+        assert_eq!(walk_decoding(10, 11, acc), Some((0, 0)));
     }
 
     #[test]

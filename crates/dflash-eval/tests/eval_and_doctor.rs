@@ -334,6 +334,26 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         rec["val_simulated_tau"]
     );
     assert_eq!(ok.checks.len(), 9);
+    // the decoding walk over the validation responses predicts the τ that decoding them
+    // measures (greedy f32 data of this target: the same tokens, the same acceptances)
+    let sim = ok
+        .checks
+        .iter()
+        .find(|c| c.name == "simulated vs measured τ")
+        .unwrap();
+    let number_after = |key: &str| -> f64 {
+        let rest = &sim.detail[sim.detail.find(key).unwrap() + key.len()..];
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (walked, measured) = (
+        number_after("as decoding visits them: "),
+        number_after("measured by decoding "),
+    );
+    assert!(
+        (walked - measured).abs() <= 0.02 * measured,
+        "walked {walked} vs measured {measured}: {}",
+        sim.detail
+    );
 
     // (a) one tapped layer's weights perturbed
     let bad_target = copied(&target, "doc-target-perturbed");

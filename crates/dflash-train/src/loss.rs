@@ -64,6 +64,8 @@ pub struct LossOutput {
     pub loss: Tensor,
     pub weight_sum: f64,
     pub counts: AcceptCounts,
+    /// Each anchor's position in the row and the drafts accepted there, in anchor order.
+    pub accepted: Vec<(usize, usize)>,
     /// `[n_anchors · (B-1), vocab]`
     pub draft_logits: Tensor,
     /// DFlash2: the supervised rows whose label is among the selector's candidates.
@@ -238,14 +240,17 @@ pub fn block_loss(
     let _counts = tracing::info_span!(target: "phase", "acceptance counts").entered();
     // acceptance counts from the argmax: a draft without a supervised label ends the walk
     let mut counts = AcceptCounts::new(block - 1);
-    for j in 0..anchors.len() {
+    let mut accepted = Vec::with_capacity(anchors.len());
+    for (j, &a) in anchors.iter().enumerate() {
         let rows = j * (block - 1)..(j + 1) * (block - 1);
-        counts.add_block(rows.map(|r| (weights[r] != 0.0).then(|| pred[r] == labels[r])));
+        let k = counts.add_block(rows.map(|r| (weights[r] != 0.0).then(|| pred[r] == labels[r])));
+        accepted.push((a, k));
     }
     Ok(LossOutput {
         loss,
         weight_sum: wsum,
         counts,
+        accepted,
         draft_logits: logits,
         selector_covered,
     })

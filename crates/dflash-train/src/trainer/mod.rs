@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 pub use drafter::TrainableDrafter;
 pub use features::FeatureCache;
-pub use rows::{row_loss, usable_sequences, validate};
+pub use rows::{row_loss, usable_sequences, validate, Validation};
 
 use crate::collective::{Collective, Single};
 use crate::config::TrainConfig;
@@ -48,6 +48,9 @@ pub struct StepMetrics {
     pub val_loss: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_simulated_tau: Option<f64>,
+    /// On the validation sequences: τ of the decoding walk over their responses when the
+    /// anchors cover every anchor it visits (`dflash_core::stats::walk_decoding`), else the
+    /// harmonic mean over anchors.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_simulated_decoding_tau: Option<f64>,
 }

@@ -76,6 +76,27 @@ pub fn row_loss(
     block_loss(&td.drafter, &lt.target, row, &feats, &a, Objective::of(cfg))
 }
 
+/// What validation measures on held-out sequences.
+#[derive(Debug, Clone)]
+pub struct Validation {
+    /// The loss, weighted as training weighs it.
+    pub loss: f64,
+    pub counts: AcceptCounts,
+    /// (tokens, rounds) of the decoding walk over every sequence's response
+    /// ([`dflash_core::stats::walk_decoding`]) when the anchors cover every anchor it visits
+    /// (`num_anchors` at least each sequence's anchor candidates), else `None`.
+    pub walk: Option<(u64, u64)>,
+}
+
+impl Validation {
+    /// τ of the decoding walk, tokens / rounds.
+    pub fn walked_tau(&self) -> Option<f64> {
+        self.walk
+            .filter(|&(_, r)| r > 0)
+            .map(|(t, r)| t as f64 / r as f64)
+    }
+}
+
 /// Loss and acceptance on held-out sequences (fixed anchors), the features of `seqs[i]` kept
 /// in `cache` under key `key0 + i` (a cache of budget 0 keeps none).
 pub fn validate(
@@ -84,9 +105,10 @@ pub fn validate(
     cfg: &TrainConfig,
     seqs: &[Sequence],
     (cache, key0): (&mut FeatureCache, usize),
-) -> Result<(f64, AcceptCounts)> {
+) -> Result<Validation> {
     let _p = tracing::info_span!(target: "phase", "validation").entered();
     let mut counts = AcceptCounts::new(cfg.block_size - 1);
+    let mut walk = Some((0u64, 0u64));
     let (mut num, mut den) = (0.0, 0.0);
     for (i, s) in seqs.iter().enumerate() {
         let out = row_loss(
@@ -100,6 +122,16 @@ pub fn validate(
         num += out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * out.weight_sum;
         den += out.weight_sum;
         counts.merge(&out.counts);
+        // a single-sequence row: anchor positions are the sequence's
+        let acc: std::collections::HashMap<usize, usize> = out.accepted.iter().copied().collect();
+        let w = dflash_core::stats::walk_decoding(s.prompt_len(), s.ids.len(), |a| {
+            acc.get(&a).copied()
+        });
+        walk = walk.zip(w).map(|((t, r), (t2, r2))| (t + t2, r + r2));
     }
-    Ok((num / den.max(1e-12), counts))
+    Ok(Validation {
+        loss: num / den.max(1e-12),
+        counts,
+        walk,
+    })
 }

@@ -16,7 +16,7 @@ use dflash_model::models::drafter_init::{
 
 use super::drafter::{add_wide, init_weights_from, TrainableDrafter};
 use super::features::FeatureCache;
-use super::rows::{permutation, row_loss, usable_sequences, validate};
+use super::rows::{permutation, row_loss, usable_sequences, validate, Validation};
 use super::{read_metrics, StepMetrics, TrainOptions};
 use crate::anchors;
 use crate::checkpoint::{
@@ -334,7 +334,7 @@ impl<'a> Run<'a> {
     }
 
     /// Loss and acceptance on the validation sequences (their features in the run's cache).
-    pub fn validate(&mut self) -> Result<(f64, AcceptCounts)> {
+    pub fn validate(&mut self) -> Result<Validation> {
         let key0 = self.train_rows.len();
         validate(
             &self.td,
@@ -346,11 +346,7 @@ impl<'a> Run<'a> {
     }
 
     /// The step's line of `metrics.jsonl`, written by rank 0.
-    pub fn record(
-        &mut self,
-        s: &StepOutcome,
-        val: Option<&(f64, AcceptCounts)>,
-    ) -> Result<StepMetrics> {
+    pub fn record(&mut self, s: &StepOutcome, val: Option<&Validation>) -> Result<StepMetrics> {
         use std::io::Write;
         let m = StepMetrics {
             step: self.state.steps_done,
@@ -363,9 +359,12 @@ impl<'a> Run<'a> {
             simulated_tau: s.counts.simulated_tau(),
             simulated_decoding_tau: s.counts.simulated_decoding_tau(),
             tokens_per_sec: self.tokens_total as f64 / self.started.elapsed().as_secs_f64(),
-            val_loss: val.map(|v| v.0),
-            val_simulated_tau: val.map(|v| v.1.simulated_tau()),
-            val_simulated_decoding_tau: val.map(|v| v.1.simulated_decoding_tau()),
+            val_loss: val.map(|v| v.loss),
+            val_simulated_tau: val.map(|v| v.counts.simulated_tau()),
+            val_simulated_decoding_tau: val.map(|v| {
+                v.walked_tau()
+                    .unwrap_or_else(|| v.counts.simulated_decoding_tau())
+            }),
         };
         if let Some(f) = &mut self.metrics_file {
             f.write_all((serde_json::to_string(&m)? + "\n").as_bytes())?;
@@ -377,18 +376,18 @@ impl<'a> Run<'a> {
     /// A checkpoint of this step (drafter + trainer state), `latest`, `best/` when the
     /// validation loss is the lowest so far, the oldest checkpoints pruned, `curves.svg`.
     /// Rank 0 alone writes (the other ranks return at once).
-    pub fn checkpoint(&mut self, m: &StepMetrics, val: Option<&(f64, AcceptCounts)>) -> Result<()> {
+    pub fn checkpoint(&mut self, m: &StepMetrics, val: Option<&Validation>) -> Result<()> {
         let Some(fingerprint) = self.fingerprint.clone() else {
             return Ok(());
         };
         let _p = tracing::info_span!(target: "phase", "checkpoint").entered();
         let is_best = match (val, self.state.best_val_loss) {
-            (Some((vl, _)), Some(b)) => *vl < b,
+            (Some(v), Some(b)) => v.loss < b,
             (Some(_), None) => true,
             _ => false,
         };
         if is_best {
-            self.state.best_val_loss = val.map(|v| v.0);
+            self.state.best_val_loss = val.map(|v| v.loss);
         }
         let rec = TrainingRecord {
             train_config: self.cfg.clone(),
@@ -399,9 +398,9 @@ impl<'a> Run<'a> {
             data_manifest_sha256: self.manifest_sha.clone(),
             steps: self.state.steps_done,
             train_loss: Some(m.loss),
-            val_loss: val.map(|v| v.0),
-            val_acceptance: val.map(|v| v.1.rates()).unwrap_or_default(),
-            val_simulated_tau: val.map(|v| v.1.simulated_tau()),
+            val_loss: val.map(|v| v.loss),
+            val_acceptance: val.map(|v| v.counts.rates()).unwrap_or_default(),
+            val_simulated_tau: val.map(|v| v.counts.simulated_tau()),
             fingerprint,
         };
         let w = self.td.weights();
