@@ -265,12 +265,7 @@ pub(super) fn simulated_vs_measured_tau(s: &Subject, d: &Drafter) -> Result<Chec
     let weights =
         candle_core::safetensors::load(s.dir.join("model.safetensors"), &s.lt.target.device)?;
     let td = TrainableDrafter::new(s.cfg.clone(), &weights, &s.lt.target)?;
-    // every anchor candidate, so that the decoding walk finds each anchor it visits
-    let every = TrainConfig {
-        num_anchors: usize::MAX,
-        ..tcfg.clone()
-    };
-    let v = validate(&td, s.lt, &every, val, (&mut FeatureCache::new(0), 0))?;
+    let v = validate(&td, s.lt, &tcfg, val, (&mut FeatureCache::new(0), 0))?;
     let sim_now = v.counts.simulated_tau();
     // what decoding measures: the walk over the responses' anchors (dflash_core::stats::
     // walk_decoding), which the harmonic mean of per-anchor τ approximates

@@ -48,9 +48,8 @@ pub struct StepMetrics {
     pub val_loss: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_simulated_tau: Option<f64>,
-    /// On the validation sequences: τ of the decoding walk over their responses when the
-    /// anchors cover every anchor it visits (`dflash_core::stats::walk_decoding`), else the
-    /// harmonic mean over anchors.
+    /// On the validation sequences (every anchor scored): τ of the decoding walk over their
+    /// responses (`dflash_core::stats::walk_decoding`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_simulated_decoding_tau: Option<f64>,
 }

@@ -83,8 +83,8 @@ pub struct Validation {
     pub loss: f64,
     pub counts: AcceptCounts,
     /// (tokens, rounds) of the decoding walk over every sequence's response
-    /// ([`dflash_core::stats::walk_decoding`]) when the anchors cover every anchor it visits
-    /// (`num_anchors` at least each sequence's anchor candidates), else `None`.
+    /// ([`dflash_core::stats::walk_decoding`]); `None` only if some visited anchor was not
+    /// scored.
     pub walk: Option<(u64, u64)>,
 }
 
@@ -97,8 +97,9 @@ impl Validation {
     }
 }
 
-/// Loss and acceptance on held-out sequences (fixed anchors), the features of `seqs[i]` kept
-/// in `cache` under key `key0 + i` (a cache of budget 0 keeps none).
+/// Loss and acceptance on held-out sequences at every anchor candidate (so that the decoding
+/// walk finds each anchor it visits), the features of `seqs[i]` kept in `cache` under key
+/// `key0 + i` (a cache of budget 0 keeps none).
 pub fn validate(
     td: &TrainableDrafter,
     lt: &LoadedTarget,
@@ -107,6 +108,10 @@ pub fn validate(
     (cache, key0): (&mut FeatureCache, usize),
 ) -> Result<Validation> {
     let _p = tracing::info_span!(target: "phase", "validation").entered();
+    let cfg = &TrainConfig {
+        num_anchors: usize::MAX,
+        ..cfg.clone()
+    };
     let mut counts = AcceptCounts::new(cfg.block_size - 1);
     let mut walk = Some((0u64, 0u64));
     let (mut num, mut den) = (0.0, 0.0);
