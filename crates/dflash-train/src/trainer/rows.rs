@@ -14,7 +14,7 @@ use super::features::FeatureCache;
 use crate::anchors;
 use crate::config::{LossKind, TrainConfig};
 use crate::data::Sequence;
-use crate::loss::{block_loss, target_features, LossOutput, Objective};
+use crate::loss::{block_loss, target_features, Features, LossOutput, Objective};
 use crate::pack::TrainingRow;
 
 /// Sequences cut after their first loop (`loop_window`, [`crate::loops`]) and to
@@ -53,8 +53,8 @@ pub(super) fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
 }
 
 /// One training row's objective: the clean target forward for its features (or the ones
-/// `cache` kept for `key`), anchors drawn with `anchor_seed`, the block loss. Training and
-/// validation both go through here.
+/// `cache` kept for `key`), anchors drawn with `anchor_seed`, the block loss. Training goes
+/// through here, validation through the same features and block loss.
 pub fn row_loss(
     td: &TrainableDrafter,
     lt: &LoadedTarget,
@@ -63,7 +63,20 @@ pub fn row_loss(
     anchor_seed: u64,
     (cache, key): (&mut FeatureCache, usize),
 ) -> Result<LossOutput> {
-    let feats = cache.get(key, || {
+    let feats = row_features(td, lt, cfg, row, (cache, key))?;
+    let a = anchors::sample(row.anchor_candidates(), cfg.num_anchors, anchor_seed);
+    block_loss(&td.drafter, &lt.target, row, &feats, &a, Objective::of(cfg))
+}
+
+/// A row's target features: the clean target forward, or the ones `cache` kept for `key`.
+fn row_features(
+    td: &TrainableDrafter,
+    lt: &LoadedTarget,
+    cfg: &TrainConfig,
+    row: &TrainingRow,
+    (cache, key): (&mut FeatureCache, usize),
+) -> Result<Features> {
+    cache.get(key, || {
         let _p = tracing::info_span!(target: "phase", "target features").entered();
         target_features(
             &lt.target,
@@ -71,9 +84,7 @@ pub fn row_loss(
             row,
             cfg.loss == LossKind::Kl,
         )
-    })?;
-    let a = anchors::sample(row.anchor_candidates(), cfg.num_anchors, anchor_seed);
-    block_loss(&td.drafter, &lt.target, row, &feats, &a, Objective::of(cfg))
+    })
 }
 
 /// What validation measures on held-out sequences.
@@ -98,8 +109,9 @@ impl Validation {
 }
 
 /// Loss and acceptance on held-out sequences at every anchor candidate (so that the decoding
-/// walk finds each anchor it visits), the features of `seqs[i]` kept in `cache` under key
-/// `key0 + i` (a cache of budget 0 keeps none).
+/// walk finds each anchor it visits), `num_anchors` of them per drafter forward (the memory of
+/// a training row), the features of `seqs[i]` kept in `cache` under key `key0 + i` (a cache
+/// of budget 0 keeps none).
 pub fn validate(
     td: &TrainableDrafter,
     lt: &LoadedTarget,
@@ -108,27 +120,28 @@ pub fn validate(
     (cache, key0): (&mut FeatureCache, usize),
 ) -> Result<Validation> {
     let _p = tracing::info_span!(target: "phase", "validation").entered();
-    let cfg = &TrainConfig {
-        num_anchors: usize::MAX,
-        ..cfg.clone()
-    };
     let mut counts = AcceptCounts::new(cfg.block_size - 1);
     let mut walk = Some((0u64, 0u64));
     let (mut num, mut den) = (0.0, 0.0);
     for (i, s) in seqs.iter().enumerate() {
-        let out = row_loss(
-            td,
-            lt,
-            cfg,
-            &TrainingRow::single(s.clone()),
-            anchors::seed_for(cfg.seed, usize::MAX - 1, i),
-            (&mut *cache, key0 + i),
-        )?;
-        num += out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * out.weight_sum;
-        den += out.weight_sum;
-        counts.merge(&out.counts);
+        let row = TrainingRow::single(s.clone());
+        let feats = row_features(td, lt, cfg, &row, (&mut *cache, key0 + i))?;
         // a single-sequence row: anchor positions are the sequence's
-        let acc: std::collections::HashMap<usize, usize> = out.accepted.iter().copied().collect();
+        let mut acc = std::collections::HashMap::new();
+        for chunk in row.anchor_candidates().chunks(cfg.num_anchors.max(1)) {
+            let out = block_loss(
+                &td.drafter,
+                &lt.target,
+                &row,
+                &feats,
+                chunk,
+                Objective::of(cfg),
+            )?;
+            num += out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()? * out.weight_sum;
+            den += out.weight_sum;
+            counts.merge(&out.counts);
+            acc.extend(out.accepted);
+        }
         let w = dflash_core::stats::walk_decoding(s.prompt_len(), s.ids.len(), |a| {
             acc.get(&a).copied()
         });
