@@ -48,6 +48,28 @@ macro_rules! launch {
 }
 pub(crate) use launch;
 
+/// `$body` with the element type `$t` and the dtype `$dt` of `$dtype`, for kernels built for
+/// f32 and bf16 (`{name}_f32`, `{name}_bf16`); another dtype is refused, naming `$what`.
+/// Example: `by_float!(x.dtype(), "silu_mul", |T, dt| { let v = view::<T>(x, l, "x")?; … })`.
+macro_rules! by_float {
+    ($dtype:expr, $what:expr, |$t:ident, $dt:ident| $body:block) => {{
+        match $dtype {
+            candle_core::DType::F32 => {
+                type $t = f32;
+                let $dt = candle_core::DType::F32;
+                $body
+            }
+            candle_core::DType::BF16 => {
+                type $t = half::bf16;
+                let $dt = candle_core::DType::BF16;
+                $body
+            }
+            other => candle_core::bail!("{}: {other:?} is not supported (f32, bf16)", $what),
+        }
+    }};
+}
+pub(crate) use by_float;
+
 /// One block of `threads` per row.
 pub fn rows(rows: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {

@@ -175,7 +175,7 @@ impl InplaceOp2 for Moments {
         g: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<()> {
-        use crate::cuda::ptx::{elementwise, launch, view};
+        use crate::cuda::ptx::{by_float, elementwise, launch, view};
         use candle_core::backend::BackendStorage;
         contiguous(l1, "moments")?;
         let s = &self.0;
@@ -194,30 +194,24 @@ impl InplaceOp2 for Moments {
         );
         let cfg = elementwise(n);
         // SAFETY of the write: `mv` is this op's destination, held exclusively.
-        macro_rules! go {
-            ($t:ty, $dt:expr) => {{
-                let gv = view::<$t>(g, l2, "gradient")?;
-                launch!(
-                    dev,
-                    "adamw_moments",
-                    $dt,
-                    cfg,
-                    mvv,
-                    gv,
-                    n,
-                    b1,
-                    omb1,
-                    b2,
-                    omb2,
-                    scaled,
-                    gs
-                );
-            }};
-        }
-        match g.dtype() {
-            DType::BF16 => go!(half::bf16, DType::BF16),
-            _ => go!(f32, DType::F32),
-        }
+        by_float!(g.dtype(), "adamw gradient", |T, dt| {
+            let gv = view::<T>(g, l2, "gradient")?;
+            launch!(
+                dev,
+                "adamw_moments",
+                dt,
+                cfg,
+                mvv,
+                gv,
+                n,
+                b1,
+                omb1,
+                b2,
+                omb2,
+                scaled,
+                gs
+            );
+        });
         Ok(())
     }
 }

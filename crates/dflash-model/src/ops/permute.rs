@@ -151,7 +151,7 @@ impl CustomOp1 for Permute {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, elementwise, launch};
+        use crate::cuda::ptx::{alloc, by_float, elementwise, launch};
         let v = view_of(l, &self.perm)?;
         let n = v.shape().elem_count();
         let mut sh = Strided6 {
@@ -167,23 +167,13 @@ impl CustomOp1 for Permute {
         let dev = s.device().clone();
         let cfg = elementwise(n as u64);
         let nn = n as u32;
-        let out = match s.dtype() {
-            DType::F32 => {
-                let src = s.as_cuda_slice::<f32>()?;
-                let src = src.slice(0..src.len());
-                let dst = alloc::<f32>(&dev, n)?;
-                launch!(dev, "strided_copy", DType::F32, cfg, src, dst, nn, sh);
-                candle_core::CudaStorage::wrap_cuda_slice(dst, dev)
-            }
-            DType::BF16 => {
-                let src = s.as_cuda_slice::<half::bf16>()?;
-                let src = src.slice(0..src.len());
-                let dst = alloc::<half::bf16>(&dev, n)?;
-                launch!(dev, "strided_copy", DType::BF16, cfg, src, dst, nn, sh);
-                candle_core::CudaStorage::wrap_cuda_slice(dst, dev)
-            }
-            other => candle_core::bail!("permuted: {other:?} is not supported (f32, bf16)"),
-        };
+        let out = by_float!(s.dtype(), "permuted", |T, dt| {
+            let src = s.as_cuda_slice::<T>()?;
+            let src = src.slice(0..src.len());
+            let dst = alloc::<T>(&dev, n)?;
+            launch!(dev, "strided_copy", dt, cfg, src, dst, nn, sh);
+            candle_core::CudaStorage::wrap_cuda_slice(dst, dev)
+        });
         Ok((out, v.shape().clone()))
     }
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {

@@ -90,26 +90,16 @@ impl CustomOp2 for SiluMul {
         u: &candle_core::CudaStorage,
         lu: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, elementwise, launch, view};
+        use crate::cuda::ptx::{alloc, by_float, elementwise, launch, view};
         let dev = g.device().clone();
         let n = lg.shape().elem_count();
         let (nn, cfg) = (n as u64, elementwise(n as u64));
-        let out = match g.dtype() {
-            DType::F32 => {
-                let (gv, uv) = (view::<f32>(g, lg, "gate")?, view::<f32>(u, lu, "up")?);
-                let y = alloc::<f32>(&dev, n)?;
-                launch!(dev, "silu_mul_fwd", DType::F32, cfg, gv, uv, y, nn);
-                candle_core::CudaStorage::wrap_cuda_slice(y, dev)
-            }
-            DType::BF16 => {
-                let gv = view::<half::bf16>(g, lg, "gate")?;
-                let uv = view::<half::bf16>(u, lu, "up")?;
-                let y = alloc::<half::bf16>(&dev, n)?;
-                launch!(dev, "silu_mul_fwd", DType::BF16, cfg, gv, uv, y, nn);
-                candle_core::CudaStorage::wrap_cuda_slice(y, dev)
-            }
-            other => candle_core::bail!("silu_mul: {other:?} is not supported (f32, bf16)"),
-        };
+        let out = by_float!(g.dtype(), "silu_mul", |T, dt| {
+            let (gv, uv) = (view::<T>(g, lg, "gate")?, view::<T>(u, lu, "up")?);
+            let y = alloc::<T>(&dev, n)?;
+            launch!(dev, "silu_mul_fwd", dt, cfg, gv, uv, y, nn);
+            candle_core::CudaStorage::wrap_cuda_slice(y, dev)
+        });
         Ok((out, lg.shape().clone()))
     }
     fn bwd(
@@ -158,28 +148,17 @@ impl CustomOp3 for SiluMulBwd {
         dy: &candle_core::CudaStorage,
         ld: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, elementwise, launch, view};
+        use crate::cuda::ptx::{alloc, by_float, elementwise, launch, view};
         let dev = g.device().clone();
         let n = lg.shape().elem_count();
         let (nn, cfg) = (n as u64, elementwise(n as u64));
-        let out = match g.dtype() {
-            DType::F32 => {
-                let (gv, uv) = (view::<f32>(g, lg, "gate")?, view::<f32>(u, lu, "up")?);
-                let dv = view::<f32>(dy, ld, "gradient")?;
-                let d = alloc::<f32>(&dev, 2 * n)?;
-                launch!(dev, "silu_mul_bwd", DType::F32, cfg, gv, uv, dv, d, nn);
-                candle_core::CudaStorage::wrap_cuda_slice(d, dev)
-            }
-            DType::BF16 => {
-                let gv = view::<half::bf16>(g, lg, "gate")?;
-                let uv = view::<half::bf16>(u, lu, "up")?;
-                let dv = view::<half::bf16>(dy, ld, "gradient")?;
-                let d = alloc::<half::bf16>(&dev, 2 * n)?;
-                launch!(dev, "silu_mul_bwd", DType::BF16, cfg, gv, uv, dv, d, nn);
-                candle_core::CudaStorage::wrap_cuda_slice(d, dev)
-            }
-            other => candle_core::bail!("silu_mul: {other:?} is not supported (f32, bf16)"),
-        };
+        let out = by_float!(g.dtype(), "silu_mul", |T, dt| {
+            let (gv, uv) = (view::<T>(g, lg, "gate")?, view::<T>(u, lu, "up")?);
+            let dv = view::<T>(dy, ld, "gradient")?;
+            let d = alloc::<T>(&dev, 2 * n)?;
+            launch!(dev, "silu_mul_bwd", dt, cfg, gv, uv, dv, d, nn);
+            candle_core::CudaStorage::wrap_cuda_slice(d, dev)
+        });
         Ok((out, Shape::from(2 * n)))
     }
 }

@@ -48,7 +48,7 @@ impl CustomOp1 for SqSum {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, launch, view};
+        use crate::cuda::ptx::{alloc, by_float, launch, view};
         use candle_core::backend::BackendStorage;
         use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
         let n = l.shape().elem_count() as u64;
@@ -60,17 +60,10 @@ impl CustomOp1 for SqSum {
             shared_mem_bytes: 0,
         };
         let out = alloc::<f32>(&dev, blocks as usize)?;
-        match s.dtype() {
-            DType::F32 => {
-                let x = view::<f32>(s, l, "sq_sum input")?;
-                launch!(dev, "sq_sum", DType::F32, cfg, x, out, n);
-            }
-            DType::BF16 => {
-                let x = view::<half::bf16>(s, l, "sq_sum input")?;
-                launch!(dev, "sq_sum", DType::BF16, cfg, x, out, n);
-            }
-            other => candle_core::bail!("sq_sum: f32 or bf16 values expected, got {other:?}"),
-        }
+        by_float!(s.dtype(), "sq_sum", |T, dt| {
+            let x = view::<T>(s, l, "sq_sum input")?;
+            launch!(dev, "sq_sum", dt, cfg, x, out, n);
+        });
         Ok((
             candle_core::CudaStorage::wrap_cuda_slice(out, dev),
             Shape::from(blocks as usize),
