@@ -101,13 +101,11 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
             selector_weight: tc.selector_loss_weight,
         };
         let out = block_loss(&td.drafter, &target, &row, &feats, &anchors, obj)?;
-        let mut grads = vec![None; td.params.len()];
         let g = {
             let _p = tracing::info_span!(target: "phase", "backward").entered();
             out.loss.backward()?
         };
-        td.accumulate_grads(&mut grads, &g)?;
-        td.update(&target, &mut opt, grads, tc.grad_clip, 1e-4)?;
+        td.update(&target, &mut opt, td.grads_of(&g), tc.grad_clip, 1e-4)?;
         dev.synchronize()?;
         if i > 0 {
             t_feats.push(tf);

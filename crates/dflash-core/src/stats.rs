@@ -340,12 +340,10 @@ mod tests {
             .iter()
             .flat_map(|&(len, t)| std::iter::repeat_n(t, len))
             .collect();
-        let (mut p, mut rounds) = (0usize, 0usize);
-        while p < tau_at.len() {
-            p += tau_at[p];
-            rounds += 1;
-        }
-        let measured = tau_at.len() as f64 / rounds as f64;
+        // (the walk from position 0; `end` one past the last: every position is a token)
+        let (tokens, rounds) = walk_decoding(0, tau_at.len() + 1, |a| Some(tau_at[a] - 1)).unwrap();
+        assert_eq!(tokens as usize, tau_at.len());
+        let measured = tokens as f64 / rounds as f64;
         let inv: f64 = tau_at.iter().map(|&t| 1.0 / t as f64).sum();
         let harmonic = simulated_decoding_tau(inv, tau_at.len() as u64);
         let arithmetic = tau_at.iter().sum::<usize>() as f64 / tau_at.len() as f64;

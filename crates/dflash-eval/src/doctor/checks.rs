@@ -270,7 +270,7 @@ pub(super) fn simulated_vs_measured_tau(s: &Subject, d: &Drafter) -> Result<Chec
     // what decoding measures: the walk over the responses' anchors (dflash_core::stats::
     // walk_decoding), which the harmonic mean of per-anchor τ approximates
     let harmonic = v.counts.simulated_decoding_tau();
-    let sim_decoding = v.walked_tau().unwrap_or(harmonic);
+    let sim_decoding = v.decoding_tau();
     let measured = measured_tau(s.lt, d, val)?;
     // a record from before every checkpoint was validated may hold none, and the stored value
     // was validated on the training data's last sequences: it is compared only when `--data`

@@ -124,27 +124,10 @@ impl TrainableDrafter {
         w
     }
 
-    /// Add the gradients of `g` to `acc` (one slot per parameter, in `params` order; a slot
-    /// stays `None` until some row gives that parameter a gradient).
-    pub fn accumulate_grads(
-        &self,
-        acc: &mut [Option<Tensor>],
-        g: &candle_core::backprop::GradStore,
-    ) -> Result<()> {
-        for (slot, gi) in acc.iter_mut().zip(self.grads_of(g)) {
-            if let Some(gi) = gi {
-                *slot = Some(match slot.take() {
-                    Some(a) => add_wide(&a, &gi)?,
-                    None => gi,
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// After an optimizer step: when the drafter computes in another dtype than its master
-    /// weights (bf16 on GPU), its weights are casts taken at build time, so cast them anew.
-    /// (At the master dtype the drafter's tensors share storage with the variables.)
+    /// weights (bf16 on GPU), the compute copies are written from the masters in place and the
+    /// drafter is built on them again. (At the master dtype the drafter's tensors share storage
+    /// with the variables.)
     pub fn refresh(&mut self, t: &Target) -> Result<()> {
         if self.compute.is_empty() {
             return Ok(());
@@ -195,19 +178,6 @@ impl TrainableDrafter {
         self.refresh(target)?;
         Ok(grad_norm)
     }
-}
-
-/// `a + b`, in f32 when either is bf16 (a sum of the compute copies' gradients over a step's
-/// rows is taken at the masters' precision; f32 and f64 sums stay as they are).
-pub fn add_wide(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
-    let wide = |t: &Tensor| {
-        if t.dtype() == DType::BF16 {
-            t.to_dtype(DType::F32)
-        } else {
-            Ok(t.clone())
-        }
-    };
-    wide(a)? + wide(b)?
 }
 
 /// The weights of an existing drafter directory, checked against the run's drafter config

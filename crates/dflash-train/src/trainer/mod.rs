@@ -49,7 +49,7 @@ pub struct StepMetrics {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_simulated_tau: Option<f64>,
     /// On the validation sequences (every anchor scored): τ of the decoding walk over their
-    /// responses (`dflash_core::stats::walk_decoding`).
+    /// responses (`Validation::decoding_tau`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_simulated_decoding_tau: Option<f64>,
 }

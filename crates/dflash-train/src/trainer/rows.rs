@@ -106,6 +106,14 @@ impl Validation {
             .filter(|&(_, r)| r > 0)
             .map(|(t, r)| t as f64 / r as f64)
     }
+
+    /// The τ decoding would measure on these sequences: the walk's, or the harmonic mean over
+    /// the anchors ([`AcceptCounts::simulated_decoding_tau`]) when the walk reached an anchor
+    /// that was not scored.
+    pub fn decoding_tau(&self) -> f64 {
+        self.walked_tau()
+            .unwrap_or_else(|| self.counts.simulated_decoding_tau())
+    }
 }
 
 /// Loss and acceptance on held-out sequences at every anchor candidate (so that the decoding

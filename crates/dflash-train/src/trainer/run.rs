@@ -14,7 +14,7 @@ use dflash_model::models::drafter_init::{
     default_mask_token, drafter_config, random_weights, DrafterShape,
 };
 
-use super::drafter::{add_wide, init_weights_from, TrainableDrafter};
+use super::drafter::{init_weights_from, TrainableDrafter};
 use super::features::FeatureCache;
 use super::rows::{permutation, row_loss, usable_sequences, validate, Validation};
 use super::{read_metrics, StepMetrics, TrainOptions};
@@ -361,10 +361,7 @@ impl<'a> Run<'a> {
             tokens_per_sec: self.tokens_total as f64 / self.started.elapsed().as_secs_f64(),
             val_loss: val.map(|v| v.loss),
             val_simulated_tau: val.map(|v| v.counts.simulated_tau()),
-            val_simulated_decoding_tau: val.map(|v| {
-                v.walked_tau()
-                    .unwrap_or_else(|| v.counts.simulated_decoding_tau())
-            }),
+            val_simulated_decoding_tau: val.map(Validation::decoding_tau),
         };
         if let Some(f) = &mut self.metrics_file {
             f.write_all((serde_json::to_string(&m)? + "\n").as_bytes())?;
@@ -534,6 +531,19 @@ fn open_metrics(path: &Path, resumed_at: Option<usize>) -> Result<std::fs::File>
     }
     write_file(path, kept.as_bytes())?;
     Ok(std::fs::OpenOptions::new().append(true).open(path)?)
+}
+
+/// `a + b`, in f32 when either is bf16 (a sum of the compute copies' gradients over a step's
+/// rows is taken at the masters' precision; f32 and f64 sums stay as they are).
+fn add_wide(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+    let wide = |t: &Tensor| {
+        if t.dtype() == DType::BF16 {
+            t.to_dtype(DType::F32)
+        } else {
+            Ok(t.clone())
+        }
+    };
+    wide(a)? + wide(b)?
 }
 
 /// The parameters' gradients summed element-wise (a missing one is `None`; bf16 ones in f32).
