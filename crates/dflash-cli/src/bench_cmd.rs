@@ -9,7 +9,7 @@ use candle_core::DType;
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::{decode_secs_per_token, summarize};
-use dflash_engine::{generate, DecodeOptions, ModeName, Request};
+use dflash_engine::{generate_with, DecodeOptions, GraphCache, ModeName, Request};
 use dflash_eval::harness::{mode_specs, EvalDrafter};
 use dflash_model::io::loader::load_target;
 use dflash_model::models::drafter::Drafter;
@@ -29,8 +29,9 @@ pub struct BenchArgs {
     pub max_new_tokens: usize,
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
-    /// Replay the verify forwards from CUDA graphs (see `generate --cuda-graphs`); the rows
-    /// are marked "+graphs". Attention-only targets.
+    /// Replay the verify forwards and the draft block from CUDA graphs (see `generate
+    /// --cuda-graphs`), each mode's graphs kept from one prompt to the next; the rows are
+    /// marked "+graphs".
     #[arg(long)]
     pub cuda_graphs: bool,
     #[command(flatten)]
@@ -82,6 +83,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let d = spec.drafter.map(|i| &drafters[i].drafter);
         let mut tpot = Vec::new();
         let mut last = None;
+        // the mode's fixed-shape forwards (CUDA graphs) kept across its generations, as eval does
+        let mut graphs = GraphCache::default();
         for rep in 0..=a.repeats {
             let (mut tpots, mut rounds) = (Vec::new(), Vec::new());
             for p in PROMPTS {
@@ -94,7 +97,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     loop_window: 0,
                 };
                 dev.synchronize()?;
-                let g = generate(&lt.target, d, spec.mode, &req, opts)?;
+                let g = generate_with(&lt.target, d, spec.mode, &req, opts, &mut graphs)?;
                 dev.synchronize()?;
                 tpots.push(decode_secs_per_token(g.decode_secs, g.new_tokens.len()));
                 rounds.push(g.rounds);

@@ -13,6 +13,7 @@ use candle_core::DType;
 use clap::Args;
 use dflash_core::config::{DrafterConfig, TargetConfig};
 use dflash_core::tree::DraftTree;
+use dflash_model::cuda::graphed_draft::GraphedDraft;
 use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::{BlockAt, Drafter};
 use dflash_model::models::drafter_init::{drafter_config, DrafterShape};
@@ -73,6 +74,11 @@ pub struct BenchShapeArgs {
     /// `draft_ms`, `read_floor_ms`, `costmodel`: `{"tau", "dflash", "ddtree_best"}`).
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Only capture the draft block, the AR step and the chain verify as CUDA graphs, replay
+    /// each N times in that order and exit (GPU): the run a kernel profiler reads (`ncu
+    /// --graph-profiling node`, `bench/kernel_profile.py`). Prints each graph's kernel count.
+    #[arg(long, default_value_t = 0)]
+    pub profile_replays: usize,
 }
 
 /// The cost model's speed-ups at `tau`: the chain (`t_draft + t_chain`) and the best DDTree
@@ -169,6 +175,9 @@ pub fn random_target(
 
 pub fn run(a: BenchShapeArgs) -> Result<()> {
     let (dev, dtype, cfg) = a.model.parse()?;
+    if a.profile_replays > 0 && dev.is_cpu() {
+        anyhow::bail!("--profile-replays needs a CUDA device: it captures CUDA graphs");
+    }
     if a.block_size < 2 || a.cache == 0 || a.repeats == 0 {
         anyhow::bail!("--block-size must be >= 2, --cache and --repeats >= 1");
     }
@@ -208,6 +217,18 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
             positions: a.block_size - 1,
         },
     )?;
+    if a.profile_replays > 0 {
+        let last_row = ctx_feats.narrow(1, n - 1, 1)?;
+        return profile_replays(
+            &target,
+            &drafter,
+            (&mut cache, &mut dcache),
+            &last_row,
+            &taps,
+            a.block_size,
+            a.profile_replays,
+        );
+    }
 
     // what the loop reads back: at T = 0 one arg-max per row (picked on the device), at T > 0
     // the logits of every row
@@ -271,6 +292,48 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     let t_draft = time(&dev, a.repeats, || draft(&mut dcache, 0))?;
     let t_draft_top = time(&dev, a.repeats, || draft(&mut dcache, 1))?;
     let t_draft_rows = time(&dev, a.repeats, || draft(&mut dcache, 2))?;
+    // the same block replayed from one CUDA graph (GPU only; `GraphedDraft`, as decoding with
+    // --cuda-graphs runs it): the argmax and top-32 reads, and the replay's logits against the
+    // eager draft's
+    let draft_graph = if dev.is_cpu() {
+        None
+    } else {
+        let at = BlockAt {
+            token: 5,
+            anchor: n,
+            block: a.block_size,
+            positions: a.block_size - 1,
+        };
+        let mut gcache = dcache.clone();
+        gcache.truncate(n - 1)?;
+        let mut g = GraphedDraft::new(&mut gcache, n + 2 * a.block_size, a.block_size)?;
+        let mut gdraft = |read: u8| -> Result<Option<candle_core::Tensor>> {
+            gcache.truncate(n - 1)?;
+            let (_, l) = g.draft_rows(&drafter, &target, None, &mut gcache, &last_row, at)?;
+            Ok(match read {
+                0 => {
+                    drop(Drafter::argmax_rows(&l)?);
+                    None
+                }
+                1 => {
+                    drop(dflash_model::ops::top_k::top_k_rows(
+                        &Drafter::log_probs(&l)?,
+                        32,
+                    )?);
+                    None
+                }
+                _ => Some(l.copy()?),
+            })
+        };
+        gdraft(0)?; // captures
+        let replayed = gdraft(2)?.context("the replayed draft's logits")?;
+        dcache.truncate(n - 1)?;
+        let eager = drafter.draft(&target, None, &mut dcache, &last_row, at)?;
+        let diff = (replayed - eager)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let t = time(&dev, a.repeats, || gdraft(0).map(drop))?;
+        let t_top = time(&dev, a.repeats, || gdraft(1).map(drop))?;
+        Some((t, t_top, diff))
+    };
     let mut tree_rows = Vec::new();
     for &b in &budgets {
         let tree = synthetic_tree(b, a.block_size - 1, vocab);
@@ -354,6 +417,23 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
             t * 1e3
         );
     }
+    if let Some((t, t_top, diff)) = draft_graph {
+        for (read, t) in [
+            ("argmax per row", t),
+            ("DDTree-32's top 32 per row picked on the device", t_top),
+        ] {
+            println!(
+                "| draft block ({} layers, B = {}) replayed from a CUDA graph, {read} | {} | {:.3} | |",
+                a.draft_layers,
+                a.block_size,
+                a.block_size,
+                t * 1e3
+            );
+        }
+        println!(
+            "\nThe replayed draft block's logits against the eager draft's: max abs Δ {diff:.2e}."
+        );
+    }
     if !graphs.is_empty() {
         println!("\nWhere a forward's time goes (`Target::forward_prepared`: the device part, after `prepare` copied ids, RoPE rows and mask; `dflash_model::cuda::launch_profile`), median of {}. Kernels and layout uploads counted by a CUDA-graph capture that is never launched; \"param cache\": candle's device cache of small uploads, warmed by one run; host enqueue and GPU time of the same kernels enqueued behind a GPU blocker; graph replay: the forward captured (with the param cache) and relaunched.\n", a.repeats);
         println!("| forward | rows | kernels | uploads (no cache / cache) | allocs / frees | prepare ms | eager ms | eager, param cache ms | host enqueue ms | GPU ms | graph replay ms | replay × floor | replay vs eager logits, max abs Δ |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|");
@@ -413,25 +493,26 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     if let Some(path) = &a.json {
         // one row per timing mode: the AR step, the chain verify and the DDTree verifies of
         // that mode, the (eager) draft block beside them
-        let row = |mode: &str, ar: f64, chain: f64, trees: &[f64]| {
-            serde_json::json!({
-                "shape": a.model.shape,
-                "impl": "dflash-rs",
-                "mode": mode,
-                "device": a.model.run_on.device,
-                "dtype": a.model.run_on.dtype,
-                "cache_rows": n,
-                "block_size": a.block_size,
-                "ar_ms": ar * 1e3,
-                "verify16_ms": chain * 1e3,
-                "draft_ms": t_draft * 1e3,
-                "draft_top32_ms": t_draft_top * 1e3,
-                "read_floor_ms": floor * 1e3,
-                "costmodel": costmodel(a.tau, ar, t_draft, chain, t_draft_top, trees),
-            })
-        };
+        let row =
+            |mode: &str, ar: f64, chain: f64, trees: &[f64], (t_draft, t_draft_top): (f64, f64)| {
+                serde_json::json!({
+                    "shape": a.model.shape,
+                    "impl": "dflash-rs",
+                    "mode": mode,
+                    "device": a.model.run_on.device,
+                    "dtype": a.model.run_on.dtype,
+                    "cache_rows": n,
+                    "block_size": a.block_size,
+                    "ar_ms": ar * 1e3,
+                    "verify16_ms": chain * 1e3,
+                    "draft_ms": t_draft * 1e3,
+                    "draft_top32_ms": t_draft_top * 1e3,
+                    "read_floor_ms": floor * 1e3,
+                    "costmodel": costmodel(a.tau, ar, t_draft, chain, t_draft_top, trees),
+                })
+            };
         let trees: Vec<f64> = tree_rows.iter().map(|r| r.2).collect();
-        let mut rows = vec![row("eager", t_ar, t_chain, &trees)];
+        let mut rows = vec![row("eager", t_ar, t_chain, &trees, (t_draft, t_draft_top))];
         let replay = |name: &str| {
             graphs
                 .iter()
@@ -443,15 +524,79 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
                 .iter()
                 .filter_map(|n| replay(n))
                 .collect();
-            rows.push(row(
-                "cuda graphs (the draft block eager)",
-                g_ar,
-                g_chain,
-                &g_trees,
-            ));
+            let (mode, draft) = match draft_graph {
+                Some((t, t_top, _)) => ("cuda graphs", (t, t_top)),
+                None => (
+                    "cuda graphs (the draft block eager)",
+                    (t_draft, t_draft_top),
+                ),
+            };
+            rows.push(row(mode, g_ar, g_chain, &g_trees, draft));
         }
         let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
         dflash_model::io::atomic::write_file(path, text.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// `--profile-replays`: the draft block (its fixed-shape forward, as decoding replays it), the
+/// AR step and the chain verify captured as CUDA graphs, then each replayed `reps` times in
+/// that order, nothing launched between them: a kernel profiler's last `reps · (draft + AR +
+/// chain)` kernels are these replays, in that order.
+fn profile_replays(
+    target: &Target,
+    drafter: &Drafter,
+    (cache, dcache): (&mut dflash_model::KvCache, &mut dflash_model::KvCache),
+    last_row: &candle_core::Tensor,
+    taps: &[usize],
+    block: usize,
+    reps: usize,
+) -> Result<()> {
+    use dflash_model::cuda::launch_profile::{capture, ParamCache};
+    let dev = target.device.clone();
+    let n = cache.len();
+    let _params = ParamCache::enable(&dev);
+    // the draft block: anchor n after n - 1 cached context rows, as the timed drafts
+    let cap = n + 2 * block;
+    dcache.truncate(n - 1)?;
+    dcache.reserve_exact(cap)?;
+    let at = BlockAt {
+        token: 5,
+        anchor: n,
+        block,
+        positions: block - 1,
+    };
+    let inputs = drafter.prepare_fixed(target, last_row, at, n - 1, block, cap)?;
+    drafter.forward_fixed(target, None, &inputs, dcache)?;
+    dcache.truncate(n - 1)?;
+    let (draft, _) = capture(&dev, || {
+        drafter.forward_fixed(target, None, &inputs, dcache)
+    })?;
+    let mut verifies = Vec::new();
+    for tree in [
+        DraftTree::chain(1, &[]),
+        DraftTree::chain(1, &vec![2u32; block - 1]),
+    ] {
+        let (pos, vis) = (tree.positions(n), tree.visibility(n));
+        let inputs = target.prepare(&tree.tokens, &pos, std::slice::from_ref(&vis), n, None)?;
+        let mut run = || -> Result<dflash_model::TargetOutput> {
+            let o = target.forward_prepared(&inputs, cache, taps, &Rows::All)?;
+            cache.truncate(n)?;
+            Ok(o)
+        };
+        run()?;
+        verifies.push(capture(&dev, run)?.0);
+    }
+    dev.synchronize()?;
+    println!(
+        "profile replays ({reps} each, in this order): draft block {} kernels, AR step {} kernels, chain verify (B = {block}) {} kernels",
+        draft.nodes.kernels, verifies[0].nodes.kernels, verifies[1].nodes.kernels
+    );
+    for g in [&draft, &verifies[0], &verifies[1]] {
+        for _ in 0..reps {
+            g.replay()?;
+        }
+        dev.synchronize()?;
     }
     Ok(())
 }

@@ -41,7 +41,8 @@ pub struct EvalArgs {
     /// Start no new item after this many seconds; the report covers the items finished.
     #[arg(long)]
     pub time_limit: Option<f64>,
-    /// Replay the verify forwards from CUDA graphs (see `generate --cuda-graphs`).
+    /// Replay the verify forwards and the draft block from CUDA graphs (see `generate
+    /// --cuda-graphs`), each mode's graphs kept from one prompt to the next.
     #[arg(long)]
     pub cuda_graphs: bool,
     /// Untimed tokens per mode before the timed items (PTX compilation, allocations; 0: none).

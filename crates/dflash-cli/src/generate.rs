@@ -42,8 +42,8 @@ pub struct GenerateArgs {
     /// T = 0, whether the output is the same.
     #[arg(long)]
     pub compare_ar: bool,
-    /// Replay the verify forwards from CUDA graphs (a fixed-shape cache of prompt +
-    /// max-new-tokens rows). Also for the AR of --compare-ar.
+    /// Replay the verify forwards and the draft block from CUDA graphs (fixed-shape caches of
+    /// prompt + max-new-tokens rows and one forward's). Also for the AR of --compare-ar.
     #[arg(long)]
     pub cuda_graphs: bool,
     /// How drafts are accepted at T > 0: residual (a chain's drafts sampled from the

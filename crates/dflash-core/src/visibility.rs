@@ -138,6 +138,27 @@ pub fn pad_rows(v: &Visibility, cache_len: usize, rows: usize) -> Visibility {
     p
 }
 
+/// [`pad_rows`] for a chain: each padding row continues the chain (it sees the cache, every
+/// new row before it and itself), so that every row of a causal `v` still sees one interval of
+/// keys (what the interval attention reads). No real row sees a padding row; the real rows
+/// compute exactly what they compute without the padding.
+/// Example: cache 2, causal 2 rows padded to 4 → rows 0..4 see cols 0..=2, 0..=3, 0..=4, 0..=5.
+pub fn pad_rows_causal(v: &Visibility, cache_len: usize, rows: usize) -> Visibility {
+    let n = v.rows;
+    let mut p = Visibility::new(rows.max(n), cache_len + rows.max(n));
+    for r in 0..n {
+        for c in 0..v.cols {
+            p.set(r, c, v.get(r, c));
+        }
+    }
+    for r in n..p.rows {
+        for c in 0..=cache_len + r {
+            p.set(r, c, true);
+        }
+    }
+    p
+}
+
 /// Packed rule over `[cache | new rows]` for several independent sequences decoded in one
 /// forward (batch data regeneration): every cache row and every new row belongs to one
 /// sequence (`cache_owner`, `new_owner`); a new row sees the cache rows of its own sequence and
@@ -333,6 +354,37 @@ pub fn draft_inference(rule: DraftRule, anchor: usize, block: usize) -> Visibili
     v
 }
 
+/// [`draft_inference`] laid out for a fixed-shape draft forward (one CUDA graph for every
+/// round) of `cols` key columns: the context keys stay at columns `0 .. anchor`, the block's
+/// keys sit at columns `block_at ..` (after the round's context rows padded to a fixed count),
+/// every other column is hidden. Each query sees exactly the keys it sees in
+/// [`draft_inference`], at their new columns.
+/// Example: anchor 3, block 2, [`DraftRule::FULL`], block_at 5, cols 8 → both rows see columns 0,
+/// 1, 2, 5 and 6; columns 3, 4 (padding) and 7 are hidden.
+pub fn draft_inference_placed(
+    rule: DraftRule,
+    anchor: usize,
+    block: usize,
+    block_at: usize,
+    cols: usize,
+) -> Visibility {
+    assert!(
+        anchor <= block_at && block_at + block <= cols,
+        "draft_inference_placed: the block at {block_at} must follow the {anchor} context keys within {cols} columns"
+    );
+    let v = draft_inference(rule, anchor, block);
+    let mut p = Visibility::new(block, cols);
+    for r in 0..block {
+        for c in 0..anchor {
+            p.set(r, c, v.get(r, c));
+        }
+        for j in 0..block {
+            p.set(r, block_at + j, v.get(r, anchor + j));
+        }
+    }
+    p
+}
+
 /// Training mask for many blocks of one training row of `seq_len = segs.len()` tokens:
 /// columns are the `seq_len` context features, then the blocks' rows in order (block `j`'s row
 /// `r` at column `seq_len + j * block + r`). Rows are the blocks' rows in the same order.
@@ -398,6 +450,44 @@ pub fn draft_training_parts(
 
 #[cfg(test)]
 mod tests {
+    /// The placed inference mask is the rule's own, moved: the same keys per query, the
+    /// padding and the columns past the block hidden (full, sliding-window and causal rules).
+    #[test]
+    fn placed_inference_mask_moves_the_block_keys() {
+        let p = draft_inference_placed(DraftRule::FULL, 3, 2, 5, 8);
+        for r in 0..2 {
+            let seen: Vec<usize> = (0..8).filter(|&c| p.get(r, c)).collect();
+            assert_eq!(seen, vec![0, 1, 2, 5, 6]);
+        }
+        for rule in [
+            DraftRule::FULL,
+            DraftRule {
+                sliding_window: Some(4),
+                causal: false,
+            },
+            DraftRule {
+                sliding_window: None,
+                causal: true,
+            },
+        ] {
+            let (anchor, block) = (9, 4);
+            let v = draft_inference(rule, anchor, block);
+            assert_eq!(
+                draft_inference_placed(rule, anchor, block, anchor, anchor + block),
+                v
+            );
+            let p = draft_inference_placed(rule, anchor, block, anchor + 3, anchor + 3 + block + 5);
+            for r in 0..block {
+                let moved: Vec<usize> = (0..p.cols)
+                    .filter(|&c| p.get(r, c))
+                    .map(|c| if c >= anchor + 3 { c - 3 } else { c })
+                    .collect();
+                let want: Vec<usize> = (0..v.cols).filter(|&c| v.get(r, c)).collect();
+                assert_eq!(moved, want, "rule {rule:?} row {r}");
+            }
+        }
+    }
+
     #[test]
     fn row_runs_of_a_tree_and_a_causal_row() {
         // cache 5; nodes: 0 root-child (col 5), 1 its sibling (col 6), 2 child of node 0 (col 7)
@@ -427,6 +517,23 @@ mod tests {
                 (0..own.rows).all(|r| own.row_interval(r).is_some()),
                 "{rule:?}"
             );
+        }
+    }
+
+    #[test]
+    fn causal_padding_continues_the_chain() {
+        let p = pad_rows_causal(&causal(2, 2), 2, 4);
+        assert_eq!(p, causal(2, 4));
+        assert!((0..4).all(|r| p.row_interval(r).is_some()));
+        // nothing to pad is the same matrix; the real rows never see the padding
+        assert_eq!(pad_rows_causal(&causal(3, 5), 3, 5), causal(3, 5));
+        let t = tree(1, &[None, Some(0), Some(0)]);
+        let pt = pad_rows_causal(&t, 1, 5);
+        for r in 0..3 {
+            for c in 0..4 {
+                assert_eq!(pt.get(r, c), t.get(r, c));
+            }
+            assert!(!pt.get(r, 4) && !pt.get(r, 5));
         }
     }
 

@@ -52,6 +52,9 @@ use dflash_core::selector;
 use dflash_core::stats::RoundOutcome;
 use dflash_core::tree::DraftTree;
 use dflash_model::cuda::graphed::GraphedForward;
+use dflash_model::cuda::graphed_draft::GraphedDraft;
+
+use crate::graph_cache::{self, GraphCache, Kept};
 use dflash_model::models::draft_vocab::DraftHead;
 use dflash_model::models::drafter::{BlockAt, Drafter};
 use dflash_model::ops::top_k::top_k_rows;
@@ -137,8 +140,9 @@ pub fn compact_cache(cache: &mut KvCache, cache_len: usize, kept: &[usize]) -> R
 pub struct DecodeOptions {
     /// Verify forwards through [`GraphedForward`]: the cache gets a fixed capacity of
     /// `prompt + max_new_tokens` rows plus one verify's and each verify row count is captured into a CUDA graph
-    /// once and replayed after (on the CPU: the same fixed-shape forwards, no graphs).
-    /// Attention-only targets.
+    /// once and replayed after; and the draft block through [`GraphedDraft`] (the drafter's
+    /// cache at a fixed capacity, one graph for every round after the first). On the CPU: the
+    /// same fixed-shape forwards, no graphs.
     pub cuda_graphs: bool,
     pub acceptance: Acceptance,
 }
@@ -189,7 +193,38 @@ pub fn generate(
     req: &Request,
     opts: DecodeOptions,
 ) -> Result<Generation> {
-    let mut run = Decoding::prefill(target, drafter, mode, req, opts)?;
+    run_generation(target, drafter, mode, req, opts, None)
+}
+
+/// [`generate`] keeping its fixed-shape forwards (with [`DecodeOptions::cuda_graphs`]: the
+/// caches at a fixed capacity and their CUDA graphs) in `graphs` for the next generation of
+/// the same target, drafter and mode, and starting from the ones kept there
+/// ([`crate::graph_cache`]). The tokens are [`generate`]'s.
+pub fn generate_with(
+    target: &Target,
+    drafter: Option<&Drafter>,
+    mode: Mode,
+    req: &Request,
+    opts: DecodeOptions,
+    graphs: &mut GraphCache,
+) -> Result<Generation> {
+    run_generation(target, drafter, mode, req, opts, Some(graphs))
+}
+
+fn run_generation(
+    target: &Target,
+    drafter: Option<&Drafter>,
+    mode: Mode,
+    req: &Request,
+    opts: DecodeOptions,
+    mut graphs: Option<&mut GraphCache>,
+) -> Result<Generation> {
+    let kept = graphs.as_mut().and_then(|g| g.kept.take());
+    let keep = graphs.is_some() && opts.cuda_graphs && !target.is_hybrid();
+    let mut run = Decoding::prefill(target, drafter, mode, req, opts, kept, keep)?;
+    if let Some(g) = graphs.as_mut() {
+        g.reused += run.reused as usize;
+    }
     let t1 = Instant::now();
     while let Some(depth) = run.next_depth() {
         let td = Instant::now();
@@ -212,6 +247,9 @@ pub fn generate(
             tree_size: matches!(mode, Mode::Tree { .. }).then_some(tree.len() - 1),
         });
     }
+    if let Some(g) = graphs {
+        g.kept = run.take_kept();
+    }
     Ok(Generation {
         new_tokens: run.new_tokens,
         rounds: run.rounds,
@@ -220,6 +258,15 @@ pub fn generate(
         stopped_by_token: run.stopped && !run.looped,
         stopped_by_loop: run.looped,
     })
+}
+
+/// Rows of every verify forward of `mode` (shorter ones are padded): the block, or a tree's
+/// budget plus its root (a tree's rows outnumber its depths).
+fn verify_rows(mode: Mode) -> usize {
+    match mode {
+        Mode::Tree { budget, .. } => budget + 1,
+        _ => mode.block(),
+    }
 }
 
 /// The state of one generation between rounds.
@@ -236,6 +283,12 @@ struct Decoding<'a> {
     graphed: Option<GraphedForward>,
     /// The drafter's cache and its vocabulary head (once per decode).
     draft_cache: Option<KvCache>,
+    /// The draft block's fixed-shape forward (`--cuda-graphs`).
+    draft_graph: Option<GraphedDraft>,
+    /// Whether the fixed-shape forwards go back to a [`GraphCache`] at the end
+    /// ([`Decoding::kept`] gathers them), and whether they came from one.
+    keep: bool,
+    reused: bool,
     head: Option<DraftHead>,
     /// Context features committed since the drafter last ran, `[1, m, taps × hidden]`.
     ctx: Option<Tensor>,
@@ -266,6 +319,8 @@ impl<'a> Decoding<'a> {
         mode: Mode,
         req: &'a Request,
         opts: DecodeOptions,
+        kept: Option<Kept>,
+        keep: bool,
     ) -> Result<Self> {
         check_request(target, req)?;
         let block_size = mode.block();
@@ -294,23 +349,55 @@ impl<'a> Decoding<'a> {
         let mut sampler = Sampler::new(req.sampling);
         let max_len = req.prompt_ids.len() + req.max_new_tokens;
 
+        let rows = verify_rows(mode);
+        // the draft block as one graph: a round's context rows (at most a block) padded to a
+        // block, then the block, after at most max_len rows
+        let (cap, draft_cap) = (max_len + rows, max_len + 2 * block_size);
+        let (cap, draft_cap) = if keep {
+            (graph_cache::rounded(cap), graph_cache::rounded(draft_cap))
+        } else {
+            (cap, draft_cap)
+        };
+        let owner = graph_cache::owner(target, drafter);
+        let kept = match kept {
+            Some(k) if keep => k.take_for(owner, rows, block_size, cap, draft_cap)?,
+            _ => None,
+        };
+        let reused = kept.is_some();
+        let (mut cache, kept_graphed, kept_draft) = match kept {
+            Some(k) => (k.cache, Some(k.graphed), k.draft),
+            None => (target.new_cache(), None, None),
+        };
+
         let t0 = Instant::now();
-        let mut cache = target.new_cache();
         let out = target.forward_causal(&req.prompt_ids, &mut cache, &taps, &Rows::Last)?;
         let first = sampler.sample(&row(out.logits.as_ref().unwrap(), 0)?);
         let ctx = match drafter {
             Some(_) => Some(Target::concat_taps(&out.taps)?.unsqueeze(0)?),
             None => None,
         };
-        let graphed = if opts.cuda_graphs {
-            // a verify's rows start at the anchor (< max_len); a tree's rows outnumber its depths
-            let rows = match mode {
-                Mode::Tree { budget, .. } => budget + 1,
-                _ => block_size,
-            };
-            Some(GraphedForward::new(&mut cache, max_len + rows, rows)?)
-        } else {
-            None
+        let graphed = match (opts.cuda_graphs, kept_graphed) {
+            (true, Some(g)) => Some(g),
+            // chains (AR, DFlash) attend over each row's interval of keys; trees need the mask
+            (true, None) => {
+                let g = GraphedForward::new(&mut cache, cap, rows)?;
+                Some(match mode {
+                    Mode::Tree { .. } => g,
+                    _ => g.chains(),
+                })
+            }
+            _ => None,
+        };
+        let (mut draft_cache, draft_graph) = match kept_draft {
+            Some((c, g)) => (Some(c), Some(g)),
+            None => (drafter.map(|d| d.new_cache()), None),
+        };
+        let draft_graph = match (opts.cuda_graphs, drafter, draft_cache.as_mut(), draft_graph) {
+            (true, _, _, Some(g)) => Some(g),
+            (true, Some(d), Some(c), None) if d.has_fixed_forward() => {
+                Some(GraphedDraft::new(c, draft_cap, block_size)?)
+            }
+            _ => None,
         };
         let prefill_secs = t0.elapsed().as_secs_f64();
         let mut loops = LoopDetector::new(req.loop_window);
@@ -328,7 +415,10 @@ impl<'a> Decoding<'a> {
             sampler,
             cache,
             graphed,
-            draft_cache: drafter.map(|d| d.new_cache()),
+            draft_cache,
+            draft_graph,
+            keep,
+            reused,
             head,
             ctx,
             acceptance: opts.acceptance,
@@ -340,6 +430,29 @@ impl<'a> Decoding<'a> {
             new_tokens: vec![first],
             rounds: Vec::new(),
             prefill_secs,
+        })
+    }
+
+    /// The fixed-shape forwards for the next generation ([`GraphCache`]), when they are kept:
+    /// the target's cache and verify graphs, and the drafter's cache and draft graph (a
+    /// drafter without a draft graph, DFlash2, keeps nothing: the next generation starts
+    /// afresh).
+    fn take_kept(&mut self) -> Option<Kept> {
+        if !self.keep {
+            return None;
+        }
+        let graphed = self.graphed.take()?;
+        let draft = match (self.draft_cache.take(), self.draft_graph.take()) {
+            (Some(c), Some(g)) => Some((c, g)),
+            _ => None,
+        };
+        Some(Kept {
+            owner: graph_cache::owner(self.target, self.drafter),
+            rows: verify_rows(self.mode),
+            block: self.mode.block(),
+            cache: std::mem::replace(&mut self.cache, KvCache::new(0)),
+            graphed,
+            draft,
         })
     }
 
@@ -364,18 +477,20 @@ impl<'a> Decoding<'a> {
             Mode::Tree { budget, .. } => budget.min(depth - 1),
             _ => depth - 1,
         };
-        let (hidden, logits) = d.draft_rows(
-            self.target,
-            self.head.as_ref(),
+        let at = BlockAt {
+            token: anchor,
+            anchor: self.start,
+            block: depth,
+            positions,
+        };
+        let (cache, ctx) = (
             self.draft_cache.as_mut().unwrap(),
             self.ctx.as_ref().unwrap(),
-            BlockAt {
-                token: anchor,
-                anchor: self.start,
-                block: depth,
-                positions,
-            },
-        )?;
+        );
+        let (hidden, logits) = match self.draft_graph.as_mut() {
+            Some(g) => g.draft_rows(d, self.target, self.head.as_ref(), cache, ctx, at)?,
+            None => d.draft_rows(self.target, self.head.as_ref(), cache, ctx, at)?,
+        };
         // logit column → token (the vocabulary head's columns are its subset)
         let head = self.head.as_ref();
         let token = |j: u32| head.map_or(j, |h| h.token(j));

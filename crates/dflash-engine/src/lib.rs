@@ -3,7 +3,9 @@
 
 pub mod batched;
 pub mod decode;
+pub mod graph_cache;
 pub mod mode;
 
-pub use decode::{generate, Acceptance, DecodeOptions, Generation, Request};
+pub use decode::{generate, generate_with, Acceptance, DecodeOptions, Generation, Request};
+pub use graph_cache::GraphCache;
 pub use mode::{Mode, ModeName};

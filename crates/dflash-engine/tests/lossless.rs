@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, Acceptance, DecodeOptions, Mode};
+use dflash_engine::{generate, generate_with, Acceptance, DecodeOptions, GraphCache, Mode};
 use dflash_model::io::loader::load_target;
 use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::Drafter;
@@ -61,7 +61,7 @@ fn tiny_target_long_acceptances_are_lossless() {
     );
 }
 
-/// The fixed-shape verify forwards that CUDA graphs replay (`DecodeOptions::cuda_graphs`; on
+/// The fixed-shape verify forwards and draft blocks that CUDA graphs replay (`DecodeOptions::cuda_graphs`; on
 /// the CPU the same fixed layout and in-place input buffers, without graphs) decode exactly
 /// what the plain loop does, in AR, chain and tree modes, and the same rounds; including
 /// generations whose last rounds are shorter than the block (another row count).
@@ -94,6 +94,47 @@ fn fixed_shape_verify_decodes_like_the_plain_loop() {
             g.rounds.iter().map(|r| r.accepted).collect()
         };
         assert_eq!(acc(&fixed), acc(&plain), "{}", mode.name());
+    }
+}
+
+/// Fixed-shape forwards kept from one generation to the next (`generate_with`, as `eval`
+/// runs its prompts) decode what fresh ones decode, round for round; a generation that does
+/// not fit the kept capacity makes a new set, and a later one that fits reuses it.
+#[test]
+fn kept_fixed_shape_forwards_decode_like_fresh_ones() {
+    let t = tiny();
+    let d = quiet(&t);
+    let opts = DecodeOptions {
+        cuda_graphs: true,
+        ..Default::default()
+    };
+    for mode in [
+        Mode::Ar,
+        Mode::Chain { block: 8 },
+        Mode::Tree {
+            block: 5,
+            budget: 6,
+            top_k: 0,
+        },
+    ] {
+        let d = (mode != Mode::Ar).then_some(&d);
+        let mut graphs = GraphCache::default();
+        // capacities (rounded to 128 rows): 128, then 256 (does not fit 128), then 128 ≤ 256
+        for (prompt, n) in [
+            (tiny_prompt(), 30),
+            (loop_prompt(), 120),
+            (tiny_prompt()[..5].to_vec(), 40),
+        ] {
+            let r = req(&prompt, n, SamplingParams::default(), &[]);
+            let fresh = generate(&t, d, mode, &r, opts).unwrap();
+            let kept = generate_with(&t, d, mode, &r, opts, &mut graphs).unwrap();
+            assert_eq!(kept.new_tokens, fresh.new_tokens, "{}", mode.name());
+            let acc = |g: &dflash_engine::Generation| -> Vec<usize> {
+                g.rounds.iter().map(|r| r.accepted).collect()
+            };
+            assert_eq!(acc(&kept), acc(&fresh), "{}", mode.name());
+        }
+        assert_eq!(graphs.reused, 1, "{}", mode.name());
     }
 }
 

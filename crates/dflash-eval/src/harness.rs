@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::RoundOutcome;
-use dflash_engine::{generate, Generation, Mode, ModeName, Request};
+use dflash_engine::{generate_with, Generation, GraphCache, Mode, ModeName, Request};
 use dflash_model::io::loader::LoadedTarget;
 use dflash_model::io::tokenizer::ChatMessage;
 use dflash_model::models::drafter::Drafter;
@@ -102,11 +102,13 @@ pub fn run(
     opts: &EvalOptions,
 ) -> Result<Vec<Run>> {
     let total: usize = items.iter().map(|i| i.turns.len()).sum::<usize>() * specs.len();
+    // each mode's fixed-shape forwards (CUDA graphs) kept from one generation to the next
+    let mut graphs: Vec<GraphCache> = specs.iter().map(|_| GraphCache::default()).collect();
     let mut pb = dflash_train::progress::Progress::new(total, "eval", "generations");
     let ctx = lt.target.config.max_position_embeddings;
     let mut runs = Vec::new();
     if let (Some(first), true) = (items.first(), opts.warmup_tokens > 0) {
-        warm_up(lt, drafters, specs, first, opts)?;
+        warm_up(lt, drafters, specs, first, opts, &mut graphs)?;
     }
     let started = std::time::Instant::now();
     for (ii, item) in items.iter().enumerate() {
@@ -118,7 +120,7 @@ pub fn run(
             );
             return Ok(runs);
         }
-        for spec in specs {
+        for (spec, graphs) in specs.iter().zip(graphs.iter_mut()) {
             let mut history: Vec<ChatMessage> = Vec::new();
             for (turn, text) in item.turns.iter().enumerate() {
                 history.push(ChatMessage {
@@ -136,7 +138,7 @@ pub fn run(
                 }
                 let mut sampling = opts.sampling;
                 sampling.seed = opts.sampling.seed.wrapping_add((ii * 16 + turn) as u64);
-                let g = decode_turn(lt, drafters, spec, &ids, max_new, sampling, opts)?;
+                let g = decode_turn(lt, drafters, (spec, graphs), &ids, max_new, sampling, opts)?;
                 let answer = lt.tokenizer.decode(&g.new_tokens)?;
                 history.push(ChatMessage {
                     role: "assistant".into(),
@@ -172,7 +174,7 @@ fn chat_ids(lt: &LoadedTarget, history: &[ChatMessage]) -> Result<Vec<u32>> {
 fn decode_turn(
     lt: &LoadedTarget,
     drafters: &[EvalDrafter],
-    spec: &ModeSpec,
+    (spec, graphs): (&ModeSpec, &mut GraphCache),
     ids: &[u32],
     max_new_tokens: usize,
     sampling: SamplingParams,
@@ -185,12 +187,13 @@ fn decode_turn(
         stop_ids: lt.tokenizer.stop_ids.clone(),
         loop_window: 0,
     };
-    generate(
+    generate_with(
         &lt.target,
         spec.drafter.map(|d| &drafters[d].drafter),
         spec.mode,
         &req,
         opts.decode,
+        graphs,
     )
 }
 
@@ -202,6 +205,7 @@ fn warm_up(
     specs: &[ModeSpec],
     item: &EvalItem,
     opts: &EvalOptions,
+    graphs: &mut [GraphCache],
 ) -> Result<()> {
     let Some(text) = item.turns.first() else {
         return Ok(());
@@ -219,8 +223,16 @@ fn warm_up(
         return Ok(());
     }
     let t = std::time::Instant::now();
-    for spec in specs {
-        decode_turn(lt, drafters, spec, &ids, max_new, opts.sampling, opts)?;
+    for (spec, graphs) in specs.iter().zip(graphs.iter_mut()) {
+        decode_turn(
+            lt,
+            drafters,
+            (spec, graphs),
+            &ids,
+            max_new,
+            opts.sampling,
+            opts,
+        )?;
     }
     eprintln!(
         "warm-up: {max_new} tokens of {} in {} mode(s), {:.1} s (not timed)",

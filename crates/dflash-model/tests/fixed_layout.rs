@@ -151,10 +151,17 @@ fn graphed_forward_decodes_like_plain_ar() {
 }
 
 /// Forwards shorter than `pad_to` run padded to it (padding rows that only see the cache
-/// and themselves) and give the unpadded forward's logits, taps and cache length: one slot
-/// serves every verify length of a decoding loop.
+/// and themselves; for chains, padding that continues the chain and each row's interval of
+/// keys instead of the mask) and give the unpadded forward's logits, taps and cache length:
+/// one slot serves every verify length of a decoding loop.
 #[test]
 fn graphed_forward_pads_short_forwards_to_one_shape() {
+    for chains in [false, true] {
+        pad_short_forwards(chains);
+    }
+}
+
+fn pad_short_forwards(chains: bool) {
     use dflash_model::cuda::graphed::GraphedForward;
     let t = tiny();
     let meta = json(&fixtures().join("qwen3-tiny/reference.json"));
@@ -164,7 +171,8 @@ fn graphed_forward_pads_short_forwards_to_one_shape() {
     for c in [&mut plain, &mut fixed] {
         t.forward_causal(&prompt, c, &[], &Rows::None).unwrap();
     }
-    let mut g = GraphedForward::new(&mut fixed, prompt.len() + 20, 6).unwrap();
+    let g = GraphedForward::new(&mut fixed, prompt.len() + 20, 6).unwrap();
+    let mut g = if chains { g.chains() } else { g };
     for n in [6usize, 4, 1, 3] {
         let c = plain.len();
         let toks: Vec<u32> = (0..n as u32).map(|i| 7 + 11 * i).collect();
@@ -182,6 +190,7 @@ fn graphed_forward_pads_short_forwards_to_one_shape() {
         assert_eq!(fixed.len(), plain.len(), "{n} rows");
     }
     assert_eq!(g.captured_rows(), vec![6]);
+    assert_eq!(g.eager_calls, 0, "chains {chains}");
     // no tokens, or a mask of another shape, is an error, not a panic
     let c = fixed.len();
     let err = g
@@ -309,4 +318,75 @@ fn key_interval_forwards_check_their_rows() {
         .err()
         .expect("refused");
     assert!(e.to_string().contains("does not lie in 2 columns"), "{e}");
+}
+
+/// The draft block's fixed-shape forward (what `GraphedDraft` captures: context rows padded
+/// to the block, K/V written through an index into a cache of exactly `cap` rows, the rule's
+/// mask moved to those columns) drafts what the eager draft drafts, round after round, for
+/// full-attention and sliding-window drafters; rounds it cannot take (the prompt's context
+/// rows, another block) run eagerly on the same buffers.
+#[test]
+fn graphed_draft_drafts_like_the_eager_draft() {
+    use dflash_model::cuda::graphed_draft::GraphedDraft;
+    use dflash_model::models::drafter::{BlockAt, Drafter};
+    let t = tiny();
+    for name in ["quiet", "sliding"] {
+        let d = Drafter::load_dir(&fixtures().join("dflash-tiny").join(name), &t).unwrap();
+        let prompt = loop_prompt();
+        let mut cache = t.new_cache();
+        let out = t
+            .forward_causal(&prompt, &mut cache, &d.target_layer_ids, &Rows::None)
+            .unwrap();
+        let taps = dflash_model::Target::concat_taps(&out.taps)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let (block, cap) = (d.block_size, 128);
+        let mut eager = d.new_cache();
+        let mut fixed = d.new_cache();
+        let mut g = GraphedDraft::new(&mut fixed, cap, block).unwrap();
+        // (context rows this round, block): the prompt, then rounds as a decoding loop
+        // commits them, one with a shorter block (a generation's last), then back
+        let rounds = [
+            (prompt.len(), block),
+            (3, block),
+            (1, block),
+            (block, block),
+            (5, 7),
+            (2, block),
+        ];
+        let mut anchor = 0;
+        for (i, &(m, b)) in rounds.iter().enumerate() {
+            let rows = taps.narrow(1, i % 4, m.min(prompt.len() - 4)).unwrap();
+            let rows = if m > rows.dim(1).unwrap() {
+                Tensor::cat(
+                    &[&rows, &taps.narrow(1, 0, m - rows.dim(1).unwrap()).unwrap()],
+                    1,
+                )
+                .unwrap()
+            } else {
+                rows
+            };
+            anchor += m;
+            let at = BlockAt {
+                token: 7 + i as u32,
+                anchor,
+                block: b,
+                positions: b - 1,
+            };
+            let (he, le) = d.draft_rows(&t, None, &mut eager, &rows, at).unwrap();
+            let (hf, lf) = g.draft_rows(&d, &t, None, &mut fixed, &rows, at).unwrap();
+            for (x, y, what) in [(&hf, &he, "hidden"), (&lf, &le, "logits")] {
+                let e = dflash_model::ops::compare::rel_err(x, y).unwrap();
+                assert!(e <= 1e-5, "{name} round {i}: {what} rel err {e}");
+            }
+            assert_eq!(fixed.len(), eager.len(), "{name} round {i}: cache rows");
+            assert_eq!(fixed.len(), anchor);
+        }
+        assert_eq!(
+            g.eager_calls, 2,
+            "{name}: the prompt's round and the short block"
+        );
+        assert!(g.captured());
+    }
 }

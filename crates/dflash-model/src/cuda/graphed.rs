@@ -52,8 +52,12 @@ pub struct GraphedForward {
     /// Forwards of fewer rows are padded to this many (one graph for a chain's tail rounds).
     pad_to: usize,
     slots: HashMap<usize, Slot>,
-    /// Forwards run eagerly for want of a slot (row counts past [`MAX_GRAPHS`]).
+    /// Forwards run eagerly for want of a slot (row counts past [`MAX_GRAPHS`], or a mask
+    /// of another kind than the captured one).
     pub eager_calls: usize,
+    /// Attention over each row's interval of keys (chains: [`Target::prepare_fixed_intervals`],
+    /// padding that continues the chain) instead of the additive mask over `cap` columns.
+    intervals: bool,
 }
 
 impl GraphedForward {
@@ -71,7 +75,18 @@ impl GraphedForward {
             pad_to,
             slots: HashMap::new(),
             eager_calls: 0,
+            intervals: false,
         })
+    }
+
+    /// Forwards of chains (AR steps, chain verifies): each row's interval of keys instead of
+    /// the additive mask, so that the attention reads only the rows it sees, whatever the
+    /// capacity; shorter forwards are padded by continuing the chain
+    /// ([`dflash_core::visibility::pad_rows_causal`]). A forward whose rows do not each see one
+    /// interval runs eagerly. Example: AR at cache 300 of a 1,024-row cache → keys 0..301.
+    pub fn chains(mut self) -> Self {
+        self.intervals = true;
+        self
     }
 
     /// [`Target::forward`] with all logits rows (the same shapes), through the fixed layout
@@ -109,7 +124,11 @@ impl GraphedForward {
                 .copied()
                 .chain(std::iter::repeat_n(positions[0], pad))
                 .collect();
-            let mask = dflash_core::visibility::pad_rows(mask, cache_len, self.pad_to);
+            let mask = if self.intervals {
+                dflash_core::visibility::pad_rows_causal(mask, cache_len, self.pad_to)
+            } else {
+                dflash_core::visibility::pad_rows(mask, cache_len, self.pad_to)
+            };
             let out = self.forward(target, &tokens, &positions, &mask, cache, taps)?;
             cache.drop_padding(cache_len + real)?;
             return Ok(TargetOutput {
@@ -121,14 +140,25 @@ impl GraphedForward {
                     .collect::<candle_core::Result<_>>()?,
             });
         }
-        let fresh = target.prepare(
-            tokens,
-            positions,
-            std::slice::from_ref(mask),
-            cache_len,
-            Some(self.cap),
-        )?;
+        let fresh = if self.intervals {
+            target.prepare_fixed_intervals(tokens, positions, mask, cache_len, self.cap)?
+        } else {
+            target.prepare(
+                tokens,
+                positions,
+                std::slice::from_ref(mask),
+                cache_len,
+                Some(self.cap),
+            )?
+        };
         let n = fresh.rows();
+        if self.intervals && !fresh.has_intervals() {
+            // not a chain: the captured forward reads intervals
+            self.eager_calls += 1;
+            return target
+                .forward_prepared(&fresh, cache, taps, &Rows::All)?
+                .one_sequence();
+        }
         if let Some(slot) = self.slots.get_mut(&n) {
             if slot.taps != taps {
                 bail!(

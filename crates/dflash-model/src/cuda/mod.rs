@@ -3,6 +3,7 @@
 //! a forward's time goes.
 
 pub mod graphed;
+pub mod graphed_draft;
 pub mod kernel_check;
 pub mod launch_profile;
 #[cfg(feature = "cuda")]

@@ -38,12 +38,15 @@ use crate::layers::attention::{attend, mask_tensor};
 use crate::layers::dynamic_conv::DynamicConv;
 use crate::layers::mlp::{load_linear, Mlp};
 use crate::layers::norm::RmsNorm;
-use crate::layers::rope::Rope;
+use crate::layers::rope::{Rope, RopeTables};
 use crate::models::draft_vocab::{DraftHead, DraftVocab};
 use crate::models::selector::CandidateSelector;
 use crate::models::target::Target;
 use crate::ops::block_attention::{attend_blocks, context_windows, ContextWindow};
 use crate::ops::permute::swap_rows_heads;
+
+mod fixed;
+pub use fixed::DraftInputs;
 
 /// Where the rows of one drafter forward sit.
 #[derive(Debug, Clone, Copy)]
@@ -115,11 +118,24 @@ fn window_cells(device: &Device) -> usize {
 
 /// A layer's attention mask: the whole `[keys]` mask and each row's visible key runs (for
 /// [`crate::cpu::row_attention`] where it applies), or (training) the two visible parts.
-enum LayerMask {
+pub(crate) enum LayerMask {
     Dense(Tensor, Option<KeyRuns>),
     Parts {
         context: Vec<ContextWindow>,
         block: usize,
+    },
+}
+
+/// Where a drafter forward's new K/V go: nowhere (training), appended to the cache
+/// (inference), or written through the fixed layout's index into a cache of exactly `cap` rows
+/// ([`KvCache::write_fixed`]: the draft block replayed from a CUDA graph).
+pub(crate) enum KvWrite<'c> {
+    None,
+    Append(&'c mut KvCache),
+    Fixed {
+        cache: &'c mut KvCache,
+        index: &'c Tensor,
+        cap: usize,
     },
 }
 
@@ -357,7 +373,7 @@ impl Drafter {
         ctx_taps: &Tensor,
         block_emb: &Tensor,
         layout: DraftLayout<'_>,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         let m = ctx_taps.dim(1)?;
         let nb = block_emb.dim(1)?;
@@ -392,7 +408,6 @@ impl Drafter {
         let mut all_pos = ctx_positions.clone();
         all_pos.extend_from_slice(&block_positions);
         let rope_kv = self.rope.tables(&all_pos, dtype, device)?;
-        let rope_q = rope_kv.narrow(m, nb)?;
         // masks per distinct rule, from the shared visibility rule: training uses the two
         // visible parts (context, own block), inference the whole [cache | block] mask
         let mut masks: Vec<(DraftRule, LayerMask)> = Vec::new();
@@ -430,6 +445,31 @@ impl Drafter {
                 masks.push((l.rule, lm));
             }
         }
+        let write = match cache {
+            Some(c) => KvWrite::Append(c),
+            None => KvWrite::None,
+        };
+        self.layers_forward(ctx_taps, block_emb, layout.block(), &rope_kv, &masks, write)
+    }
+
+    /// The layers of the one drafter forward, after the host side ([`Self::forward`], or the
+    /// fixed-shape inputs of [`crate::models::draft_inputs`]): `ctx_taps` `[1, m, L*h]`,
+    /// `block_emb` `[1, nb, h]`, `rope_kv` the RoPE rows of the m context rows then the nb
+    /// block rows, a mask per distinct layer rule, and where the new K/V go. Returns the normed
+    /// block hidden states `[1, nb, h]`; a cache commits its m + nb new rows.
+    pub(crate) fn layers_forward(
+        &self,
+        ctx_taps: &Tensor,
+        block_emb: &Tensor,
+        block: usize,
+        rope_kv: &RopeTables,
+        masks: &[(DraftRule, LayerMask)],
+        mut write: KvWrite<'_>,
+    ) -> Result<Tensor> {
+        let m = ctx_taps.dim(1)?;
+        let nb = block_emb.dim(1)?;
+        let dtype = block_emb.dtype();
+        let rope_q = rope_kv.narrow(m, nb)?;
         // 1. context feature (none at anchor 0 with an empty cache)
         let ctx = if m > 0 {
             Some(
@@ -446,7 +486,6 @@ impl Drafter {
                 None => b,
             })
         };
-        let block = layout.block();
         let mut x = block_emb.clone();
         for (i, layer) in self.layers.iter().enumerate() {
             let a = &layer.self_attn;
@@ -472,9 +511,12 @@ impl Drafter {
             let k = swap_rows_heads(&a.k_norm.forward(&heads(k, m + nb, a.kv_heads)?)?)?;
             let k = rope_kv.apply(&k)?;
             let v = swap_rows_heads(&heads(v, m + nb, a.kv_heads)?)?;
-            let (k, v) = match cache.as_deref_mut() {
-                Some(c) => c.append(i, &k, &v)?,
-                None => (k, v),
+            let (k, v) = match &mut write {
+                KvWrite::None => (k, v),
+                KvWrite::Append(c) => c.append(i, &k, &v)?,
+                KvWrite::Fixed { cache, index, cap } => {
+                    cache.write_fixed(i, &k, &v, index, *cap)?
+                }
             };
             let scale = 1.0 / (a.head_dim as f64).sqrt();
             let o = match &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1 {
@@ -502,8 +544,9 @@ impl Drafter {
             };
             x = (&x + mlp_out)?;
         }
-        if let Some(c) = cache {
-            c.commit(m + nb);
+        match write {
+            KvWrite::Append(c) | KvWrite::Fixed { cache: c, .. } => c.commit(m + nb),
+            KvWrite::None => {}
         }
         Ok(self.norm.forward(&x)?)
     }

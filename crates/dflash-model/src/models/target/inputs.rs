@@ -54,6 +54,11 @@ impl ForwardInputs {
         self.n
     }
 
+    /// Whether the attention reads each row's interval of keys (not an additive mask).
+    pub fn has_intervals(&self) -> bool {
+        matches!(self.mask, AttnMask::Intervals(_))
+    }
+
     /// Each new row's linear-attention parent (hybrid targets; `None` otherwise).
     pub fn linear_parents(&self) -> Option<&[Option<usize>]> {
         self.gdn.as_ref().map(|g| g.parents.as_slice())
@@ -156,6 +161,42 @@ impl Target {
         cache_len: usize,
         cap: Option<usize>,
     ) -> Result<ForwardInputs> {
+        self.prepare_with(tokens, positions, masks, cache_len, cap, false)
+    }
+
+    /// [`Target::prepare`] of one sequence in the fixed layout (`cap` rows) with each row's
+    /// interval of keys instead of the additive mask `[n, cap]` when every row sees one
+    /// interval (AR steps and chain verifies: the interval attention reads only those rows,
+    /// whatever `cap`); a tree's verify keeps the additive mask
+    /// ([`ForwardInputs::has_intervals`] says which).
+    /// Example: cache 40, a 16-row chain, cap 1,024 → rows see keys 0..41 … 0..56, no mask.
+    pub fn prepare_fixed_intervals(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        mask: &Visibility,
+        cache_len: usize,
+        cap: usize,
+    ) -> Result<ForwardInputs> {
+        self.prepare_with(
+            tokens,
+            positions,
+            std::slice::from_ref(mask),
+            cache_len,
+            Some(cap),
+            true,
+        )
+    }
+
+    fn prepare_with(
+        &self,
+        tokens: &[u32],
+        positions: &[usize],
+        masks: &[Visibility],
+        cache_len: usize,
+        cap: Option<usize>,
+        fixed_intervals: bool,
+    ) -> Result<ForwardInputs> {
         let mask_cols = cap;
         let b = masks.len();
         let n = rows_per_sequence(tokens, positions, b)?;
@@ -189,9 +230,13 @@ impl Target {
         // in the attention scores' dtype: no cast per layer (−1 kernel per layer)
         let cd = crate::layers::norm::compute_dtype(self.dtype);
         let mask = match (mask_cols, masks) {
-            (Some(cols), [one]) => {
-                AttnMask::Additive(mask_tensor_cols(one, cols, cd, &self.device)?)
-            }
+            (Some(cols), [one]) => match fixed_intervals {
+                true => match RowIntervals::widened(masks, cols, &self.device)? {
+                    Some(iv) => AttnMask::Intervals(iv),
+                    None => AttnMask::Additive(mask_tensor_cols(one, cols, cd, &self.device)?),
+                },
+                false => AttnMask::Additive(mask_tensor_cols(one, cols, cd, &self.device)?),
+            },
             // several sequences (batched decoding): one interval per row, over all `cols`
             (Some(cols), _) => match RowIntervals::widened(masks, cols, &self.device)? {
                 Some(iv) => AttnMask::Intervals(iv),

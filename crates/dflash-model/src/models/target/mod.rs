@@ -341,7 +341,7 @@ impl Target {
     }
 
     /// Every token id inside the vocabulary, or an error naming the first that is not.
-    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+    pub(crate) fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         if let Some(&bad) = tokens
             .iter()
             .find(|&&t| t as usize >= self.config.vocab_size)
@@ -358,7 +358,14 @@ impl Target {
     pub fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
         self.check_tokens(tokens)?;
         let ids = Tensor::from_vec(tokens.to_vec(), tokens.len(), &self.device)?;
-        Ok(self.embed_tokens.lookup(&ids)?.unsqueeze(0)?)
+        self.embed_ids(&ids)
+    }
+
+    /// [`Target::embed`] of ids already on the device (`[n]` u32, checked against the
+    /// vocabulary by whoever put them there) → `[1, n, hidden]`: what a captured forward
+    /// reads from its input buffer.
+    pub fn embed_ids(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(self.embed_tokens.lookup(ids)?.unsqueeze(0)?)
     }
 
     /// The LM head on already-normalised hidden states `[.., hidden]` → f32 logits (f64 for f64 models).

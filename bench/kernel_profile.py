@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Where a replayed decode forward's GPU time goes, kernel class by kernel class.
+
+Reads the raw CSV of Nsight Compute run over `dflash-rs bench shape --profile-replays N` and
+that command's output (the line giving each graph's kernel count), takes the profile's last
+N · (draft + AR + chain) kernels — the replays, in that order — and sums, per forward and per
+kernel class, the kernels' time and DRAM bytes read (per replay: the sums over N replays / N).
+
+    ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \\
+        --log-file NCU.csv dflash-rs bench shape --shape S --device cuda --dtype bf16 \\
+        --profile-replays 3 > OUT.txt
+    python3 bench/kernel_profile.py NCU.csv OUT.txt [--label S] [--json ROWS.jsonl]
+
+Kernels run one at a time under the profiler (each timed alone, caches flushed before each),
+so the sums are kernel time without the gaps between kernels, and the DRAM bytes are those a
+cold kernel reads. Classes, by kernel name: GEMM (cuBLAS / CUTLASS / nvjet), attention
+(softmax, attention kernels), RMSNorm, RoPE, copies and casts, and other elementwise kernels.
+"""
+import argparse
+import collections
+import csv
+import json
+import re
+import sys
+
+CLASSES = [
+    ("GEMM", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas")),
+    ("attention", ("softmax", "attention", "interval")),
+    ("RMSNorm", ("rmsnorm", "rms_norm")),
+    ("RoPE", ("rope",)),
+    ("copies and casts", ("copy", "cast", "const_set", "index_select", "scatter", "gather", "permute", "swap")),
+]
+
+
+def kernel_class(name):
+    low = name.lower()
+    for cls, keys in CLASSES:
+        if any(k in low for k in keys):
+            return cls
+    return "other elementwise"
+
+
+SCALE_T = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+SCALE_B = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def read_ncu(path):
+    rows = list(csv.reader(open(path, errors="replace")))
+    h = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
+    hdr, units = rows[h], rows[h + 1]
+    ki, ti = hdr.index("Kernel Name"), hdr.index("gpu__time_duration.sum")
+    bi = hdr.index("dram__bytes_read.sum") if "dram__bytes_read.sum" in hdr else None
+    st = SCALE_T[units[ti]]
+    sb = SCALE_B.get(units[bi], 1.0) if bi is not None else 0.0
+    out = []
+    for r in rows[h + 2:]:
+        if len(r) <= ti or not r[ti]:
+            continue
+        t = float(r[ti].replace(",", "")) * st
+        b = float(r[bi].replace(",", "")) * sb if bi is not None and r[bi] else 0.0
+        out.append((r[ki], t, b))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("ncu_csv")
+    p.add_argument("bench_out")
+    p.add_argument("--label", default="")
+    p.add_argument("--json")
+    a = p.parse_args()
+    text = open(a.bench_out, errors="replace").read()
+    m = re.search(r"profile replays \((\d+) each.*?draft block (\d+) kernels, AR step (\d+) kernels, "
+                  r"chain verify \(B = (\d+)\) (\d+) kernels", text)
+    if not m:
+        sys.exit(f"{a.bench_out}: no 'profile replays' line (run bench shape --profile-replays N)")
+    reps, kd, ka, block, kc = map(int, m.groups())
+    kernels = read_ncu(a.ncu_csv)
+    need = reps * (kd + ka + kc)
+    if len(kernels) < need:
+        sys.exit(f"{a.ncu_csv}: {len(kernels)} kernels profiled, the replays alone are {need}")
+    tail = kernels[-need:]
+    groups = [("draft block", kd), ("AR step", ka), (f"chain verify (B = {block})", kc)]
+    rows, at = [], 0
+    print(f"{a.label}: kernel time per replay (µs), DRAM read (MB) and its rate, mean of {reps} replays\n")
+    print("| forward | class | kernels | kernel µs | share | DRAM read MB | GB/s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, k in groups:
+        ks = tail[at:at + reps * k]
+        at += reps * k
+        by = collections.defaultdict(lambda: [0, 0.0, 0.0])
+        for kn, t, b in ks:
+            c = by[kernel_class(kn)]
+            c[0] += 1
+            c[1] += t
+            c[2] += b
+        total_t = sum(v[1] for v in by.values()) / reps
+        total_b = sum(v[2] for v in by.values()) / reps
+        for cls, (cnt, t, b) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+            t, b = t / reps, b / reps
+            gbs = b / (t * 1e3) if t > 0 else 0.0
+            print(f"| {name} | {cls} | {cnt // reps} | {t:.1f} | {t / total_t:.0%} | {b / 1e6:.1f} | {gbs:.0f} |")
+            rows.append({"shape": a.label, "forward": name, "class": cls, "kernels": cnt // reps,
+                         "kernel_us": t, "dram_read_mb": b / 1e6, "gb_s": gbs})
+        print(f"| {name} | **all** | {k} | {total_t:.1f} | 100% | {total_b / 1e6:.1f} | "
+              f"{total_b / (total_t * 1e3):.0f} |")
+        rows.append({"shape": a.label, "forward": name, "class": "all", "kernels": k,
+                     "kernel_us": total_t, "dram_read_mb": total_b / 1e6,
+                     "gb_s": total_b / (total_t * 1e3)})
+    if a.json:
+        with open(a.json, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
