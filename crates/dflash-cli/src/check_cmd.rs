@@ -16,8 +16,11 @@ use clap::Args;
 
 use crate::args::DeviceArgs;
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, DecodeOptions, Generation, Mode, Request};
+use dflash_engine::{
+    generate, generate_with, DecodeOptions, Generation, GraphCache, Mode, Request,
+};
 use dflash_model::io::loader::{load_target, LoadedTarget};
+use dflash_model::models::draft_vocab::DraftVocab;
 use dflash_model::models::drafter::Drafter;
 use dflash_model::ops::compare::rel_err;
 use dflash_model::{Rows, TargetOutput};
@@ -47,6 +50,70 @@ fn rel_logits_taps(got: &TargetOutput, cpu: &TargetOutput) -> Result<(f64, f64)>
         taps = taps.max(rel_err(g, c)? as f64);
     }
     Ok((logits, taps))
+}
+
+/// Graphs kept from one generation to the next (`generate_with`, as `eval` and `bench decode`
+/// run them) decode what fresh graphs decode: three prompts in turn, the drafter drafting from
+/// a vocabulary subset (its head's weights made anew by each generation, while the kept draft
+/// graph reads the ones it was captured with), DFlash and DDTree-8.
+fn kept_graphs_row(
+    lt: &LoadedTarget,
+    drafter_dir: &Option<PathBuf>,
+    req: &Request,
+    name: &str,
+) -> Result<(String, bool, String)> {
+    let mut d = drafter_for(lt, drafter_dir)?;
+    // every other token, and the prompt's (the anchors' tokens are drafted from)
+    let mut ids: Vec<u32> = (0..lt.target.vocab_size() as u32).step_by(2).collect();
+    ids.extend(&req.prompt_ids);
+    ids.sort_unstable();
+    ids.dedup();
+    d.draft_vocab = Some(DraftVocab {
+        token_ids: ids,
+        source: "check device: every other token".into(),
+        coverage: None,
+    });
+    let opts = DecodeOptions {
+        cuda_graphs: true,
+        ..Default::default()
+    };
+    let p = &req.prompt_ids;
+    let prompts = [&p[..], &p[..p.len() / 2], &p[1..]];
+    let (mut same, mut gens) = (true, 0);
+    for mode in [
+        Mode::Chain {
+            block: d.block_size,
+        },
+        Mode::Tree {
+            block: d.block_size,
+            budget: 8,
+            top_k: 0,
+        },
+    ] {
+        let mut kept = GraphCache::default();
+        for prompt in prompts {
+            let r = Request {
+                prompt_ids: prompt.to_vec(),
+                ..req.clone()
+            };
+            let fresh = generate(&lt.target, Some(&d), mode, &r, opts)?;
+            let k = generate_with(&lt.target, Some(&d), mode, &r, opts, &mut kept)?;
+            same &= k.new_tokens == fresh.new_tokens;
+            gens += 1;
+        }
+    }
+    Ok((
+        format!("CUDA graphs kept across generations = fresh ones ({name})"),
+        same || name == "bf16",
+        format!(
+            "{gens} generations, a draft vocabulary{}",
+            if same {
+                ""
+            } else {
+                "; differs (bf16: kept caches are larger, a tree's mask spans them; reported)"
+            }
+        ),
+    ))
 }
 
 fn drafter_for(lt: &LoadedTarget, dir: &Option<PathBuf>) -> Result<Drafter> {
@@ -206,6 +273,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
             ));
         }
         if !lt.target.is_hybrid() {
+            rows.push(kept_graphs_row(lt, &a.drafter, &req, name)?);
             // batched decoding (data regeneration): three prompts on two slots = AR for each,
             // and its steps replayed from one CUDA graph = eager
             let reqs: Vec<Request> = [&prompt[..], &prompt[..prompt.len() - 3], &prompt[2..]]

@@ -35,6 +35,7 @@ fn check_device_on_the_cpu_passes_every_row() {
         "| dflash = AR on device (f32) | pass |",
         "| ddtree:8 = AR on device (f32) | pass |",
         "| ddtree:8 with CUDA graphs = without (f32) | pass |",
+        "| CUDA graphs kept across generations = fresh ones (f32) | pass |",
         "| train/infer parity (f32) | pass |",
     ] {
         assert!(table.contains(row), "missing {row:?} in\n{table}");

@@ -23,9 +23,15 @@ use crate::models::draft_vocab::DraftHead;
 use crate::models::drafter::{BlockAt, DraftInputs, Drafter};
 use crate::models::target::Target;
 
-/// A captured draft: its inputs' buffers and, on a GPU, the graph with its output buffers
+/// A captured draft: its inputs' buffers, the vocabulary head it was captured with (a graph
+/// reads the head's weights where they were at the capture: the slot holds them, so that they
+/// outlive the generation that made them) and, on a GPU, the graph with its output buffers
 /// (the block's hidden rows and logits).
-type Slot = (DraftInputs, Option<(Captured, (Tensor, Tensor))>);
+struct Slot {
+    inputs: DraftInputs,
+    head: Option<DraftHead>,
+    graph: Option<(Captured, (Tensor, Tensor))>,
+}
 
 /// Fixed-shape draft forwards of one sequence over a drafter cache of `cap` rows.
 pub struct GraphedDraft {
@@ -73,7 +79,10 @@ impl GraphedDraft {
         let cache_len = cache.len();
         let m = new_ctx_taps.dim(1)?;
         let fits = cache_len + self.ctx_rows + at.block <= self.cap;
-        let same_block = self.slot.as_ref().is_none_or(|s| s.0.shape().2 == at.block);
+        let same_block = self
+            .slot
+            .as_ref()
+            .is_none_or(|s| s.inputs.shape().2 == at.block && s.head.is_some() == head.is_some());
         if m > self.ctx_rows || !fits || !same_block || !drafter.has_fixed_forward() {
             self.eager_calls += 1;
             let out = drafter.draft_rows(target, head, cache, new_ctx_taps, at)?;
@@ -92,7 +101,14 @@ impl GraphedDraft {
         let take = |(h, l): (Tensor, Tensor)| -> Result<(Tensor, Tensor)> {
             Ok((h.narrow(0, 0, positions)?, l.narrow(0, 0, positions)?))
         };
-        if let Some((inputs, graph)) = self.slot.as_mut() {
+        if let Some(Slot {
+            inputs,
+            head,
+            graph,
+        }) = self.slot.as_mut()
+        {
+            // the head of the capture (the same weights: one drafter per GraphedDraft)
+            let head = head.as_ref();
             fresh.write_into(inputs)?;
             let out = match graph {
                 Some((g, out)) => {
@@ -121,7 +137,11 @@ impl GraphedDraft {
             }
             _ => (drafter.forward_fixed(target, head, &fresh, cache)?, None),
         };
-        self.slot = Some((fresh, graph));
+        self.slot = Some(Slot {
+            inputs: fresh,
+            head: head.cloned(),
+            graph,
+        });
         cache.truncate(at.anchor)?;
         take(out)
     }
