@@ -302,3 +302,36 @@ fn ddtree_with_dflash2_equals_ar() {
         assert_eq!(g.new_tokens.len(), 12);
     }
 }
+
+/// A DFlash2 drafter under `cuda_graphs` (its dynamic convs keep the draft block eager while
+/// the verifies run in the fixed shapes; kept from one generation to the next as `eval` does)
+/// equals AR at T = 0 in chain and tree modes.
+#[test]
+fn dflash2_with_fixed_shapes_equals_ar() {
+    use dflash_engine::{generate, generate_with, DecodeOptions, GraphCache};
+    let t = tiny();
+    let d = quiet_dflash2(&t);
+    assert!(!d.has_fixed_forward());
+    let opts = DecodeOptions {
+        cuda_graphs: true,
+        ..Default::default()
+    };
+    for mode in [
+        Mode::Chain { block: 8 },
+        Mode::Tree {
+            block: 8,
+            budget: 6,
+            top_k: 0,
+        },
+    ] {
+        let mut kept = GraphCache::default();
+        for prompt in [loop_prompt(), tiny_prompt()] {
+            let r = req(&prompt, 30, SamplingParams::default(), &[]);
+            let want = greedy(&t, &prompt, 30);
+            let g = generate(&t, Some(&d), mode, &r, opts).unwrap();
+            assert_eq!(g.new_tokens, want, "{}", mode.name());
+            let k = generate_with(&t, Some(&d), mode, &r, opts, &mut kept).unwrap();
+            assert_eq!(k.new_tokens, want, "{} kept", mode.name());
+        }
+    }
+}
