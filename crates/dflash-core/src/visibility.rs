@@ -122,6 +122,21 @@ pub fn tree(cache_len: usize, parents: &[Option<usize>]) -> Visibility {
 /// Example: cache 2, causal 2 rows padded to 3 → rows 0, 1 as before (cols 0..=2, 0..=3), row 2
 /// sees cols 0, 1, 4.
 pub fn pad_rows(v: &Visibility, cache_len: usize, rows: usize) -> Visibility {
+    padded(v, cache_len, rows, |p, r| {
+        for c in 0..cache_len {
+            p.set(r, c, true);
+        }
+        p.set(r, cache_len + r, true);
+    })
+}
+
+/// `v` (`[n, cache_len + n]`) grown to `rows` new rows, `pad_row` setting padding row r's keys.
+fn padded(
+    v: &Visibility,
+    cache_len: usize,
+    rows: usize,
+    pad_row: impl Fn(&mut Visibility, usize),
+) -> Visibility {
     let n = v.rows;
     let mut p = Visibility::new(rows.max(n), cache_len + rows.max(n));
     for r in 0..n {
@@ -130,10 +145,7 @@ pub fn pad_rows(v: &Visibility, cache_len: usize, rows: usize) -> Visibility {
         }
     }
     for r in n..p.rows {
-        for c in 0..cache_len {
-            p.set(r, c, true);
-        }
-        p.set(r, cache_len + r, true);
+        pad_row(&mut p, r);
     }
     p
 }
@@ -144,19 +156,11 @@ pub fn pad_rows(v: &Visibility, cache_len: usize, rows: usize) -> Visibility {
 /// compute exactly what they compute without the padding.
 /// Example: cache 2, causal 2 rows padded to 4 → rows 0..4 see cols 0..=2, 0..=3, 0..=4, 0..=5.
 pub fn pad_rows_causal(v: &Visibility, cache_len: usize, rows: usize) -> Visibility {
-    let n = v.rows;
-    let mut p = Visibility::new(rows.max(n), cache_len + rows.max(n));
-    for r in 0..n {
-        for c in 0..v.cols {
-            p.set(r, c, v.get(r, c));
-        }
-    }
-    for r in n..p.rows {
+    padded(v, cache_len, rows, |p, r| {
         for c in 0..=cache_len + r {
             p.set(r, c, true);
         }
-    }
-    p
+    })
 }
 
 /// Packed rule over `[cache | new rows]` for several independent sequences decoded in one
