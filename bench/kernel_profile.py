@@ -6,7 +6,8 @@ that command's output (the line giving each graph's kernel count), takes the pro
 N · (draft + AR + chain) kernels — the replays, in that order — and sums, per forward and per
 kernel class, the kernels' time and DRAM bytes read (per replay: the sums over N replays / N).
 
-    ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \\
+    ncu --profile-from-start off --graph-profiling node \\
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \\
         --log-file NCU.csv dflash-rs bench shape --shape S --device cuda --dtype bf16 \\
         --profile-replays 3 > OUT.txt
     python3 bench/kernel_profile.py NCU.csv OUT.txt [--label S] [--json ROWS.jsonl]

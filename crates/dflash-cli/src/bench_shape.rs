@@ -75,8 +75,9 @@ pub struct BenchShapeArgs {
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
     /// Only capture the draft block, the AR step and the chain verify as CUDA graphs, replay
-    /// each N times in that order and exit (GPU): the run a kernel profiler reads (`ncu
-    /// --graph-profiling node`, `bench/kernel_profile.py`). Prints each graph's kernel count.
+    /// each N times in that order inside a profiler range and exit (GPU): the run a kernel
+    /// profiler reads (`ncu --profile-from-start off --graph-profiling node`,
+    /// `bench/kernel_profile.py`). Prints each graph's kernel count.
     #[arg(long, default_value_t = 0)]
     pub profile_replays: usize,
 }
@@ -592,13 +593,16 @@ fn profile_replays(
         "profile replays ({reps} each, in this order): draft block {} kernels, AR step {} kernels, chain verify (B = {block}) {} kernels",
         draft.nodes.kernels, verifies[0].nodes.kernels, verifies[1].nodes.kernels
     );
-    for g in [&draft, &verifies[0], &verifies[1]] {
-        for _ in 0..reps {
-            g.replay()?;
+    // only the replays inside the profiler's range (`ncu --profile-from-start off`)
+    dflash_model::cuda::launch_profile::profiled_range(&dev, || {
+        for g in [&draft, &verifies[0], &verifies[1]] {
+            for _ in 0..reps {
+                g.replay()?;
+            }
+            dev.synchronize()?;
         }
-        dev.synchronize()?;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// `(rows, chunked s, its prep kernel's s (GPU), recurrent s)`.

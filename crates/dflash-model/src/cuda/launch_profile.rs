@@ -127,6 +127,29 @@ pub fn capture<T>(dev: &Device, f: impl FnOnce() -> Result<T>) -> Result<(Captur
     bail!("CUDA graphs need a CUDA device (got {dev:?})")
 }
 
+/// Run `f` between `cuProfilerStart` and `cuProfilerStop`, the device synchronised at both
+/// ends: a profiler started with its collection off (`ncu --profile-from-start off`) records
+/// `f`'s kernels alone. Errors on a CPU device or a build without CUDA.
+pub fn profiled_range<T>(dev: &Device, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    #[cfg(feature = "cuda")]
+    if dev.is_cuda() {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        dev.synchronize()?;
+        // SAFETY: no arguments; the driver is loaded (a CUDA device exists)
+        unsafe { sys::cuProfilerStart() }.result()?;
+        let out = f();
+        let sync = dev.synchronize();
+        // SAFETY: as above
+        let stop = unsafe { sys::cuProfilerStop() }.result();
+        let out = out?;
+        sync?;
+        stop?;
+        return Ok(out);
+    }
+    let _ = f;
+    bail!("a profiled range needs a CUDA device (got {dev:?})")
+}
+
 /// A host/GPU time split ([`host_gpu_split`]), in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HostGpu {
