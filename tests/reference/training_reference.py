@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Reference loss and gradients of the DFlash training objective, for dflash-rs's trainer.
+
+Uses transformers' Qwen3 (the tiny target of tests/fixtures/qwen3-tiny) for the context
+features and z-lab's own drafter module (`dflash==0.1.0`'s DFlashDraftModel, its forward with an
+explicit attention mask, as a training loop calls it) for the drafter, on the z-lab drafters of
+tests/fixtures/dflash-tiny (full/ and sliding/), in f32. Written from the objective's definition,
+not from dflash-rs:
+
+- features: the target's hidden_states[i + 1] for each tap i, concatenated, each packed sequence
+  run alone at its own positions (0, 1, …);
+- blocks: for anchor a, the tokens [ids[a], mask × (B − 1)] embedded by the target's embedding,
+  at positions a, a + 1, … of the anchor's sequence; all blocks of a row in one drafter forward
+  over [context features of the whole row | every block's rows];
+- mask: a block row sees the context of its own sequence strictly before its anchor and its own
+  block, each key subject to z-lab's layer rule (`_attention_mask`'s causal and sliding-window
+  conditions on positions); no other block;
+- loss: the target's LM head on block rows 1..B − 1, cross-entropy against ids[a + k] with weight
+  exp(−(k − 1)/γ) · loss_mask[a + k] (0 past the sequence's end), Σ w·CE / Σ w;
+- gradients of every drafter parameter (the target is frozen).
+
+Writes tests/fixtures/dflash-tiny/training-reference.{json,safetensors}: per case the drafter,
+the row (ids, loss mask, sequence lengths), anchors, γ, the loss and `CASE/NAME` gradients.
+
+Run: venv/bin/pip install torch transformers safetensors 'dflash==0.1.0'
+     venv/bin/python tests/reference/training_reference.py
+"""
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import Qwen3ForCausalLM
+
+from dflash.model import DFlashDraftModel
+
+torch.backends.cuda.matmul.allow_tf32 = False
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures"
+GAMMA = 7.0
+
+
+def tokens(seed, n):
+    """Deterministic ids in 1..250 (no mask token 0)."""
+    return [((i * 2654435761 + seed * 40503) >> 8) % 250 + 1 for i in range(n)]
+
+
+def zlab_rule(layer, q, k):
+    """z-lab's `_attention_mask` condition for a query at position q and a key at position k."""
+    attn = layer.self_attn
+    ok = True
+    if attn.is_causal:
+        ok &= k <= q
+    if attn.sliding_window is not None:
+        ok &= q - k < attn.sliding_window
+        if not attn.is_causal:
+            ok &= k - q < attn.sliding_window
+    return ok
+
+
+def case(target, drafter, seqs, anchors):
+    """seqs: [(ids, loss_mask)] packed side by side; anchors: row indices."""
+    block, mask_id = drafter.block_size, drafter.mask_token_id
+    ids = [t for s, _ in seqs for t in s]
+    loss_mask = [m for _, ms in seqs for m in ms]
+    starts, pos = [], []
+    for s, _ in seqs:
+        starts.append(len(pos))
+        pos.extend(range(len(s)))
+    seg = [j for j, (s, _) in enumerate(seqs) for _ in s]
+    L = len(ids)
+    with torch.no_grad():
+        feats = []
+        for j, (s, _) in enumerate(seqs):
+            out = target(torch.tensor([s]), output_hidden_states=True)
+            feats.append(torch.cat([out.hidden_states[i + 1] for i in drafter.target_layer_ids], -1))
+        taps = torch.cat(feats, 1)  # [1, L, n_taps·h]
+        block_ids = torch.tensor([[ids[a]] + [mask_id] * (block - 1) for a in anchors]).reshape(1, -1)
+        noise = target.model.embed_tokens(block_ids)
+    bpos = [pos[a] + r for a in anchors for r in range(block)]
+    position_ids = torch.tensor([pos + bpos])
+    n = len(anchors) * block
+    # one mask per layer (rules differ); the drafter's layers read it from the forward's kwargs
+    masks = []
+    for layer in drafter.layers:
+        m = torch.zeros((n, L + n), dtype=torch.bool)
+        for j, a in enumerate(anchors):
+            s = seg[a]
+            for r in range(block):
+                qi, qp = j * block + r, pos[a] + r
+                for c in range(starts[s], a):
+                    m[qi, c] = zlab_rule(layer, qp, pos[c])
+                for i in range(block):
+                    m[qi, L + j * block + i] = zlab_rule(layer, qp, pos[a] + i)
+        masks.append(m[None, None])
+    # run the layers with their own masks: z-lab's forward passes one mask to every layer
+    hidden = noise
+    th = drafter.hidden_norm(drafter.fc(taps))
+    pe = drafter.rotary_emb(hidden, position_ids)
+    for layer, m in zip(drafter.layers, masks):
+        hidden = layer(hidden_states=hidden, target_hidden=th, attention_mask=m,
+                       position_ids=position_ids, position_embeddings=pe)
+    hidden = drafter.norm(hidden)
+    rows = hidden.reshape(len(anchors), block, -1)[:, 1:, :].reshape(-1, hidden.shape[-1])
+    logits = drafter.compute_logits(rows, target.lm_head)
+    labels, weights = [], []
+    for a in anchors:
+        end = starts[seg[a]] + len(seqs[seg[a]][0])
+        for k in range(1, block):
+            p = a + k
+            inside = p < end
+            labels.append(ids[p] if inside else 0)
+            weights.append((loss_mask[p] if inside else 0) * math.exp(-(k - 1) / GAMMA))
+    w = torch.tensor(weights, dtype=torch.float32)
+    ce = torch.nn.functional.cross_entropy(logits.float(), torch.tensor(labels), reduction="none")
+    loss = (w * ce).sum() / w.sum()
+    drafter.zero_grad()
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in drafter.named_parameters() if p.grad is not None}
+    meta = dict(ids=ids, loss_mask=loss_mask, lengths=[len(s) for s, _ in seqs], anchors=anchors,
+                gamma=GAMMA, loss=loss.item())
+    return meta, grads
+
+
+def main():
+    torch.manual_seed(0)
+    target = Qwen3ForCausalLM.from_pretrained(FIX / "qwen3-tiny", dtype=torch.float32).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    one = (tokens(3, 30), [0] * 6 + [1] * 24)
+    a = (tokens(5, 17), [0] * 3 + [1] * 14)
+    b = (tokens(9, 15), [0] * 4 + [1] * 11)
+    cases = {}
+    tensors = {}
+    for dname in ["full", "sliding"]:
+        drafter = DFlashDraftModel.from_pretrained(FIX / "dflash-tiny" / dname, dtype=torch.float32)
+        drafter.train()
+        for cname, seqs, anchors in [
+            ("single", [one], [5, 9, 14, 25]),  # the last block runs past the end
+            ("packed", [a, b], [2, 8, 13, 19, 24]),  # 13: near the end of the first sequence
+        ]:
+            meta, grads = case(target, drafter, seqs, anchors)
+            key = f"{dname}-{cname}"
+            meta["drafter"] = dname
+            cases[key] = meta
+            for n, g in grads.items():
+                tensors[f"{key}/{n}"] = g.contiguous()
+            print(f"{key}: loss {meta['loss']:.6f}, {len(grads)} gradients")
+    out = FIX / "dflash-tiny"
+    (out / "training-reference.json").write_text(json.dumps(dict(
+        note="tests/reference/training_reference.py: transformers' Qwen3 target, z-lab's DFlashDraftModel",
+        cases=cases), indent=1) + "\n")
+    save_file(tensors, out / "training-reference.safetensors")
+
+
+if __name__ == "__main__":
+    main()
