@@ -17,10 +17,14 @@ not from dflash-rs:
   conditions on positions); no other block;
 - loss: the target's LM head on block rows 1..B − 1, cross-entropy against ids[a + k] with weight
   exp(−(k − 1)/γ) · loss_mask[a + k] (0 past the sequence's end), Σ w·CE / Σ w;
-- gradients of every drafter parameter (the target is frozen).
+- gradients of every drafter parameter (the target is frozen);
+- then STEPS optimizer steps on the same row and anchors: the gradients' global L2 norm clipped
+  to 1 (`clip_grad_norm_`), torch's AdamW (betas 0.9 / 0.95, eps 1e-8, constant lr, weight decay
+  on the matrices only).
 
 Writes tests/fixtures/dflash-tiny/training-reference.{json,safetensors}: per case the drafter,
-the row (ids, loss mask, sequence lengths), anchors, γ, the loss and `CASE/NAME` gradients.
+the row (ids, loss mask, sequence lengths), anchors, γ, the loss and `CASE/NAME` gradients, the
+optimizer's settings, each step's loss and gradient norm, and `CASE/final/NAME` weights.
 
 Run: venv/bin/pip install torch transformers safetensors 'dflash==0.1.0'
      venv/bin/python tests/reference/training_reference.py
@@ -40,6 +44,8 @@ torch.backends.cuda.matmul.allow_tf32 = False
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures"
 GAMMA = 7.0
+STEPS = 4
+OPT = dict(lr=3e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0)
 
 
 def tokens(seed, n):
@@ -60,8 +66,9 @@ def zlab_rule(layer, q, k):
     return ok
 
 
-def case(target, drafter, seqs, anchors):
-    """seqs: [(ids, loss_mask)] packed side by side; anchors: row indices."""
+def objective(target, drafter, seqs, anchors):
+    """The row's loss (its gradients left in the drafter). seqs: [(ids, loss_mask)] packed side
+    by side; anchors: row indices."""
     block, mask_id = drafter.block_size, drafter.mask_token_id
     ids = [t for s, _ in seqs for t in s]
     loss_mask = [m for _, ms in seqs for m in ms]
@@ -118,9 +125,31 @@ def case(target, drafter, seqs, anchors):
     loss = (w * ce).sum() / w.sum()
     drafter.zero_grad()
     loss.backward()
+    return loss
+
+
+def case(target, drafter, seqs, anchors):
+    """The loss and gradients of the row, then STEPS optimizer steps on it."""
+    loss = objective(target, drafter, seqs, anchors)
     grads = {n: p.grad.detach().clone() for n, p in drafter.named_parameters() if p.grad is not None}
-    meta = dict(ids=ids, loss_mask=loss_mask, lengths=[len(s) for s, _ in seqs], anchors=anchors,
-                gamma=GAMMA, loss=loss.item())
+    meta = dict(ids=[t for s, _ in seqs for t in s], loss_mask=[m for _, ms in seqs for m in ms],
+                lengths=[len(s) for s, _ in seqs], anchors=anchors, gamma=GAMMA, loss=loss.item())
+    params = list(drafter.parameters())
+    opt = torch.optim.AdamW(
+        [dict(params=[p for p in params if p.dim() >= 2], weight_decay=OPT["weight_decay"]),
+         dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)],
+        lr=OPT["lr"], betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"])
+    losses, norms = [], []
+    for step in range(STEPS):
+        if step > 0:
+            loss = objective(target, drafter, seqs, anchors)
+        losses.append(loss.item())
+        norms.append(torch.nn.utils.clip_grad_norm_(params, OPT["grad_clip"]).item())
+        opt.step()
+    meta["train"] = dict(OPT, steps=STEPS, losses=losses, grad_norms=norms,
+                         loss_after=objective(target, drafter, seqs, anchors).item())
+    for n, p in drafter.named_parameters():
+        grads[f"final/{n}"] = p.detach().clone()
     return meta, grads
 
 
@@ -135,19 +164,19 @@ def main():
     cases = {}
     tensors = {}
     for dname in ["full", "sliding"]:
-        drafter = DFlashDraftModel.from_pretrained(FIX / "dflash-tiny" / dname, dtype=torch.float32)
-        drafter.train()
         for cname, seqs, anchors in [
             ("single", [one], [5, 9, 14, 25]),  # the last block runs past the end
             ("packed", [a, b], [2, 8, 13, 19, 24]),  # 13: near the end of the first sequence
         ]:
+            drafter = DFlashDraftModel.from_pretrained(FIX / "dflash-tiny" / dname, dtype=torch.float32)
+            drafter.train()
             meta, grads = case(target, drafter, seqs, anchors)
             key = f"{dname}-{cname}"
             meta["drafter"] = dname
             cases[key] = meta
             for n, g in grads.items():
                 tensors[f"{key}/{n}"] = g.contiguous()
-            print(f"{key}: loss {meta['loss']:.6f}, {len(grads)} gradients")
+            print(f"{key}: loss {meta['loss']:.6f}, after {STEPS} steps {meta['train']['loss_after']:.6f}")
     out = FIX / "dflash-tiny"
     (out / "training-reference.json").write_text(json.dumps(dict(
         note="tests/reference/training_reference.py: transformers' Qwen3 target, z-lab's DFlashDraftModel",
