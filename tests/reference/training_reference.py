@@ -16,7 +16,9 @@ not from dflash-rs:
   block, each key subject to z-lab's layer rule (`_attention_mask`'s causal and sliding-window
   conditions on positions); no other block;
 - loss: the target's LM head on block rows 1..B − 1, cross-entropy against ids[a + k] with weight
-  exp(−(k − 1)/γ) · loss_mask[a + k] (0 past the sequence's end), Σ w·CE / Σ w;
+  exp(−(k − 1)/γ) · loss_mask[a + k] (0 past the sequence's end), Σ w·CE / Σ w; one case with
+  the soft loss instead: KL(target ‖ drafter) per row, the target's distribution for token
+  a + k being its logits at position a + k − 1 of the packed row;
 - gradients of every drafter parameter (the target is frozen);
 - then STEPS optimizer steps on the same row and anchors: the gradients' global L2 norm clipped
   to 1 (`clip_grad_norm_`), torch's AdamW (betas 0.9 / 0.95, eps 1e-8, constant lr, weight decay
@@ -66,9 +68,10 @@ def zlab_rule(layer, q, k):
     return ok
 
 
-def objective(target, drafter, seqs, anchors):
+def objective(target, drafter, seqs, anchors, kl=False):
     """The row's loss (its gradients left in the drafter). seqs: [(ids, loss_mask)] packed side
-    by side; anchors: row indices."""
+    by side; anchors: row indices; kl: KL(target ‖ drafter) per row instead of the CE, the
+    target's distribution for token a + k being its logits at position a + k − 1."""
     block, mask_id = drafter.block_size, drafter.mask_token_id
     ids = [t for s, _ in seqs for t in s]
     loss_mask = [m for _, ms in seqs for m in ms]
@@ -79,11 +82,13 @@ def objective(target, drafter, seqs, anchors):
     seg = [j for j, (s, _) in enumerate(seqs) for _ in s]
     L = len(ids)
     with torch.no_grad():
-        feats = []
+        feats, tlogits = [], []
         for j, (s, _) in enumerate(seqs):
             out = target(torch.tensor([s]), output_hidden_states=True)
             feats.append(torch.cat([out.hidden_states[i + 1] for i in drafter.target_layer_ids], -1))
+            tlogits.append(out.logits[0])
         taps = torch.cat(feats, 1)  # [1, L, n_taps·h]
+        tlogits = torch.cat(tlogits, 0)  # [L, vocab]
         block_ids = torch.tensor([[ids[a]] + [mask_id] * (block - 1) for a in anchors]).reshape(1, -1)
         noise = target.model.embed_tokens(block_ids)
     bpos = [pos[a] + r for a in anchors for r in range(block)]
@@ -121,8 +126,14 @@ def objective(target, drafter, seqs, anchors):
             labels.append(ids[p] if inside else 0)
             weights.append((loss_mask[p] if inside else 0) * math.exp(-(k - 1) / GAMMA))
     w = torch.tensor(weights, dtype=torch.float32)
-    ce = torch.nn.functional.cross_entropy(logits.float(), torch.tensor(labels), reduction="none")
-    loss = (w * ce).sum() / w.sum()
+    if kl:
+        # the target's prediction of token a + k: its logits at a + k − 1 (the row's last past the end)
+        tpos = [min(a + k - 1, L - 1) for a in anchors for k in range(1, block)]
+        tlogp = torch.log_softmax(tlogits[tpos].float(), -1)
+        per_row = (tlogp.exp() * (tlogp - torch.log_softmax(logits.float(), -1))).sum(-1)
+    else:
+        per_row = torch.nn.functional.cross_entropy(logits.float(), torch.tensor(labels), reduction="none")
+    loss = (w * per_row).sum() / w.sum()
     drafter.zero_grad()
     loss.backward()
     return loss
@@ -177,6 +188,15 @@ def main():
             for n, g in grads.items():
                 tensors[f"{key}/{n}"] = g.contiguous()
             print(f"{key}: loss {meta['loss']:.6f}, after {STEPS} steps {meta['train']['loss_after']:.6f}")
+    drafter = DFlashDraftModel.from_pretrained(FIX / "dflash-tiny" / "full", dtype=torch.float32)
+    drafter.train()
+    loss = objective(target, drafter, [a, b], [2, 8, 13, 19, 24], kl=True)
+    cases["full-packed-kl"] = dict(
+        drafter="full", loss_kind="kl", ids=a[0] + b[0], loss_mask=a[1] + b[1],
+        lengths=[len(a[0]), len(b[0])], anchors=[2, 8, 13, 19, 24], gamma=GAMMA, loss=loss.item())
+    for n, p in drafter.named_parameters():
+        tensors[f"full-packed-kl/{n}"] = p.grad.detach().clone()
+    print(f"full-packed-kl: loss {loss.item():.6f}")
     out = FIX / "dflash-tiny"
     (out / "training-reference.json").write_text(json.dumps(dict(
         note="tests/reference/training_reference.py: transformers' Qwen3 target, z-lab's DFlashDraftModel",
