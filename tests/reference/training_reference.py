@@ -24,6 +24,9 @@ not from dflash-rs:
   to 1 (`clip_grad_norm_`), torch's AdamW (betas 0.9 / 0.95, eps 1e-8, constant lr, weight decay
   on the matrices only).
 
+- a whole run (`run`): two sequences, one row each, every anchor candidate, two rows per step,
+  four steps with warmup and cosine, as the trainer documents them.
+
 Writes tests/fixtures/dflash-tiny/training-reference.{json,safetensors}: per case the drafter,
 the row (ids, loss mask, sequence lengths), anchors, γ, the loss and `CASE/NAME` gradients, the
 optimizer's settings, each step's loss and gradient norm, and `CASE/final/NAME` weights.
@@ -197,11 +200,70 @@ def main():
     for n, p in drafter.named_parameters():
         tensors[f"full-packed-kl/{n}"] = p.grad.detach().clone()
     print(f"full-packed-kl: loss {loss.item():.6f}")
+    cases["run"], run_weights = run(target, [a, b])
+    for n, w in run_weights.items():
+        tensors[f"run/final/{n}"] = w
+    print(f"run: losses {cases['run']['losses']}")
     out = FIX / "dflash-tiny"
     (out / "training-reference.json").write_text(json.dumps(dict(
         note="tests/reference/training_reference.py: transformers' Qwen3 target, z-lab's DFlashDraftModel",
         cases=cases), indent=1) + "\n")
     save_file(tensors, out / "training-reference.safetensors")
+
+
+# A whole run as `dflash-rs train` documents it (the Rust test runs the trainer with these
+# settings on the same two sequences): each sequence one row; every anchor candidate (a position
+# whose token and next token are supervised) an anchor; each step both rows, the gradient the
+# mean of the rows' gradients, the step's loss the rows' losses weighted by their weight sums;
+# lr: linear warmup over ceil(warmup_ratio · steps) steps, then cosine to min_lr_ratio · lr.
+RUN = dict(steps=4, lr=3e-3, warmup_ratio=0.25, min_lr_ratio=0.1, beta1=0.9, beta2=0.95,
+           eps=1e-8, weight_decay=0.1, grad_clip=1.0, gamma=GAMMA, drafter="full")
+
+
+def lr_at(step):
+    warm = math.ceil(RUN["warmup_ratio"] * RUN["steps"])
+    if step < warm:
+        return RUN["lr"] * (step + 1) / warm
+    p = min((step - warm) / max(RUN["steps"] - warm, 1), 1.0)
+    lo = RUN["min_lr_ratio"] * RUN["lr"]
+    return lo + (RUN["lr"] - lo) * 0.5 * (1 + math.cos(math.pi * p))
+
+
+def run(target, seqs):
+    drafter = DFlashDraftModel.from_pretrained(FIX / "dflash-tiny" / RUN["drafter"], dtype=torch.float32)
+    drafter.train()
+    params = list(drafter.parameters())
+    opt = torch.optim.AdamW(
+        [dict(params=[p for p in params if p.dim() >= 2], weight_decay=RUN["weight_decay"]),
+         dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)],
+        lr=RUN["lr"], betas=(RUN["beta1"], RUN["beta2"]), eps=RUN["eps"])
+    rows = []
+    for ids, mask in seqs:
+        anchors = [i for i in range(len(ids) - 1) if mask[i] and mask[i + 1]]
+        wsum = sum(mask[a + k] * math.exp(-(k - 1) / GAMMA)
+                   for a in anchors for k in range(1, drafter.block_size) if a + k < len(ids))
+        rows.append(([(ids, mask)], anchors, wsum))
+    losses, norms, lrs = [], [], []
+    for step in range(RUN["steps"]):
+        total = {n: torch.zeros_like(p) for n, p in drafter.named_parameters()}
+        num = den = 0.0
+        for row, anchors, wsum in rows:
+            loss = objective(target, drafter, row, anchors)
+            num, den = num + loss.item() * wsum, den + wsum
+            for n, p in drafter.named_parameters():
+                total[n] += p.grad / len(rows)
+        for n, p in drafter.named_parameters():
+            p.grad = total[n]
+        losses.append(num / den)
+        norms.append(torch.nn.utils.clip_grad_norm_(params, RUN["grad_clip"]).item())
+        lr = lr_at(step)
+        lrs.append(lr)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.step()
+    meta = dict(RUN, sequences=[dict(ids=i, loss_mask=m) for i, m in seqs], losses=losses,
+                grad_norms=norms, lrs=lrs)
+    return meta, {n: p.detach().clone() for n, p in drafter.named_parameters()}
 
 
 if __name__ == "__main__":
