@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Where a replayed decode forward's GPU time goes, kernel class by kernel class.
 
-Reads the raw CSV of Nsight Compute run over `dflash-rs bench shape --profile-replays N` and
-that command's output (the line giving each graph's kernel count), takes the profile's last
-N · (draft + AR + chain) kernels — the replays, in that order — and sums, per forward and per
-kernel class, the kernels' time and DRAM bytes read (per replay: the sums over N replays / N).
+Reads the raw CSV of Nsight Compute run over `dflash-rs bench shape --profile-replays N` (the
+draft block, the AR step, the chain verify) or `dflash-rs bench regen --profile-replays N` (a
+batched step, a prefill) and that command's output (the line giving each forward's kernel
+count), takes the profile's last N · (sum of the counts) kernels — the forwards, N times each,
+in that order — and sums, per forward and per kernel class, the kernels' time and DRAM bytes
+read (per run: the sums over N runs / N).
 
     ncu --profile-from-start off --graph-profiling node \\
         --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \\
@@ -71,17 +73,17 @@ def main():
     p.add_argument("--json")
     a = p.parse_args()
     text = open(a.bench_out, errors="replace").read()
-    m = re.search(r"profile replays \((\d+) each.*?draft block (\d+) kernels, AR step (\d+) kernels, "
-                  r"chain verify \(B = (\d+)\) (\d+) kernels", text)
+    m = re.search(r"profile replays \((\d+) each, in this order\): (.*)", text)
     if not m:
-        sys.exit(f"{a.bench_out}: no 'profile replays' line (run bench shape --profile-replays N)")
-    reps, kd, ka, block, kc = map(int, m.groups())
+        sys.exit(f"{a.bench_out}: no 'profile replays' line (run bench shape or bench regen "
+                 "with --profile-replays N)")
+    reps = int(m.group(1))
+    groups = [(g.group(1), int(g.group(2))) for g in re.finditer(r"(?:, )?(.+?) (\d+) kernels", m.group(2))]
     kernels = read_ncu(a.ncu_csv)
-    need = reps * (kd + ka + kc)
+    need = reps * sum(k for _, k in groups)
     if len(kernels) < need:
         sys.exit(f"{a.ncu_csv}: {len(kernels)} kernels profiled, the replays alone are {need}")
     tail = kernels[-need:]
-    groups = [("draft block", kd), ("AR step", ka), (f"chain verify (B = {block})", kc)]
     rows, at = [], 0
     print(f"{a.label}: kernel time per replay (µs), DRAM read (MB) and its rate, mean of {reps} replays\n")
     print("| forward | class | kernels | kernel µs | share | DRAM read MB | GB/s |")

@@ -44,6 +44,81 @@ pub struct BenchRegenArgs {
     /// Also write the figures as one JSON row to this file, for `docs/bench/`.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Only run, N times each inside a profiler range, one batched step of `--slots` rows
+    /// replayed from a CUDA graph (every sequence holding `--prompt-tokens` rows) and one
+    /// eager prefill of 16 prompts of `--prompt-tokens` tokens, and exit (GPU): what a kernel
+    /// profiler reads (`ncu --profile-from-start off --graph-profiling node`,
+    /// `bench/kernel_profile.py`). Prints each one's kernel count.
+    #[arg(long, default_value_t = 0)]
+    pub profile_replays: usize,
+}
+
+/// Prompts per prefill forward of the batched engine (`dflash_engine::batched`).
+const PREFILL_PROMPTS: usize = 16;
+
+/// `--profile-replays`: a batched step captured and replayed, then an eager prefill, `reps`
+/// times each inside a profiler range (see the flag).
+fn profile_replays(
+    target: &dflash_model::Target,
+    slots: usize,
+    prompt: usize,
+    reps: usize,
+) -> Result<()> {
+    use dflash_model::cuda::launch_profile::{capture, count_launches, profiled_range, ParamCache};
+    use dflash_model::Rows;
+    let dev = target.device.clone();
+    let vocab = target.vocab_size();
+    // the step: `slots` sequences of `prompt` rows each, one new row each, in a cache of fixed
+    // capacity (its values do not matter to the timing)
+    let cap = prompt + 8;
+    let mut cache = target.new_cache();
+    cache.reserve_exact(cap)?;
+    cache.commit(prompt);
+    let tokens = bench_tokens(slots, vocab);
+    let rows = vec![vec![0..prompt + 1]; slots];
+    let inputs =
+        target.prepare_intervals(&tokens, &vec![prompt; slots], &rows, prompt, Some(cap))?;
+    let _params = ParamCache::enable(&dev);
+    let mut step = || -> Result<dflash_model::TargetOutput> {
+        let o = target.forward_prepared(&inputs, &mut cache, &[], &Rows::All)?;
+        cache.truncate(prompt)?;
+        Ok(o)
+    };
+    step()?;
+    let (graph, _) = capture(&dev, step)?;
+    // the prefill: PREFILL_PROMPTS prompts of `prompt` tokens, causal, eager (as the engine)
+    let n = PREFILL_PROMPTS.min(slots);
+    let ptoks = bench_tokens(n * prompt, vocab);
+    let ppos: Vec<usize> = (0..n).flat_map(|_| 0..prompt).collect();
+    let prows: Vec<Vec<std::ops::Range<usize>>> = (0..n)
+        .map(|_| (0..prompt).map(|r| 0..r + 1).collect())
+        .collect();
+    let prefill = || -> Result<()> {
+        let mut c = target.new_cache();
+        target.forward_batch_intervals(&ptoks, &ppos, &prows, &mut c, &[], &Rows::None)?;
+        Ok(())
+    };
+    prefill()?;
+    let prefill_kernels = count_launches(&dev, || {
+        let mut c = target.new_cache();
+        target.forward_batch_intervals(&ptoks, &ppos, &prows, &mut c, &[], &Rows::None)
+    })?
+    .kernels;
+    dev.synchronize()?;
+    println!(
+        "profile replays ({reps} each, in this order): batched step ({slots} rows) {} kernels, prefill ({n} × {prompt} rows) {prefill_kernels} kernels",
+        graph.nodes.kernels
+    );
+    profiled_range(&dev, || {
+        for _ in 0..reps {
+            graph.replay()?;
+        }
+        dev.synchronize()?;
+        for _ in 0..reps {
+            prefill()?;
+        }
+        Ok(())
+    })
 }
 
 pub fn run(a: BenchRegenArgs) -> Result<()> {
@@ -59,11 +134,17 @@ pub fn run(a: BenchRegenArgs) -> Result<()> {
             cfg.max_position_embeddings
         );
     }
+    if a.profile_replays > 0 && dev.is_cpu() {
+        anyhow::bail!("--profile-replays needs a CUDA device: it captures a CUDA graph");
+    }
     let min = a.prompt_tokens_min.unwrap_or(a.prompt_tokens);
     if min == 0 || min > a.prompt_tokens {
         anyhow::bail!("--prompt-tokens-min must be in 1..=--prompt-tokens");
     }
     let (target, _) = random_target(&a.model.shape, &cfg, dtype, &dev, 1, 16)?;
+    if a.profile_replays > 0 {
+        return profile_replays(&target, a.slots, a.prompt_tokens, a.profile_replays);
+    }
     let vocab = target.vocab_size();
     let base = bench_tokens(a.prompt_tokens + requests, vocab);
     let len = |i: usize| min + (7919 * i) % (a.prompt_tokens - min + 1);
