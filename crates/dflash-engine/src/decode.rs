@@ -394,9 +394,7 @@ impl<'a> Decoding<'a> {
         };
         let draft_graph = match (opts.cuda_graphs, drafter, draft_cache.as_mut(), draft_graph) {
             (true, _, _, Some(g)) => Some(g),
-            (true, Some(d), Some(c), None) if d.has_fixed_forward() => {
-                Some(GraphedDraft::new(c, draft_cap, block_size)?)
-            }
+            (true, Some(_), Some(c), None) => Some(GraphedDraft::new(c, draft_cap, block_size)?),
             _ => None,
         };
         let prefill_secs = t0.elapsed().as_secs_f64();
@@ -434,9 +432,7 @@ impl<'a> Decoding<'a> {
     }
 
     /// The fixed-shape forwards for the next generation ([`GraphCache`]), when they are kept:
-    /// the target's cache and verify graphs, and the drafter's cache and draft graph (a
-    /// drafter without a draft graph, DFlash2, keeps nothing: the next generation starts
-    /// afresh).
+    /// the target's cache and verify graphs, and the drafter's cache and draft graph.
     fn take_kept(&mut self) -> Option<Kept> {
         if !self.keep {
             return None;

@@ -6,9 +6,10 @@
 //! [`crate::models::drafter`]'s `fixed` module's). The block's LM head is in the graph: a
 //! replay returns the hidden rows and logits of the block's rows after the anchor.
 //!
-//! The first draft after the prefill (the whole prompt's context rows), a round with another
-//! block (the generation's last, cut at its length) and DFlash2 drafters (their dynamic convs)
-//! run the eager forward on the same buffers. On the CPU there are no graphs: the fixed-shape
+//! DFlash2 drafters' dynamic convs are in the graph too (their selector reads the returned
+//! rows). The first draft after the prefill (the whole prompt's context rows) and a round with
+//! another block (the generation's last, cut at its length) run the eager forward on the same
+//! buffers, as every draft does after a capture that failed (its error printed once). On the CPU there are no graphs: the fixed-shape
 //! forward runs eagerly on the same buffers, so the bookkeeping is tested without a GPU.
 //!
 //! Example: B = 16, prompt 40 → round 1 (40 context rows) eager; round 2 (5 rows committed)
@@ -40,8 +41,10 @@ pub struct GraphedDraft {
     ctx_rows: usize,
     /// The captured inputs and, on a GPU, the graph with its output buffers.
     slot: Option<Slot>,
-    /// Drafts run eagerly (more context rows than `ctx_rows`, another block, DFlash2).
+    /// Drafts run eagerly (more context rows than `ctx_rows`, another block, no graph).
     pub eager_calls: usize,
+    /// The capture failed once (its error printed): every later draft runs eagerly.
+    eager_only: bool,
 }
 
 impl GraphedDraft {
@@ -54,6 +57,7 @@ impl GraphedDraft {
             ctx_rows,
             slot: None,
             eager_calls: 0,
+            eager_only: false,
         })
     }
 
@@ -83,7 +87,7 @@ impl GraphedDraft {
             .slot
             .as_ref()
             .is_none_or(|s| s.inputs.shape().2 == at.block && s.head.is_some() == head.is_some());
-        if m > self.ctx_rows || !fits || !same_block || !drafter.has_fixed_forward() {
+        if m > self.ctx_rows || !fits || !same_block || self.eager_only {
             self.eager_calls += 1;
             let out = drafter.draft_rows(target, head, cache, new_ctx_taps, at)?;
             // an eager draft into a cache without buffers yet sized them itself
@@ -131,9 +135,16 @@ impl GraphedDraft {
                 // records the same forward (its launch recomputes this round)
                 drafter.forward_fixed(target, head, &fresh, cache)?;
                 cache.truncate(cache_len)?;
-                let (graph, out) =
-                    capture(&dev, || drafter.forward_fixed(target, head, &fresh, cache))?;
-                (out.clone(), Some((graph, out)))
+                match capture(&dev, || drafter.forward_fixed(target, head, &fresh, cache)) {
+                    Ok((graph, out)) => (out.clone(), Some((graph, out))),
+                    Err(e) => {
+                        // the capture ended whatever it recorded: draft eagerly from here on
+                        eprintln!("the draft block has no CUDA graph ({e:#}): drafting eagerly");
+                        self.eager_only = true;
+                        cache.truncate(cache_len)?;
+                        return self.draft_rows(drafter, target, head, cache, new_ctx_taps, at);
+                    }
+                }
             }
             _ => (drafter.forward_fixed(target, head, &fresh, cache)?, None),
         };

@@ -82,14 +82,6 @@ impl DraftInputs {
 }
 
 impl Drafter {
-    /// Whether the draft block can run as a fixed-shape forward: DFlash2's dynamic convs run
-    /// eagerly.
-    pub fn has_fixed_forward(&self) -> bool {
-        self.layers
-            .iter()
-            .all(|l| l.attention_conv.is_none() && l.mlp_conv.is_none())
-    }
-
     /// The host side of a fixed-shape draft forward (see the module doc): the block's tokens,
     /// the context taps padded to `ctx_rows` rows, RoPE rows, masks and the write index, on
     /// the device. `new_ctx_taps` `[1, m, L*h]` are the rows at positions `cache_len ..
@@ -104,9 +96,6 @@ impl Drafter {
         cap: usize,
     ) -> Result<DraftInputs> {
         let (m, block, anchor) = (new_ctx_taps.dim(1)?, at.block, at.anchor);
-        if !self.has_fixed_forward() {
-            bail!("a DFlash2 drafter's dynamic convs have no fixed-shape forward");
-        }
         if cache_len + m != anchor || m > ctx_rows {
             bail!(
                 "fixed draft forward: cache {cache_len} + {m} context rows must end at the anchor {anchor}, at most {ctx_rows} rows"
