@@ -3,7 +3,8 @@
 # writes to $OUT, a failing step is reported and the next runs):
 #   check    `dflash-rs check device` on the tiny Qwen3 of tests/fixtures with z-lab's quiet
 #            drafter (kernels against their CPU twins, AR on the device = AR on the CPU, DFlash
-#            and DDTree = AR, CUDA graphs = without, graphs kept across generations = fresh);
+#            and DDTree = AR, CUDA graphs = without, graphs kept across generations = fresh),
+#            then the same with a DFlash2 drafter (tests/fixtures/dflash2/tiny-full);
 #   side     bench/decode_side_by_side.sh: `bench shape --json` (eager and from CUDA graphs, the
 #            draft block's graph included) beside HF transformers (eager, compiled static cache)
 #            and z-lab's draft block on SHAPES, in this call (about 6 minutes for the two
@@ -48,7 +49,10 @@ for step in $STEPS; do
     check)
       "$B" check device --device cuda --dtype bf16 --target tests/fixtures/qwen3-tiny \
         --drafter tests/fixtures/dflash-tiny/quiet --max-new-tokens 32 > "$OUT/check.md" \
-        2> "$OUT/check.log" || { echo "check device failed" >&2; status=1; } ;;
+        2> "$OUT/check.log" || { echo "check device failed" >&2; status=1; }
+      "$B" check device --device cuda --dtype bf16 --target tests/fixtures/qwen3-tiny \
+        --drafter tests/fixtures/dflash2/tiny-full --max-new-tokens 32 > "$OUT/check-dflash2.md" \
+        2> "$OUT/check-dflash2.log" || { echo "check device (DFlash2 drafter) failed" >&2; status=1; } ;;
     side)
       # shellcheck disable=SC2086
       B=$B OUT=$OUT/side bench/decode_side_by_side.sh $SHAPES > "$OUT/side.log" 2>&1 \
