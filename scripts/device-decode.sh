@@ -90,7 +90,7 @@ for step in $STEPS; do
       "$B" eval --target smollm2-135m --dataset gsm8k --limit "$EVAL_LIMIT" --drafter "shipped=$DRAFTER" \
         --modes ar,dflash,ddtree:8 --max-new-tokens 128 --device cuda --dtype bf16 --cuda-graphs \
         --out "$OUT/eval-gsm8k" > "$OUT/eval.log" 2>&1 \
-        || { echo "eval failed (or a mode left AR's text: bf16 near-ties are reported)" >&2; status=1; } ;;
+        || { echo "eval failed (or a mode left AR's text beyond a bf16 near-tie)" >&2; status=1; } ;;
     *) echo "unknown step $step (check side profile regen eval)" >&2; status=1 ;;
   esac
 done
