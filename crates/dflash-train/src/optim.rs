@@ -103,16 +103,7 @@ impl AdamW {
             } else {
                 1.0
             };
-            let step = AdamStep {
-                beta1: b1,
-                beta2: b2,
-                inv_c1: 1.0 / (1.0 - b1.powi(t)),
-                inv_c2: 1.0 / (1.0 - b2.powi(t)),
-                eps: self.eps,
-                decay,
-                lr,
-                grad_scale,
-            };
+            let step = AdamStep::at(t, (b1, b2), self.eps, lr, decay, grad_scale);
             adamw_step(p.as_tensor(), s, g, step)?;
         }
         Ok(())

@@ -161,17 +161,15 @@ fn adamw(dev: &Device, grads: DType) -> Result<Vec<Tensor>> {
         let g = fill(&[64, 300], 9 + t as u64, 0.1)?
             .to_dtype(grads)?
             .to_device(dev)?;
-        let s = AdamStep {
-            beta1: 0.9,
-            beta2: 0.95,
-            inv_c1: 1.0 / (1.0 - 0.9f64.powi(t)),
-            inv_c2: 1.0 / (1.0 - 0.95f64.powi(t)),
-            eps: 1e-8,
-            decay: 1.0 - 6e-4 * 0.01,
-            lr: 6e-4,
-            // step 2 clipped: the gradient scaled inside the moments kernel
-            grad_scale: (t == 2).then_some(0.37),
-        };
+        // step 2 clipped: the gradient scaled inside the moments kernel
+        let s = AdamStep::at(
+            t,
+            (0.9, 0.95),
+            1e-8,
+            6e-4,
+            1.0 - 6e-4 * 0.01,
+            (t == 2).then_some(0.37),
+        );
         adamw_step(&w, &st, &g, s)?;
     }
     [w, st]

@@ -37,6 +37,30 @@ pub struct AdamStep {
     pub grad_scale: Option<f64>,
 }
 
+impl AdamStep {
+    /// Step `t` (1-based) of AdamW with these betas: the bias corrections `1 / (1 − β^t)`
+    /// computed here, once. Example: t = 1, β1 = 0.9 → `inv_c1` = 10.
+    pub fn at(
+        t: i32,
+        (beta1, beta2): (f64, f64),
+        eps: f64,
+        lr: f64,
+        decay: f64,
+        grad_scale: Option<f64>,
+    ) -> Self {
+        Self {
+            beta1,
+            beta2,
+            inv_c1: 1.0 / (1.0 - beta1.powi(t)),
+            inv_c2: 1.0 / (1.0 - beta2.powi(t)),
+            eps,
+            decay,
+            lr,
+            grad_scale,
+        }
+    }
+}
+
 /// One parameter's step: `state` `[2, n]` (the first moments, then the second) and `w` (n
 /// values, contiguous) updated in place from the gradient `g`: of `w`'s dtype, or bf16 for f32
 /// weights (the gradient of a bf16 compute copy, widened in the kernel as a cast would).
@@ -372,16 +396,7 @@ mod tests {
                 } else {
                     g.to_dtype(DType::F32).unwrap()
                 };
-                let s = AdamStep {
-                    beta1: 0.9,
-                    beta2: 0.95,
-                    inv_c1: 1.0 / (1.0 - 0.9f64.powi(t)),
-                    inv_c2: 1.0 / (1.0 - 0.95f64.powi(t)),
-                    eps: 1e-8,
-                    decay: 0.999,
-                    lr: 1e-2,
-                    grad_scale: (t == 2).then_some(0.41),
-                };
+                let s = AdamStep::at(t, (0.9, 0.95), 1e-8, 1e-2, 0.999, (t == 2).then_some(0.41));
                 adamw_step(&w, &st, &g, s).unwrap();
             }
             let bits = |t: &Tensor| crate::ops::compare::bits_f32(t).unwrap();
