@@ -190,6 +190,23 @@ impl KvCache {
         Ok(())
     }
 
+    /// The write index of [`KvCache::write_fixed`] for `rows` new rows from cache row
+    /// `first` of `b` sequences: `[b, hkv, rows, head_dim]` u32, every element of new row j
+    /// naming row `first + j`. Example: b 1, hkv 2, rows 2, head_dim 3, first 40 → each head
+    /// `[[40, 40, 40], [41, 41, 41]]`.
+    pub fn fixed_index(
+        (b, hkv, rows, head_dim): (usize, usize, usize, usize),
+        first: usize,
+        device: &candle_core::Device,
+    ) -> Result<Tensor> {
+        let index: Vec<u32> = (0..b * hkv)
+            .flat_map(|_| {
+                (0..rows).flat_map(move |j| std::iter::repeat_n((first + j) as u32, head_dim))
+            })
+            .collect();
+        Tensor::from_vec(index, (b, hkv, rows, head_dim), device)
+    }
+
     /// The fixed-shape form of [`KvCache::append`]: write `k, v` (`[b, hkv, n, d]`) at the rows
     /// `index` names (`[b, hkv, n, d]` u32, built by `Target::prepare` with a capacity: rows `len ..
     /// len + n`) of buffers of exactly `cap` rows, and return the whole buffers (`cap` rows;

@@ -130,13 +130,11 @@ impl Drafter {
             }
         }
         let a = &self.layers[0].self_attn;
-        let rows = ctx_rows + block;
-        let index: Vec<u32> = (0..a.kv_heads)
-            .flat_map(|_| {
-                (0..rows).flat_map(|j| std::iter::repeat_n((cache_len + j) as u32, a.head_dim))
-            })
-            .collect();
-        let index = Tensor::from_vec(index, (1, a.kv_heads, rows, a.head_dim), &device)?;
+        let index = KvCache::fixed_index(
+            (1, a.kv_heads, ctx_rows + block, a.head_dim),
+            cache_len,
+            &device,
+        )?;
         Ok(DraftInputs {
             ids,
             taps,

@@ -9,6 +9,7 @@ use candle_core::Tensor;
 use dflash_core::visibility::Visibility;
 
 use super::{Mixer, Target};
+use crate::cache::kv_cache::KvCache;
 use crate::cpu::row_attention::{self, KeyRuns};
 use crate::layers::attention::{mask_tensor_cols, mask_tensors};
 use crate::layers::gdn::GdnRowsInput;
@@ -365,10 +366,11 @@ impl Target {
                 Mixer::GatedDeltaNet(_) => None,
             })
             .context("the target has no attention layer")?;
-        let index: Vec<u32> = (0..b * hkv)
-            .flat_map(|_| (0..n).flat_map(move |j| std::iter::repeat_n((cache_len + j) as u32, d)))
-            .collect();
-        Ok(Tensor::from_vec(index, (b, hkv, n, d), &self.device)?)
+        Ok(KvCache::fixed_index(
+            (b, hkv, n, d),
+            cache_len,
+            &self.device,
+        )?)
     }
 }
 
