@@ -64,7 +64,7 @@ fn profile_replays(
     prompt: usize,
     reps: usize,
 ) -> Result<()> {
-    use dflash_model::cuda::launch_profile::{capture, count_launches, profiled_range, ParamCache};
+    use dflash_model::cuda::launch_profile::{count_launches, profiled_range, warm_capture};
     use dflash_model::Rows;
     let dev = target.device.clone();
     let vocab = target.vocab_size();
@@ -78,14 +78,9 @@ fn profile_replays(
     let rows = vec![vec![0..prompt + 1]; slots];
     let inputs =
         target.prepare_intervals(&tokens, &vec![prompt; slots], &rows, prompt, Some(cap))?;
-    let _params = ParamCache::enable(&dev);
-    let mut step = || -> Result<dflash_model::TargetOutput> {
-        let o = target.forward_prepared(&inputs, &mut cache, &[], &Rows::All)?;
-        cache.truncate(prompt)?;
-        Ok(o)
-    };
-    step()?;
-    let (graph, _) = capture(&dev, step)?;
+    let (graph, _) = warm_capture(&dev, &mut cache, prompt, |c| {
+        target.forward_prepared(&inputs, c, &[], &Rows::All)
+    })?;
     // the prefill: PREFILL_PROMPTS prompts of `prompt` tokens, causal, eager (as the engine)
     let n = PREFILL_PROMPTS.min(slots);
     let ptoks = bench_tokens(n * prompt, vocab);

@@ -553,10 +553,9 @@ fn profile_replays(
     block: usize,
     reps: usize,
 ) -> Result<()> {
-    use dflash_model::cuda::launch_profile::{capture, ParamCache};
+    use dflash_model::cuda::launch_profile::warm_capture;
     let dev = target.device.clone();
     let n = cache.len();
-    let _params = ParamCache::enable(&dev);
     // the draft block: anchor n after n - 1 cached context rows, as the timed drafts
     let cap = n + 2 * block;
     dcache.truncate(n - 1)?;
@@ -568,10 +567,8 @@ fn profile_replays(
         positions: block - 1,
     };
     let inputs = drafter.prepare_fixed(target, last_row, at, n - 1, block, cap)?;
-    drafter.forward_fixed(target, None, &inputs, dcache)?;
-    dcache.truncate(n - 1)?;
-    let (draft, _) = capture(&dev, || {
-        drafter.forward_fixed(target, None, &inputs, dcache)
+    let (draft, _) = warm_capture(&dev, dcache, n - 1, |c| {
+        drafter.forward_fixed(target, None, &inputs, c)
     })?;
     let mut verifies = Vec::new();
     for tree in [
@@ -580,13 +577,11 @@ fn profile_replays(
     ] {
         let (pos, vis) = (tree.positions(n), tree.visibility(n));
         let inputs = target.prepare(&tree.tokens, &pos, std::slice::from_ref(&vis), n, None)?;
-        let mut run = || -> Result<dflash_model::TargetOutput> {
-            let o = target.forward_prepared(&inputs, cache, taps, &Rows::All)?;
-            cache.truncate(n)?;
-            Ok(o)
-        };
-        run()?;
-        verifies.push(capture(&dev, run)?.0);
+        let (graph, _) = warm_capture(&dev, cache, n, |c| {
+            target.forward_prepared(&inputs, c, taps, &Rows::All)
+        })?;
+        cache.truncate(n)?;
+        verifies.push(graph);
     }
     dev.synchronize()?;
     println!(

@@ -27,7 +27,7 @@ use anyhow::{bail, Result};
 use candle_core::Device;
 use dflash_core::visibility::Visibility;
 
-use crate::cuda::launch_profile::{capture, Captured, ParamCache};
+use crate::cuda::launch_profile::{warm_capture, Captured};
 use crate::layers::gdn::GdnRows;
 use crate::models::target::{ForwardInputs, Rows, Target, TargetOutput};
 use crate::KvCache;
@@ -198,13 +198,9 @@ impl GraphedForward {
         let dev = target.embedding_table().device().clone();
         let (out, graph) = match dev {
             Device::Cuda(_) => {
-                let _params = ParamCache::enable(&dev);
-                // the eager run puts every layout upload in the param cache; the capture then
-                // records the same forward (its launch recomputes this round, same rows)
-                target.forward_prepared(&fresh, cache, taps, &Rows::All)?;
-                cache.truncate(cache_len)?;
-                let (graph, out) = capture(&dev, || {
-                    target.forward_prepared(&fresh, cache, taps, &Rows::All)
+                // the capture's launch recomputes this round, same rows
+                let (graph, out) = warm_capture(&dev, cache, cache_len, |c| {
+                    target.forward_prepared(&fresh, c, taps, &Rows::All)
                 })?;
                 (out.clone(), Some((graph, out)))
             }
@@ -309,11 +305,8 @@ impl GraphedBatch {
         let dev = target.embedding_table().device().clone();
         let (out, graph) = match dev {
             Device::Cuda(_) => {
-                let _params = ParamCache::enable(&dev);
-                target.forward_prepared(&fresh, cache, &[], &Rows::All)?;
-                cache.truncate(cache_len)?;
-                let (graph, out) = capture(&dev, || {
-                    target.forward_prepared(&fresh, cache, &[], &Rows::All)
+                let (graph, out) = warm_capture(&dev, cache, cache_len, |c| {
+                    target.forward_prepared(&fresh, c, &[], &Rows::All)
                 })?;
                 (out.clone(), Some((graph, out)))
             }

@@ -19,7 +19,7 @@ use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 
 use crate::cache::kv_cache::KvCache;
-use crate::cuda::launch_profile::{capture, Captured, ParamCache};
+use crate::cuda::launch_profile::{warm_capture, Captured};
 use crate::models::draft_vocab::DraftHead;
 use crate::models::drafter::{BlockAt, DraftInputs, Drafter};
 use crate::models::target::Target;
@@ -130,12 +130,10 @@ impl GraphedDraft {
         let dev = target.device.clone();
         let (out, graph) = match dev {
             Device::Cuda(_) => {
-                let _params = ParamCache::enable(&dev);
-                // the eager run puts every layout upload in the param cache; the capture then
-                // records the same forward (its launch recomputes this round)
-                drafter.forward_fixed(target, head, &fresh, cache)?;
-                cache.truncate(cache_len)?;
-                match capture(&dev, || drafter.forward_fixed(target, head, &fresh, cache)) {
+                let captured = warm_capture(&dev, cache, cache_len, |c| {
+                    drafter.forward_fixed(target, head, &fresh, c)
+                });
+                match captured {
                     Ok((graph, out)) => (out.clone(), Some((graph, out))),
                     Err(e) => {
                         // the capture ended whatever it recorded: draft eagerly from here on

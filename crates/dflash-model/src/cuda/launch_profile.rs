@@ -150,6 +150,22 @@ pub fn profiled_range<T>(dev: &Device, f: impl FnOnce() -> Result<T>) -> Result<
     bail!("a profiled range needs a CUDA device (got {dev:?})")
 }
 
+/// How a fixed-shape forward is captured: `f` runs once eagerly with candle's param cache on
+/// (every layout upload lands in the cache), `cache` goes back to `len` rows, then the same
+/// forward is recorded by [`capture`] (with the cache still on). Example: an AR step at cache
+/// 40 runs, the cache is cut back to 40, the step is captured.
+pub fn warm_capture<T>(
+    dev: &Device,
+    cache: &mut crate::KvCache,
+    len: usize,
+    mut f: impl FnMut(&mut crate::KvCache) -> Result<T>,
+) -> Result<(Captured, T)> {
+    let _params = ParamCache::enable(dev);
+    f(cache)?;
+    cache.truncate(len)?;
+    capture(dev, || f(cache))
+}
+
 /// A host/GPU time split ([`host_gpu_split`]), in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HostGpu {
