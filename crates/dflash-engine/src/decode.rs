@@ -364,9 +364,9 @@ impl<'a> Decoding<'a> {
             _ => None,
         };
         let reused = kept.is_some();
-        let (mut cache, kept_graphed, kept_draft) = match kept {
-            Some(k) => (k.cache, Some(k.graphed), k.draft),
-            None => (target.new_cache(), None, None),
+        let (mut cache, kept_graphed, kept_draft, kept_head) = match kept {
+            Some(k) => (k.cache, Some(k.graphed), k.draft, k.head),
+            None => (target.new_cache(), None, None, None),
         };
 
         let t0 = Instant::now();
@@ -400,9 +400,11 @@ impl<'a> Decoding<'a> {
         let prefill_secs = t0.elapsed().as_secs_f64();
         let mut loops = LoopDetector::new(req.loop_window);
         let looped = loops.push(first);
-        let head = match drafter.and_then(|d| d.draft_vocab.as_ref()) {
-            Some(v) => Some(DraftHead::new(target, v)?),
-            None => None,
+        // the kept head is the one the kept draft graph reads
+        let head = match (kept_head, drafter.and_then(|d| d.draft_vocab.as_ref())) {
+            (Some(h), _) => Some(h),
+            (None, Some(v)) => Some(DraftHead::new(target, v)?),
+            (None, None) => None,
         };
         Ok(Self {
             target,
@@ -449,6 +451,7 @@ impl<'a> Decoding<'a> {
             cache: std::mem::replace(&mut self.cache, KvCache::new(0)),
             graphed,
             draft,
+            head: self.head.take(),
         })
     }
 

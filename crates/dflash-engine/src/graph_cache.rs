@@ -14,6 +14,7 @@
 use anyhow::Result;
 use dflash_model::cuda::graphed::GraphedForward;
 use dflash_model::cuda::graphed_draft::GraphedDraft;
+use dflash_model::models::draft_vocab::DraftHead;
 use dflash_model::models::drafter::Drafter;
 use dflash_model::{KvCache, Target};
 
@@ -28,7 +29,8 @@ pub struct GraphCache {
     pub reused: usize,
 }
 
-/// The target's cache and verify graphs, and the drafter's cache and draft graph.
+/// The target's cache and verify graphs, the drafter's cache and draft graph, and its
+/// vocabulary head.
 pub(crate) struct Kept {
     /// Which target and drafter the graphs were captured with (their addresses).
     pub(crate) owner: (usize, Option<usize>),
@@ -37,6 +39,8 @@ pub(crate) struct Kept {
     pub(crate) cache: KvCache,
     pub(crate) graphed: GraphedForward,
     pub(crate) draft: Option<(KvCache, GraphedDraft)>,
+    /// The drafter's vocabulary head (made once per drafter, not per generation).
+    pub(crate) head: Option<DraftHead>,
 }
 
 /// Who captured: the target's and the drafter's addresses.
