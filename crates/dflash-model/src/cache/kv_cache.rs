@@ -131,31 +131,92 @@ impl KvCache {
     /// layer's full K/V (`len + n` rows). Every layer of one forward appends the same `n`;
     /// call [`KvCache::commit`] after the forward.
     pub fn append(&mut self, layer: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let n = k.dim(2)?;
+        let (kb, vb) = self.buffers_for(layer, k.dims4()?, k.dtype(), k.device(), None)?;
+        kb.slice_set(&k.contiguous()?, 2, self.len)?;
+        vb.slice_set(&v.contiguous()?, 2, self.len)?;
+        self.wrote(layer, k.dim(2)?, None)
+    }
+
+    /// The K and V buffers `[b, h, rows, d]` of `layer` ready for a forward's `n` new rows
+    /// (`dims` = `(b, h, n, d)`), written by the caller at rows `len .. len + n` of each
+    /// sequence; then [`KvCache::wrote`]. `cap` `None` (append): the buffers grow (doubling, at
+    /// least 64 rows, the committed rows kept). `Some(cap)` (fixed layout): buffers of exactly
+    /// `cap` rows, made at the layer's first write. Example: len 60, a 64-row buffer, n 16,
+    /// append → a 128-row buffer with rows 0..60 copied.
+    pub fn buffers_for(
+        &mut self,
+        layer: usize,
+        (b, h, n, d): (usize, usize, usize, usize),
+        dtype: candle_core::DType,
+        device: &candle_core::Device,
+        cap: Option<usize>,
+    ) -> Result<(Tensor, Tensor)> {
         let need = self.len + n;
+        let len = self.len;
         let slot = &mut self.layers[layer];
-        let cap = slot.as_ref().map(|s| s.k.dim(2)).transpose()?.unwrap_or(0);
-        if need > cap {
-            let new_cap = need.max(cap * 2).max(64);
-            let (b, h, _, d) = k.dims4()?;
-            let grow = |old: Option<&Tensor>, like: &Tensor| -> Result<Tensor> {
-                let fresh = Tensor::zeros((b, h, new_cap, d), like.dtype(), like.device())?;
-                if let Some(old) = old {
-                    if self.len > 0 {
-                        fresh.slice_set(&old.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
-                    }
+        let have = slot.as_ref().map(|s| s.k.dim(2)).transpose()?;
+        match cap {
+            Some(cap) => {
+                if need > cap {
+                    candle_core::bail!(
+                        "write_fixed: {n} rows after {len} do not fit a capacity of {cap}"
+                    );
                 }
-                Ok(fresh)
-            };
-            let nk = grow(slot.as_ref().map(|s| &s.k), k)?;
-            let nv = grow(slot.as_ref().map(|s| &s.v), v)?;
-            *slot = Some(LayerKv { k: nk, v: nv });
+                match have {
+                    None => {
+                        let z = || Tensor::zeros((b, h, cap, d), dtype, device);
+                        *slot = Some(LayerKv { k: z()?, v: z()? });
+                    }
+                    Some(rows) if rows != cap => candle_core::bail!(
+                        "write_fixed: the buffers of layer {layer} hold {rows} rows, not {cap} (reserve_exact first)"
+                    ),
+                    Some(_) => {}
+                }
+            }
+            None => {
+                let have = have.unwrap_or(0);
+                if need > have {
+                    let new_cap = need.max(have * 2).max(64);
+                    let grow = |old: Option<&Tensor>| -> Result<Tensor> {
+                        let fresh = Tensor::zeros((b, h, new_cap, d), dtype, device)?;
+                        if let Some(old) = old {
+                            if len > 0 {
+                                fresh.slice_set(&old.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+                            }
+                        }
+                        Ok(fresh)
+                    };
+                    let nk = grow(slot.as_ref().map(|s| &s.k))?;
+                    let nv = grow(slot.as_ref().map(|s| &s.v))?;
+                    *slot = Some(LayerKv { k: nk, v: nv });
+                }
+            }
         }
         let s = slot.as_ref().unwrap();
-        s.k.slice_set(&k.contiguous()?, 2, self.len)?;
-        s.v.slice_set(&v.contiguous()?, 2, self.len)?;
+        Ok((s.k.clone(), s.v.clone()))
+    }
+
+    /// After a forward wrote its `n` rows into [`KvCache::buffers_for`]'s buffers: the K/V
+    /// attention reads (append: rows `0 .. len + n`; fixed: the whole `cap`-row buffers, the
+    /// mask hiding the rows past the new ones). [`KvCache::commit`] after the forward.
+    pub fn wrote(
+        &mut self,
+        layer: usize,
+        n: usize,
+        cap: Option<usize>,
+    ) -> Result<(Tensor, Tensor)> {
+        let Some(s) = self.layers[layer].as_ref() else {
+            candle_core::bail!("layer {layer} has no K/V buffers to have written")
+        };
+        let out = match cap {
+            Some(_) => (s.k.clone(), s.v.clone()),
+            None => {
+                let need = self.len + n;
+                (s.k.narrow(2, 0, need)?, s.v.narrow(2, 0, need)?)
+            }
+        };
         self.pending = n;
-        Ok((s.k.narrow(2, 0, need)?, s.v.narrow(2, 0, need)?))
+        Ok(out)
     }
 
     /// Give every attention layer's K/V buffers exactly `cap` rows (the committed rows kept),
@@ -219,30 +280,10 @@ impl KvCache {
         index: &Tensor,
         cap: usize,
     ) -> Result<(Tensor, Tensor)> {
-        let n = k.dim(2)?;
-        if self.len + n > cap {
-            candle_core::bail!(
-                "write_fixed: {n} rows after {} do not fit a capacity of {cap}",
-                self.len
-            );
-        }
-        let slot = &mut self.layers[layer];
-        if slot.is_none() {
-            let (b, h, _, d) = k.dims4()?;
-            let z = || Tensor::zeros((b, h, cap, d), k.dtype(), k.device());
-            *slot = Some(LayerKv { k: z()?, v: z()? });
-        }
-        let s = slot.as_ref().unwrap();
-        if s.k.dim(2)? != cap {
-            candle_core::bail!(
-                "write_fixed: the buffers of layer {layer} hold {} rows, not {cap} (reserve_exact first)",
-                s.k.dim(2)?
-            );
-        }
-        s.k.scatter_set(index, &k.contiguous()?, 2)?;
-        s.v.scatter_set(index, &v.contiguous()?, 2)?;
-        self.pending = n;
-        Ok((s.k.clone(), s.v.clone()))
+        let (kb, vb) = self.buffers_for(layer, k.dims4()?, k.dtype(), k.device(), Some(cap))?;
+        crate::ops::scatter_rows::scatter_rows(&kb, k, index)?;
+        crate::ops::scatter_rows::scatter_rows(&vb, v, index)?;
+        self.wrote(layer, k.dim(2)?, Some(cap))
     }
 
     /// Make the `n` rows of the last forward part of the cache.

@@ -299,10 +299,26 @@ __device__ void silu_mul_bwd(const T* g, const T* u, const T* dy, T* d, unsigned
     }
 }
 
+// silu(g) · u of a stacked gate/up product: row r of gu is [g (inter) | u (inter)].
+template <typename T>
+__device__ void silu_mul_stacked(const T* gu, T* y, unsigned long long inter, unsigned long long n) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned long long r = i / inter, j = i - r * inter;
+        float gv = ld(gu, 2 * inter * r + j);
+        float s = 1.0f / (1.0f + expf(-gv));
+        st(y, i, gv * s * ld(gu, 2 * inter * r + inter + j));
+    }
+}
+
 #define INSTANTIATE_SILU(NAME, T)                                                                  \
     extern "C" __global__ void silu_mul_fwd_##NAME(const T* g, const T* u, T* y,                   \
         unsigned long long n) {                                                                    \
         silu_mul_fwd<T>(g, u, y, n);                                                               \
+    }                                                                                              \
+    extern "C" __global__ void silu_mul_stacked_##NAME(const T* gu, T* y,                      \
+        unsigned long long inter, unsigned long long n) {                                          \
+        silu_mul_stacked<T>(gu, y, inter, n);                                                      \
     }                                                                                              \
     extern "C" __global__ void silu_mul_bwd_##NAME(const T* g, const T* u, const T* dy, T* d,      \
         unsigned long long n) {                                                                    \
@@ -355,12 +371,15 @@ INSTANTIATE(bf16, __nv_bfloat16)
 // ---------------------------------------------------------------------------------------------
 // Attention of a few query rows over a cache, each row over one interval of keys (decoding: AR
 // steps of many slots, a chain's verify), in one pass over K and V: `crate::ops::interval_attention`.
-// Grid (b · hkv, splits), 128 threads (4 warps). A block holds the R = g · n query rows that share
-// K/V head h of sequence s (g = hq / hkv; row r is query head h·g + r / n at query row r % n),
-// walks split j of the union of their intervals in tiles of 64 keys (32 when R > 4) staged in
-// shared memory as f32 (16-byte loads, the next tile's in registers during this one's math; K
-// padded to D + 1 floats: one lane per key, no bank conflicts) and keeps an online softmax per
-// row (warp w owns rows w, w + 4, …, at most RW of them; lane c owns output dims c, c + 32, …).
+// Grid (b · hkv, splits, groups), 128 threads (4 warps). The R = g · n query rows that share K/V
+// head h of sequence s (g = hq / hkv; row r is query head h·g + r / n at query row r % n) are
+// cut into groups of 4 · RW rows (RW = 1: R ≤ 4, one group; RW = 4: 16 rows per block, so a
+// 16-row verify of 4 grouped heads spreads over 4 blocks per split instead of 1). A block holds
+// group z's rows, walks split j of the union of the sequence's intervals in tiles of 64 keys (32
+// when RW > 1) staged in shared memory as f32 (16-byte loads, the next tile's in registers
+// during this one's math; K padded to D + 1 floats: one lane per key, no bank conflicts) and
+// keeps an online softmax per row (warp w owns rows r0 + w, r0 + w + 4, …, at most RW of them;
+// lane c owns output dims c, c + 32, …).
 // One split: the normalised output `[b, n, hq · D]`; several: each split's (acc, m, l) to `part`
 // (`[b·hkv, splits, R, D + 2]` f32), merged by interval_attn_merge. q is contiguous `[b, hq, n,
 // D]`; K/V element (s, h, c, e) at s·hkv·hs + h·hs + c·D + e (a cache's buffer read in place).
@@ -394,19 +413,28 @@ __device__ void interval_attn(const T* q, const T* k, const T* v, const uint32_t
     extern __shared__ float sm[];
     float* ks = sm;                      // [TK][D + 1]
     float* vs = ks + TK * (D + 1);       // [TK][D]
-    float* qs = vs + TK * D;             // [R][D], scaled
+    float* qs = vs + TK * D;             // [4·RW][D]: this group's rows, scaled
     const int s = blockIdx.x / hkv, h = blockIdx.x % hkv, g = hq / hkv, R = g * n;
+    const int r0 = blockIdx.z * 4 * RW, RB = min(R - r0, 4 * RW);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, splits = gridDim.y;
-    uint32_t lo = 0xffffffffu, hi = 0;
-    for (int i = 0; i < n; i++) {
-        lo = min(lo, iv[2 * (s * n + i)]);
-        hi = max(hi, iv[2 * (s * n + i) + 1]);
+    // the union of the sequence's intervals: the threads read the n rows' in parallel
+    __shared__ uint32_t span[2];
+    if (threadIdx.x == 0) {
+        span[0] = 0xffffffffu;
+        span[1] = 0;
     }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        atomicMin(&span[0], iv[2 * (s * n + i)]);
+        atomicMax(&span[1], iv[2 * (s * n + i) + 1]);
+    }
+    __syncthreads();
+    uint32_t lo = span[0], hi = span[1];
     if (hi < lo) hi = lo;
     uint32_t chunk = ((hi - lo + splits - 1) / splits + TK - 1) / TK * TK;
     uint32_t c0 = min(hi, lo + blockIdx.y * chunk), c1 = min(hi, c0 + chunk);
-    for (int idx = threadIdx.x; idx < R * D; idx += blockDim.x) {
-        int r = idx / D, e = idx % D;
+    for (int idx = threadIdx.x; idx < RB * D; idx += blockDim.x) {
+        int r = r0 + idx / D, e = idx % D;
         qs[idx] = ld(q, ((size_t)(s * hq + h * g + r / n) * n + r % n) * D + e) * scale;
     }
     float m[RW], l[RW], acc[RW][U];
@@ -416,7 +444,7 @@ __device__ void interval_attn(const T* q, const T* k, const T* v, const uint32_t
         m[w] = NEG_INF;
         l[w] = 0.0f;
         for (int u = 0; u < U; u++) acc[w][u] = 0.0f;
-        int r = warp + 4 * w;
+        int r = r0 + warp + 4 * w;
         int i = r % n;
         rlo[w] = r < R ? iv[2 * (s * n + i)] : 0;
         rhi[w] = r < R ? iv[2 * (s * n + i) + 1] : 0;
@@ -454,7 +482,7 @@ __device__ void interval_attn(const T* q, const T* k, const T* v, const uint32_t
         if (t0 + TK < c1) fetch(t0 + TK);
 #pragma unroll
         for (int w = 0; w < RW; w++) {
-            int r = warp + 4 * w;
+            int r = r0 + warp + 4 * w;
             if (r >= R) break;
             float sc[KPL], p[KPL];
             bool vis[KPL];
@@ -466,7 +494,7 @@ __device__ void interval_attn(const T* q, const T* k, const T* v, const uint32_t
                 sc[x] = NEG_INF;
                 if (vis[x]) {
                     float a = 0.0f;
-                    const float* qr = qs + r * D;
+                    const float* qr = qs + (r - r0) * D;
                     const float* kr = ks + (lane + 32 * x) * (D + 1);
 #pragma unroll 16
                     for (int e = 0; e < D; e++) a += qr[e] * kr[e];
@@ -500,7 +528,7 @@ __device__ void interval_attn(const T* q, const T* k, const T* v, const uint32_t
     }
 #pragma unroll
     for (int w = 0; w < RW; w++) {
-        int r = warp + 4 * w;
+        int r = r0 + warp + 4 * w;
         if (r >= R) break;
         if (splits == 1) {
             float inv = l[w] > 0.0f ? 1.0f / l[w] : 0.0f;
@@ -549,13 +577,13 @@ __device__ void interval_attn_merge(const float* part, T* out, int hq, int hkv, 
         interval_attn_merge<T, D>(part, out, hq, hkv, n, splits);                                  \
     }
 INTERVAL_ATTN(f32, float, 64, 1)
-INTERVAL_ATTN(f32, float, 64, 16)
+INTERVAL_ATTN(f32, float, 64, 4)
 INTERVAL_ATTN(f32, float, 128, 1)
-INTERVAL_ATTN(f32, float, 128, 16)
+INTERVAL_ATTN(f32, float, 128, 4)
 INTERVAL_ATTN(bf16, __nv_bfloat16, 64, 1)
-INTERVAL_ATTN(bf16, __nv_bfloat16, 64, 16)
+INTERVAL_ATTN(bf16, __nv_bfloat16, 64, 4)
 INTERVAL_ATTN(bf16, __nv_bfloat16, 128, 1)
-INTERVAL_ATTN(bf16, __nv_bfloat16, 128, 16)
+INTERVAL_ATTN(bf16, __nv_bfloat16, 128, 4)
 INTERVAL_ATTN_MERGE(f32, float, 64)
 INTERVAL_ATTN_MERGE(f32, float, 128)
 INTERVAL_ATTN_MERGE(bf16, __nv_bfloat16, 64)
@@ -1226,3 +1254,132 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
     if (live)
         for (int a = wp; a < dk; a += 8) st[((size_t)h * dk + a) * dv + j] = S[a * 32 + lane];
 }
+
+// ---------------------------------------------------------------------------------------------
+// The target attention's per-head work between its projections and its attention
+// (`crate::ops::qkv_rope`): grid (b·n new rows, hq + 2·hkv heads), blockDim = D/2 rounded up to
+// a warp; thread e holds features e and e + D/2 (the pair RoPE rotates). Head hh < hq: a query
+// head, normed per head when flags & 1, rotated, written to qo [b, hq, n, D]; hq ≤ hh < hq + hkv:
+// a key head, normed when flags & 2, rotated; then value heads, copied. Keys and values go to the
+// cache buffers kc, vc [b, hkv, cap, D] at row index[((s·hkv)·n + i)·D] (flags & 4: the fixed
+// layout's device index) or first + i (append). RoPE table row: s·n + i when flags & 8 (one
+// table per sequence), else i. The source row of new row (s, i) is s·n + i, at ld values per row
+// (q, k, v: views of one fused product or three). The normed value is rounded to T before RoPE,
+// as the unfused RMSNorm's output is; the rotation is in f32, rounded once.
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ float rnd(float x, const float*) { return x; }
+__device__ __forceinline__ float rnd(float x, const __nv_bfloat16*) {
+    return __bfloat162float(__float2bfloat16(x));
+}
+
+template <typename T>
+__device__ void qkv_rope(const T* q, const T* k, const T* v, int ldq, int ldk, int ldv,
+                         const T* cos, const T* sin, const T* qw, const T* kw, float eps,
+                         const uint32_t* index, T* qo, T* kc, T* vc, int n, int hq, int hkv,
+                         int D, int cap, int first, int flags) {
+    __shared__ float sh[32];
+    const int row = blockIdx.x, s = row / n, i = row % n, hh = blockIdx.y;
+    const int half = D / 2, e = threadIdx.x;
+    const bool act = e < half;
+    const int kind = hh < hq ? 0 : (hh < hq + hkv ? 1 : 2);
+    const int h = kind == 0 ? hh : (kind == 1 ? hh - hq : hh - hq - hkv);
+    const T* src = kind == 0 ? q + (size_t)row * ldq : (kind == 1 ? k + (size_t)row * ldk
+                                                                  : v + (size_t)row * ldv);
+    src += (size_t)h * D;
+    float x1 = act ? ld(src, e) : 0.0f, x2 = act ? ld(src, e + half) : 0.0f;
+    const bool norm = (kind == 0 && (flags & 1)) || (kind == 1 && (flags & 2));
+    if (norm) {  // the same for the whole block
+        const T* w = kind == 0 ? qw : kw;
+        float r = rsqrtf(block_sum(x1 * x1 + x2 * x2, sh) / D + eps);
+        if (act) {
+            x1 = rnd(x1 * r * ld(w, e), q);
+            x2 = rnd(x2 * r * ld(w, e + half), q);
+        }
+    }
+    if (!act) return;
+    if (kind < 2) {
+        size_t t = ((flags & 8) ? (size_t)row : (size_t)i) * half + e;
+        float c = ld(cos, t), sn = ld(sin, t);
+        float y1 = x1 * c - x2 * sn, y2 = x1 * sn + x2 * c;
+        x1 = y1;
+        x2 = y2;
+    }
+    if (kind == 0) {
+        size_t o = (((size_t)s * hq + h) * n + i) * D;
+        st(qo, o + e, x1);
+        st(qo, o + e + half, x2);
+    } else {
+        uint32_t r = (flags & 4) ? index[((size_t)s * hkv * n + i) * D] : (uint32_t)(first + i);
+        T* dst = kind == 1 ? kc : vc;
+        size_t o = (((size_t)s * hkv + h) * cap + r) * D;
+        st(dst, o + e, x1);
+        st(dst, o + e + half, x2);
+    }
+}
+
+#define QKV_ROPE(NAME, T)                                                                          \
+    extern "C" __global__ void qkv_rope_##NAME(                                                    \
+        const T* q, const T* k, const T* v, int ldq, int ldk, int ldv, const T* cos, const T* sin, \
+        const T* qw, const T* kw, float eps, const uint32_t* index, T* qo, T* kc, T* vc, int n,    \
+        int hq, int hkv, int D, int cap, int first, int flags) {                                   \
+        qkv_rope<T>(q, k, v, ldq, ldk, ldv, cos, sin, qw, kw, eps, index, qo, kc, vc, n, hq, hkv,  \
+                    D, cap, first, flags);                                                         \
+    }
+QKV_ROPE(f32, float)
+QKV_ROPE(bf16, __nv_bfloat16)
+
+// The residual add and the RMSNorm after it (`crate::ops::add_norm`): one block per row of
+// `width` ≤ 8 · blockDim values, each thread's at most 8 values held in registers (their loads
+// issued together); y [2, rows, width]: the sums (rounded to T, as the unfused add stores them)
+// then norm(sum) · w, the norm computed from the rounded sums.
+template <typename T>
+__device__ void add_rms_norm(const T* x, const T* h, const T* w, T* y, int width, float eps) {
+    __shared__ float sh[32];
+    const size_t row = blockIdx.x, rows = gridDim.x, o = row * width;
+    float v[8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        v[j] = c < width ? rnd(ld(x, o + c) + ld(h, o + c), x) : 0.0f;
+        ss += v[j] * v[j];
+    }
+    float r = rsqrtf(block_sum(ss, sh) / width + eps);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int c = threadIdx.x + j * blockDim.x;
+        if (c < width) {
+            st(y, o + c, v[j]);
+            st(y, rows * width + o + c, r * v[j] * ld(w, c));
+        }
+    }
+}
+
+#define ADD_RMS_NORM(NAME, T)                                                                      \
+    extern "C" __global__ void add_rms_norm_##NAME(const T* x, const T* h, const T* w, T* y,       \
+                                                   int width, float eps) {                         \
+        add_rms_norm<T>(x, h, w, y, width, eps);                                                   \
+    }
+ADD_RMS_NORM(f32, float)
+ADD_RMS_NORM(bf16, __nv_bfloat16)
+
+// A fixed-layout cache write (`crate::ops::scatter_rows`): element i = ((bh·n + j)·d + e) of the
+// new rows [b·h, n, d] goes to row index[i] of buffer bh [cap, d].
+template <typename T>
+__device__ void scatter_rows(const T* src, const uint32_t* index, T* dst, unsigned long long n,
+                             unsigned long long d, unsigned long long cap, unsigned long long total) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < total;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned long long bh = i / (n * d), e = i % d;
+        dst[(bh * cap + index[i]) * d + e] = src[i];
+    }
+}
+
+#define SCATTER_ROWS(NAME, T)                                                                      \
+    extern "C" __global__ void scatter_rows_##NAME(const T* src, const uint32_t* index, T* dst,    \
+        unsigned long long n, unsigned long long d, unsigned long long cap,                        \
+        unsigned long long total) {                                                                \
+        scatter_rows<T>(src, index, dst, n, d, cap, total);                                        \
+    }
+SCATTER_ROWS(f32, float)
+SCATTER_ROWS(bf16, __nv_bfloat16)

@@ -107,7 +107,9 @@ fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// twin (the matmuls around the interval softmax) on the CPU, as f32 on the CPU: (1) 7 slots
 /// decoding one row each over a 300-column view of a 400-row cache buffer (SmolLM2's 9/3 heads
 /// of 64; several splits merged), (2) 100 such slots (one split per block, written directly),
-/// (3) a 16-row chain verify of one sequence over 700 columns (Qwen3-8B's 32/8 heads of 128).
+/// (3) a 16-row chain verify of one sequence over 700 columns (Qwen3-8B's 32/8 heads of 128:
+/// 64 rows per K/V head in 4 groups), (4) SmolLM2's 16-row verify over 500 columns (48 rows
+/// per K/V head: 3 groups).
 fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::layers::attention::{attend_intervals, attend_intervals_unfused};
     let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
@@ -116,6 +118,7 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
         (7, 9, 3, 64, 1, 300, 400),
         (100, 9, 3, 64, 1, 120, 128),
         (1, 32, 8, 128, 16, 700, 720),
+        (1, 9, 3, 64, 16, 500, 512),
     ]
     .into_iter()
     .enumerate()
@@ -146,6 +149,88 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
             attend_intervals(&q, &k, &v, &iv, 0.125)?
         };
         outs.push(o.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+    }
+    Ok(outs)
+}
+
+/// The attention's per-head work after its projections ([`crate::ops::qkv_rope::apply`]) on
+/// `dev` in `dtype` (the fused kernel on a GPU, the unfused ops on the CPU), as f32 on the CPU
+/// `[q, K, V]` per case: (1) Qwen3's shape in small (4 query / 2 K/V heads of 128, q and k
+/// normed per head), a 16-row verify written through the fixed layout's index at rows 20..36
+/// of a 64-row cache, q, k and v column ranges of one stacked product; (2) SmolLM2's heads (9 /
+/// 3 of 64, no norms), 3 sequences appending one row each after 5, one RoPE table per
+/// sequence, three separate products.
+fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    use crate::cache::kv_cache::KvCache;
+    use crate::layers::norm::RmsNorm;
+    use crate::layers::rope::Rope;
+    use crate::ops::qkv_rope::{apply, serves, Heads, Projections, Rows};
+    let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+    let mut outs = Vec::new();
+    for case in 0..2 {
+        let (b, hq, hkv, d, n, len) = if case == 0 {
+            (1, 4, 2, 128, 16, 20)
+        } else {
+            (3, 9, 3, 64, 1, 5)
+        };
+        let heads = Heads {
+            q: hq,
+            kv: hkv,
+            dim: d,
+        };
+        let seed = 60 + 10 * case as u64;
+        let mut cache = KvCache::new(1);
+        let old = |s| on(fill(&[b, hkv, len, d], s, 1.0)?);
+        cache.append(0, &old(seed)?, &old(seed + 1)?)?;
+        cache.commit(len);
+        let rope = Rope::new(d, 10_000.0);
+        let positions: Vec<usize> = (0..b * n).map(|i| len + i % n + 3 * (i / n)).collect();
+        let mut tables = rope.tables(&positions, dtype, dev)?;
+        if b > 1 {
+            tables.cos = tables.cos.reshape((b, n, d / 2))?;
+            tables.sin = tables.sin.reshape((b, n, d / 2))?;
+        }
+        let norm = |s| -> Result<RmsNorm> {
+            Ok(RmsNorm::new(
+                on(fill(&[d], s, 1.0)?.affine(0.5, 1.0)?)?,
+                1e-6,
+            ))
+        };
+        let (qn, kn) = (norm(seed + 2)?, norm(seed + 3)?);
+        let (q, k, v, norms, index, cap);
+        if case == 0 {
+            let y = on(fill(&[b, n, (hq + 2 * hkv) * d], seed + 4, 2.0)?)?;
+            (q, k, v) = (
+                y.narrow(2, 0, hq * d)?,
+                y.narrow(2, hq * d, hkv * d)?,
+                y.narrow(2, (hq + hkv) * d, hkv * d)?,
+            );
+            norms = (Some(&qn), Some(&kn));
+            cache.reserve_exact(64)?;
+            index = Some(KvCache::fixed_index((b, hkv, n, d), len, dev)?);
+            cap = Some(64);
+        } else {
+            let x = |w, s| on(fill(&[b, n, w * d], s, 2.0)?);
+            (q, k, v) = (x(hq, seed + 4)?, x(hkv, seed + 5)?, x(hkv, seed + 6)?);
+            norms = (None, None);
+            (index, cap) = (None, None);
+        }
+        let p = Projections {
+            q: &q,
+            k: &k,
+            v: &v,
+        };
+        let rows = Rows {
+            index: index.as_ref(),
+            cap,
+        };
+        if dev.is_cuda() && !serves(p, heads, norms, &tables, rows) {
+            candle_core::bail!("the fused QKV kernel does not serve case {case}");
+        }
+        let (q, k, v) = apply(p, heads, norms, &tables, rows, &mut cache, 0)?;
+        for t in [q, k, v] {
+            outs.push(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+        }
     }
     Ok(outs)
 }
@@ -457,7 +542,8 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         let names = [
             "interval attention, 7 slots decoding (splits merged)",
             "interval attention, 100 slots decoding",
-            "interval attention, 16-row verify, head dim 128",
+            "interval attention, 16-row verify, head dim 128 (4 row groups)",
+            "interval attention, 16-row verify, head dim 64 (3 row groups)",
         ];
         push_rows(&mut checks, &names, &got, &want, dtype, tol)?;
     }
@@ -505,6 +591,107 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             &want,
             dtype,
             0.0,
+        )?;
+    }
+    // SwiGLU of a stacked gate/up product (the target's MLP on a GPU) against silu_mul's twin
+    let stacked = |dev: &Device, dtype: DType| -> Result<Vec<Tensor>> {
+        let gu = fill(&[2, 150, 1400], 31, 4.0)?
+            .to_dtype(dtype)?
+            .to_device(dev)?;
+        let y = crate::ops::silu_mul::silu_mul_stacked(&gu, 700)?;
+        Ok(vec![y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?])
+    };
+    let want = stacked(&Device::Cpu, DType::F32)?;
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+        let got = stacked(dev, dtype)?;
+        push_rows(
+            &mut checks,
+            &["silu·up of a stacked gate/up"],
+            &got,
+            &want,
+            dtype,
+            tol,
+        )?;
+    }
+    // the residual add and the RMSNorm after it in one kernel against the add and the norm
+    let add_norm = |dev: &Device, dtype: DType| -> Result<Vec<Tensor>> {
+        let mut outs = Vec::new();
+        for (shape, seed) in [(vec![3, 7, 576], 41u64), (vec![1, 2, 4096], 43)] {
+            let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+            let x = on(fill(&shape, seed, 3.0)?)?;
+            let h = on(fill(&shape, seed + 1, 1.0)?)?;
+            let w = on(fill(&shape[2..], seed + 2, 0.5)?.affine(1.0, 1.0)?)?;
+            let norm = crate::layers::norm::RmsNorm::new(w, 1e-5);
+            if dev.is_cuda() && !crate::ops::add_norm::serves(&x, &h, &norm) {
+                candle_core::bail!("the fused add + RMSNorm does not serve {shape:?}");
+            }
+            let (s, n) = crate::ops::add_norm::add_rms_norm(&x, &h, &norm)?;
+            for t in [s, n] {
+                outs.push(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+            }
+        }
+        Ok(outs)
+    };
+    let want = add_norm(&Device::Cpu, DType::F32)?;
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+        let got = add_norm(dev, dtype)?;
+        push_rows(
+            &mut checks,
+            &[
+                "add + rms-norm: sum, rows of 576",
+                "add + rms-norm: norm, rows of 576",
+                "add + rms-norm: sum, rows of 4,096",
+                "add + rms-norm: norm, rows of 4,096",
+            ],
+            &got,
+            &want,
+            dtype,
+            tol,
+        )?;
+    }
+    // the fixed layout's cache write against candle's scatter_set
+    let scatter = |dev: &Device, dtype: DType| -> Result<Vec<Tensor>> {
+        let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+        let dst = on(fill(&[2, 3, 40, 64], 51, 1.0)?)?;
+        let src = on(fill(&[2, 3, 5, 64], 52, 2.0)?)?;
+        let rows: Vec<u32> = (0..2 * 3 * 5)
+            .flat_map(|r| std::iter::repeat_n((7 * r as u32 + 3) % 40, 64))
+            .collect();
+        let index = Tensor::from_vec(rows, (2, 3, 5, 64), &Device::Cpu)?.to_device(dev)?;
+        crate::ops::scatter_rows::scatter_rows(&dst, &src, &index)?;
+        Ok(vec![dst.to_dtype(DType::F32)?.to_device(&Device::Cpu)?])
+    };
+    let want = scatter(&Device::Cpu, DType::F32)?;
+    for dtype in [DType::F32, DType::BF16] {
+        let got = scatter(dev, dtype)?;
+        let tol = if dtype == DType::F32 { 0.0 } else { 1e-2 };
+        push_rows(
+            &mut checks,
+            &["cache rows written through an index"],
+            &got,
+            &want,
+            dtype,
+            tol,
+        )?;
+    }
+    // the attention's per-head norms, RoPE and cache writes in one kernel against the ops
+    let want = qkv_rope_rows(&Device::Cpu, DType::F32)?;
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+        let got = qkv_rope_rows(dev, dtype)?;
+        push_rows(
+            &mut checks,
+            &[
+                "QKV: q, normed, rotated (verify, fixed layout)",
+                "QKV: K cache (verify, fixed layout)",
+                "QKV: V cache (verify, fixed layout)",
+                "QKV: q, rotated (3 sequences appending)",
+                "QKV: K cache (3 sequences appending)",
+                "QKV: V cache (3 sequences appending)",
+            ],
+            &got,
+            &want,
+            dtype,
+            tol,
         )?;
     }
     // SwiGLU's fused gate and its written backward against candle's ops on the CPU
@@ -623,7 +810,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 68);
+        assert_eq!(checks.len(), 94);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -151,6 +151,62 @@ impl Linear {
         }
     }
 
+    /// Projections of one input stacked into one, on a GPU: their weights (and biases)
+    /// concatenated along the output, and each part again as a view of the stacked weight (the
+    /// weight is held once). One product then reads every part's weight in one GEMM instead
+    /// of one launch (and cuBLAS's split-K reduction) each. `None` unless every part holds a
+    /// plain weight on a CUDA device (no panels), of one dtype and input width, every part with
+    /// a bias or none. Example: Qwen3-8B's q, k and v (`[4096, 4096]`, `[1024, 4096]` twice) →
+    /// `[6144, 4096]`, and q = its rows 0..4096.
+    pub fn stack(parts: &[&Linear]) -> Result<Option<(Linear, Vec<Linear>)>> {
+        let weights: Option<Vec<&Tensor>> = parts
+            .iter()
+            .map(|p| p.weight.as_ref().filter(|_| p.panels.is_none()))
+            .collect();
+        let Some(weights) = weights else {
+            return Ok(None);
+        };
+        let Some(first) = weights.first() else {
+            return Ok(None);
+        };
+        let width = first.dim(1)?;
+        let same = weights.iter().all(|w| {
+            w.device().is_cuda()
+                && w.rank() == 2
+                && w.dtype() == first.dtype()
+                && w.dim(1).ok() == Some(width)
+                && !w.track_op()
+        });
+        let biased = parts.iter().filter(|p| p.bias.is_some()).count();
+        if !same || (biased != 0 && biased != parts.len()) {
+            return Ok(None);
+        }
+        let w = Tensor::cat(&weights, 0)?;
+        let b = if biased > 0 {
+            let bs: Vec<&Tensor> = parts.iter().filter_map(|p| p.bias.as_ref()).collect();
+            Some(Tensor::cat(&bs, 0)?)
+        } else {
+            None
+        };
+        let mut views = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for part in &weights {
+            let rows = part.dim(0)?;
+            views.push(Linear {
+                weight: Some(w.narrow(0, at, rows)?),
+                bias: b.as_ref().map(|b| b.narrow(0, at, rows)).transpose()?,
+                panels: None,
+            });
+            at += rows;
+        }
+        let stacked = Linear {
+            weight: Some(w),
+            bias: b,
+            panels: None,
+        };
+        Ok(Some((stacked, views)))
+    }
+
     /// The weight `[out, in]`: the tensor, or where the layer holds only quantized panels
     /// their dequantization, made on each call (the loader's values, bit for bit).
     pub fn weight(&self) -> Result<Tensor> {

@@ -11,6 +11,8 @@ pub struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    /// gate and up stacked into one product on a GPU ([`Mlp::stack_gate_up`]).
+    pub gate_up: Option<Linear>,
 }
 
 impl Mlp {
@@ -28,10 +30,31 @@ impl Mlp {
             gate_proj: lin("gate_proj", inter, hidden)?,
             up_proj: lin("up_proj", inter, hidden)?,
             down_proj: lin("down_proj", hidden, inter)?,
+            gate_up: None,
         })
     }
 
+    /// On a GPU, gate and up as one stacked product ([`Linear::stack`]; both become views of
+    /// it) and SwiGLU reading its halves in place. For frozen MLPs (the target's): the stacked
+    /// weight is a copy that training would not update. Elsewhere nothing changes.
+    pub fn stack_gate_up(&mut self) -> Result<()> {
+        if let Some((gu, parts)) = Linear::stack(&[&self.gate_proj, &self.up_proj])? {
+            let mut parts = parts.into_iter();
+            if let (Some(g), Some(u)) = (parts.next(), parts.next()) {
+                (self.gate_proj, self.up_proj, self.gate_up) = (g, u, Some(gu));
+            }
+        }
+        Ok(())
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(gu) = &self.gate_up {
+            let y = gu.forward(x)?;
+            let inter = y.dim(candle_core::D::Minus1)? / 2;
+            let a = tracing::info_span!(target: "phase", "mlp silu · up")
+                .in_scope(|| crate::ops::silu_mul::silu_mul_stacked(&y, inter))?;
+            return self.down_proj.forward(&a);
+        }
         let (g, u) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
         let a = tracing::info_span!(target: "phase", "mlp silu · up")
             .in_scope(|| crate::ops::silu_mul::silu_mul(&g, &u))?;

@@ -11,7 +11,8 @@
 //! both and writes and reads `256 · 9 · 1,000` scores per layer.
 //!
 //! The kernel (`src/cuda/fused.cu`, `interval_attn_*`) runs a block per (sequence, K/V head,
-//! split of the keys), the `hq / hkv · n` query rows that share the K/V head together, an
+//! group of up to 16 of the `hq / hkv · n` query rows that share the K/V head, split of the
+//! keys), an
 //! online softmax in f32 per row, and merges the splits in a second kernel when there are
 //! several. It serves head dims 64 and 128, at most 64 query rows per K/V head, f32 and bf16,
 //! and K/V whose rows are read in place ([`crate::layers::attention`]'s `matmul_operand`
@@ -113,16 +114,20 @@ impl candle_core::CustomOp3 for Op<'_> {
         let (_, hkv, t, _) = kl.shape().dims4()?;
         let hs = kl.stride()[1];
         let rows = hq / hkv * n;
-        // tiles of 64 keys (32 for more than 4 rows); about 1,024 blocks (a few per SM, their
-        // loads in flight together), each split at least one tile
-        let (rw, tile) = if rows <= 4 { (1, 64) } else { (16, 32) };
+        // up to 4 rows: one block of 4 warps, a row each, tiles of 64 keys; more: groups of
+        // 16 rows (4 per warp), tiles of 32 keys. About 1,024 blocks over (sequence, K/V head,
+        // group, split) (a few per SM, their loads in flight together), each split at least
+        // one tile. Example: a 16-row verify of Qwen3-8B (32 / 8 heads) over 512 keys: 8 heads
+        // × 4 groups × 16 splits = 512 blocks, where one 64-row group gave 128.
+        let (rw, tile) = if rows <= 4 { (1, 64) } else { (4, 32) };
         let blocks = b * hkv;
+        let groups = rows.div_ceil(4 * rw);
         let splits = 1024usize
-            .div_ceil(blocks)
+            .div_ceil(blocks * groups)
             .clamp(1, t.div_ceil(tile).clamp(1, 64));
-        let smem = (tile * (d + 1) + tile * d + rows * d) * 4;
+        let smem = (tile * (d + 1) + tile * d + rows.min(4 * rw) * d) * 4;
         let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, splits as u32, 1),
+            grid_dim: (blocks as u32, splits as u32, groups as u32),
             block_dim: (128, 1, 1),
             shared_mem_bytes: smem as u32,
         };

@@ -3,6 +3,7 @@
 //! block attention, the target's interval softmax, and the comparison every parity check uses.
 
 pub mod adamw;
+pub mod add_norm;
 pub mod argmax;
 pub mod block_attention;
 pub mod block_softmax;
@@ -16,7 +17,9 @@ pub mod interval_softmax;
 pub(crate) mod kernel_io;
 pub mod log_softmax;
 pub mod permute;
+pub mod qkv_rope;
 pub mod rms_norm_grad;
+pub mod scatter_rows;
 pub mod silu_mul;
 pub mod softmax;
 pub mod sq_sum;

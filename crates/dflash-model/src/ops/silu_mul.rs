@@ -31,6 +31,63 @@ pub fn silu_mul(g: &Tensor, u: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// `silu(g) · u` of a stacked gate/up product `gu` `[..., 2 · inter]` (gate columns first, as
+/// [`crate::layers::linear::Linear::stack`] lays them out) → `[..., inter]`: on a GPU one kernel
+/// reading both halves in place (no backward: the target's frozen MLP); elsewhere [`silu_mul`]
+/// of the two column ranges (its twin). Example: a row `[g0, g1, u0, u1]` → `[silu(g0)·u0,
+/// silu(g1)·u1]`.
+pub fn silu_mul_stacked(gu: &Tensor, inter: usize) -> Result<Tensor> {
+    let last = gu.rank().saturating_sub(1);
+    if gu.dims().last() != Some(&(2 * inter)) {
+        candle_core::bail!(
+            "silu_mul_stacked: a last dim of 2 × {inter} expected, got {:?}",
+            gu.dims()
+        );
+    }
+    if !gu.device().is_cpu() && matches!(gu.dtype(), DType::F32 | DType::BF16) && !gu.track_op() {
+        return gu.contiguous()?.apply_op1_no_bwd(&Stacked { inter });
+    }
+    silu_mul(&gu.narrow(last, 0, inter)?, &gu.narrow(last, inter, inter)?)
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Stacked {
+    inter: usize,
+}
+
+impl candle_core::CustomOp1 for Stacked {
+    fn name(&self) -> &'static str {
+        "silu-mul-stacked"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("silu_mul_stacked's kernel is CUDA's: the CPU runs silu_mul")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        gu: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::ptx::{alloc, by_float, elementwise, launch, view};
+        let dev = gu.device().clone();
+        let n = l.shape().elem_count() / 2;
+        let (nn, inter, cfg) = (n as u64, self.inter as u64, elementwise(n as u64));
+        let mut dims = l.dims().to_vec();
+        if let Some(d) = dims.last_mut() {
+            *d = self.inter;
+        }
+        let out = by_float!(gu.dtype(), "silu_mul_stacked", |T, dt| {
+            let x = view::<T>(gu, l, "gate/up")?;
+            let y = alloc::<T>(&dev, n)?;
+            launch!(dev, "silu_mul_stacked", dt, cfg, x, y, inter, nn);
+            candle_core::CudaStorage::wrap_cuda_slice(y, dev)
+        });
+        Ok((out, Shape::from(dims)))
+    }
+}
+
 /// The fused op on any device (the CPU runs the twin): one kernel forward, one backward where
 /// `g` or `u` carries a graph.
 pub fn fused(g: &Tensor, u: &Tensor) -> Result<Tensor> {

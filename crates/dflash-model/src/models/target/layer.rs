@@ -14,7 +14,8 @@ use crate::layers::linear::Linear;
 use crate::layers::mlp::Mlp;
 use crate::layers::norm::RmsNorm;
 use crate::layers::rope::RopeTables;
-use crate::ops::permute::swap_rows_heads;
+use crate::ops::add_norm::add_rms_norm;
+use crate::ops::qkv_rope;
 
 #[derive(Debug, Clone)]
 pub(super) struct Attention {
@@ -22,6 +23,8 @@ pub(super) struct Attention {
     pub(super) k_proj: Linear,
     pub(super) v_proj: Linear,
     pub(super) o_proj: Linear,
+    /// q, k and v stacked into one product on a GPU ([`Attention::stack_projections`]).
+    pub(super) qkv: Option<Linear>,
     pub(super) q_norm: Option<RmsNorm>,
     pub(super) k_norm: Option<RmsNorm>,
     pub(super) heads: usize,
@@ -31,6 +34,18 @@ pub(super) struct Attention {
 }
 
 impl Attention {
+    /// On a GPU, q, k and v as one stacked product ([`Linear::stack`]; the three projections
+    /// become views of it). Elsewhere nothing changes.
+    pub(super) fn stack_projections(&mut self) -> Result<()> {
+        if let Some((qkv, parts)) = Linear::stack(&[&self.q_proj, &self.k_proj, &self.v_proj])? {
+            let [q, k, v]: [Linear; 3] = parts
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("stacking q, k and v gave another count"))?;
+            (self.q_proj, self.k_proj, self.v_proj, self.qkv) = (q, k, v, Some(qkv));
+        }
+        Ok(())
+    }
+
     pub(super) fn forward(
         &self,
         x: &Tensor,
@@ -41,51 +56,73 @@ impl Attention {
         layer: usize,
     ) -> Result<Tensor> {
         let (b, n, _) = x.dims3()?;
-        let split = |t: Tensor, h: usize, norm: &Option<RmsNorm>| -> Result<Tensor> {
-            let t = t.reshape((b, n, h, self.head_dim))?;
-            let t = match norm {
-                Some(nm) => nm.forward(&t)?,
-                None => t,
-            };
-            Ok(swap_rows_heads(&t)?)
+        let hd = self.heads * self.head_dim;
+        // 1. projections [b, n, h · d]: one stacked product (GPU) or three
+        let (qg, k, v) = match &self.qkv {
+            Some(qkv) => {
+                let y = qkv.forward(x)?;
+                let (qw, kvw) = (
+                    y.dim(2)? - 2 * self.kv_heads * self.head_dim,
+                    self.kv_heads * self.head_dim,
+                );
+                (
+                    y.narrow(2, 0, qw)?,
+                    y.narrow(2, qw, kvw)?,
+                    y.narrow(2, qw + kvw, kvw)?,
+                )
+            }
+            None => (
+                self.q_proj.forward(x)?,
+                self.k_proj.forward(x)?,
+                self.v_proj.forward(x)?,
+            ),
         };
-        // 1. projections → [b, heads, n, d]; qwen3 normalises each head before RoPE
         let (q, gate) = if self.gated {
             // q_proj yields [query | gate] per head
-            let qg = self
-                .q_proj
-                .forward(x)?
-                .reshape((b, n, self.heads, 2 * self.head_dim))?;
-            let gate = qg.narrow(3, self.head_dim, self.head_dim)?.reshape((
-                b,
-                n,
-                self.heads * self.head_dim,
-            ))?;
-            let q = qg.narrow(3, 0, self.head_dim)?.contiguous()?.reshape((
-                b,
-                n,
-                self.heads * self.head_dim,
-            ))?;
-            (split(q, self.heads, &self.q_norm)?, Some(gate))
+            let qg = qg.reshape((b, n, self.heads, 2 * self.head_dim))?;
+            let gate = qg
+                .narrow(3, self.head_dim, self.head_dim)?
+                .reshape((b, n, hd))?;
+            let q = qg
+                .narrow(3, 0, self.head_dim)?
+                .contiguous()?
+                .reshape((b, n, hd))?;
+            (q, Some(gate))
         } else {
-            (
-                split(self.q_proj.forward(x)?, self.heads, &self.q_norm)?,
-                None,
-            )
+            (qg, None)
         };
-        let k = split(self.k_proj.forward(x)?, self.kv_heads, &self.k_norm)?;
-        let v = split(self.v_proj.forward(x)?, self.kv_heads, &None)?;
-        // 2. RoPE at each row's own position
+        // 2. per-head norms (qwen3), RoPE at each row's own position, the cache write:
+        // [cache rows | new rows] (fixed layout: all `cap` rows)
         let phase = tracing::info_span!(target: "phase", "rope + cache").entered();
-        let q = rope.apply(&q)?;
-        let k = rope.apply(&k)?;
-        // 3. cache: [cache rows | new rows] (fixed layout: all `cap` rows)
-        let (k, v) = match layout {
-            CacheLayout::Append => cache.append(layer, &k, &v)?,
-            CacheLayout::Fixed { index, cap } => cache.write_fixed(layer, &k, &v, index, *cap)?,
+        let rows = match layout {
+            CacheLayout::Append => qkv_rope::Rows {
+                index: None,
+                cap: None,
+            },
+            CacheLayout::Fixed { index, cap } => qkv_rope::Rows {
+                index: Some(index),
+                cap: Some(*cap),
+            },
         };
+        let (q, k, v) = qkv_rope::apply(
+            qkv_rope::Projections {
+                q: &q,
+                k: &k,
+                v: &v,
+            },
+            qkv_rope::Heads {
+                q: self.heads,
+                kv: self.kv_heads,
+                dim: self.head_dim,
+            },
+            (self.q_norm.as_ref(), self.k_norm.as_ref()),
+            rope,
+            rows,
+            cache,
+            layer,
+        )?;
         drop(phase);
-        // 4. masked attention, grouped K/V
+        // 3. masked attention, grouped K/V
         let phase = tracing::info_span!(target: "phase", "attention").entered();
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let o = match (keys.runs, keys.mask) {
@@ -162,8 +199,13 @@ impl Target {
         // phases for DFLASH_PROFILE: the projections record theirs by weight format
         // (`Linear`), a Gated DeltaNet layer its own steps
         let norms = || tracing::info_span!(target: "phase", "norms + residuals");
+        // each residual add and the norm after it are one step (one kernel on a GPU:
+        // `add_rms_norm`), the next layer's input norm with this layer's MLP residual
+        let mut hn = match self.layers.first() {
+            Some(l) => norms().in_scope(|| l.input_layernorm.forward(&x))?,
+            None => x.clone(),
+        };
         for (i, layer) in self.layers.iter().enumerate() {
-            let hn = norms().in_scope(|| layer.input_layernorm.forward(&x))?;
             let h = match &layer.mixer {
                 Mixer::Attention(a) => a.forward(
                     &hn,
@@ -181,13 +223,15 @@ impl Target {
                     g.forward(&hn, rows, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
                 }
             };
-            let (x1, xn) = norms().in_scope(|| -> Result<_> {
-                let x1 = (x + h)?;
-                let xn = layer.post_attention_layernorm.forward(&x1)?;
-                Ok((x1, xn))
-            })?;
+            let (x1, xn) =
+                norms().in_scope(|| add_rms_norm(&x, &h, &layer.post_attention_layernorm))?;
             let m = layer.mlp.forward(&xn)?;
-            x = norms().in_scope(|| x1 + m)?;
+            match self.layers.get(i + 1) {
+                Some(next) => {
+                    (x, hn) = norms().in_scope(|| add_rms_norm(&x1, &m, &next.input_layernorm))?;
+                }
+                None => x = norms().in_scope(|| x1 + m)?,
+            }
             for (slot, _) in taps.iter().enumerate().filter(|(_, &t)| t == i) {
                 tap_out[slot] = Some(x.clone());
             }

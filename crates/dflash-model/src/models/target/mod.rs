@@ -185,7 +185,7 @@ impl Target {
                         None
                     })
                 };
-                Mixer::Attention(Attention {
+                let mut attn = Attention {
                     q_proj: load_linear(store, &format!("{a}.q_proj"), q_out, h, spec.qkv_bias)?,
                     k_proj: load_linear(store, &format!("{a}.k_proj"), nkv * hd, h, spec.qkv_bias)?,
                     v_proj: load_linear(store, &format!("{a}.v_proj"), nkv * hd, h, spec.qkv_bias)?,
@@ -196,13 +196,21 @@ impl Target {
                     kv_heads: nkv,
                     head_dim: hd,
                     gated: spec.gated_q,
-                })
+                    qkv: None,
+                };
+                attn.stack_projections()?;
+                Mixer::Attention(attn)
             };
             layers.push(DecoderLayer {
                 input_layernorm: norm(&format!("{p}.input_layernorm.weight"), h)?,
                 mixer,
                 post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                mlp: Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?,
+                mlp: {
+                    let mut mlp =
+                        Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?;
+                    mlp.stack_gate_up()?;
+                    mlp
+                },
             });
         }
         // the LM head: its own weight, or tied to the embeddings

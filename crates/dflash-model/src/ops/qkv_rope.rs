@@ -1,0 +1,312 @@
+//! The target attention's work between its projections and its attention, as one kernel on a
+//! GPU: each head of the new rows split from the projections, the per-head RMSNorm of Qwen3's
+//! queries and keys, RoPE at each row's position, the queries laid out head-major for the
+//! attention and the keys and values written into the cache's buffers at their rows.
+//! Unfused that is three head transposes, two norms, two RoPEs and two cache writes per layer
+//! (nine kernels; at Qwen3-8B's shape on the H200 about 30 µs of an AR step's 170 µs per
+//! layer), [`unfused`]: the CPU's path and the kernel's twin (`check device` compares them).
+//!
+//! Example: Qwen3-8B (32 query heads, 8 K/V heads of 128), a 16-row verify after 500 cached
+//! rows: from `q [1, 16, 4096]`, `k, v [1, 16, 1024]` (views of one fused QKV product or three
+//! products) to `q [1, 32, 16, 128]` normed and rotated, and K/V rows 500..516 of each of the 8
+//! heads written, in one launch of 16 × 48 blocks.
+
+use candle_core::{DType, Result, Tensor};
+
+use crate::cache::kv_cache::KvCache;
+use crate::layers::norm::RmsNorm;
+use crate::layers::rope::RopeTables;
+use crate::ops::permute::swap_rows_heads;
+
+/// Query heads, K/V heads and the head dim of an attention layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heads {
+    pub q: usize,
+    pub kv: usize,
+    pub dim: usize,
+}
+
+/// Where a forward's new K/V rows go: after the cache's rows in buffers that grow (`cap`
+/// `None`), or through the fixed layout's device index into buffers of exactly `cap` rows
+/// (`index` `[b, hkv, n, dim]` u32, every element of row j naming the same cache row).
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'a> {
+    pub index: Option<&'a Tensor>,
+    pub cap: Option<usize>,
+}
+
+/// The projections of the new rows: `q [b, n, heads · dim]`, `k`, `v` `[b, n, kv_heads · dim]`
+/// (views whose rows are evenly strided, e.g. column ranges of one fused product).
+#[derive(Debug, Clone, Copy)]
+pub struct Projections<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+}
+
+/// Queries `[b, heads, n, dim]` normed (where the layer norms them) and rotated, and the
+/// layer's K/V as attention reads them ([`KvCache::wrote`]), with this forward's rows written.
+/// The fused kernel where [`serves`], else [`unfused`].
+pub fn apply(
+    p: Projections,
+    heads: Heads,
+    norms: (Option<&RmsNorm>, Option<&RmsNorm>),
+    rope: &RopeTables,
+    rows: Rows,
+    cache: &mut KvCache,
+    layer: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    if serves(p, heads, norms, rope, rows) {
+        fused(p, heads, norms, rope, rows, cache, layer)
+    } else {
+        unfused(p, heads, norms, rope, rows, cache, layer)
+    }
+}
+
+/// The composed form of [`apply`]: each projection as heads (normed per head where the layer
+/// does), transposed head-major, RoPE, and the cache's `append` or `write_fixed`.
+pub fn unfused(
+    p: Projections,
+    heads: Heads,
+    (q_norm, k_norm): (Option<&RmsNorm>, Option<&RmsNorm>),
+    rope: &RopeTables,
+    rows: Rows,
+    cache: &mut KvCache,
+    layer: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, n, _) = p.q.dims3()?;
+    let split = |t: &Tensor, h: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
+        let t = t.reshape((b, n, h, heads.dim))?;
+        let t = match norm {
+            Some(nm) => nm.forward(&t)?,
+            None => t,
+        };
+        swap_rows_heads(&t)
+    };
+    let q = rope.apply(&split(p.q, heads.q, q_norm)?)?;
+    let k = rope.apply(&split(p.k, heads.kv, k_norm)?)?;
+    let v = split(p.v, heads.kv, None)?;
+    let (k, v) = match (rows.index, rows.cap) {
+        (Some(index), Some(cap)) => cache.write_fixed(layer, &k, &v, index, cap)?,
+        (None, None) => cache.append(layer, &k, &v)?,
+        _ => candle_core::bail!("K/V rows: a fixed layout needs both its index and its capacity"),
+    };
+    Ok((q, k, v))
+}
+
+/// Whether the fused kernel takes this layer's rows: a CUDA device, f32 or bf16 throughout,
+/// an even head dim of at most 512 rotated whole (no partial RoPE), plain RMSNorm weights (not
+/// zero-centred), projections whose rows are evenly strided with unit column stride, RoPE
+/// tables of one row per new row (or per sequence row), and a well-formed cache destination.
+/// `DFLASH_FUSED_QKV=0` turns it off.
+pub fn serves(
+    p: Projections,
+    heads: Heads,
+    (q_norm, k_norm): (Option<&RmsNorm>, Option<&RmsNorm>),
+    rope: &RopeTables,
+    rows: Rows,
+) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("DFLASH_FUSED_QKV").as_deref() == Ok("0"));
+    if off || !p.q.device().is_cuda() {
+        return false;
+    }
+    let dt = p.q.dtype();
+    let Ok((b, n, _)) = p.q.dims3() else {
+        return false;
+    };
+    let strided_rows = |t: &Tensor, h: usize| {
+        t.dims() == [b, n, h * heads.dim]
+            && t.dtype() == dt
+            && t.stride()[2] == 1
+            && (b == 1 || t.stride()[0] == n * t.stride()[1])
+            && !t.track_op()
+    };
+    let norm_ok =
+        |nm: Option<&RmsNorm>| nm.is_none_or(|nm| !nm.one_plus && nm.weight.dims() == [heads.dim]);
+    let table_rows = rope.cos.elem_count() / (heads.dim / 2).max(1);
+    matches!(dt, DType::F32 | DType::BF16)
+        && heads.dim.is_multiple_of(2)
+        && heads.dim <= 512
+        && heads.kv > 0
+        && heads.q.is_multiple_of(heads.kv)
+        && strided_rows(p.q, heads.q)
+        && strided_rows(p.k, heads.kv)
+        && strided_rows(p.v, heads.kv)
+        && norm_ok(q_norm)
+        && norm_ok(k_norm)
+        && rope.cos.dtype() == dt
+        && rope.sin.dtype() == dt
+        && rope.cos.dim(candle_core::D::Minus1).ok() == Some(heads.dim / 2)
+        && rope.cos.is_contiguous()
+        && rope.sin.is_contiguous()
+        && rope.sin.dims() == rope.cos.dims()
+        && (table_rows == n || table_rows == b * n)
+        && match (rows.index, rows.cap) {
+            (Some(ix), Some(_)) => {
+                ix.dims() == [b, heads.kv, n, heads.dim]
+                    && ix.dtype() == DType::U32
+                    && ix.is_contiguous()
+            }
+            (None, None) => true,
+            _ => false,
+        }
+}
+
+/// [`apply`] as one kernel (`src/cuda/fused.cu`, `qkv_rope_*`): a block per (new row, head of
+/// the `heads + 2 · kv_heads`), `dim / 2` active threads, each the pair of features RoPE
+/// rotates together. Only where [`serves`].
+fn fused(
+    p: Projections,
+    heads: Heads,
+    norms: (Option<&RmsNorm>, Option<&RmsNorm>),
+    rope: &RopeTables,
+    rows: Rows,
+    cache: &mut KvCache,
+    layer: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, n, _) = p.q.dims3()?;
+    let (kb, vb) = cache.buffers_for(
+        layer,
+        (b, heads.kv, n, heads.dim),
+        p.q.dtype(),
+        p.q.device(),
+        rows.cap,
+    )?;
+    let q = p.q.apply_op1_no_bwd(&Op {
+        p,
+        heads,
+        norms,
+        rope,
+        rows,
+        kv: (&kb, &vb),
+        first: cache.len(),
+    })?;
+    let (k, v) = cache.wrote(layer, n, rows.cap)?;
+    Ok((q, k, v))
+}
+
+/// The kernel as a custom op on the queries' projection (the other inputs and the cache
+/// buffers it writes held by the op).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Op<'a> {
+    p: Projections<'a>,
+    heads: Heads,
+    norms: (Option<&'a RmsNorm>, Option<&'a RmsNorm>),
+    rope: &'a RopeTables,
+    rows: Rows<'a>,
+    kv: (&'a Tensor, &'a Tensor),
+    first: usize,
+}
+
+impl candle_core::CustomOp1 for Op<'_> {
+    fn name(&self) -> &'static str {
+        "qkv-rope"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &candle_core::Layout,
+    ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        candle_core::bail!("the fused QKV kernel is a CUDA kernel: the CPU runs qkv_rope::unfused")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        qs: &candle_core::CudaStorage,
+        ql: &candle_core::Layout,
+    ) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        use crate::cuda::ptx::{alloc, by_float, launch};
+        use candle_core::backend::BackendStorage;
+        use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+        use candle_core::{CudaStorage, Layout, Storage};
+        let Self {
+            p,
+            heads,
+            norms: (q_norm, k_norm),
+            rope,
+            rows,
+            kv: (kb, vb),
+            first,
+        } = self;
+        let (b, n, _) = ql.shape().dims3()?;
+        let d = heads.dim;
+        let dev = qs.device().clone();
+        let cap = kb.dim(2)?;
+        let batched_table = b > 1 && rope.cos.elem_count() == b * n * (d / 2);
+        let (ks, kl) = p.k.storage_and_layout();
+        let (vs, vl) = p.v.storage_and_layout();
+        let (cs, cl) = rope.cos.storage_and_layout();
+        let (ss, sl) = rope.sin.storage_and_layout();
+        let (kbs, kbl) = kb.storage_and_layout();
+        let (vbs, vbl) = vb.storage_and_layout();
+        // absent norm weights and index: a one-element stand-in the kernel never reads
+        let none_w = Tensor::zeros(1, p.q.dtype(), p.q.device())?;
+        let none_i = Tensor::zeros(1, DType::U32, p.q.device())?;
+        let qw = q_norm.map(|m| m.weight.to_dtype(p.q.dtype())).transpose()?;
+        let kw = k_norm.map(|m| m.weight.to_dtype(p.q.dtype())).transpose()?;
+        let (qws, qwl) = qw.as_ref().unwrap_or(&none_w).storage_and_layout();
+        let (kws, kwl) = kw.as_ref().unwrap_or(&none_w).storage_and_layout();
+        let (ixs, ixl) = rows.index.unwrap_or(&none_i).storage_and_layout();
+        let eps = q_norm.or(*k_norm).map_or(1e-6, |m| m.eps) as f32;
+        let flags = i32::from(q_norm.is_some())
+            | (i32::from(k_norm.is_some()) << 1)
+            | (i32::from(rows.index.is_some()) << 2)
+            | (i32::from(batched_table) << 3);
+        let threads = (d / 2).div_ceil(32) * 32;
+        let cfg = LaunchConfig {
+            grid_dim: ((b * n) as u32, (heads.q + 2 * heads.kv) as u32, 1),
+            block_dim: (threads as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ld = |l: &Layout| l.stride()[1] as i32;
+        let (ldq, ldk, ldv) = (ld(ql), ld(kl), ld(vl));
+        let (n_, hq_, hkv_, d_, cap_, first_) = (
+            n as i32,
+            heads.q as i32,
+            heads.kv as i32,
+            d as i32,
+            cap as i32,
+            *first as i32,
+        );
+        let out = by_float!(ql_dtype(qs), "fused QKV", |T, dt| {
+            fn on<'s>(s: &'s Storage, what: &str) -> Result<&'s CudaStorage> {
+                match s {
+                    Storage::Cuda(c) => Ok(c),
+                    _ => candle_core::bail!("fused QKV: {what} is not on the GPU"),
+                }
+            }
+            fn src<'s>(
+                s: &'s CudaStorage,
+                l: &Layout,
+            ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'s, T>> {
+                Ok(s.as_cuda_slice::<T>()?.slice(l.start_offset()..))
+            }
+            let q = src(qs, ql)?;
+            let (k, v) = (src(on(&ks, "k")?, kl)?, src(on(&vs, "v")?, vl)?);
+            let (cos, sin) = (src(on(&cs, "cos")?, cl)?, src(on(&ss, "sin")?, sl)?);
+            let qw = src(on(&qws, "q_norm")?, qwl)?;
+            let kw = src(on(&kws, "k_norm")?, kwl)?;
+            let kc = src(on(&kbs, "K cache")?, kbl)?;
+            let vc = src(on(&vbs, "V cache")?, vbl)?;
+            let ix = on(&ixs, "index")?
+                .as_cuda_slice::<u32>()?
+                .slice(ixl.start_offset()..);
+            let out = alloc::<T>(&dev, b * heads.q * n * d)?;
+            launch!(
+                dev, "qkv_rope", dt, cfg, q, k, v, ldq, ldk, ldv, cos, sin, qw, kw, eps, ix, out,
+                kc, vc, n_, hq_, hkv_, d_, cap_, first_, flags
+            );
+            CudaStorage::wrap_cuda_slice(out, dev.clone())
+        });
+        Ok((out, candle_core::Shape::from((b, heads.q, n, d))))
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn ql_dtype(s: &candle_core::CudaStorage) -> DType {
+    use candle_core::backend::BackendStorage;
+    s.dtype()
+}
