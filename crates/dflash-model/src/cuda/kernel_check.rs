@@ -649,6 +649,38 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             tol,
         )?;
     }
+    // one row through a projection (the AR step's products) against candle's matmul
+    let gemv = |dev: &Device, dtype: DType| -> Result<Vec<Tensor>> {
+        let mut outs = Vec::new();
+        for (rows_in, out, k, seed) in [(vec![1, 1], 3000, 4096, 71u64), (vec![1], 1536, 576, 73)] {
+            let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+            let mut xs = rows_in.clone();
+            xs.push(k);
+            let x = on(fill(&xs, seed, 1.0)?)?;
+            let w = on(fill(&[out, k], seed + 1, 0.05)?)?;
+            if dev.is_cuda() && !crate::ops::gemv::serves(&x, &w) {
+                candle_core::bail!("the one-row product kernel does not serve {out} × {k}");
+            }
+            let y = crate::layers::linear::matmul_t(&x, &w)?;
+            outs.push(y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+        }
+        Ok(outs)
+    };
+    let want = gemv(&Device::Cpu, DType::F32)?;
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
+        let got = gemv(dev, dtype)?;
+        push_rows(
+            &mut checks,
+            &[
+                "one-row product, 3,000 × 4,096",
+                "one-row product, 1,536 × 576",
+            ],
+            &got,
+            &want,
+            dtype,
+            tol,
+        )?;
+    }
     // the fixed layout's cache write against candle's scatter_set
     let scatter = |dev: &Device, dtype: DType| -> Result<Vec<Tensor>> {
         let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
@@ -810,7 +842,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 94);
+        assert_eq!(checks.len(), 98);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -323,6 +323,9 @@ pub fn matmul_t(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if few_rows_path(x, w, rows) {
         return few_rows_matmul(x, w, rows, k)?.reshape(out_shape);
     }
+    if rows == 1 && crate::ops::gemv::serves(x, w) {
+        return crate::ops::gemv::gemv(x, w)?.reshape(out_shape);
+    }
     if !x.device().is_cpu() && (x.track_op() || w.track_op()) && w.rank() == 2 {
         return tracked_matmul_t(x, w, rows, k, out_shape);
     }

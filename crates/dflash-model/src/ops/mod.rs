@@ -12,6 +12,7 @@ pub mod cross_entropy;
 pub mod gdn_chunk;
 pub mod gdn_prep;
 pub mod gdn_recurrence;
+pub mod gemv;
 pub mod interval_attention;
 pub mod interval_softmax;
 pub(crate) mod kernel_io;
