@@ -1256,16 +1256,20 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
 }
 
 // ---------------------------------------------------------------------------------------------
-// The target attention's per-head work between its projections and its attention
-// (`crate::ops::qkv_rope`): grid (b·n new rows, hq + 2·hkv heads), blockDim = D/2 rounded up to
-// a warp; thread e holds features e and e + D/2 (the pair RoPE rotates). Head hh < hq: a query
-// head, normed per head when flags & 1, rotated, written to qo [b, hq, n, D]; hq ≤ hh < hq + hkv:
-// a key head, normed when flags & 2, rotated; then value heads, copied. Keys and values go to the
-// cache buffers kc, vc [b, hkv, cap, D] at row index[((s·hkv)·n + i)·D] (flags & 4: the fixed
-// layout's device index) or first + i (append). RoPE table row: s·n + i when flags & 8 (one
-// table per sequence), else i. The source row of new row (s, i) is s·n + i, at ld values per row
-// (q, k, v: views of one fused product or three). The normed value is rounded to T before RoPE,
-// as the unfused RMSNorm's output is; the rotation is in f32, rounded once.
+// The attention's per-head work between its projections and its attention
+// (`crate::ops::qkv_rope`): grid (b · max(nq, n), hq + 2·hkv heads), blockDim = D/2 rounded up to
+// a warp; thread e holds features e and e + D/2 (the pair RoPE rotates). Block x = s·max(nq, n)
+// + i is row i of sequence s: of the nq query rows for a query head (hh < hq), of the n new K/V
+// rows for a key (hq ≤ hh < hq + hkv) or value head; a row past its kind's count returns. A
+// query head is normed per head when flags & 1, rotated with its table (qcos, qsin), written to
+// qo [b, hq, nq, D]; a key head normed when flags & 2, rotated with (cos, sin); value heads
+// copied. Keys and values go to the cache buffers kc, vc [b, hkv, cap, D] at row
+// index[((s·hkv)·n + i)·D] (flags & 4: the fixed layout's device index) or first + i (append).
+// Table row: sequence row s·rows + i when flags & 8 (one table per sequence), else i. Source row
+// s·rows + i at ld values per row (q, k, v: views of one fused product or separate products).
+// The normed value is rounded to T before RoPE, as the unfused RMSNorm's output is; the rotation
+// is in f32, rounded once. The target: nq = n, one table; the drafter: nq = the block's rows, n =
+// the context's and the block's.
 // ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ float rnd(float x, const float*) { return x; }
 __device__ __forceinline__ float rnd(float x, const __nv_bfloat16*) {
@@ -1274,14 +1278,17 @@ __device__ __forceinline__ float rnd(float x, const __nv_bfloat16*) {
 
 template <typename T>
 __device__ void qkv_rope(const T* q, const T* k, const T* v, int ldq, int ldk, int ldv,
-                         const T* cos, const T* sin, const T* qw, const T* kw, float eps,
-                         const uint32_t* index, T* qo, T* kc, T* vc, int n, int hq, int hkv,
-                         int D, int cap, int first, int flags) {
+                         const T* qcos, const T* qsin, const T* cos, const T* sin, const T* qw,
+                         const T* kw, float eps, const uint32_t* index, T* qo, T* kc, T* vc,
+                         int nq, int n, int hq, int hkv, int D, int cap, int first, int flags) {
     __shared__ float sh[32];
-    const int row = blockIdx.x, s = row / n, i = row % n, hh = blockIdx.y;
+    const int hh = blockIdx.y, kind = hh < hq ? 0 : (hh < hq + hkv ? 1 : 2);
+    const int maxn = max(nq, n), s = blockIdx.x / maxn, i = blockIdx.x % maxn;
+    const int rows = kind == 0 ? nq : n;
+    if (i >= rows) return;  // the whole block
+    const int row = s * rows + i;
     const int half = D / 2, e = threadIdx.x;
     const bool act = e < half;
-    const int kind = hh < hq ? 0 : (hh < hq + hkv ? 1 : 2);
     const int h = kind == 0 ? hh : (kind == 1 ? hh - hq : hh - hq - hkv);
     const T* src = kind == 0 ? q + (size_t)row * ldq : (kind == 1 ? k + (size_t)row * ldk
                                                                   : v + (size_t)row * ldv);
@@ -1299,13 +1306,13 @@ __device__ void qkv_rope(const T* q, const T* k, const T* v, int ldq, int ldk, i
     if (!act) return;
     if (kind < 2) {
         size_t t = ((flags & 8) ? (size_t)row : (size_t)i) * half + e;
-        float c = ld(cos, t), sn = ld(sin, t);
+        float c = ld(kind == 0 ? qcos : cos, t), sn = ld(kind == 0 ? qsin : sin, t);
         float y1 = x1 * c - x2 * sn, y2 = x1 * sn + x2 * c;
         x1 = y1;
         x2 = y2;
     }
     if (kind == 0) {
-        size_t o = (((size_t)s * hq + h) * n + i) * D;
+        size_t o = (((size_t)s * hq + h) * nq + i) * D;
         st(qo, o + e, x1);
         st(qo, o + e + half, x2);
     } else {
@@ -1319,11 +1326,12 @@ __device__ void qkv_rope(const T* q, const T* k, const T* v, int ldq, int ldk, i
 
 #define QKV_ROPE(NAME, T)                                                                          \
     extern "C" __global__ void qkv_rope_##NAME(                                                    \
-        const T* q, const T* k, const T* v, int ldq, int ldk, int ldv, const T* cos, const T* sin, \
-        const T* qw, const T* kw, float eps, const uint32_t* index, T* qo, T* kc, T* vc, int n,    \
-        int hq, int hkv, int D, int cap, int first, int flags) {                                   \
-        qkv_rope<T>(q, k, v, ldq, ldk, ldv, cos, sin, qw, kw, eps, index, qo, kc, vc, n, hq, hkv,  \
-                    D, cap, first, flags);                                                         \
+        const T* q, const T* k, const T* v, int ldq, int ldk, int ldv, const T* qcos,              \
+        const T* qsin, const T* cos, const T* sin, const T* qw, const T* kw, float eps,            \
+        const uint32_t* index, T* qo, T* kc, T* vc, int nq, int n, int hq, int hkv, int D, int cap, \
+        int first, int flags) {                                                                    \
+        qkv_rope<T>(q, k, v, ldq, ldk, ldv, qcos, qsin, cos, sin, qw, kw, eps, index, qo, kc, vc,  \
+                    nq, n, hq, hkv, D, cap, first, flags);                                         \
     }
 QKV_ROPE(f32, float)
 QKV_ROPE(bf16, __nv_bfloat16)
@@ -1416,3 +1424,34 @@ __device__ void gemv(const T* x, const T* w, T* y, int K, int O) {
     }
 GEMV(f32, float)
 GEMV(bf16, __nv_bfloat16)
+
+// softmax(scores · scale + mask) per row (`crate::ops::masked_softmax`): one block per score row
+// of t columns; score row r of sequence s = r / per_seq uses mask row (r mod n), plus s·n when
+// the mask holds one per sequence (batched). A row with nothing visible gives zeros.
+template <typename T>
+__device__ void masked_softmax(const T* s, const T* mask, T* p, int t, int n, int per_seq,
+                               int batched, float scale) {
+    __shared__ float sh[32];
+    const size_t r = blockIdx.x, o = r * t;
+    const size_t mo = ((batched ? (r / per_seq) * n : 0) + (r % n)) * (size_t)t;
+    float mx = NEG_INF;
+    for (int c = threadIdx.x; c < t; c += blockDim.x) mx = fmaxf(mx, ld(s, o + c) * scale + ld(mask, mo + c));
+    mx = block_max(mx, sh);
+    float sum = 0.0f;
+    if (mx != NEG_INF)
+        for (int c = threadIdx.x; c < t; c += blockDim.x) sum += expf(ld(s, o + c) * scale + ld(mask, mo + c) - mx);
+    sum = block_sum(sum, sh);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int c = threadIdx.x; c < t; c += blockDim.x) {
+        float v = mx == NEG_INF ? 0.0f : expf(ld(s, o + c) * scale + ld(mask, mo + c) - mx) * inv;
+        st(p, o + c, v);
+    }
+}
+
+#define MASKED_SOFTMAX(NAME, T)                                                                    \
+    extern "C" __global__ void masked_softmax_##NAME(const T* s, const T* mask, T* p, int t,       \
+                                                     int n, int per_seq, int batched, float scale) { \
+        masked_softmax<T>(s, mask, p, t, n, per_seq, batched, scale);                              \
+    }
+MASKED_SOFTMAX(f32, float)
+MASKED_SOFTMAX(bf16, __nv_bfloat16)

@@ -159,19 +159,20 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// normed per head), a 16-row verify written through the fixed layout's index at rows 20..36
 /// of a 64-row cache, q, k and v column ranges of one stacked product; (2) SmolLM2's heads (9 /
 /// 3 of 64, no norms), 3 sequences appending one row each after 5, one RoPE table per
-/// sequence, three separate products.
+/// sequence, three separate products; (3) a draft block: 32 new K/V rows (16 of context, 16 of
+/// the block) and queries from the block's 16, with their own RoPE rows, through the index.
 fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::cache::kv_cache::KvCache;
     use crate::layers::norm::RmsNorm;
     use crate::layers::rope::Rope;
-    use crate::ops::qkv_rope::{apply, serves, Heads, Projections, Rows};
+    use crate::ops::qkv_rope::{apply, serves, Heads, Projections, Rows, Tables};
     let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
     let mut outs = Vec::new();
-    for case in 0..2 {
-        let (b, hq, hkv, d, n, len) = if case == 0 {
-            (1, 4, 2, 128, 16, 20)
-        } else {
-            (3, 9, 3, 64, 1, 5)
+    for case in 0..3 {
+        let (b, hq, hkv, d, n, len) = match case {
+            0 => (1, 4, 2, 128, 16, 20),
+            1 => (3, 9, 3, 64, 1, 5),
+            _ => (1, 4, 2, 128, 32, 20),
         };
         let heads = Heads {
             q: hq,
@@ -198,7 +199,21 @@ fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
         };
         let (qn, kn) = (norm(seed + 2)?, norm(seed + 3)?);
         let (q, k, v, norms, index, cap);
-        if case == 0 {
+        // case 2 (the drafter's block): queries from the last 16 of the 32 new rows, rotated
+        // at those rows' positions
+        let qtables = (case == 2).then(|| tables.narrow(16, 16)).transpose()?;
+        if case == 2 {
+            let x = |w, rows, s| on(fill(&[b, rows, w * d], s, 2.0)?);
+            (q, k, v) = (
+                x(hq, 16, seed + 4)?,
+                x(hkv, n, seed + 5)?,
+                x(hkv, n, seed + 6)?,
+            );
+            norms = (Some(&qn), Some(&kn));
+            cache.reserve_exact(64)?;
+            index = Some(KvCache::fixed_index((b, hkv, n, d), len, dev)?);
+            cap = Some(64);
+        } else if case == 0 {
             let y = on(fill(&[b, n, (hq + 2 * hkv) * d], seed + 4, 2.0)?)?;
             (q, k, v) = (
                 y.narrow(2, 0, hq * d)?,
@@ -224,10 +239,14 @@ fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
             index: index.as_ref(),
             cap,
         };
-        if dev.is_cuda() && !serves(p, heads, norms, &tables, rows) {
+        let tabs = Tables {
+            q: qtables.as_ref().unwrap_or(&tables),
+            kv: &tables,
+        };
+        if dev.is_cuda() && !serves(p, heads, norms, tabs, rows) {
             candle_core::bail!("the fused QKV kernel does not serve case {case}");
         }
-        let (q, k, v) = apply(p, heads, norms, &tables, rows, &mut cache, 0)?;
+        let (q, k, v) = apply(p, heads, norms, tabs, rows, &mut cache, 0)?;
         for t in [q, k, v] {
             outs.push(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
         }
@@ -681,6 +700,54 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             tol,
         )?;
     }
+    // attention under an additive mask (tree verifies, the draft block) against the composed ops
+    let masked = |dev: &Device, dtype: DType| -> Result<Vec<Tensor>> {
+        use crate::layers::attention::attend;
+        let mut outs = Vec::new();
+        for (b, hq, hkv, d, n, t, seed) in [(1, 8, 2, 128, 9, 40, 81u64), (2, 9, 3, 64, 5, 33, 85)]
+        {
+            let on = |x: Tensor| x.to_dtype(dtype)?.to_device(dev);
+            let q = on(fill(&[b, hq, n, d], seed, 1.0)?)?;
+            let k = on(fill(&[b, hkv, t, d], seed + 1, 1.0)?)?;
+            let v = on(fill(&[b, hkv, t, d], seed + 2, 1.0)?)?;
+            // row i of sequence s sees the first t − n columns and its tree ancestors
+            let vals: Vec<f32> = (0..b * n * t)
+                .map(|e| {
+                    let (s, i, c) = (e / (n * t), (e / t) % n, e % t);
+                    let seen = c < t - n || (c - (t - n) <= i && (i + c + s) % 3 != 1);
+                    if seen || c == t - n + i {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let shape: Vec<usize> = if b == 1 {
+                vec![n, t]
+            } else {
+                vec![b, 1, 1, n, t]
+            };
+            let mask = on(Tensor::from_vec(vals, shape, &Device::Cpu)?)?;
+            let o = attend(&q, &k, &v, &mask, 1.0 / (d as f64).sqrt())?;
+            outs.push(o.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+        }
+        Ok(outs)
+    };
+    let want = masked(&Device::Cpu, DType::F32)?;
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 3e-2)] {
+        let got = masked(dev, dtype)?;
+        push_rows(
+            &mut checks,
+            &[
+                "masked attention, a 9-row tree",
+                "masked attention, 2 sequences of 5 rows",
+            ],
+            &got,
+            &want,
+            dtype,
+            tol,
+        )?;
+    }
     // the fixed layout's cache write against candle's scatter_set
     let scatter = |dev: &Device, dtype: DType| -> Result<Vec<Tensor>> {
         let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
@@ -719,6 +786,9 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
                 "QKV: q, rotated (3 sequences appending)",
                 "QKV: K cache (3 sequences appending)",
                 "QKV: V cache (3 sequences appending)",
+                "QKV: q of a draft block's 16 rows (context and block keys)",
+                "QKV: K cache (a draft block: 16 context and 16 block rows)",
+                "QKV: V cache (a draft block)",
             ],
             &got,
             &want,
@@ -842,7 +912,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 98);
+        assert_eq!(checks.len(), 108);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

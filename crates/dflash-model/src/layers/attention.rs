@@ -59,6 +59,9 @@ pub use crate::ops::softmax::softmax_last;
 /// fused softmax launch; a backward only where the inputs carry a graph: the drafter's).
 pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> Result<Tensor> {
     grouped(q, k, v, |scores, g, n| {
+        if crate::ops::masked_softmax::serves(scores, mask, n) {
+            return crate::ops::masked_softmax::fused(scores, mask, n, scale);
+        }
         let (b, hkv, _, t) = scores.dims4()?;
         let dtype = scores.dtype();
         let cd = compute_dtype(dtype);

@@ -42,8 +42,9 @@ use crate::layers::rope::{Rope, RopeTables};
 use crate::models::draft_vocab::{DraftHead, DraftVocab};
 use crate::models::selector::CandidateSelector;
 use crate::models::target::Target;
+use crate::ops::add_norm::add_rms_norm;
 use crate::ops::block_attention::{attend_blocks, context_windows, ContextWindow};
-use crate::ops::permute::swap_rows_heads;
+use crate::ops::qkv_rope;
 
 mod fixed;
 pub use fixed::DraftInputs;
@@ -479,43 +480,66 @@ impl Drafter {
         } else {
             None
         };
-        let with_ctx = |proj: &Linear, hn: &Tensor| -> Result<Tensor> {
-            let b = proj.forward(hn)?;
-            Ok(match &ctx {
-                Some(c) => Tensor::cat(&[proj.forward(c)?, b], 1)?,
-                None => b,
-            })
-        };
+        // each residual add and the norm after it are one step (one kernel on a GPU without
+        // gradients: `add_rms_norm`), the next layer's input norm (or the final norm) with this
+        // layer's MLP residual
         let mut x = block_emb.clone();
+        let mut hn = match self.layers.first() {
+            Some(l) => l.input_layernorm.forward(&x)?,
+            None => x.clone(),
+        };
+        let mut out = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let a = &layer.self_attn;
-            let hn = layer.input_layernorm.forward(&x)?;
-            let (hn, attn_post) = match &layer.attention_conv {
+            let (hn_in, attn_post) = match &layer.attention_conv {
                 Some(c) => {
                     let (y, post) = c.prepare(&hn, block)?;
                     (y, Some(post))
                 }
-                None => (hn, None),
+                None => (hn.clone(), None),
             };
-            let heads = |t: Tensor, n: usize, h: usize| t.reshape((1, n, h, a.head_dim));
-            // 2. q from the block stream only
-            let q = swap_rows_heads(&a.q_norm.forward(&heads(
-                a.q_proj.forward(&hn)?,
-                nb,
-                a.heads,
-            )?)?)?;
-            let q = rope_q.apply(&q)?;
-            // 3. K/V over [context | block]
-            let k = with_ctx(&a.k_proj, &hn)?;
-            let v = with_ctx(&a.v_proj, &hn)?;
-            let k = swap_rows_heads(&a.k_norm.forward(&heads(k, m + nb, a.kv_heads)?)?)?;
-            let k = rope_kv.apply(&k)?;
-            let v = swap_rows_heads(&heads(v, m + nb, a.kv_heads)?)?;
-            let (k, v) = match &mut write {
-                KvWrite::None => (k, v),
-                KvWrite::Append(c) => c.append(i, &k, &v)?,
+            // 2. q from the block stream only; 3. K/V over [context | block] (one product of
+            // the rows stacked: proj([c; h]) = [proj(c); proj(h)])
+            let kv_in = match &ctx {
+                Some(c) => Tensor::cat(&[c, &hn_in], 1)?,
+                None => hn_in.clone(),
+            };
+            let (q, k, v) = (
+                a.q_proj.forward(&hn_in)?,
+                a.k_proj.forward(&kv_in)?,
+                a.v_proj.forward(&kv_in)?,
+            );
+            let p = qkv_rope::Projections {
+                q: &q,
+                k: &k,
+                v: &v,
+            };
+            let heads = qkv_rope::Heads {
+                q: a.heads,
+                kv: a.kv_heads,
+                dim: a.head_dim,
+            };
+            let norms = (Some(&a.q_norm), Some(&a.k_norm));
+            let tables = qkv_rope::Tables {
+                q: &rope_q,
+                kv: rope_kv,
+            };
+            // per-head norms, RoPE and the cache write (one kernel on a GPU)
+            let (q, k, v) = match &mut write {
+                KvWrite::None => qkv_rope::heads_rotated(p, heads, norms, tables)?,
+                KvWrite::Append(c) => {
+                    let rows = qkv_rope::Rows {
+                        index: None,
+                        cap: None,
+                    };
+                    qkv_rope::apply(p, heads, norms, tables, rows, c, i)?
+                }
                 KvWrite::Fixed { cache, index, cap } => {
-                    cache.write_fixed(i, &k, &v, index, *cap)?
+                    let rows = qkv_rope::Rows {
+                        index: Some(index),
+                        cap: Some(*cap),
+                    };
+                    qkv_rope::apply(p, heads, norms, tables, rows, cache, i)?
                 }
             };
             let scale = 1.0 / (a.head_dim as f64).sqrt();
@@ -533,8 +557,7 @@ impl Drafter {
                 (Some(c), Some(post)) => c.finish(&attn_out, post)?,
                 _ => attn_out,
             };
-            x = (x + attn_out)?;
-            let mn = layer.post_attention_layernorm.forward(&x)?;
+            let (x1, mn) = add_rms_norm(&x, &attn_out, &layer.post_attention_layernorm)?;
             let mlp_out = match &layer.mlp_conv {
                 Some(c) => {
                     let (y, post) = c.prepare(&mn, block)?;
@@ -542,13 +565,22 @@ impl Drafter {
                 }
                 None => layer.mlp.forward(&mn)?,
             };
-            x = (&x + mlp_out)?;
+            match self.layers.get(i + 1) {
+                Some(next) => (x, hn) = add_rms_norm(&x1, &mlp_out, &next.input_layernorm)?,
+                None => {
+                    let (s, n) = add_rms_norm(&x1, &mlp_out, &self.norm)?;
+                    (x, out) = (s, Some(n));
+                }
+            }
         }
         match write {
             KvWrite::Append(c) | KvWrite::Fixed { cache: c, .. } => c.commit(m + nb),
             KvWrite::None => {}
         }
-        Ok(self.norm.forward(&x)?)
+        match out {
+            Some(o) => Ok(o),
+            None => Ok(self.norm.forward(&x)?),
+        }
     }
 
     /// Draft logits (f32) from normed hidden rows: the target's LM head, then z-lab's

@@ -17,6 +17,7 @@ pub mod interval_attention;
 pub mod interval_softmax;
 pub(crate) mod kernel_io;
 pub mod log_softmax;
+pub mod masked_softmax;
 pub mod permute;
 pub mod qkv_rope;
 pub mod rms_norm_grad;

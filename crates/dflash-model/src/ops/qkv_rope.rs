@@ -35,8 +35,10 @@ pub struct Rows<'a> {
     pub cap: Option<usize>,
 }
 
-/// The projections of the new rows: `q [b, n, heads · dim]`, `k`, `v` `[b, n, kv_heads · dim]`
-/// (views whose rows are evenly strided, e.g. column ranges of one fused product).
+/// The projections of the new rows: `q [b, nq, heads · dim]`, `k`, `v` `[b, n, kv_heads · dim]`
+/// (views whose rows are evenly strided, e.g. column ranges of one fused product). The target:
+/// `nq = n`; the drafter: queries from the block's rows, keys and values from the context's and
+/// the block's.
 #[derive(Debug, Clone, Copy)]
 pub struct Projections<'a> {
     pub q: &'a Tensor,
@@ -44,14 +46,21 @@ pub struct Projections<'a> {
     pub v: &'a Tensor,
 }
 
-/// Queries `[b, heads, n, dim]` normed (where the layer norms them) and rotated, and the
+/// RoPE tables of the query rows and of the key rows (the target: the same table twice).
+#[derive(Debug, Clone, Copy)]
+pub struct Tables<'a> {
+    pub q: &'a RopeTables,
+    pub kv: &'a RopeTables,
+}
+
+/// Queries `[b, heads, nq, dim]` normed (where the layer norms them) and rotated, and the
 /// layer's K/V as attention reads them ([`KvCache::wrote`]), with this forward's rows written.
 /// The fused kernel where [`serves`], else [`unfused`].
 pub fn apply(
     p: Projections,
     heads: Heads,
     norms: (Option<&RmsNorm>, Option<&RmsNorm>),
-    rope: &RopeTables,
+    rope: Tables,
     rows: Rows,
     cache: &mut KvCache,
     layer: usize,
@@ -69,13 +78,32 @@ pub fn unfused(
     p: Projections,
     heads: Heads,
     (q_norm, k_norm): (Option<&RmsNorm>, Option<&RmsNorm>),
-    rope: &RopeTables,
+    rope: Tables,
     rows: Rows,
     cache: &mut KvCache,
     layer: usize,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let (b, n, _) = p.q.dims3()?;
+    let (q, k, v) = heads_rotated(p, heads, (q_norm, k_norm), rope)?;
+    let (k, v) = match (rows.index, rows.cap) {
+        (Some(index), Some(cap)) => cache.write_fixed(layer, &k, &v, index, cap)?,
+        (None, None) => cache.append(layer, &k, &v)?,
+        _ => candle_core::bail!("K/V rows: a fixed layout needs both its index and its capacity"),
+    };
+    Ok((q, k, v))
+}
+
+/// The composed per-head work without a cache (training's drafter forward, and [`unfused`]'s
+/// first half): each projection as heads `[b, h, rows, dim]`, normed per head where the layer
+/// does, q and k rotated with their tables.
+pub fn heads_rotated(
+    p: Projections,
+    heads: Heads,
+    (q_norm, k_norm): (Option<&RmsNorm>, Option<&RmsNorm>),
+    rope: Tables,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let b = p.q.dim(0)?;
     let split = |t: &Tensor, h: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
+        let n = t.dim(1)?;
         let t = t.reshape((b, n, h, heads.dim))?;
         let t = match norm {
             Some(nm) => nm.forward(&t)?,
@@ -83,14 +111,9 @@ pub fn unfused(
         };
         swap_rows_heads(&t)
     };
-    let q = rope.apply(&split(p.q, heads.q, q_norm)?)?;
-    let k = rope.apply(&split(p.k, heads.kv, k_norm)?)?;
+    let q = rope.q.apply(&split(p.q, heads.q, q_norm)?)?;
+    let k = rope.kv.apply(&split(p.k, heads.kv, k_norm)?)?;
     let v = split(p.v, heads.kv, None)?;
-    let (k, v) = match (rows.index, rows.cap) {
-        (Some(index), Some(cap)) => cache.write_fixed(layer, &k, &v, index, cap)?,
-        (None, None) => cache.append(layer, &k, &v)?,
-        _ => candle_core::bail!("K/V rows: a fixed layout needs both its index and its capacity"),
-    };
     Ok((q, k, v))
 }
 
@@ -103,7 +126,7 @@ pub fn serves(
     p: Projections,
     heads: Heads,
     (q_norm, k_norm): (Option<&RmsNorm>, Option<&RmsNorm>),
-    rope: &RopeTables,
+    rope: Tables,
     rows: Rows,
 ) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -112,10 +135,10 @@ pub fn serves(
         return false;
     }
     let dt = p.q.dtype();
-    let Ok((b, n, _)) = p.q.dims3() else {
+    let (Ok((b, nq, _)), Ok(n)) = (p.q.dims3(), p.k.dim(1)) else {
         return false;
     };
-    let strided_rows = |t: &Tensor, h: usize| {
+    let strided_rows = |t: &Tensor, n: usize, h: usize| {
         t.dims() == [b, n, h * heads.dim]
             && t.dtype() == dt
             && t.stride()[2] == 1
@@ -124,24 +147,29 @@ pub fn serves(
     };
     let norm_ok =
         |nm: Option<&RmsNorm>| nm.is_none_or(|nm| !nm.one_plus && nm.weight.dims() == [heads.dim]);
-    let table_rows = rope.cos.elem_count() / (heads.dim / 2).max(1);
+    let table = |t: &RopeTables, n: usize| {
+        let rows = t.cos.elem_count() / (heads.dim / 2).max(1);
+        t.cos.dtype() == dt
+            && t.sin.dtype() == dt
+            && t.cos.dim(candle_core::D::Minus1).ok() == Some(heads.dim / 2)
+            && t.cos.is_contiguous()
+            && t.sin.is_contiguous()
+            && t.sin.dims() == t.cos.dims()
+            && (rows == n || rows == b * n)
+    };
     matches!(dt, DType::F32 | DType::BF16)
         && heads.dim.is_multiple_of(2)
         && heads.dim <= 512
         && heads.kv > 0
         && heads.q.is_multiple_of(heads.kv)
-        && strided_rows(p.q, heads.q)
-        && strided_rows(p.k, heads.kv)
-        && strided_rows(p.v, heads.kv)
+        && strided_rows(p.q, nq, heads.q)
+        && strided_rows(p.k, n, heads.kv)
+        && strided_rows(p.v, n, heads.kv)
         && norm_ok(q_norm)
         && norm_ok(k_norm)
-        && rope.cos.dtype() == dt
-        && rope.sin.dtype() == dt
-        && rope.cos.dim(candle_core::D::Minus1).ok() == Some(heads.dim / 2)
-        && rope.cos.is_contiguous()
-        && rope.sin.is_contiguous()
-        && rope.sin.dims() == rope.cos.dims()
-        && (table_rows == n || table_rows == b * n)
+        && table(rope.q, nq)
+        && table(rope.kv, n)
+        && tables_agree(rope, b, nq, n, heads.dim)
         && match (rows.index, rows.cap) {
             (Some(ix), Some(_)) => {
                 ix.dims() == [b, heads.kv, n, heads.dim]
@@ -153,19 +181,26 @@ pub fn serves(
         }
 }
 
-/// [`apply`] as one kernel (`src/cuda/fused.cu`, `qkv_rope_*`): a block per (new row, head of
-/// the `heads + 2 · kv_heads`), `dim / 2` active threads, each the pair of features RoPE
-/// rotates together. Only where [`serves`].
+/// Whether both tables are laid out alike: each one table per sequence (`b · rows` rows), or
+/// each one table for every sequence (the kernel reads both the same way).
+fn tables_agree(rope: Tables, b: usize, nq: usize, n: usize, dim: usize) -> bool {
+    let per_seq = |t: &RopeTables, rows: usize| t.cos.elem_count() == b * rows * (dim / 2);
+    b == 1 || per_seq(rope.q, nq) == per_seq(rope.kv, n)
+}
+
+/// [`apply`] as one kernel (`src/cuda/fused.cu`, `qkv_rope_*`): a block per (row, head of the
+/// `heads + 2 · kv_heads`), `dim / 2` active threads, each the pair of features RoPE rotates
+/// together. Only where [`serves`].
 fn fused(
     p: Projections,
     heads: Heads,
     norms: (Option<&RmsNorm>, Option<&RmsNorm>),
-    rope: &RopeTables,
+    rope: Tables,
     rows: Rows,
     cache: &mut KvCache,
     layer: usize,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let (b, n, _) = p.q.dims3()?;
+    let (b, n, _) = p.k.dims3()?;
     let (kb, vb) = cache.buffers_for(
         layer,
         (b, heads.kv, n, heads.dim),
@@ -193,7 +228,7 @@ struct Op<'a> {
     p: Projections<'a>,
     heads: Heads,
     norms: (Option<&'a RmsNorm>, Option<&'a RmsNorm>),
-    rope: &'a RopeTables,
+    rope: Tables<'a>,
     rows: Rows<'a>,
     kv: (&'a Tensor, &'a Tensor),
     first: usize,
@@ -231,15 +266,18 @@ impl candle_core::CustomOp1 for Op<'_> {
             kv: (kb, vb),
             first,
         } = self;
-        let (b, n, _) = ql.shape().dims3()?;
+        let (b, nq, _) = ql.shape().dims3()?;
+        let n = p.k.dim(1)?;
         let d = heads.dim;
         let dev = qs.device().clone();
         let cap = kb.dim(2)?;
-        let batched_table = b > 1 && rope.cos.elem_count() == b * n * (d / 2);
+        let batched_table = b > 1 && rope.kv.cos.elem_count() == b * n * (d / 2);
         let (ks, kl) = p.k.storage_and_layout();
         let (vs, vl) = p.v.storage_and_layout();
-        let (cs, cl) = rope.cos.storage_and_layout();
-        let (ss, sl) = rope.sin.storage_and_layout();
+        let (cs, cl) = rope.kv.cos.storage_and_layout();
+        let (ss, sl) = rope.kv.sin.storage_and_layout();
+        let (qcs, qcl) = rope.q.cos.storage_and_layout();
+        let (qss, qsl) = rope.q.sin.storage_and_layout();
         let (kbs, kbl) = kb.storage_and_layout();
         let (vbs, vbl) = vb.storage_and_layout();
         // absent norm weights and index: a one-element stand-in the kernel never reads
@@ -257,13 +295,14 @@ impl candle_core::CustomOp1 for Op<'_> {
             | (i32::from(batched_table) << 3);
         let threads = (d / 2).div_ceil(32) * 32;
         let cfg = LaunchConfig {
-            grid_dim: ((b * n) as u32, (heads.q + 2 * heads.kv) as u32, 1),
+            grid_dim: ((b * n.max(nq)) as u32, (heads.q + 2 * heads.kv) as u32, 1),
             block_dim: (threads as u32, 1, 1),
             shared_mem_bytes: 0,
         };
         let ld = |l: &Layout| l.stride()[1] as i32;
         let (ldq, ldk, ldv) = (ld(ql), ld(kl), ld(vl));
-        let (n_, hq_, hkv_, d_, cap_, first_) = (
+        let (nq_, n_, hq_, hkv_, d_, cap_, first_) = (
+            nq as i32,
             n as i32,
             heads.q as i32,
             heads.kv as i32,
@@ -287,6 +326,8 @@ impl candle_core::CustomOp1 for Op<'_> {
             let q = src(qs, ql)?;
             let (k, v) = (src(on(&ks, "k")?, kl)?, src(on(&vs, "v")?, vl)?);
             let (cos, sin) = (src(on(&cs, "cos")?, cl)?, src(on(&ss, "sin")?, sl)?);
+            let qcos = src(on(&qcs, "query cos")?, qcl)?;
+            let qsin = src(on(&qss, "query sin")?, qsl)?;
             let qw = src(on(&qws, "q_norm")?, qwl)?;
             let kw = src(on(&kws, "k_norm")?, kwl)?;
             let kc = src(on(&kbs, "K cache")?, kbl)?;
@@ -294,14 +335,14 @@ impl candle_core::CustomOp1 for Op<'_> {
             let ix = on(&ixs, "index")?
                 .as_cuda_slice::<u32>()?
                 .slice(ixl.start_offset()..);
-            let out = alloc::<T>(&dev, b * heads.q * n * d)?;
+            let out = alloc::<T>(&dev, b * heads.q * nq * d)?;
             launch!(
-                dev, "qkv_rope", dt, cfg, q, k, v, ldq, ldk, ldv, cos, sin, qw, kw, eps, ix, out,
-                kc, vc, n_, hq_, hkv_, d_, cap_, first_, flags
+                dev, "qkv_rope", dt, cfg, q, k, v, ldq, ldk, ldv, qcos, qsin, cos, sin, qw, kw,
+                eps, ix, out, kc, vc, nq_, n_, hq_, hkv_, d_, cap_, first_, flags
             );
             CudaStorage::wrap_cuda_slice(out, dev.clone())
         });
-        Ok((out, candle_core::Shape::from((b, heads.q, n, d))))
+        Ok((out, candle_core::Shape::from((b, heads.q, nq, d))))
     }
 }
 

@@ -116,7 +116,7 @@ impl Attention {
                 dim: self.head_dim,
             },
             (self.q_norm.as_ref(), self.k_norm.as_ref()),
-            rope,
+            qkv_rope::Tables { q: rope, kv: rope },
             rows,
             cache,
             layer,
