@@ -524,7 +524,7 @@ impl KvCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use candle_core::{DType, Device};
 
     /// A 2-sequence, 1-head, d = 1 cache whose value at (sequence s, column c) is 10·s + c.
     fn filled(cols: usize) -> KvCache {
@@ -549,6 +549,49 @@ mod tests {
             .unwrap()
             .to_vec2::<f32>()
             .unwrap()
+    }
+
+    /// The buffers a forward writes into: append grows them (doubling, the committed rows
+    /// kept) and `wrote` returns the `len + n` rows; the fixed layout refuses rows past its
+    /// capacity and buffers of another size, naming them.
+    #[test]
+    fn buffers_for_grows_appends_and_checks_fixed_capacities() {
+        let mut c = filled(60);
+        let (k, _) = c
+            .buffers_for(0, (2, 1, 16, 1), DType::F32, &Device::Cpu, None)
+            .unwrap();
+        assert_eq!(
+            k.dims(),
+            &[2, 1, 128, 1],
+            "60 + 16 rows outgrow 64: doubled"
+        );
+        let (kw, _) = c.wrote(0, 16, None).unwrap();
+        assert_eq!(kw.dims(), &[2, 1, 76, 1]);
+        assert_eq!(
+            values(&c)[1][59],
+            69.0,
+            "the committed rows survive the growth"
+        );
+        let mut f = filled(4);
+        f.reserve_exact(8).unwrap();
+        let e = f
+            .buffers_for(0, (2, 1, 5, 1), DType::F32, &Device::Cpu, Some(8))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("5 rows after 4 do not fit a capacity of 8"),
+            "{e}"
+        );
+        let e = f
+            .buffers_for(0, (2, 1, 1, 1), DType::F32, &Device::Cpu, Some(16))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hold 8 rows, not 16"), "{e}");
+        let (kf, _) = f
+            .buffers_for(0, (2, 1, 4, 1), DType::F32, &Device::Cpu, Some(8))
+            .unwrap();
+        assert_eq!(kf.dims(), &[2, 1, 8, 1]);
+        assert_eq!(f.wrote(0, 4, Some(8)).unwrap().0.dims(), &[2, 1, 8, 1]);
     }
 
     #[test]

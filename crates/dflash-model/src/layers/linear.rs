@@ -563,6 +563,16 @@ mod avx2 {
 mod tests {
     use super::*;
 
+    /// Stacking needs plain weights on a GPU: on the CPU (panels, or f32 tensors) nothing is
+    /// stacked and the layers keep their own weights.
+    #[test]
+    fn stacking_is_for_gpu_weights_only() {
+        let w = |o: usize| Tensor::ones((o, 8), DType::F32, &Device::Cpu).unwrap();
+        let (a, b) = (Linear::new(w(4), None), Linear::new(w(2), None));
+        assert!(Linear::stack(&[&a, &b]).unwrap().is_none());
+        assert!(Linear::stack(&[]).unwrap().is_none());
+    }
+
     fn reference(x: &Tensor, w: &Tensor) -> Tensor {
         let k = w.dim(1).unwrap();
         let lead = x.dims()[..x.rank() - 1].to_vec();

@@ -37,8 +37,7 @@ pub fn add_rms_norm(x: &Tensor, h: &Tensor, norm: &RmsNorm) -> Result<(Tensor, T
 /// A GPU, f32 or bf16, one shape and dtype, a plain (not zero-centred) weight of the last
 /// dim's width (at most 8,192), nothing differentiated. `DFLASH_FUSED_ADD_NORM=0` turns it off.
 pub fn serves(x: &Tensor, h: &Tensor, norm: &RmsNorm) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("DFLASH_FUSED_ADD_NORM").as_deref() == Ok("0"));
+    let off = crate::ops::switched_off!("DFLASH_FUSED_ADD_NORM");
     !off && x.device().is_cuda()
         && matches!(x.dtype(), DType::F32 | DType::BF16)
         && h.dtype() == x.dtype()

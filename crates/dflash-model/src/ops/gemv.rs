@@ -15,8 +15,7 @@ use candle_core::{DType, Layout, Result, Shape, Tensor};
 /// or bf16 for both, nothing differentiated, contiguous operands whose rows start on 16-byte
 /// boundaries (`in` a multiple of 8 values). `DFLASH_GEMV=0` turns it off.
 pub fn serves(x: &Tensor, w: &Tensor) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("DFLASH_GEMV").as_deref() == Ok("0"));
+    let off = crate::ops::switched_off!("DFLASH_GEMV");
     let aligned = |t: &Tensor| {
         let (_, l) = t.storage_and_layout();
         (l.start_offset() * t.dtype().size_in_bytes()).is_multiple_of(16)

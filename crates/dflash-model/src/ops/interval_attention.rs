@@ -29,8 +29,7 @@ pub const MAX_ROWS: usize = 64;
 /// [`MAX_ROWS`] query rows per K/V head, f32 or bf16, K and V read in place with one layout.
 pub fn serves(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     // read once: this runs at every attention layer of every forward
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("DFLASH_FUSED_ATTENTION").as_deref() == Ok("0"));
+    let off = crate::ops::switched_off!("DFLASH_FUSED_ATTENTION");
     if !q.device().is_cuda() || off {
         return false;
     }

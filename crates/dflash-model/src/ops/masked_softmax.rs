@@ -15,8 +15,7 @@ use candle_core::{DType, Result, Tensor};
 /// scores, an f32 or same-dtype mask of `n` rows (or `b · n`) over the scores' columns,
 /// contiguous, nothing differentiated. `DFLASH_FUSED_SOFTMAX=0` turns it off.
 pub fn serves(scores: &Tensor, mask: &Tensor, n: usize) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("DFLASH_FUSED_SOFTMAX").as_deref() == Ok("0"));
+    let off = crate::ops::switched_off!("DFLASH_FUSED_SOFTMAX");
     let Ok((b, _, _, t)) = scores.dims4() else {
         return false;
     };

@@ -1,6 +1,20 @@
 //! Tensor ops of our own, each with its closed-form backward where training needs one and a
 //! CPU twin for every CUDA kernel: the softmax family, the fused cross-entropy, the drafter's
-//! block attention, the target's interval softmax, and the comparison every parity check uses.
+//! block attention, the target's interval softmax, the decode layer's fused kernels (the
+//! per-head norms, RoPE and cache writes, the residual add with its RMSNorm, the masked
+//! softmax, one-row products, indexed cache writes), and the comparison every parity check
+//! uses.
+
+/// Whether the environment turns a fused kernel off (`VAR=0`), read once per process: every
+/// kernel of ours that replaces composed ops has such a switch, to compare the two paths.
+/// Example: `DFLASH_GEMV=0` → `switched_off!("DFLASH_GEMV")` is true.
+macro_rules! switched_off {
+    ($var:literal) => {{
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OFF.get_or_init(|| std::env::var($var).as_deref() == Ok("0"))
+    }};
+}
+pub(crate) use switched_off;
 
 pub mod adamw;
 pub mod add_norm;

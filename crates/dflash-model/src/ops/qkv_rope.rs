@@ -129,8 +129,7 @@ pub fn serves(
     rope: Tables,
     rows: Rows,
 ) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("DFLASH_FUSED_QKV").as_deref() == Ok("0"));
+    let off = crate::ops::switched_off!("DFLASH_FUSED_QKV");
     if off || !p.q.device().is_cuda() {
         return false;
     }
