@@ -152,7 +152,8 @@ pub fn random_target(
     block_size: usize,
 ) -> Result<(Target, DrafterConfig)> {
     let t0 = Instant::now();
-    let target = Target::load(cfg.clone(), &TensorStore::random(dtype, dev, 0)?)?;
+    let mut target = Target::load(cfg.clone(), &TensorStore::random(dtype, dev, 0)?)?;
+    target.stack_products()?;
     let dcfg = drafter_config(
         &target,
         &DrafterShape {

@@ -57,7 +57,9 @@ pub fn run(a: ForwardArgs) -> Result<()> {
             cfg.vocab_size
         );
     }
-    let t = Target::load(cfg, &store)?;
+    let mut t = Target::load(cfg, &store)?;
+    drop(store);
+    t.stack_products()?;
     let taps: Vec<usize> = (0..t.num_layers() - 1).collect();
     let mut cache = t.new_cache();
     let o = t.forward_causal(&ids, &mut cache, &taps, &Rows::All)?;

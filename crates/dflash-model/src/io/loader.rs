@@ -159,7 +159,9 @@ pub fn load_target(spec: &str, dtype: DType, device: &Device) -> Result<LoadedTa
         let (config, store) = load_hf_weights(&path, dtype, device)?;
         let eos = config.eos_ids();
         let tokenizer = TextTokenizer::from_dir(&path, &eos)?;
-        let target = Target::load(config, &store)?;
+        let mut target = Target::load(config, &store)?;
+        drop(store); // its tensors, before the stacked copies exist
+        target.stack_products()?;
         Ok(LoadedTarget {
             target,
             tokenizer,
@@ -169,7 +171,9 @@ pub fn load_target(spec: &str, dtype: DType, device: &Device) -> Result<LoadedTa
     } else {
         let g = gguf::load(&path, dtype, device)?;
         let tokenizer = TextTokenizer::from_gguf(&g.tokenizer)?;
-        let target = Target::load(g.config, &g.store)?;
+        let mut target = Target::load(g.config, &g.store)?;
+        drop(g.store); // its tensors, before the stacked copies exist
+        target.stack_products()?;
         Ok(LoadedTarget {
             target,
             tokenizer,

@@ -136,6 +136,21 @@ pub struct Target {
 }
 
 impl Target {
+    /// On a GPU, each layer's q/k/v and gate/up as stacked products ([`Linear::stack`]): one
+    /// GEMM each instead of three and two. Call it once the weights' [`TensorStore`] is dropped:
+    /// the store holds the loaded tensors, so stacking while it lives holds each weight twice
+    /// (a 54 GB target would need about 95 GB to load); afterwards a layer's parts are views of
+    /// its stacked weight. Elsewhere (the CPU) nothing changes.
+    pub fn stack_products(&mut self) -> Result<()> {
+        for l in &mut self.layers {
+            if let Mixer::Attention(a) = &mut l.mixer {
+                a.stack_projections()?;
+            }
+            l.mlp.stack_gate_up()?;
+        }
+        Ok(())
+    }
+
     /// Build a target from HF-named weights (`model.layers.{i}.self_attn.q_proj.weight`, …).
     pub fn load(config: TargetConfig, store: &TensorStore) -> Result<Self> {
         config.validate()?;
@@ -185,7 +200,7 @@ impl Target {
                         None
                     })
                 };
-                let mut attn = Attention {
+                let attn = Attention {
                     q_proj: load_linear(store, &format!("{a}.q_proj"), q_out, h, spec.qkv_bias)?,
                     k_proj: load_linear(store, &format!("{a}.k_proj"), nkv * hd, h, spec.qkv_bias)?,
                     v_proj: load_linear(store, &format!("{a}.v_proj"), nkv * hd, h, spec.qkv_bias)?,
@@ -198,19 +213,13 @@ impl Target {
                     gated: spec.gated_q,
                     qkv: None,
                 };
-                attn.stack_projections()?;
                 Mixer::Attention(attn)
             };
             layers.push(DecoderLayer {
                 input_layernorm: norm(&format!("{p}.input_layernorm.weight"), h)?,
                 mixer,
                 post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                mlp: {
-                    let mut mlp =
-                        Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?;
-                    mlp.stack_gate_up()?;
-                    mlp
-                },
+                mlp: Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?,
             });
         }
         // the LM head: its own weight, or tied to the embeddings
