@@ -158,12 +158,23 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     let divs = &report.lossless.divergences;
     let ties = divs.iter().filter(|d| d.near_tie).count();
     if report.lossless.checked && ties < divs.len() {
+        let rounding = matches!(report.dtype.as_str(), "bf16" | "f16");
         bail!(
-            "{} mode(s) diverged from AR at T = 0 (see report.md){}",
+            "{} mode(s) diverged from AR at T = 0 (see report.md){}{}",
             divs.len() - ties,
             if ties > 0 {
                 format!(
                     ", besides {ties} at near-ties of the {} logits",
+                    report.dtype
+                )
+            } else {
+                String::new()
+            },
+            if rounding {
+                format!(
+                    "; in {} a wider gap can still be rounding (a wide verify and a one-row \
+                     step sum differently through every layer): rerun the diverging items with \
+                     --dtype f32, where every mode must equal AR token for token",
                     report.dtype
                 )
             } else {
