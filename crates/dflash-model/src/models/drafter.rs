@@ -528,17 +528,10 @@ impl Drafter {
             let (q, k, v) = match &mut write {
                 KvWrite::None => qkv_rope::heads_rotated(p, heads, norms, tables)?,
                 KvWrite::Append(c) => {
-                    let rows = qkv_rope::Rows {
-                        index: None,
-                        cap: None,
-                    };
-                    qkv_rope::apply(p, heads, norms, tables, rows, c, i)?
+                    qkv_rope::apply(p, heads, norms, tables, qkv_rope::Rows::APPEND, c, i)?
                 }
                 KvWrite::Fixed { cache, index, cap } => {
-                    let rows = qkv_rope::Rows {
-                        index: Some(index),
-                        cap: Some(*cap),
-                    };
+                    let rows = qkv_rope::Rows::fixed(index, *cap);
                     qkv_rope::apply(p, heads, norms, tables, rows, cache, i)?
                 }
             };

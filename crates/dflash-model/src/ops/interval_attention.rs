@@ -22,7 +22,7 @@ use candle_core::{DType, Result, Tensor};
 
 use crate::ops::interval_softmax::RowIntervals;
 
-/// Query rows per K/V head one block holds (4 warps × 16).
+/// The most query rows per K/V head the kernel takes (four groups of 16, each group a block).
 pub const MAX_ROWS: usize = 64;
 
 /// Whether the fused kernel takes this attention: a CUDA device, head dim 64 or 128, at most

@@ -1,5 +1,5 @@
-//! The target attention's work between its projections and its attention, as one kernel on a
-//! GPU: each head of the new rows split from the projections, the per-head RMSNorm of Qwen3's
+//! An attention layer's work between its projections and its attention (the target's, and the
+//! drafter's block), as one kernel on a GPU: each head of the new rows split from the projections, the per-head RMSNorm of Qwen3's
 //! queries and keys, RoPE at each row's position, the queries laid out head-major for the
 //! attention and the keys and values written into the cache's buffers at their rows.
 //! Unfused that is three head transposes, two norms, two RoPEs and two cache writes per layer
@@ -33,6 +33,22 @@ pub struct Heads {
 pub struct Rows<'a> {
     pub index: Option<&'a Tensor>,
     pub cap: Option<usize>,
+}
+
+impl<'a> Rows<'a> {
+    /// After the cache's rows, in buffers that grow.
+    pub const APPEND: Rows<'static> = Rows {
+        index: None,
+        cap: None,
+    };
+
+    /// Through the fixed layout's `index` into buffers of exactly `cap` rows.
+    pub fn fixed(index: &'a Tensor, cap: usize) -> Self {
+        Self {
+            index: Some(index),
+            cap: Some(cap),
+        }
+    }
 }
 
 /// The projections of the new rows: `q [b, nq, heads · dim]`, `k`, `v` `[b, n, kv_heads · dim]`
@@ -279,14 +295,18 @@ impl candle_core::CustomOp1 for Op<'_> {
         let (qss, qsl) = rope.q.sin.storage_and_layout();
         let (kbs, kbl) = kb.storage_and_layout();
         let (vbs, vbl) = vb.storage_and_layout();
-        // absent norm weights and index: a one-element stand-in the kernel never reads
-        let none_w = Tensor::zeros(1, p.q.dtype(), p.q.device())?;
-        let none_i = Tensor::zeros(1, DType::U32, p.q.device())?;
+        // stand-ins the kernel never reads (the flags say so): the K buffer for an absent
+        // norm weight; for an absent index (appending: eager forwards only) one u32
         let qw = q_norm.map(|m| m.weight.to_dtype(p.q.dtype())).transpose()?;
         let kw = k_norm.map(|m| m.weight.to_dtype(p.q.dtype())).transpose()?;
-        let (qws, qwl) = qw.as_ref().unwrap_or(&none_w).storage_and_layout();
-        let (kws, kwl) = kw.as_ref().unwrap_or(&none_w).storage_and_layout();
-        let (ixs, ixl) = rows.index.unwrap_or(&none_i).storage_and_layout();
+        let none_i = match rows.index {
+            Some(_) => None,
+            None => Some(Tensor::zeros(1, DType::U32, p.q.device())?),
+        };
+        let (qws, qwl) = qw.as_ref().unwrap_or(kb).storage_and_layout();
+        let (kws, kwl) = kw.as_ref().unwrap_or(kb).storage_and_layout();
+        let index = rows.index.or(none_i.as_ref()).unwrap_or(kb);
+        let (ixs, ixl) = index.storage_and_layout();
         let eps = q_norm.or(*k_norm).map_or(1e-6, |m| m.eps) as f32;
         let flags = i32::from(q_norm.is_some())
             | (i32::from(k_norm.is_some()) << 1)

@@ -95,14 +95,8 @@ impl Attention {
         // [cache rows | new rows] (fixed layout: all `cap` rows)
         let phase = tracing::info_span!(target: "phase", "rope + cache").entered();
         let rows = match layout {
-            CacheLayout::Append => qkv_rope::Rows {
-                index: None,
-                cap: None,
-            },
-            CacheLayout::Fixed { index, cap } => qkv_rope::Rows {
-                index: Some(index),
-                cap: Some(*cap),
-            },
+            CacheLayout::Append => qkv_rope::Rows::APPEND,
+            CacheLayout::Fixed { index, cap } => qkv_rope::Rows::fixed(index, *cap),
         };
         let (q, k, v) = qkv_rope::apply(
             qkv_rope::Projections {
