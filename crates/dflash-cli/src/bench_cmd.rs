@@ -1,10 +1,15 @@
 //! `dflash-rs bench decode`: time per output token per mode, the round's time split, and one target
-//! forward against its physical floor (weight bytes / measured memory bandwidth).
+//! forward against its physical floor (weight bytes / measured memory bandwidth). With
+//! `--shape`, the same decoding loop on random weights of any shape (e.g. the 64-layer
+//! Qwen3.6-27B hybrid): fixed pseudo-random prompts, a seeded random drafter, and each mode's
+//! tokens compared with AR's (a random drafter accepts almost nothing, so the rows measure the
+//! loop's costs, not a speed-up).
 
 use crate::args::DeviceArgs;
+use crate::bench_shape::{bench_tokens, random_target, shape_config};
 use crate::timing::{median, read_bandwidth, resident_memory, time};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use candle_core::DType;
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
@@ -12,13 +17,22 @@ use dflash_core::stats::{decode_secs_per_token, summarize};
 use dflash_engine::{generate_with, DecodeOptions, GraphCache, ModeName, Request};
 use dflash_eval::harness::{mode_specs, EvalDrafter};
 use dflash_model::io::loader::load_target;
+use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::Drafter;
-use dflash_model::Rows;
+use dflash_model::{Rows, Target};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[arg(long, default_value = "smollm2-135m")]
     pub target: String,
+    /// Decode on random weights of this shape instead of `--target`: `qwen3-8b` or a
+    /// config.json of any supported family (prompts of `--prompt-tokens` fixed pseudo-random
+    /// ids; the default drafter is a seeded random one of the shape's width).
+    #[arg(long)]
+    pub shape: Option<String>,
+    /// With `--shape`: the length of each of the four prompts.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
     /// A drafter directory (default for speculative modes: a seeded random 5-layer drafter).
     #[arg(long)]
     pub drafter: Option<std::path::PathBuf>,
@@ -34,6 +48,11 @@ pub struct BenchArgs {
     /// marked "+graphs".
     #[arg(long)]
     pub cuda_graphs: bool,
+    /// Also write one JSON row per mode to this file, for `docs/bench/` (`shape`, `impl`,
+    /// `mode`, `graphs`, `dtype`, `ms_per_token`, `tau_pooled`, the round's `draft_ms`,
+    /// `verify_ms`, `other_ms`, and `equal_to_ar`: the prompts whose tokens equal AR's).
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub run_on: DeviceArgs,
 }
@@ -45,15 +64,67 @@ const PROMPTS: &[&str] = &[
     "Summarise the plot of Romeo and Juliet.",
 ];
 
+/// What is decoded: the target, the drafter and the prompts' ids.
+struct Subject {
+    name: String,
+    target: Target,
+    drafter: Drafter,
+    prompts: Vec<Vec<u32>>,
+}
+
+/// `--target` (a real model, the chat prompts above) or `--shape` (random weights, prompts of
+/// pseudo-random ids: prompt i is ids `i·len .. (i+1)·len` of [`bench_tokens`]).
+fn subject(a: &BenchArgs, dtype: DType, dev: &candle_core::Device) -> Result<Subject> {
+    let Some(shape) = &a.shape else {
+        let lt = load_target(&a.target, dtype, dev)?;
+        eprintln!("{lt}");
+        let drafter = match &a.drafter {
+            Some(d) => Drafter::load_dir(d, &lt.target)?,
+            None => dflash_model::models::drafter_init::random_drafter(&lt, 5, 16, None, 0)?,
+        };
+        let prompts = PROMPTS
+            .iter()
+            .map(|p| lt.tokenizer.prompt_ids(p, true))
+            .collect::<Result<_>>()?;
+        return Ok(Subject {
+            name: a.target.clone(),
+            target: lt.target,
+            drafter,
+            prompts,
+        });
+    };
+    if a.prompt_tokens == 0 {
+        anyhow::bail!("--prompt-tokens must be >= 1");
+    }
+    let cfg = shape_config(shape)?;
+    let (target, dcfg) = random_target(shape, &cfg, dtype, dev, 5, 16)?;
+    let drafter = match &a.drafter {
+        Some(d) => Drafter::load_dir(d, &target)?,
+        None => Drafter::load(dcfg, &TensorStore::random(dtype, dev, 1)?, &target)
+            .context("a random drafter for the shape")?,
+    };
+    let n = a.prompt_tokens;
+    let ids = bench_tokens(n * PROMPTS.len(), target.vocab_size());
+    let name = std::path::Path::new(shape)
+        .file_stem()
+        .map_or(shape.clone(), |s| s.to_string_lossy().into_owned());
+    Ok(Subject {
+        name,
+        target,
+        drafter,
+        prompts: ids.chunks(n).map(<[u32]>::to_vec).collect(),
+    })
+}
+
 pub fn run(a: BenchArgs) -> Result<()> {
     let (dtype, dev) = a.run_on.parse()?;
     crate::args::note_cuda_graphs(a.cuda_graphs, &dev);
-    let lt = load_target(&a.target, dtype, &dev)?;
-    eprintln!("{lt}");
-    let drafter = match &a.drafter {
-        Some(d) => Drafter::load_dir(d, &lt.target)?,
-        None => dflash_model::models::drafter_init::random_drafter(&lt, 5, 16, None, 0)?,
-    };
+    let Subject {
+        name,
+        target,
+        drafter,
+        prompts,
+    } = subject(&a, dtype, &dev)?;
     let drafters = vec![EvalDrafter {
         label: "d".into(),
         drafter,
@@ -61,17 +132,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let specs = mode_specs(&a.modes, &drafters, None)?;
     let loaded = resident_memory();
     println!(
-        "target {} on {} ({}), {} new tokens × {} prompts, median of {}",
-        a.target,
+        "target {name} on {} ({}), {} new tokens × {} prompts, median of {}",
         a.run_on.device,
         a.run_on.dtype,
         a.max_new_tokens,
-        PROMPTS.len(),
+        prompts.len(),
         a.repeats
     );
-    println!("| mode | ms / output token | tok/s | τ pooled | draft ms/round | verify ms/round | other ms/round |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| mode | ms / output token | tok/s | τ pooled | draft ms/round | verify ms/round | other ms/round | = AR |");
+    println!("|---|---|---|---|---|---|---|---|");
     let cuda_graphs = a.cuda_graphs;
+    let mut json_rows = Vec::new();
+    // AR's tokens per prompt (the first spec is AR): what every mode's output is compared with
+    let mut ar_tokens: Option<Vec<Vec<u32>>> = None;
     // with DFLASH_PROFILE set: the time per phase of each mode's decoding, then of one forward
     // of 1 and of 16 rows (to stderr)
     let _ = dflash_model::profile::report();
@@ -86,34 +159,36 @@ pub fn run(a: BenchArgs) -> Result<()> {
         // the mode's fixed-shape forwards (CUDA graphs) kept across its generations, as eval does
         let mut graphs = GraphCache::default();
         for rep in 0..=a.repeats {
-            let (mut tpots, mut rounds) = (Vec::new(), Vec::new());
-            for p in PROMPTS {
-                let ids = lt.tokenizer.prompt_ids(p, true)?;
+            let (mut tpots, mut rounds, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
+            for ids in &prompts {
                 let req = Request {
-                    prompt_ids: ids,
+                    prompt_ids: ids.clone(),
                     max_new_tokens: a.max_new_tokens,
                     sampling: SamplingParams::default(),
                     stop_ids: vec![],
                     loop_window: 0,
                 };
                 dev.synchronize()?;
-                let g = generate_with(&lt.target, d, spec.mode, &req, opts, &mut graphs)?;
+                let g = generate_with(&target, d, spec.mode, &req, opts, &mut graphs)?;
                 dev.synchronize()?;
                 tpots.push(decode_secs_per_token(g.decode_secs, g.new_tokens.len()));
                 rounds.push(g.rounds);
+                tokens.push(g.new_tokens);
             }
             if rep > 0 {
                 // mean over the prompts; rep 0 is the warm-up (PTX JIT, allocations)
                 tpot.push(tpots.iter().sum::<f64>() / tpots.len() as f64);
-                last = Some(rounds);
+                last = Some((rounds, tokens));
             }
         }
-        let r = last.unwrap();
+        let (r, tokens) = last.context("no timed repeat")?;
+        let ar = ar_tokens.get_or_insert_with(|| tokens.clone());
+        let equal = tokens.iter().zip(ar.iter()).filter(|(x, y)| x == y).count();
         let s = summarize(&r.iter().map(|x| x.as_slice()).collect::<Vec<_>>());
         let per = |x: f64| x * 1e3 / s.rounds.max(1) as f64;
         let t = median(tpot);
         println!(
-            "| {}{} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {}{} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {equal}/{} |",
             spec.label,
             if cuda_graphs { "+graphs" } else { "" },
             t * 1e3,
@@ -121,9 +196,30 @@ pub fn run(a: BenchArgs) -> Result<()> {
             s.tau_pooled,
             per(s.draft_secs),
             per(s.verify_secs),
-            per(s.other_secs)
+            per(s.other_secs),
+            tokens.len()
         );
+        json_rows.push(serde_json::json!({
+            "shape": name,
+            "impl": "dflash-rs",
+            "mode": spec.label,
+            "graphs": cuda_graphs,
+            "dtype": a.run_on.dtype,
+            "device": a.run_on.device,
+            "new_tokens": a.max_new_tokens,
+            "ms_per_token": t * 1e3,
+            "tau_pooled": s.tau_pooled,
+            "draft_ms": per(s.draft_secs),
+            "verify_ms": per(s.verify_secs),
+            "other_ms": per(s.other_secs),
+            "equal_to_ar": format!("{equal}/{}", tokens.len()),
+        }));
         dflash_model::profile::print_report(&format!("{} decoding", spec.label));
+    }
+    if let Some(path) = &a.json {
+        let text: String = json_rows.iter().map(|r| format!("{r}\n")).collect();
+        dflash_model::io::atomic::write_file(path, text.as_bytes())
+            .with_context(|| format!("--json {}", path.display()))?;
     }
     // resident memory before the floor's buffers below: the weights, caches and decoding's
     if let (Some((after_load, _)), Some((now, peak))) = (loaded, resident_memory()) {
@@ -133,20 +229,22 @@ pub fn run(a: BenchArgs) -> Result<()> {
             mb(after_load),
             mb(now),
             mb(peak),
-            mb(lt.target.weight_bytes_held() as u64)
+            mb(target.weight_bytes_held() as u64)
         );
     }
-    // one target forward on a warm 512-row cache, against the floor
-    let t = &lt.target;
-    let ctx: Vec<u32> = (0..512u32)
-        .map(|i| 200 + (i * 7919) % 20000 % t.vocab_size() as u32)
-        .collect();
+    // one target forward on a warm cache of 512 rows (fewer when the context is shorter),
+    // against the floor
+    let t = &target;
+    let warm = 512
+        .min(t.config.max_position_embeddings.saturating_sub(16))
+        .max(1);
+    let ctx = bench_tokens(warm, t.vocab_size());
     let mut cache = t.new_cache();
     t.forward_causal(&ctx, &mut cache, &[], &Rows::None)?;
     let mut rows = Vec::new();
     for n in [1usize, 16] {
         let _ = dflash_model::profile::report();
-        let toks: Vec<u32> = (0..n as u32).map(|i| 300 + i).collect();
+        let toks = bench_tokens(n, t.vocab_size());
         let secs = time(&dev, 10, || {
             let o = t.forward_causal(&toks, &mut cache, &[], &Rows::All)?;
             let _ = o
@@ -155,19 +253,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 .to_dtype(DType::F32)?
                 .sum_all()?
                 .to_scalar::<f32>()?;
-            cache.truncate(512)?;
+            cache.truncate(warm)?;
             Ok(())
         })?;
         rows.push((n, secs));
         dflash_model::profile::print_report(&format!(
-            "{n}-row forward on a 512-row cache (11 runs)"
+            "{n}-row forward on a {warm}-row cache (11 runs)"
         ));
     }
     let bw = read_bandwidth(&dev)?;
     // the bytes a forward reads (quantized CPU panels at their block size)
-    let weight_bytes = lt.target.weight_bytes_read();
+    let weight_bytes = target.weight_bytes_read();
     let floor = weight_bytes as f64 / bw;
-    println!("\nmeasured read bandwidth {:.1} GB/s; weights read per forward {:.1} MB ({:?}{}) → read floor {:.3} ms per forward", bw / 1e9, weight_bytes as f64 / 1e6, dtype, if lt.target.quantized_projections() > 0 { ", GGUF blocks streamed" } else { "" }, floor * 1e3);
+    println!("\nmeasured read bandwidth {:.1} GB/s; weights read per forward {:.1} MB ({:?}{}) → read floor {:.3} ms per forward", bw / 1e9, weight_bytes as f64 / 1e6, dtype, if target.quantized_projections() > 0 { ", GGUF blocks streamed" } else { "" }, floor * 1e3);
     if dflash_model::profile::requested() {
         let by: Vec<String> = t
             .bytes_read_by_format()
@@ -178,7 +276,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     for (n, s) in rows {
         println!(
-            "one target forward, {n:>2} new row(s) on a 512-row cache: {:.3} ms ({:.1}× the floor)",
+            "one target forward, {n:>2} new row(s) on a {warm}-row cache: {:.3} ms ({:.1}× the floor)",
             s * 1e3,
             s / floor
         );

@@ -185,3 +185,58 @@ fn bench_regen_writes_its_row() {
     assert!((rate - 12.0 / secs).abs() <= 1e-6 * rate, "{row}");
     let _ = std::fs::remove_dir_all(shape.parent().unwrap());
 }
+
+/// `bench decode --shape`: the decoding loop on random weights of a hybrid shape (the tiny
+/// Qwen3.5 config: Gated DeltaNet and gated attention), every mode with and without the
+/// fixed-shape forwards, each mode's tokens equal to AR's in f32 (lossless), one JSON row per
+/// mode; a missing shape is refused by name.
+#[test]
+fn bench_decode_runs_every_mode_on_random_weights_of_a_hybrid_shape() {
+    let cfg = dflash_testkit::fixtures().join("qwen35-tiny/config.json");
+    let dir = std::env::temp_dir().join(format!("dflash-bench-decode-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for graphs in [false, true] {
+        let json = dir.join(format!("rows-{graphs}.jsonl"));
+        let mut cmd = bin();
+        cmd.args(["bench", "decode", "--shape", cfg.to_str().unwrap()])
+            .args(["--modes", "ar,dflash,ddtree:4", "--max-new-tokens", "20"])
+            .args(["--prompt-tokens", "24", "--repeats", "1"])
+            .args(["--json", json.to_str().unwrap()]);
+        if graphs {
+            cmd.arg("--cuda-graphs");
+        }
+        let o = cmd.output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let suffix = if graphs { "+graphs" } else { "" };
+        for mode in ["ar", "dflash", "ddtree:4"] {
+            let row = out
+                .lines()
+                .find(|l| l.starts_with(&format!("| {mode}{suffix} |")))
+                .unwrap_or_else(|| panic!("no {mode}{suffix} row in\n{out}"));
+            assert!(
+                row.ends_with("| 4/4 |"),
+                "{mode}{suffix} left AR's tokens: {row}"
+            );
+        }
+        let rows: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        for r in &rows {
+            assert_eq!(r["shape"], "config");
+            assert_eq!(r["graphs"], graphs);
+            assert_eq!(r["equal_to_ar"], "4/4");
+            assert!(r["ms_per_token"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+            assert!(r["tau_pooled"].as_f64().is_some_and(|x| x >= 1.0), "{r}");
+        }
+    }
+    let bad = bin()
+        .args(["bench", "decode", "--shape", "/nonexistent/config.json"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--shape"));
+}
