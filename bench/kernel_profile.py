@@ -16,7 +16,7 @@ read (per run: the sums over N runs / N).
 
 Kernels run one at a time under the profiler (each timed alone, caches flushed before each),
 so the sums are kernel time without the gaps between kernels, and the DRAM bytes are those a
-cold kernel reads. Classes, by kernel name: GEMM (cuBLAS / CUTLASS / nvjet), attention
+cold kernel reads. Classes, by kernel name: Gated DeltaNet (its prep, rule and gated norm), GEMM (cuBLAS / CUTLASS / nvjet), attention
 (softmax, attention kernels), RMSNorm, RoPE, copies and casts, and other elementwise kernels.
 """
 import argparse
@@ -27,6 +27,7 @@ import re
 import sys
 
 CLASSES = [
+    ("Gated DeltaNet", ("gdn", "gated_norm")),
     ("GEMM", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas")),
     ("attention", ("softmax", "attention", "interval")),
     ("RMSNorm", ("rmsnorm", "rms_norm")),

@@ -12,6 +12,14 @@
 #           layer by layer through a 64-layer random target at the 27B layer shape;
 #   tiny    the tiny hybrid end to end on the device: `data generate`, `train` (60 steps, f32),
 #           `doctor` (with the validation shard) and `eval` (AR, DFlash, DDTree-8, CUDA graphs);
+#   decode  the decoding loop at each of SHAPES on random weights (`bench decode --shape`: AR,
+#           DFlash, DDTree-8 with a random 5-layer drafter, without and with CUDA graphs, bf16;
+#           each mode's tokens against AR's), rows as JSON;
+#   profile Nsight Compute (NCU) over `bench shape --profile-replays 1` at PROFILE_SHAPE (the
+#           draft block, the AR step and the chain verify replayed from CUDA graphs;
+#           bench/kernel_profile.py), then over one Gated DeltaNet layer's chunked rule at
+#           T = 2,048 and 8,192, ours (`bench shape --profile-gdn-rule`) and fla's
+#           (`bench/gdn_profile.py fla`), side by side (`bench/gdn_profile.py report`);
 #   train   `dflash-rs bench train` at the Qwen3.6-27B shape (bf16, online features from the
 #           64-layer hybrid target; 256 anchors if 512 do not fit), then the PyTorch reference
 #           (bench/train_reference.py, HF target with fla) on the same shape and anchors.
@@ -26,6 +34,7 @@
 #   STEPS   the steps to run (default: check shapes hf parity tiny train)
 #   WORK    scratch for parity's model (default: /tmp/gdn-parity)
 #   REPEATS the median of how many timed forwards (default 10)
+#   NCU     Nsight Compute (default /usr/local/cuda/bin/ncu); PROFILE_SHAPE (qwen3.6-27b-8l)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-target/cuda/release/dflash-rs}
@@ -34,7 +43,9 @@ SHAPES=${SHAPES:-qwen3.6-27b-8l qwen3.6-27b}
 STEPS=${STEPS:-check shapes hf parity tiny train}
 WORK=${WORK:-/tmp/gdn-parity}
 REPEATS=${REPEATS:-10}
-mkdir -p "$OUT"
+NCU=${NCU:-/usr/local/cuda/bin/ncu}
+PROFILE_SHAPE=${PROFILE_SHAPE:-qwen3.6-27b-8l}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 status=0
 for step in $STEPS; do
   case $step in
@@ -67,6 +78,34 @@ for i in range(8): print(json.dumps({'prompt': ' '.join('t%d' % (((i % 2) * 53 +
              --max-new-tokens 32 --out "$W/eval" --device cuda --cuda-graphs \
         && tar -C "$W/run" -cJf "$OUT/tiny-hybrid-drafter.tar.xz" best; } > "$OUT/tiny.log" 2>&1 \
         || { echo "tiny hybrid end to end failed" >&2; status=1; } ;;
+    decode)
+      for s in $SHAPES; do
+        for g in "" --cuda-graphs; do
+          # shellcheck disable=SC2086
+          "$B" bench decode --shape "bench/shapes/$s.json" --device cuda --dtype bf16 --modes ar,dflash,ddtree:8 \
+            --max-new-tokens 32 --repeats 1 $g --json "$OUT/decode-$s${g:+-graphs}.jsonl" \
+            > "$OUT/decode-$s${g:+-graphs}.txt" 2>&1 || { echo "bench decode $s $g failed" >&2; status=1; }
+        done
+      done ;;
+    profile)
+      ps=bench/shapes/$PROFILE_SHAPE.json
+      "$NCU" --profile-from-start off --graph-profiling node \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
+        --log-file "$OUT/ncu-$PROFILE_SHAPE.csv" "$B" bench shape --shape "$ps" --device cuda --dtype bf16 \
+        --profile-replays 1 > "$OUT/profile-$PROFILE_SHAPE.txt" 2>&1 \
+        && python3 bench/kernel_profile.py "$OUT/ncu-$PROFILE_SHAPE.csv" "$OUT/profile-$PROFILE_SHAPE.txt" \
+          --label "$PROFILE_SHAPE" --json "$OUT/kernel-profile.jsonl" > "$OUT/kernel-profile-$PROFILE_SHAPE.md" \
+        || { echo "kernel profile $PROFILE_SHAPE failed" >&2; status=1; }
+      gdn=(--profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis
+           --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw)
+      "$NCU" "${gdn[@]}" --log-file "$OUT/ncu-gdn-ours.csv" "$B" bench shape --shape "$ps" --device cuda \
+        --gdn-lengths 2048,8192 --profile-gdn-rule 3 > "$OUT/gdn-ours.txt" 2>&1 \
+        || { echo "GDN rule profile (ours) failed" >&2; status=1; }
+      (cd bench && "$NCU" "${gdn[@]}" --log-file "$OUT/ncu-gdn-fla.csv" python3 gdn_profile.py fla \
+        "$PWD/$ps" 2048,8192 3) > "$OUT/gdn-fla.txt" 2>&1 || { echo "GDN rule profile (fla) failed" >&2; status=1; }
+      (cd bench && python3 gdn_profile.py report "$OUT/ncu-gdn-ours.csv" "$OUT/gdn-ours.txt" \
+        "$OUT/ncu-gdn-fla.csv" "$OUT/gdn-fla.txt" --json "$OUT/gdn-profile.jsonl") > "$OUT/gdn-profile.md" 2>&1 \
+        || { echo "GDN profile report failed" >&2; status=1; } ;;
     train)
       for anchors in 512 256; do
         "$B" bench train --shape bench/shapes/qwen3.6-27b.json --device cuda --dtype bf16 --anchors $anchors \
