@@ -9,7 +9,7 @@
 #            draft block's graph included) beside HF transformers (eager, compiled static cache)
 #            and z-lab's draft block on SHAPES, in this call (about 6 minutes for the two
 #            default shapes; WHEELS: a folder with the dflash==0.1.0 wheel);
-#   profile  Nsight Compute over `bench shape --profile-replays 3` at each of SHAPES (only the
+#   profile  Nsight Compute over `bench shape --profile-replays REPLAYS` (3) at each of SHAPES (only the
 #            replays: the draft block, the AR step, the chain verify), then
 #            bench/kernel_profile.py: kernel time and DRAM reads per kernel class
 #            (NCU, default /usr/local/cuda/bin/ncu);
@@ -40,6 +40,7 @@ STEPS=${STEPS:-check side profile regen eval}
 REGEN_SHAPES=${REGEN_SHAPES:-bench/shapes/smollm2-135m.json bench/shapes/qwen2.5-coder-1.5b.json}
 NCU=${NCU:-/usr/local/cuda/bin/ncu}
 EVAL_LIMIT=${EVAL_LIMIT:-32}
+REPLAYS=${REPLAYS:-3}
 DRAFTER=${DRAFTER:-assets/drafters/smollm2-135m-b16}
 export DFLASH_HOME=${DFLASH_HOME:-$HOME/.cache/dflash-rs}
 mkdir -p "$OUT"
@@ -63,7 +64,7 @@ for step in $STEPS; do
         "$NCU" --profile-from-start off --graph-profiling node \
           --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
           --log-file "$OUT/ncu-$n.csv" "$B" bench shape --shape "$s" --device cuda --dtype bf16 \
-          --profile-replays 3 > "$OUT/profile-$n.txt" 2>&1 \
+          --profile-replays "$REPLAYS" > "$OUT/profile-$n.txt" 2>&1 \
           && python3 bench/kernel_profile.py "$OUT/ncu-$n.csv" "$OUT/profile-$n.txt" --label "$n" \
             --json "$OUT/kernel-profile.jsonl" > "$OUT/kernel-profile-$n.md" \
           || { echo "kernel profile $n failed" >&2; status=1; }
