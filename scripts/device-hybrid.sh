@@ -14,7 +14,7 @@
 #           `doctor` (with the validation shard) and `eval` (AR, DFlash, DDTree-8, CUDA graphs);
 #   decode  the decoding loop at each of SHAPES on random weights (`bench decode --shape`: AR,
 #           DFlash, DDTree-8 with a random 5-layer drafter, without and with CUDA graphs, bf16;
-#           each mode's tokens against AR's), rows as JSON;
+#           each mode's tokens against AR's; DECODE_DTYPE, default bf16), rows as JSON;
 #   profile Nsight Compute (NCU) over `bench shape --profile-replays 1` at PROFILE_SHAPE (the
 #           draft block, the AR step and the chain verify replayed from CUDA graphs;
 #           bench/kernel_profile.py), then over one Gated DeltaNet layer's chunked rule at
@@ -44,6 +44,7 @@ STEPS=${STEPS:-check shapes hf parity tiny train}
 WORK=${WORK:-/tmp/gdn-parity}
 REPEATS=${REPEATS:-10}
 NCU=${NCU:-/usr/local/cuda/bin/ncu}
+DECODE_DTYPE=${DECODE_DTYPE:-bf16}
 PROFILE_SHAPE=${PROFILE_SHAPE:-qwen3.6-27b-8l}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 status=0
@@ -82,13 +83,14 @@ for i in range(8): print(json.dumps({'prompt': ' '.join('t%d' % (((i % 2) * 53 +
       for s in $SHAPES; do
         for g in "" --cuda-graphs; do
           # shellcheck disable=SC2086
-          "$B" bench decode --shape "bench/shapes/$s.json" --device cuda --dtype bf16 --modes ar,dflash,ddtree:8 \
-            --max-new-tokens 32 --repeats 1 $g --json "$OUT/decode-$s${g:+-graphs}.jsonl" \
-            > "$OUT/decode-$s${g:+-graphs}.txt" 2>&1 || { echo "bench decode $s $g failed" >&2; status=1; }
+          n=decode-$s-$DECODE_DTYPE${g:+-graphs}
+          "$B" bench decode --shape "bench/shapes/$s.json" --device cuda --dtype "$DECODE_DTYPE" \
+            --modes ar,dflash,ddtree:8 --max-new-tokens 32 --repeats 1 $g --json "$OUT/$n.jsonl" \
+            > "$OUT/$n.txt" 2>&1 || { echo "bench decode $s $g failed" >&2; status=1; }
         done
       done ;;
     profile)
-      ps=bench/shapes/$PROFILE_SHAPE.json
+      ps=$PWD/bench/shapes/$PROFILE_SHAPE.json
       "$NCU" --profile-from-start off --graph-profiling node \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
         --log-file "$OUT/ncu-$PROFILE_SHAPE.csv" "$B" bench shape --shape "$ps" --device cuda --dtype bf16 \
@@ -102,7 +104,7 @@ for i in range(8): print(json.dumps({'prompt': ' '.join('t%d' % (((i % 2) * 53 +
         --gdn-lengths 2048,8192 --profile-gdn-rule 3 > "$OUT/gdn-ours.txt" 2>&1 \
         || { echo "GDN rule profile (ours) failed" >&2; status=1; }
       (cd bench && "$NCU" "${gdn[@]}" --log-file "$OUT/ncu-gdn-fla.csv" python3 gdn_profile.py fla \
-        "$PWD/$ps" 2048,8192 3) > "$OUT/gdn-fla.txt" 2>&1 || { echo "GDN rule profile (fla) failed" >&2; status=1; }
+        "$ps" 2048,8192 3) > "$OUT/gdn-fla.txt" 2>&1 || { echo "GDN rule profile (fla) failed" >&2; status=1; }
       (cd bench && python3 gdn_profile.py report "$OUT/ncu-gdn-ours.csv" "$OUT/gdn-ours.txt" \
         "$OUT/ncu-gdn-fla.csv" "$OUT/gdn-fla.txt" --json "$OUT/gdn-profile.jsonl") > "$OUT/gdn-profile.md" 2>&1 \
         || { echo "GDN profile report failed" >&2; status=1; } ;;

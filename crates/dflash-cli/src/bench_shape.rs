@@ -305,7 +305,13 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     // the same block replayed from one CUDA graph (GPU only; `GraphedDraft`, as decoding with
     // --cuda-graphs runs it): the argmax and top-32 reads, and the replay's logits against the
     // eager draft's
-    let draft_graph = if dev.is_cpu() {
+    // phase profiling synchronises the device inside each forward, which a CUDA graph capture
+    // cannot hold: with DFLASH_PROFILE set the replays are left out
+    let graphed = !dev.is_cpu() && !dflash_model::profile::requested();
+    if !dev.is_cpu() && !graphed {
+        eprintln!("DFLASH_PROFILE is set: no CUDA-graph replays (a capture cannot synchronise)");
+    }
+    let draft_graph = if !graphed {
         None
     } else {
         let at = BlockAt {
@@ -351,7 +357,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         tree_rows.push((b, tree.len(), t));
     }
     // the same forwards' device work, eager and as one CUDA graph (GPU only)
-    let graphs = if dev.is_cpu() {
+    let graphs = if !graphed {
         Vec::new()
     } else {
         let mut g = Vec::new();
