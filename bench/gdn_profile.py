@@ -98,10 +98,15 @@ def read(csv_path, txt_path):
     return out
 
 
-def tensor_col(hdr):
-    """The tensor-pipe utilisation column of ComputeWorkloadAnalysis, whatever the chip calls it."""
-    cands = [c for c in hdr if "pipe_tensor" in c and "pct" in c]
-    return cands[0] if cands else None
+TENSOR_COLS = (
+    "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",  # every tensor op
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+)
+
+
+def tensor_col(cols):
+    """The tensor pipes' active cycles (ComputeWorkloadAnalysis), the first of TENSOR_COLS there."""
+    return next((c for c in TENSOR_COLS if c in cols), None)
 
 
 def report(a):
