@@ -233,10 +233,38 @@ fn bench_decode_runs_every_mode_on_random_weights_of_a_hybrid_shape() {
             assert!(r["tau_pooled"].as_f64().is_some_and(|x| x >= 1.0), "{r}");
         }
     }
+    for (args, names) in [
+        (vec!["--shape", "/nonexistent/config.json"], "--shape"),
+        (
+            vec!["--shape", cfg.to_str().unwrap(), "--prompt-tokens", "0"],
+            "--prompt-tokens",
+        ),
+    ] {
+        let bad = bin()
+            .args(["bench", "decode"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!bad.status.success());
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert!(err.contains(names), "{args:?}: {err}");
+    }
+    // the rule's profiling run needs a GPU (and a shape with linear attention)
     let bad = bin()
-        .args(["bench", "decode", "--shape", "/nonexistent/config.json"])
+        .args([
+            "bench",
+            "shape",
+            "--shape",
+            cfg.to_str().unwrap(),
+            "--profile-gdn-rule",
+            "1",
+        ])
         .output()
         .unwrap();
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--shape"));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--profile-gdn-rule needs a CUDA device"),
+        "{err}"
+    );
 }
