@@ -2,7 +2,8 @@
 """Where a replayed decode forward's GPU time goes, kernel class by kernel class.
 
 Reads the raw CSV of Nsight Compute run over `dflash-rs bench shape --profile-replays N` (the
-draft block, the AR step, the chain verify) or `dflash-rs bench regen --profile-replays N` (a
+draft block, the AR step, the chain verify), `dflash-rs bench shape --profile-eager N` (the AR
+step and the chain verify run eagerly: for targets whose graphs the profiler cannot replay) or `dflash-rs bench regen --profile-replays N` (a
 batched step, a prefill) and that command's output (the line giving each forward's kernel
 count), takes the profile's last N · (sum of the counts) kernels — the forwards, N times each,
 in that order — and sums, per forward and per kernel class, the kernels' time and DRAM bytes
@@ -84,6 +85,9 @@ def main():
     need = reps * sum(k for _, k in groups)
     if len(kernels) < need:
         sys.exit(f"{a.ncu_csv}: {len(kernels)} kernels profiled, the replays alone are {need}")
+    if len(kernels) != need:
+        print(f"note: {len(kernels)} kernels profiled where the runs launch {need}: the first "
+              f"{len(kernels) - need} are left out", file=sys.stderr)
     tail = kernels[-need:]
     rows, at = [], 0
     print(f"{a.label}: kernel time per replay (µs), DRAM read (MB) and its rate, mean of {reps} replays\n")

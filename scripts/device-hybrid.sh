@@ -15,8 +15,8 @@
 #   decode  the decoding loop at each of SHAPES on random weights (`bench decode --shape`: AR,
 #           DFlash, DDTree-8 with a random 5-layer drafter, without and with CUDA graphs, bf16;
 #           each mode's tokens against AR's; DECODE_DTYPE, default bf16), rows as JSON;
-#   profile Nsight Compute (NCU) over `bench shape --profile-replays 1` at PROFILE_SHAPE (the
-#           draft block, the AR step and the chain verify replayed from CUDA graphs;
+#   profile Nsight Compute (NCU) over `bench shape --profile-eager 1` at PROFILE_SHAPE (the AR
+#           step and the chain verify run eagerly: NCU fails on the hybrid's graph nodes;
 #           bench/kernel_profile.py), then over one Gated DeltaNet layer's chunked rule at
 #           T = 2,048 and 8,192, ours (`bench shape --profile-gdn-rule`) and fla's
 #           (`bench/gdn_profile.py fla`), side by side (`bench/gdn_profile.py report`);
@@ -91,10 +91,10 @@ for i in range(8): print(json.dumps({'prompt': ' '.join('t%d' % (((i % 2) * 53 +
       done ;;
     profile)
       ps=$PWD/bench/shapes/$PROFILE_SHAPE.json
-      "$NCU" --profile-from-start off --graph-profiling node \
+      "$NCU" --profile-from-start off \
         --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
         --log-file "$OUT/ncu-$PROFILE_SHAPE.csv" "$B" bench shape --shape "$ps" --device cuda --dtype bf16 \
-        --profile-replays 1 > "$OUT/profile-$PROFILE_SHAPE.txt" 2>&1 \
+        --profile-eager 1 > "$OUT/profile-$PROFILE_SHAPE.txt" 2>&1 \
         && python3 bench/kernel_profile.py "$OUT/ncu-$PROFILE_SHAPE.csv" "$OUT/profile-$PROFILE_SHAPE.txt" \
           --label "$PROFILE_SHAPE" --json "$OUT/kernel-profile.jsonl" > "$OUT/kernel-profile-$PROFILE_SHAPE.md" \
         || { echo "kernel profile $PROFILE_SHAPE failed" >&2; status=1; }

@@ -80,6 +80,12 @@ pub struct BenchShapeArgs {
     /// `bench/kernel_profile.py`). Prints each graph's kernel count.
     #[arg(long, default_value_t = 0)]
     pub profile_replays: usize,
+    /// Only run the AR step and the chain verify eagerly (no CUDA graphs), each N times in that
+    /// order inside a profiler range, and exit (GPU): what a kernel profiler reads where it
+    /// cannot profile a graph's nodes (`ncu --profile-from-start off`, `bench/kernel_profile.py`).
+    /// Prints each forward's kernel count.
+    #[arg(long, default_value_t = 0)]
+    pub profile_eager: usize,
     /// Only run one Gated DeltaNet layer's chunked rule N times at each `--gdn-lengths` inside
     /// a profiler range and exit (GPU, hybrid shapes): the run a kernel profiler reads beside
     /// fla's kernels (`bench/gdn_profile.py`). Prints the kernels of one run per length.
@@ -182,8 +188,10 @@ pub fn random_target(
 
 pub fn run(a: BenchShapeArgs) -> Result<()> {
     let (dev, dtype, cfg) = a.model.parse()?;
-    if a.profile_replays > 0 && dev.is_cpu() {
-        anyhow::bail!("--profile-replays needs a CUDA device: it captures CUDA graphs");
+    if (a.profile_replays > 0 || a.profile_eager > 0) && dev.is_cpu() {
+        anyhow::bail!(
+            "--profile-replays and --profile-eager need a CUDA device: they count kernels in CUDA graph captures"
+        );
     }
     if a.profile_gdn_rule > 0 {
         return profile_gdn_rule(&cfg, &dev, &a.gdn_lengths, a.profile_gdn_rule);
@@ -227,6 +235,9 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
             positions: a.block_size - 1,
         },
     )?;
+    if a.profile_eager > 0 {
+        return profile_eager(&target, &mut cache, &taps, a.block_size, a.profile_eager);
+    }
     if a.profile_replays > 0 {
         let last_row = ctx_feats.narrow(1, n - 1, 1)?;
         return profile_replays(
@@ -608,6 +619,58 @@ fn profile_replays(
         for g in [&draft, &verifies[0], &verifies[1]] {
             for _ in 0..reps {
                 g.replay()?;
+            }
+            dev.synchronize()?;
+        }
+        Ok(())
+    })
+}
+
+/// `--profile-eager`: the AR step and the chain verify of `block` rows on the cache's `n` rows,
+/// run eagerly with candle's param cache warm (so that they upload nothing and launch exactly
+/// the kernels a capture of them counts), then each `reps` times in that order inside the
+/// profiler range, the cache rolled back to `n` rows after every run.
+fn profile_eager(
+    target: &Target,
+    cache: &mut dflash_model::KvCache,
+    taps: &[usize],
+    block: usize,
+    reps: usize,
+) -> Result<()> {
+    use dflash_model::cuda::launch_profile::{count_launches, profiled_range, ParamCache};
+    let dev = target.device.clone();
+    let n = cache.len();
+    let trees = [
+        DraftTree::chain(1, &[]),
+        DraftTree::chain(1, &vec![2u32; block - 1]),
+    ];
+    let run = |cache: &mut dflash_model::KvCache, tree: &DraftTree| {
+        let o = target.forward(
+            &tree.tokens,
+            &tree.positions(n),
+            &tree.visibility(n),
+            cache,
+            taps,
+            &Rows::All,
+        )?;
+        cache.truncate(n)?;
+        anyhow::Ok(o)
+    };
+    let _params = ParamCache::enable(&dev);
+    let mut kernels = Vec::new();
+    for tree in &trees {
+        run(cache, tree)?; // warms the param cache
+        kernels.push(count_launches(&dev, || run(cache, tree))?.kernels);
+    }
+    dev.synchronize()?;
+    println!(
+        "profile replays ({reps} each, in this order): AR step {} kernels, chain verify (B = {block}) {} kernels",
+        kernels[0], kernels[1]
+    );
+    profiled_range(&dev, || {
+        for tree in &trees {
+            for _ in 0..reps {
+                run(cache, tree)?;
             }
             dev.synchronize()?;
         }

@@ -249,22 +249,27 @@ fn bench_decode_runs_every_mode_on_random_weights_of_a_hybrid_shape() {
         let err = String::from_utf8_lossy(&bad.stderr);
         assert!(err.contains(names), "{args:?}: {err}");
     }
-    // the rule's profiling run needs a GPU (and a shape with linear attention)
-    let bad = bin()
-        .args([
-            "bench",
-            "shape",
-            "--shape",
-            cfg.to_str().unwrap(),
+    // the profiling runs need a GPU
+    for (flag, says) in [
+        (
             "--profile-gdn-rule",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    assert!(!bad.status.success());
-    let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(
-        err.contains("--profile-gdn-rule needs a CUDA device"),
-        "{err}"
-    );
+            "--profile-gdn-rule needs a CUDA device",
+        ),
+        ("--profile-eager", "--profile-eager need a CUDA device"),
+    ] {
+        let bad = bin()
+            .args([
+                "bench",
+                "shape",
+                "--shape",
+                cfg.to_str().unwrap(),
+                flag,
+                "1",
+            ])
+            .output()
+            .unwrap();
+        assert!(!bad.status.success());
+        let err = String::from_utf8_lossy(&bad.stderr);
+        assert!(err.contains(says), "{flag}: {err}");
+    }
 }
