@@ -627,9 +627,10 @@ fn profile_replays(
 }
 
 /// `--profile-eager`: the AR step and the chain verify of `block` rows on the cache's `n` rows,
-/// run eagerly with candle's param cache warm (so that they upload nothing and launch exactly
-/// the kernels a capture of them counts), then each `reps` times in that order inside the
-/// profiler range, the cache rolled back to `n` rows after every run.
+/// their inputs prepared once (`Target::prepare`: the host's uploads stay outside the counted
+/// work, as in [`graph_costs`]), run eagerly with candle's param cache warm (so that they upload
+/// nothing and launch exactly the kernels a capture of them counts), then each `reps` times in
+/// that order inside the profiler range, the cache rolled back to `n` rows after every run.
 fn profile_eager(
     target: &Target,
     cache: &mut dflash_model::KvCache,
@@ -640,27 +641,32 @@ fn profile_eager(
     use dflash_model::cuda::launch_profile::{count_launches, profiled_range, ParamCache};
     let dev = target.device.clone();
     let n = cache.len();
-    let trees = [
+    let inputs = [
         DraftTree::chain(1, &[]),
         DraftTree::chain(1, &vec![2u32; block - 1]),
-    ];
-    let run = |cache: &mut dflash_model::KvCache, tree: &DraftTree| {
-        let o = target.forward(
-            &tree.tokens,
-            &tree.positions(n),
-            &tree.visibility(n),
-            cache,
-            taps,
-            &Rows::All,
-        )?;
+    ]
+    .iter()
+    .map(|t| {
+        let vis = t.visibility(n);
+        target.prepare(
+            &t.tokens,
+            &t.positions(n),
+            std::slice::from_ref(&vis),
+            n,
+            None,
+        )
+    })
+    .collect::<Result<Vec<_>>>()?;
+    let run = |cache: &mut dflash_model::KvCache, inputs| {
+        let o = target.forward_prepared(inputs, cache, taps, &Rows::All)?;
         cache.truncate(n)?;
         anyhow::Ok(o)
     };
     let _params = ParamCache::enable(&dev);
     let mut kernels = Vec::new();
-    for tree in &trees {
-        run(cache, tree)?; // warms the param cache
-        kernels.push(count_launches(&dev, || run(cache, tree))?.kernels);
+    for i in &inputs {
+        run(cache, i)?; // warms the param cache
+        kernels.push(count_launches(&dev, || run(cache, i))?.kernels);
     }
     dev.synchronize()?;
     println!(
@@ -668,9 +674,9 @@ fn profile_eager(
         kernels[0], kernels[1]
     );
     profiled_range(&dev, || {
-        for tree in &trees {
+        for i in &inputs {
             for _ in 0..reps {
-                run(cache, tree)?;
+                run(cache, i)?;
             }
             dev.synchronize()?;
         }
