@@ -5,14 +5,13 @@
 //! tokens compared with AR's (a random drafter accepts almost nothing, so the rows measure the
 //! loop's costs, not a speed-up).
 
-use crate::args::DeviceArgs;
+use crate::args::{DeviceArgs, SamplingArgs};
 use crate::bench_shape::{bench_tokens, random_target, shape_config};
 use crate::timing::{median, read_bandwidth, resident_memory, time};
 
 use anyhow::{Context, Result};
 use candle_core::DType;
 use clap::Args;
-use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::{decode_secs_per_token, summarize};
 use dflash_engine::{generate_with, DecodeOptions, GraphCache, ModeName, Request};
 use dflash_eval::harness::{mode_specs, EvalDrafter};
@@ -50,9 +49,15 @@ pub struct BenchArgs {
     pub cuda_graphs: bool,
     /// Also write one JSON row per mode to this file, for `docs/bench/` (`shape`, `impl`,
     /// `mode`, `graphs`, `dtype`, `ms_per_token`, `tau_pooled`, the round's `draft_ms`,
-    /// `verify_ms`, `other_ms`, and `equal_to_ar`: the prompts whose tokens equal AR's).
+    /// `verify_ms`, `other_ms`, `temperature`, and `equal_to_ar`: the prompts whose tokens
+    /// equal AR's, at T = 0; `null` at T > 0).
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// The target's sampling rule (greedy by default). At T > 0 each mode's tokens are its own
+    /// draws (the `= AR` column compares them only at T = 0) and the round reads the rows' logits
+    /// on the host: what the rows then measure.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     #[command(flatten)]
     pub run_on: DeviceArgs,
 }
@@ -117,6 +122,7 @@ fn subject(a: &BenchArgs, dtype: DType, dev: &candle_core::Device) -> Result<Sub
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    let sampling = a.sampling.params()?;
     let (dtype, dev) = a.run_on.parse()?;
     crate::args::note_cuda_graphs(a.cuda_graphs, &dev);
     let Subject {
@@ -131,8 +137,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }];
     let specs = mode_specs(&a.modes, &drafters, None)?;
     let loaded = resident_memory();
+    let rule = if sampling.is_greedy() {
+        "greedy".to_string()
+    } else {
+        format!(
+            "T = {}, top-p {}, top-k {}, seed {}",
+            sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed
+        )
+    };
     println!(
-        "target {name} on {} ({}), {} new tokens × {} prompts, median of {}",
+        "target {name} on {} ({}), {} new tokens × {} prompts, {rule}, median of {}",
         a.run_on.device,
         a.run_on.dtype,
         a.max_new_tokens,
@@ -164,7 +178,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 let req = Request {
                     prompt_ids: ids.clone(),
                     max_new_tokens: a.max_new_tokens,
-                    sampling: SamplingParams::default(),
+                    sampling,
                     stop_ids: vec![],
                     loop_window: 0,
                 };
@@ -183,12 +197,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         let (r, tokens) = last.context("no timed repeat")?;
         let ar = ar_tokens.get_or_insert_with(|| tokens.clone());
-        let equal = tokens.iter().zip(ar.iter()).filter(|(x, y)| x == y).count();
+        // at T > 0 a mode's draws are its own: only greedy decoding must equal AR's tokens
+        let equal = sampling.is_greedy().then(|| {
+            let n = tokens.iter().zip(ar.iter()).filter(|(x, y)| x == y).count();
+            format!("{n}/{}", tokens.len())
+        });
         let s = summarize(&r.iter().map(|x| x.as_slice()).collect::<Vec<_>>());
         let per = |x: f64| x * 1e3 / s.rounds.max(1) as f64;
         let t = median(tpot);
         println!(
-            "| {}{} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {equal}/{} |",
+            "| {}{} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
             spec.label,
             if cuda_graphs { "+graphs" } else { "" },
             t * 1e3,
@@ -197,7 +215,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             per(s.draft_secs),
             per(s.verify_secs),
             per(s.other_secs),
-            tokens.len()
+            equal.as_deref().unwrap_or("T > 0")
         );
         json_rows.push(serde_json::json!({
             "shape": name,
@@ -212,7 +230,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "draft_ms": per(s.draft_secs),
             "verify_ms": per(s.verify_secs),
             "other_ms": per(s.other_secs),
-            "equal_to_ar": format!("{equal}/{}", tokens.len()),
+            "temperature": sampling.temperature,
+            "equal_to_ar": equal,
         }));
         dflash_model::profile::print_report(&format!("{} decoding", spec.label));
     }

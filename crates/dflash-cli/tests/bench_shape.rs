@@ -233,8 +233,36 @@ fn bench_decode_runs_every_mode_on_random_weights_of_a_hybrid_shape() {
             assert!(r["tau_pooled"].as_f64().is_some_and(|x| x >= 1.0), "{r}");
         }
     }
+    // at T > 0 each mode samples its own tokens: timed, not compared with AR's
+    let o = bin()
+        .args(["bench", "decode", "--shape", cfg.to_str().unwrap()])
+        .args([
+            "--modes",
+            "ar,dflash",
+            "--max-new-tokens",
+            "12",
+            "--prompt-tokens",
+            "16",
+        ])
+        .args(["--repeats", "1", "--temperature", "1.0", "--seed", "3"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("T = 1, top-p 1, top-k 0, seed 3"), "{out}");
+    for mode in ["ar", "dflash"] {
+        let row = out
+            .lines()
+            .find(|l| l.starts_with(&format!("| {mode} |")))
+            .unwrap_or_else(|| panic!("no {mode} row in\n{out}"));
+        assert!(row.ends_with("| T > 0 |"), "{row}");
+    }
     for (args, names) in [
         (vec!["--shape", "/nonexistent/config.json"], "--shape"),
+        (
+            vec!["--shape", cfg.to_str().unwrap(), "--temperature", "-1"],
+            "temperature",
+        ),
         (
             vec!["--shape", cfg.to_str().unwrap(), "--prompt-tokens", "0"],
             "--prompt-tokens",
