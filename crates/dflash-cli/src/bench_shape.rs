@@ -597,12 +597,7 @@ fn profile_replays(
         drafter.forward_fixed(target, None, &inputs, c)
     })?;
     let mut verifies = Vec::new();
-    for tree in [
-        DraftTree::chain(1, &[]),
-        DraftTree::chain(1, &vec![2u32; block - 1]),
-    ] {
-        let (pos, vis) = (tree.positions(n), tree.visibility(n));
-        let inputs = target.prepare(&tree.tokens, &pos, std::slice::from_ref(&vis), n, None)?;
+    for inputs in ar_and_chain_inputs(target, n, block)? {
         let (graph, _) = warm_capture(&dev, cache, n, |c| {
             target.forward_prepared(&inputs, c, taps, &Rows::All)
         })?;
@@ -626,6 +621,31 @@ fn profile_replays(
     })
 }
 
+/// The two forwards the profiling runs replay, prepared on a cache of `n` rows: an AR step
+/// and a chain verify of `block` rows, in that order.
+fn ar_and_chain_inputs(
+    target: &Target,
+    n: usize,
+    block: usize,
+) -> Result<Vec<dflash_model::ForwardInputs>> {
+    [
+        DraftTree::chain(1, &[]),
+        DraftTree::chain(1, &vec![2u32; block - 1]),
+    ]
+    .iter()
+    .map(|t| {
+        let vis = t.visibility(n);
+        target.prepare(
+            &t.tokens,
+            &t.positions(n),
+            std::slice::from_ref(&vis),
+            n,
+            None,
+        )
+    })
+    .collect()
+}
+
 /// `--profile-eager`: the AR step and the chain verify of `block` rows on the cache's `n` rows,
 /// their inputs prepared once (`Target::prepare`: the host's uploads stay outside the counted
 /// work, as in [`graph_costs`]), run eagerly with candle's param cache warm (so that they upload
@@ -641,22 +661,7 @@ fn profile_eager(
     use dflash_model::cuda::launch_profile::{count_launches, profiled_range, ParamCache};
     let dev = target.device.clone();
     let n = cache.len();
-    let inputs = [
-        DraftTree::chain(1, &[]),
-        DraftTree::chain(1, &vec![2u32; block - 1]),
-    ]
-    .iter()
-    .map(|t| {
-        let vis = t.visibility(n);
-        target.prepare(
-            &t.tokens,
-            &t.positions(n),
-            std::slice::from_ref(&vis),
-            n,
-            None,
-        )
-    })
-    .collect::<Result<Vec<_>>>()?;
+    let inputs = ar_and_chain_inputs(target, n, block)?;
     let run = |cache: &mut dflash_model::KvCache, inputs| {
         let o = target.forward_prepared(inputs, cache, taps, &Rows::All)?;
         cache.truncate(n)?;
