@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `dflash-rs bench regen` (batched decoding on random weights: eager and graph-replayed steps,
-# the fused interval attention on and off) beside HF transformers `generate`
+# each with the attention as matmuls, as the interval kernel and as the decode kernel — the
+# default; ATTENTION lists the variants to run) beside HF transformers `generate`
 # (bench/regen_reference.py) on the same shape and prompts, in one call of a CUDA machine; then
 # one JSON file of rows for docs/bench/.
 #
@@ -16,18 +17,25 @@ OUT=${OUT:-bench-out}
 SHAPE=${1:-bench/shapes/smollm2-135m.json}
 CASES=${CASES:-256:256:512 64:1024:256}
 SLOTS=${SLOTS:-256}
+ATTENTION=${ATTENTION:-matmuls interval decode}
 mkdir -p "$OUT"
 rm -f "$OUT/regen-rows.jsonl"
 for c in $CASES; do
   IFS=: read -r lo hi new <<< "$c"
   for graphs in 0 1; do
-    for fused in 0 1; do
+    for att in $ATTENTION; do
       g=""; [ "$graphs" = 1 ] && g=--cuda-graphs
-      f="$OUT/ours-$lo-$hi-$new-g$graphs-f$fused.json"
-      DFLASH_FUSED_ATTENTION=$fused "$B" bench regen --shape "$SHAPE" --device cuda --dtype bf16 \
+      case $att in
+        matmuls) env="DFLASH_FUSED_ATTENTION=0"; name=matmuls ;;
+        interval) env="DFLASH_DECODE_ATTENTION=0"; name="fused interval kernel" ;;
+        decode) env="DFLASH_DECODE_ATTENTION=1"; name="fused decode kernel" ;;
+        *) echo "unknown attention variant $att (matmuls interval decode)" >&2; exit 2 ;;
+      esac
+      f="$OUT/ours-$lo-$hi-$new-g$graphs-$att.json"
+      env "$env" "$B" bench regen --shape "$SHAPE" --device cuda --dtype bf16 \
         --slots "$SLOTS" --prompt-tokens "$hi" --prompt-tokens-min "$lo" --new-tokens "$new" $g \
-        --json "$f" > "${f%.json}.log" 2>&1 || echo "bench regen $c graphs $graphs fused $fused failed: $(tail -2 "${f%.json}.log")"
-      [ -f "$f" ] && python3 -c "import json,sys; r=json.load(open(sys.argv[1])); r['attention']='fused interval kernel' if sys.argv[2]=='1' else 'matmuls'; print(json.dumps(r))" "$f" "$fused" >> "$OUT/regen-rows.jsonl"
+        --json "$f" > "${f%.json}.log" 2>&1 || echo "bench regen $c graphs $graphs $att failed: $(tail -2 "${f%.json}.log")"
+      [ -f "$f" ] && python3 -c "import json,sys; r=json.load(open(sys.argv[1])); r['attention']=sys.argv[2]; print(json.dumps(r))" "$f" "$name" >> "$OUT/regen-rows.jsonl"
     done
   done
   timeout 400 python3 bench/regen_reference.py --shape "$SHAPE" --slots "$SLOTS" --prompt-tokens "$hi" \

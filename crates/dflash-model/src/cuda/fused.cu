@@ -589,6 +589,203 @@ INTERVAL_ATTN_MERGE(f32, float, 128)
 INTERVAL_ATTN_MERGE(bf16, __nv_bfloat16, 64)
 INTERVAL_ATTN_MERGE(bf16, __nv_bfloat16, 128)
 
+// ---------------------------------------------------------------------------------------------
+// Decode attention: one query row per sequence (an AR step of one sequence, or of the many slots
+// of a batched regeneration), the g = hq / hkv ≤ G query heads of a K/V head together. A block
+// of 4 warps per (sequence s, K/V head h, split j of s's interval) reads K and V rows straight
+// from global memory into registers (16-byte loads, no shared-memory staging, UN loads of K and
+// of V in flight per lane): a key's row spreads over LPK = D / VN lanes (VN values each), one
+// warp-load covers KPW = 32 / LPK consecutive keys, and each group of LPK lanes keeps its own
+// online softmax (m, l, acc per query head) over the keys it reads. The groups of a warp merge
+// through shuffles, the 4 warps through shared memory; one split writes the normalised output,
+// several write (acc, m, l) to `part` in interval_attn's layout for interval_attn_merge. The
+// kernels take interval_attn's arguments (n is 1).
+// Example: SmolLM2 in bf16 (D = 64, VN = 8, g = 3 → G = 4): 8 lanes per key, 4 keys per
+// warp-load, UN = 4 → a warp walks 16 keys per iteration, the block 64.
+// ---------------------------------------------------------------------------------------------
+template <typename T, int D, int G>
+__device__ void decode_attn(const T* q, const T* k, const T* v, const uint32_t* iv, T* out,
+                            float* part, int hq, int hkv, long long hs, float scale) {
+    constexpr int VN = Vec16<T>::N, LPK = D / VN, KPW = 32 / LPK, UN = G <= 4 ? 4 : 2;
+    constexpr int STEP = UN * KPW;  // keys per warp per iteration
+    // the queries in registers up to 4 heads, in shared memory (read as float4) beyond: 8 heads
+    // of 8 values held per lane would leave room for only 2 blocks per SM
+    constexpr bool QSM = G > 4;
+    __shared__ __align__(16) float qsm[QSM ? G : 1][QSM ? D : 4];
+    __shared__ float wm[4][G], wl[4][G], wa[4][G][D];
+    const int s = blockIdx.x / hkv, h = blockIdx.x % hkv, g = hq / hkv, splits = gridDim.y;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int grp = lane / LPK, e0 = (lane % LPK) * VN;
+    const uint32_t lo = iv[2 * s], hi = max(iv[2 * s + 1], lo);
+    const uint32_t chunk = ((hi - lo + splits - 1) / splits + STEP - 1) / STEP * STEP;
+    const uint32_t c0 = min(hi, lo + blockIdx.y * chunk), c1 = min(hi, c0 + chunk);
+    float qv[QSM ? 1 : G][VN], acc[G][VN], m[G], l[G];
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+        m[gi] = NEG_INF;
+        l[gi] = 0.0f;
+#pragma unroll
+        for (int x = 0; x < VN; x++) {
+            acc[gi][x] = 0.0f;
+            if constexpr (!QSM)
+                qv[gi][x] = gi < g ? ld(q, ((size_t)s * hq + h * g + gi) * D + e0 + x) * scale : 0.0f;
+        }
+    }
+    if constexpr (QSM) {
+        for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+            const int gi = idx / D;
+            qsm[gi][idx % D] = gi < g ? ld(q, ((size_t)s * hq + h * g + gi) * D + idx % D) * scale : 0.0f;
+        }
+        __syncthreads();
+    }
+    const T* kb = k + (size_t)(s * hkv + h) * hs;
+    const T* vb = v + (size_t)(s * hkv + h) * hs;
+    for (uint32_t c = c0 + warp * STEP; c < c1; c += 4 * STEP) {
+        uint4 kr[UN], vr[UN];
+#pragma unroll
+        for (int u = 0; u < UN; u++) {
+            const uint32_t cu = c + u * KPW + grp;
+            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            if (cu < c1) {
+                kr[u] = reinterpret_cast<const uint4*>(kb + (size_t)cu * D)[lane % LPK];
+                vr[u] = reinterpret_cast<const uint4*>(vb + (size_t)cu * D)[lane % LPK];
+            }
+        }
+        // scores of this lane group's UN keys (the partial dots summed over the group's lanes)
+        float sc[UN][G];
+#pragma unroll
+        for (int u = 0; u < UN; u++) {
+            float f[VN];
+            Vec16<T>::cvt(kr[u], f);
+            const bool vis = c + u * KPW + grp < c1;
+#pragma unroll
+            for (int gi = 0; gi < G; gi++) {
+                float a = 0.0f;
+                if (gi < g) {
+                    if constexpr (QSM) {
+#pragma unroll
+                        for (int x = 0; x < VN; x += 4) {
+                            const float4 q4 = *reinterpret_cast<const float4*>(&qsm[gi][e0 + x]);
+                            a += q4.x * f[x] + q4.y * f[x + 1] + q4.z * f[x + 2] + q4.w * f[x + 3];
+                        }
+                    } else {
+#pragma unroll
+                        for (int x = 0; x < VN; x++) a += qv[gi][x] * f[x];
+                    }
+#pragma unroll
+                    for (int o = LPK / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+                }
+                sc[u][gi] = vis ? a : NEG_INF;
+            }
+        }
+        // the online softmax of each head over them: sc becomes the probabilities
+#pragma unroll
+        for (int gi = 0; gi < G; gi++) {
+            if (gi >= g) break;
+            float mn = m[gi];
+#pragma unroll
+            for (int u = 0; u < UN; u++) mn = fmaxf(mn, sc[u][gi]);
+            const float corr = mn == NEG_INF ? 1.0f : __expf(m[gi] - mn);
+            float ps = 0.0f;
+#pragma unroll
+            for (int u = 0; u < UN; u++) {
+                sc[u][gi] = mn == NEG_INF ? 0.0f : __expf(sc[u][gi] - mn);
+                ps += sc[u][gi];
+            }
+            l[gi] = l[gi] * corr + ps;
+            m[gi] = mn;
+#pragma unroll
+            for (int x = 0; x < VN; x++) acc[gi][x] *= corr;
+        }
+#pragma unroll
+        for (int u = 0; u < UN; u++) {
+            float f[VN];
+            Vec16<T>::cvt(vr[u], f);
+#pragma unroll
+            for (int gi = 0; gi < G; gi++) {
+                if (gi >= g) break;
+#pragma unroll
+                for (int x = 0; x < VN; x++) acc[gi][x] += sc[u][gi] * f[x];
+            }
+        }
+    }
+    // the lane groups of a warp merged (lanes e and e + LPK hold the same dims of other keys)
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1) {
+#pragma unroll
+        for (int gi = 0; gi < G; gi++) {
+            if (gi >= g) break;
+            const float m2 = __shfl_xor_sync(0xffffffffu, m[gi], o);
+            const float l2 = __shfl_xor_sync(0xffffffffu, l[gi], o);
+            const float mx = fmaxf(m[gi], m2);
+            const float f1 = m[gi] == NEG_INF ? 0.0f : __expf(m[gi] - mx);
+            const float f2 = m2 == NEG_INF ? 0.0f : __expf(m2 - mx);
+            l[gi] = l[gi] * f1 + l2 * f2;
+            m[gi] = mx;
+#pragma unroll
+            for (int x = 0; x < VN; x++) {
+                const float a2 = __shfl_xor_sync(0xffffffffu, acc[gi][x], o);
+                acc[gi][x] = acc[gi][x] * f1 + a2 * f2;
+            }
+        }
+    }
+    if (grp == 0) {
+#pragma unroll
+        for (int gi = 0; gi < G; gi++) {
+            if (gi >= g) break;
+#pragma unroll
+            for (int x = 0; x < VN; x++) wa[warp][gi][e0 + x] = acc[gi][x];
+            if (lane == 0) {
+                wm[warp][gi] = m[gi];
+                wl[warp][gi] = l[gi];
+            }
+        }
+    }
+    __syncthreads();
+    // the 4 warps merged: a thread per (head, dim)
+    for (int idx = threadIdx.x; idx < g * D; idx += blockDim.x) {
+        const int gi = idx / D, e = idx % D;
+        float M = NEG_INF;
+        for (int w = 0; w < 4; w++) M = fmaxf(M, wm[w][gi]);
+        float L = 0.0f, A = 0.0f;
+        if (M != NEG_INF)
+            for (int w = 0; w < 4; w++) {
+                const float f = wm[w][gi] == NEG_INF ? 0.0f : __expf(wm[w][gi] - M);
+                L += wl[w][gi] * f;
+                A += wa[w][gi][e] * f;
+            }
+        if (splits == 1) {
+            st(out, ((size_t)s * hq + h * g + gi) * D + e, L > 0.0f ? A / L : 0.0f);
+        } else {
+            float* pr = part + (((size_t)blockIdx.x * splits + blockIdx.y) * g + gi) * (D + 2);
+            pr[e] = A;
+            if (e == 0) {
+                pr[D] = M;
+                pr[D + 1] = L;
+            }
+        }
+    }
+}
+
+#define DECODE_ATTN(NAME, T, D, G)                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) decode_attn_d##D##_g##G##_##NAME(            \
+        const T* q, const T* k, const T* v, const uint32_t* iv, T* out, float* part, int hq,      \
+        int hkv, int /* n = 1 */, long long hs, float scale) {                                     \
+        decode_attn<T, D, G>(q, k, v, iv, out, part, hq, hkv, hs, scale);                          \
+    }
+DECODE_ATTN(f32, float, 64, 2)
+DECODE_ATTN(f32, float, 64, 4)
+DECODE_ATTN(f32, float, 64, 8)
+DECODE_ATTN(f32, float, 128, 2)
+DECODE_ATTN(f32, float, 128, 4)
+DECODE_ATTN(f32, float, 128, 8)
+DECODE_ATTN(bf16, __nv_bfloat16, 64, 2)
+DECODE_ATTN(bf16, __nv_bfloat16, 64, 4)
+DECODE_ATTN(bf16, __nv_bfloat16, 64, 8)
+DECODE_ATTN(bf16, __nv_bfloat16, 128, 2)
+DECODE_ATTN(bf16, __nv_bfloat16, 128, 4)
+DECODE_ATTN(bf16, __nv_bfloat16, 128, 8)
+
 // The arg-max of each row of f32 values, as the host's `dflash_core::sampling::argmax` picks it:
 // the first index of the largest value, NaN never chosen, except that a row whose first value is
 // NaN gives 0 (the host's scan never moves off it). One block of 256 threads per row.

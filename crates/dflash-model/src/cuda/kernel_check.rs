@@ -106,10 +106,15 @@ fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// The fused interval attention ([`crate::ops::interval_attention`]) on `dev` in `dtype`, or its
 /// twin (the matmuls around the interval softmax) on the CPU, as f32 on the CPU: (1) 7 slots
 /// decoding one row each over a 300-column view of a 400-row cache buffer (SmolLM2's 9/3 heads
-/// of 64; several splits merged), (2) 100 such slots (one split per block, written directly),
+/// of 64; several splits merged), (2) 100 such slots over 120 columns,
 /// (3) a 16-row chain verify of one sequence over 700 columns (Qwen3-8B's 32/8 heads of 128:
 /// 64 rows per K/V head in 4 groups), (4) SmolLM2's 16-row verify over 500 columns (48 rows
-/// per K/V head: 3 groups).
+/// per K/V head: 3 groups), (5) 5 slots of Qwen2.5-Coder-1.5B's heads (12/2 of 128: the
+/// decode kernel's 8-head build with 6 heads, queries from shared memory) over 900 of 1,000
+/// columns, (6) one sequence's AR step over all 700 columns with Qwen3-8B's heads (4 per K/V
+/// head, many splits), (7) 3 slots of 4/4 heads of 64 over 60 columns (one query head per K/V
+/// head: the 2-head build with one idle; one split, written directly). Cases 1, 2, 5, 6 and
+/// 7 run the decode kernel, 3 and 4 the interval kernel.
 fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::layers::attention::{attend_intervals, attend_intervals_unfused};
     let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
@@ -119,6 +124,9 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
         (100, 9, 3, 64, 1, 120, 128),
         (1, 32, 8, 128, 16, 700, 720),
         (1, 9, 3, 64, 16, 500, 512),
+        (5, 12, 2, 128, 1, 900, 1000),
+        (1, 32, 8, 128, 1, 700, 720),
+        (3, 4, 4, 64, 1, 60, 64),
     ]
     .into_iter()
     .enumerate()
@@ -130,7 +138,7 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
         let (k, v) = (kbuf.narrow(2, 0, t)?, vbuf.narrow(2, 0, t)?);
         let masks: Vec<_> = (0..b)
             .map(|s| {
-                if n == 1 {
+                if n == 1 && b > 1 {
                     // slot s holds (37 s mod (t − 1)) + 1 rows before its new one
                     right_aligned((37 * s) % (t - n) + 1, t - n, 1, 1)
                 } else {
@@ -563,6 +571,9 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             "interval attention, 100 slots decoding",
             "interval attention, 16-row verify, head dim 128 (4 row groups)",
             "interval attention, 16-row verify, head dim 64 (3 row groups)",
+            "interval attention, 5 slots decoding, 6 heads per K/V head of 128",
+            "interval attention, one sequence's AR step, 4 heads per K/V head of 128",
+            "interval attention, 3 slots decoding, one head per K/V head",
         ];
         push_rows(&mut checks, &names, &got, &want, dtype, tol)?;
     }
@@ -912,7 +923,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 108);
+        assert_eq!(checks.len(), 114);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -10,13 +10,19 @@
 //! block reads columns 960..1000 and slot 1's 300..1000; the matmul path reads all 1,000 of
 //! both and writes and reads `256 · 9 · 1,000` scores per layer.
 //!
-//! The kernel (`src/cuda/fused.cu`, `interval_attn_*`) runs a block per (sequence, K/V head,
-//! group of up to 16 of the `hq / hkv · n` query rows that share the K/V head, split of the
-//! keys), an
-//! online softmax in f32 per row, and merges the splits in a second kernel when there are
-//! several. It serves head dims 64 and 128, at most 64 query rows per K/V head, f32 and bf16,
-//! and K/V whose rows are read in place ([`crate::layers::attention`]'s `matmul_operand`
-//! layout). `DFLASH_FUSED_ATTENTION=0` turns it off (the matmul path).
+//! Two kernels (`src/cuda/fused.cu`), each with an online softmax in f32 per row and the splits
+//! of the keys merged in a second kernel when there are several:
+//! - one query row per sequence and at most 8 query heads per K/V head (AR steps: a single
+//!   sequence's or a regeneration's slots), `decode_attn_*`: a block per (sequence, K/V head,
+//!   split), K/V rows loaded straight into registers with several loads in flight per lane;
+//!   `DFLASH_DECODE_ATTENTION=0` hands these to the other kernel;
+//! - otherwise (verifies), `interval_attn_*`: a block per (sequence, K/V head, group of up to
+//!   16 of the `hq / hkv · n` query rows that share the K/V head, split), K/V staged in shared
+//!   memory tile by tile.
+//!
+//! They serve head dims 64 and 128, at most 64 query rows per K/V head, f32 and bf16, and K/V
+//! whose rows are read in place ([`crate::layers::attention`]'s `matmul_operand` layout).
+//! `DFLASH_FUSED_ATTENTION=0` turns both off (the matmul path).
 
 use candle_core::{DType, Result, Tensor};
 
@@ -73,6 +79,16 @@ pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, iv: &RowIntervals, scale: f64) 
     q.apply_op3_no_bwd(k, v, &Op { iv, scale })
 }
 
+/// The decode kernel for `n` query rows per sequence, `rows` per K/V head: one query row and at
+/// most 8 heads per K/V head, unless `DFLASH_DECODE_ATTENTION=0`; the head count it is built for
+/// (2, 4 or 8; fewer heads run with the rest idle). Example: SmolLM2 (9 / 3 heads) → 4; a
+/// 16-row verify → none (the interval kernel's row groups).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn decode_heads(n: usize, rows: usize) -> Option<usize> {
+    let off = crate::ops::switched_off!("DFLASH_DECODE_ATTENTION");
+    (n == 1 && rows <= 8 && !off).then(|| rows.next_power_of_two().max(2))
+}
+
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 struct Op<'a> {
     iv: &'a RowIntervals,
@@ -113,22 +129,36 @@ impl candle_core::CustomOp3 for Op<'_> {
         let (_, hkv, t, _) = kl.shape().dims4()?;
         let hs = kl.stride()[1];
         let rows = hq / hkv * n;
-        // up to 4 rows: one block of 4 warps, a row each, tiles of 64 keys; more: groups of
-        // 16 rows (4 per warp), tiles of 32 keys. About 1,024 blocks over (sequence, K/V head,
-        // group, split) (a few per SM, their loads in flight together), each split at least
-        // one tile. Example: a 16-row verify of Qwen3-8B (32 / 8 heads) over 512 keys: 8 heads
-        // × 4 groups × 16 splits = 512 blocks, where one 64-row group gave 128.
-        let (rw, tile) = if rows <= 4 { (1, 64) } else { (4, 32) };
         let blocks = b * hkv;
-        let groups = rows.div_ceil(4 * rw);
-        let splits = 1024usize
-            .div_ceil(blocks * groups)
-            .clamp(1, t.div_ceil(tile).clamp(1, 64));
-        let smem = (tile * (d + 1) + tile * d + rows.min(4 * rw) * d) * 4;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks as u32, splits as u32, groups as u32),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: smem as u32,
+        let (name, splits, cfg) = if let Some(heads) = decode_heads(n, rows) {
+            // one query row per sequence (`decode_attn_*`): a block per (sequence, K/V head,
+            // split), K/V read into registers; about 2,048 blocks, each split at least 64 keys.
+            // Example: 256 SmolLM2 slots (3 K/V heads) over 1,300 columns: 768 × 3 splits.
+            let splits = 2048usize.div_ceil(blocks).clamp(1, t.div_ceil(64).max(1));
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, splits as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (format!("decode_attn_d{d}_g{heads}"), splits, cfg)
+        } else {
+            // up to 4 rows: one block of 4 warps, a row each, tiles of 64 keys; more: groups
+            // of 16 rows (4 per warp), tiles of 32 keys. About 1,024 blocks over (sequence, K/V
+            // head, group, split) (a few per SM, their loads in flight together), each split at
+            // least one tile. Example: a 16-row verify of Qwen3-8B (32 / 8 heads) over 512
+            // keys: 8 heads × 4 groups × 16 splits = 512 blocks, where one 64-row group gave 128.
+            let (rw, tile) = if rows <= 4 { (1, 64) } else { (4, 32) };
+            let groups = rows.div_ceil(4 * rw);
+            let splits = 1024usize
+                .div_ceil(blocks * groups)
+                .clamp(1, t.div_ceil(tile).clamp(1, 64));
+            let smem = (tile * (d + 1) + tile * d + rows.min(4 * rw) * d) * 4;
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, splits as u32, groups as u32),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            (format!("interval_attn_d{d}_r{rw}"), splits, cfg)
         };
         let dev = qs.device().clone();
         let (hq_, hkv_, n_, hs_, sc) = (
@@ -140,7 +170,6 @@ impl candle_core::CustomOp3 for Op<'_> {
         );
         // the K/V buffers from the view's first element to the end of the last row read
         let span = (blocks - 1) * hs + t * d;
-        let name = format!("interval_attn_d{d}_r{rw}");
         let merge = format!("interval_attn_merge_d{d}");
         self.iv
             .table
@@ -185,5 +214,24 @@ impl candle_core::CustomOp3 for Op<'_> {
                 };
                 Ok((out, candle_core::Shape::from((b, n, hq * d))))
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_heads;
+
+    /// One query row per sequence with up to 8 heads per K/V head takes the decode kernel, built
+    /// for 2, 4 or 8 heads; several rows (a verify) or more heads take the interval kernel.
+    #[test]
+    fn the_decode_kernel_takes_one_row_and_up_to_eight_heads() {
+        assert_eq!(decode_heads(1, 1), Some(2));
+        assert_eq!(decode_heads(1, 3), Some(4)); // SmolLM2: 9 / 3 heads
+        assert_eq!(decode_heads(1, 4), Some(4)); // Qwen3-8B: 32 / 8
+        assert_eq!(decode_heads(1, 6), Some(8)); // Qwen2.5-Coder-1.5B: 12 / 2
+        assert_eq!(decode_heads(1, 8), Some(8));
+        assert_eq!(decode_heads(1, 9), None);
+        assert_eq!(decode_heads(2, 4), None);
+        assert_eq!(decode_heads(16, 48), None); // SmolLM2's 16-row verify
     }
 }
