@@ -593,13 +593,14 @@ INTERVAL_ATTN_MERGE(bf16, __nv_bfloat16, 128)
 // Decode attention: one query row per sequence (an AR step of one sequence, or of the many slots
 // of a batched regeneration), the g = hq / hkv ≤ G query heads of a K/V head together. A block
 // of 4 warps per (sequence s, K/V head h, split j of s's interval) reads K and V rows straight
-// from global memory into registers (16-byte loads, no shared-memory staging, UN loads of K and
-// of V in flight per lane): a key's row spreads over LPK = D / VN lanes (VN values each), one
-// warp-load covers KPW = 32 / LPK consecutive keys, and each group of LPK lanes keeps its own
-// online softmax (m, l, acc per query head) over the keys it reads. The groups of a warp merge
-// through shuffles, the 4 warps through shared memory; one split writes the normalised output,
-// several write (acc, m, l) to `part` in interval_attn's layout for interval_attn_merge. The
-// kernels take interval_attn's arguments (n is 1).
+// from global memory into registers (16-byte loads; the next iteration's UN loads of K and of V
+// issued before this iteration's math, so that two iterations' loads are in flight per lane): a
+// key's row spreads over LPK = D / VN lanes (VN values each), one warp-load covers KPW = 32 / LPK
+// consecutive keys, and each group of LPK lanes keeps its own online softmax (m, l, acc per
+// query head) over the keys it reads. The queries sit in shared memory (read as float4). The
+// groups of a warp merge through shuffles, the 4 warps through shared memory; one split writes
+// the normalised output, several write (acc, m, l) to `part` in interval_attn's layout for
+// interval_attn_merge. The kernels take interval_attn's arguments (n is 1).
 // Example: SmolLM2 in bf16 (D = 64, VN = 8, g = 3 → G = 4): 8 lanes per key, 4 keys per
 // warp-load, UN = 4 → a warp walks 16 keys per iteration, the block 64.
 // ---------------------------------------------------------------------------------------------
@@ -608,10 +609,7 @@ __device__ void decode_attn(const T* q, const T* k, const T* v, const uint32_t* 
                             float* part, int hq, int hkv, long long hs, float scale) {
     constexpr int VN = Vec16<T>::N, LPK = D / VN, KPW = 32 / LPK, UN = G <= 4 ? 4 : 2;
     constexpr int STEP = UN * KPW;  // keys per warp per iteration
-    // the queries in registers up to 4 heads, in shared memory (read as float4) beyond: 8 heads
-    // of 8 values held per lane would leave room for only 2 blocks per SM
-    constexpr bool QSM = G > 4;
-    __shared__ __align__(16) float qsm[QSM ? G : 1][QSM ? D : 4];
+    __shared__ __align__(16) float qsm[G][D];
     __shared__ float wm[4][G], wl[4][G], wa[4][G][D];
     const int s = blockIdx.x / hkv, h = blockIdx.x % hkv, g = hq / hkv, splits = gridDim.y;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -619,29 +617,10 @@ __device__ void decode_attn(const T* q, const T* k, const T* v, const uint32_t* 
     const uint32_t lo = iv[2 * s], hi = max(iv[2 * s + 1], lo);
     const uint32_t chunk = ((hi - lo + splits - 1) / splits + STEP - 1) / STEP * STEP;
     const uint32_t c0 = min(hi, lo + blockIdx.y * chunk), c1 = min(hi, c0 + chunk);
-    float qv[QSM ? 1 : G][VN], acc[G][VN], m[G], l[G];
-#pragma unroll
-    for (int gi = 0; gi < G; gi++) {
-        m[gi] = NEG_INF;
-        l[gi] = 0.0f;
-#pragma unroll
-        for (int x = 0; x < VN; x++) {
-            acc[gi][x] = 0.0f;
-            if constexpr (!QSM)
-                qv[gi][x] = gi < g ? ld(q, ((size_t)s * hq + h * g + gi) * D + e0 + x) * scale : 0.0f;
-        }
-    }
-    if constexpr (QSM) {
-        for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-            const int gi = idx / D;
-            qsm[gi][idx % D] = gi < g ? ld(q, ((size_t)s * hq + h * g + gi) * D + idx % D) * scale : 0.0f;
-        }
-        __syncthreads();
-    }
     const T* kb = k + (size_t)(s * hkv + h) * hs;
     const T* vb = v + (size_t)(s * hkv + h) * hs;
-    for (uint32_t c = c0 + warp * STEP; c < c1; c += 4 * STEP) {
-        uint4 kr[UN], vr[UN];
+    // this lane's K and V vectors of the UN keys of the iteration at key c (zeros past c1)
+    auto fetch = [&](uint32_t c, uint4* kr, uint4* vr) {
 #pragma unroll
         for (int u = 0; u < UN; u++) {
             const uint32_t cu = c + u * KPW + grp;
@@ -651,6 +630,26 @@ __device__ void decode_attn(const T* q, const T* k, const T* v, const uint32_t* 
                 vr[u] = reinterpret_cast<const uint4*>(vb + (size_t)cu * D)[lane % LPK];
             }
         }
+    };
+    uint32_t c = c0 + warp * STEP;
+    uint4 kr[UN], vr[UN];
+    fetch(c, kr, vr);  // the first loads in flight while the queries load
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int gi = idx / D;
+        qsm[gi][idx % D] = gi < g ? ld(q, ((size_t)s * hq + h * g + gi) * D + idx % D) * scale : 0.0f;
+    }
+    __syncthreads();
+    float acc[G][VN], m[G], l[G];
+#pragma unroll
+    for (int gi = 0; gi < G; gi++) {
+        m[gi] = NEG_INF;
+        l[gi] = 0.0f;
+#pragma unroll
+        for (int x = 0; x < VN; x++) acc[gi][x] = 0.0f;
+    }
+    for (; c < c1; c += 4 * STEP) {
+        uint4 kn[UN], vn[UN];
+        fetch(c + 4 * STEP, kn, vn);  // the next iteration's, in flight during this one's math
         // scores of this lane group's UN keys (the partial dots summed over the group's lanes)
         float sc[UN][G];
 #pragma unroll
@@ -662,15 +661,10 @@ __device__ void decode_attn(const T* q, const T* k, const T* v, const uint32_t* 
             for (int gi = 0; gi < G; gi++) {
                 float a = 0.0f;
                 if (gi < g) {
-                    if constexpr (QSM) {
 #pragma unroll
-                        for (int x = 0; x < VN; x += 4) {
-                            const float4 q4 = *reinterpret_cast<const float4*>(&qsm[gi][e0 + x]);
-                            a += q4.x * f[x] + q4.y * f[x + 1] + q4.z * f[x + 2] + q4.w * f[x + 3];
-                        }
-                    } else {
-#pragma unroll
-                        for (int x = 0; x < VN; x++) a += qv[gi][x] * f[x];
+                    for (int x = 0; x < VN; x += 4) {
+                        const float4 q4 = *reinterpret_cast<const float4*>(&qsm[gi][e0 + x]);
+                        a += q4.x * f[x] + q4.y * f[x + 1] + q4.z * f[x + 2] + q4.w * f[x + 3];
                     }
 #pragma unroll
                     for (int o = LPK / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
@@ -707,6 +701,11 @@ __device__ void decode_attn(const T* q, const T* k, const T* v, const uint32_t* 
 #pragma unroll
                 for (int x = 0; x < VN; x++) acc[gi][x] += sc[u][gi] * f[x];
             }
+        }
+#pragma unroll
+        for (int u = 0; u < UN; u++) {
+            kr[u] = kn[u];
+            vr[u] = vn[u];
         }
     }
     // the lane groups of a warp merged (lanes e and e + LPK hold the same dims of other keys)
@@ -767,24 +766,25 @@ __device__ void decode_attn(const T* q, const T* k, const T* v, const uint32_t* 
     }
 }
 
-#define DECODE_ATTN(NAME, T, D, G)                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) decode_attn_d##D##_g##G##_##NAME(            \
+// MINB blocks per SM: the register budget (4 where 128 registers hold the kernel without spills)
+#define DECODE_ATTN(NAME, T, D, G, MINB)                                                           \
+    extern "C" __global__ void __launch_bounds__(128, MINB) decode_attn_d##D##_g##G##_##NAME(     \
         const T* q, const T* k, const T* v, const uint32_t* iv, T* out, float* part, int hq,      \
         int hkv, int /* n = 1 */, long long hs, float scale) {                                     \
         decode_attn<T, D, G>(q, k, v, iv, out, part, hq, hkv, hs, scale);                          \
     }
-DECODE_ATTN(f32, float, 64, 2)
-DECODE_ATTN(f32, float, 64, 4)
-DECODE_ATTN(f32, float, 64, 8)
-DECODE_ATTN(f32, float, 128, 2)
-DECODE_ATTN(f32, float, 128, 4)
-DECODE_ATTN(f32, float, 128, 8)
-DECODE_ATTN(bf16, __nv_bfloat16, 64, 2)
-DECODE_ATTN(bf16, __nv_bfloat16, 64, 4)
-DECODE_ATTN(bf16, __nv_bfloat16, 64, 8)
-DECODE_ATTN(bf16, __nv_bfloat16, 128, 2)
-DECODE_ATTN(bf16, __nv_bfloat16, 128, 4)
-DECODE_ATTN(bf16, __nv_bfloat16, 128, 8)
+DECODE_ATTN(f32, float, 64, 2, 4)
+DECODE_ATTN(f32, float, 64, 4, 4)
+DECODE_ATTN(f32, float, 64, 8, 4)
+DECODE_ATTN(f32, float, 128, 2, 4)
+DECODE_ATTN(f32, float, 128, 4, 4)
+DECODE_ATTN(f32, float, 128, 8, 4)
+DECODE_ATTN(bf16, __nv_bfloat16, 64, 2, 4)
+DECODE_ATTN(bf16, __nv_bfloat16, 64, 4, 4)
+DECODE_ATTN(bf16, __nv_bfloat16, 64, 8, 3)
+DECODE_ATTN(bf16, __nv_bfloat16, 128, 2, 4)
+DECODE_ATTN(bf16, __nv_bfloat16, 128, 4, 3)
+DECODE_ATTN(bf16, __nv_bfloat16, 128, 8, 3)
 
 // The arg-max of each row of f32 values, as the host's `dflash_core::sampling::argmax` picks it:
 // the first index of the largest value, NaN never chosen, except that a row whose first value is
