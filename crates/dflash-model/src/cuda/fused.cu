@@ -1454,10 +1454,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
 
 // ---------------------------------------------------------------------------------------------
 // The attention's per-head work between its projections and its attention
-// (`crate::ops::qkv_rope`): grid (b · max(nq, n), hq + 2·hkv heads), blockDim = D/2 rounded up to
-// a warp; thread e holds features e and e + D/2 (the pair RoPE rotates). Block x = s·max(nq, n)
-// + i is row i of sequence s: of the nq query rows for a query head (hh < hq), of the n new K/V
-// rows for a key (hq ≤ hh < hq + hkv) or value head; a row past its kind's count returns. A
+// (`crate::ops::qkv_rope`): grid (⌈b · max(nq, n) / RB⌉, hq + 2·hkv heads), blockDim (D/2 rounded
+// up to a warp, RB rows); thread (e, y) holds features e and e + D/2 (the pair RoPE rotates) of
+// row f = x·RB + y (of the `rows` = b · max(nq, n)): row i = f mod max(nq, n) of sequence s = f /
+// max(nq, n), of the nq query rows for a query head (hh < hq), of the n new K/V rows for a key
+// (hq ≤ hh < hq + hkv) or value head; a row past its kind's count writes nothing. Example:
+// SmolLM2's prefill of 16 × 1,024 rows (D = 64): blocks of 8 rows × 32 threads, 2,048 per head. A
 // query head is normed per head when flags & 1, rotated with its table (qcos, qsin), written to
 // qo [b, hq, nq, D]; a key head normed when flags & 2, rotated with (cos, sin); value heads
 // copied. Keys and values go to the cache buffers kc, vc [b, hkv, cap, D] at row
@@ -1468,6 +1470,20 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
 // is in f32, rounded once. The target: nq = n, one table; the drafter: nq = the block's rows, n =
 // the context's and the block's.
 // ---------------------------------------------------------------------------------------------
+// The sum of x over the blockDim.x threads of this thread's row threadIdx.y (blockDim.x a
+// multiple of 32, blockDim.x · blockDim.y at most 1,024). `sh` holds 32 floats.
+__device__ float row_sum(float x, float* sh) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+    const int nw = blockDim.x / 32;
+    if (nw == 1) return x;
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) sh[threadIdx.y * nw + threadIdx.x / 32] = x;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < nw; w++) t += sh[threadIdx.y * nw + w];
+    return t;
+}
+
 __device__ __forceinline__ float rnd(float x, const float*) { return x; }
 __device__ __forceinline__ float rnd(float x, const __nv_bfloat16*) {
     return __bfloat162float(__float2bfloat16(x));
@@ -1477,15 +1493,15 @@ template <typename T>
 __device__ void qkv_rope(const T* q, const T* k, const T* v, int ldq, int ldk, int ldv,
                          const T* qcos, const T* qsin, const T* cos, const T* sin, const T* qw,
                          const T* kw, float eps, const uint32_t* index, T* qo, T* kc, T* vc,
-                         int nq, int n, int hq, int hkv, int D, int cap, int first, int flags) {
+                         int nq, int n, int hq, int hkv, int D, int cap, int first, int flags,
+                         int rows) {
     __shared__ float sh[32];
     const int hh = blockIdx.y, kind = hh < hq ? 0 : (hh < hq + hkv ? 1 : 2);
-    const int maxn = max(nq, n), s = blockIdx.x / maxn, i = blockIdx.x % maxn;
-    const int rows = kind == 0 ? nq : n;
-    if (i >= rows) return;  // the whole block
-    const int row = s * rows + i;
+    const int maxn = max(nq, n), f = blockIdx.x * blockDim.y + threadIdx.y;
+    const int s = f / maxn, i = f % maxn, count = kind == 0 ? nq : n;
+    const int row = s * count + i;
     const int half = D / 2, e = threadIdx.x;
-    const bool act = e < half;
+    const bool act = e < half && f < rows && i < count;
     const int h = kind == 0 ? hh : (kind == 1 ? hh - hq : hh - hq - hkv);
     const T* src = kind == 0 ? q + (size_t)row * ldq : (kind == 1 ? k + (size_t)row * ldk
                                                                   : v + (size_t)row * ldv);
@@ -1494,7 +1510,7 @@ __device__ void qkv_rope(const T* q, const T* k, const T* v, int ldq, int ldk, i
     const bool norm = (kind == 0 && (flags & 1)) || (kind == 1 && (flags & 2));
     if (norm) {  // the same for the whole block
         const T* w = kind == 0 ? qw : kw;
-        float r = rsqrtf(block_sum(x1 * x1 + x2 * x2, sh) / D + eps);
+        float r = rsqrtf(row_sum(x1 * x1 + x2 * x2, sh) / D + eps);
         if (act) {
             x1 = rnd(x1 * r * ld(w, e), q);
             x2 = rnd(x2 * r * ld(w, e + half), q);
@@ -1526,9 +1542,9 @@ __device__ void qkv_rope(const T* q, const T* k, const T* v, int ldq, int ldk, i
         const T* q, const T* k, const T* v, int ldq, int ldk, int ldv, const T* qcos,              \
         const T* qsin, const T* cos, const T* sin, const T* qw, const T* kw, float eps,            \
         const uint32_t* index, T* qo, T* kc, T* vc, int nq, int n, int hq, int hkv, int D, int cap, \
-        int first, int flags) {                                                                    \
+        int first, int flags, int rows) {                                                          \
         qkv_rope<T>(q, k, v, ldq, ldk, ldv, qcos, qsin, cos, sin, qw, kw, eps, index, qo, kc, vc,  \
-                    nq, n, hq, hkv, D, cap, first, flags);                                         \
+                    nq, n, hq, hkv, D, cap, first, flags, rows);                                   \
     }
 QKV_ROPE(f32, float)
 QKV_ROPE(bf16, __nv_bfloat16)

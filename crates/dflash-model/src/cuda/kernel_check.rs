@@ -168,7 +168,10 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// of a 64-row cache, q, k and v column ranges of one stacked product; (2) SmolLM2's heads (9 /
 /// 3 of 64, no norms), 3 sequences appending one row each after 5, one RoPE table per
 /// sequence, three separate products; (3) a draft block: 32 new K/V rows (16 of context, 16 of
-/// the block) and queries from the block's 16, with their own RoPE rows, through the index.
+/// the block) and queries from the block's 16, with their own RoPE rows, through the index;
+/// (4) a batched prefill: 2 sequences appending 13 rows each after 5 (Qwen3's heads in small,
+/// normed: two warps per row, 4 rows per block, the last block part-filled), one table per
+/// sequence.
 fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::cache::kv_cache::KvCache;
     use crate::layers::norm::RmsNorm;
@@ -176,11 +179,12 @@ fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::ops::qkv_rope::{apply, serves, Heads, Projections, Rows, Tables};
     let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
     let mut outs = Vec::new();
-    for case in 0..3 {
+    for case in 0..4 {
         let (b, hq, hkv, d, n, len) = match case {
             0 => (1, 4, 2, 128, 16, 20),
             1 => (3, 9, 3, 64, 1, 5),
-            _ => (1, 4, 2, 128, 32, 20),
+            2 => (1, 4, 2, 128, 32, 20),
+            _ => (2, 4, 2, 128, 13, 5),
         };
         let heads = Heads {
             q: hq,
@@ -235,7 +239,12 @@ fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
         } else {
             let x = |w, s| on(fill(&[b, n, w * d], s, 2.0)?);
             (q, k, v) = (x(hq, seed + 4)?, x(hkv, seed + 5)?, x(hkv, seed + 6)?);
-            norms = (None, None);
+            // case 3 (a batched prefill): normed, 26 rows over blocks of 4
+            norms = if case == 3 {
+                (Some(&qn), Some(&kn))
+            } else {
+                (None, None)
+            };
             (index, cap) = (None, None);
         }
         let p = Projections {
@@ -800,6 +809,9 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
                 "QKV: q of a draft block's 16 rows (context and block keys)",
                 "QKV: K cache (a draft block: 16 context and 16 block rows)",
                 "QKV: V cache (a draft block)",
+                "QKV: q, normed, rotated (2 sequences appending 13 rows each)",
+                "QKV: K cache (2 sequences appending 13 rows each)",
+                "QKV: V cache (2 sequences appending 13 rows each)",
             ],
             &got,
             &want,
@@ -923,7 +935,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 114);
+        assert_eq!(checks.len(), 120);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

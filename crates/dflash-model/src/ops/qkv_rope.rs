@@ -203,9 +203,9 @@ fn tables_agree(rope: Tables, b: usize, nq: usize, n: usize, dim: usize) -> bool
     b == 1 || per_seq(rope.q, nq) == per_seq(rope.kv, n)
 }
 
-/// [`apply`] as one kernel (`src/cuda/fused.cu`, `qkv_rope_*`): a block per (row, head of the
-/// `heads + 2 · kv_heads`), `dim / 2` active threads, each the pair of features RoPE rotates
-/// together. Only where [`serves`].
+/// [`apply`] as one kernel (`src/cuda/fused.cu`, `qkv_rope_*`): a block per (group of rows, head
+/// of the `heads + 2 · kv_heads`), `dim / 2` active threads per row, each the pair of features
+/// RoPE rotates together. Only where [`serves`].
 fn fused(
     p: Projections,
     heads: Heads,
@@ -312,15 +312,24 @@ impl candle_core::CustomOp1 for Op<'_> {
             | (i32::from(k_norm.is_some()) << 1)
             | (i32::from(rows.index.is_some()) << 2)
             | (i32::from(batched_table) << 3);
+        // a warp or two per row (D/2 threads), 256 threads of several rows per block: a
+        // prefill's thousands of rows in few blocks, each with many loads in flight
         let threads = (d / 2).div_ceil(32) * 32;
+        let all_rows = b * n.max(nq);
+        let per_block = (256 / threads).max(1);
         let cfg = LaunchConfig {
-            grid_dim: ((b * n.max(nq)) as u32, (heads.q + 2 * heads.kv) as u32, 1),
-            block_dim: (threads as u32, 1, 1),
+            grid_dim: (
+                all_rows.div_ceil(per_block) as u32,
+                (heads.q + 2 * heads.kv) as u32,
+                1,
+            ),
+            block_dim: (threads as u32, per_block as u32, 1),
             shared_mem_bytes: 0,
         };
         let ld = |l: &Layout| l.stride()[1] as i32;
         let (ldq, ldk, ldv) = (ld(ql), ld(kl), ld(vl));
-        let (nq_, n_, hq_, hkv_, d_, cap_, first_) = (
+        let (rows_, nq_, n_, hq_, hkv_, d_, cap_, first_) = (
+            all_rows as i32,
             nq as i32,
             n as i32,
             heads.q as i32,
@@ -357,7 +366,7 @@ impl candle_core::CustomOp1 for Op<'_> {
             let out = alloc::<T>(&dev, b * heads.q * nq * d)?;
             launch!(
                 dev, "qkv_rope", dt, cfg, q, k, v, ldq, ldk, ldv, qcos, qsin, cos, sin, qw, kw,
-                eps, ix, out, kc, vc, nq_, n_, hq_, hkv_, d_, cap_, first_, flags
+                eps, ix, out, kc, vc, nq_, n_, hq_, hkv_, d_, cap_, first_, flags, rows_
             );
             CudaStorage::wrap_cuda_slice(out, dev.clone())
         });
