@@ -70,10 +70,22 @@ impl candle_core::CustomOp1 for Stacked {
         gu: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, by_float, elementwise, launch, view};
+        use crate::cuda::ptx::{alloc, by_float, launch, view};
+        use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
         let dev = gu.device().clone();
         let n = l.shape().elem_count() / 2;
-        let (nn, inter, cfg) = (n as u64, self.inter as u64, elementwise(n as u64));
+        // 256 columns per block, a row per block row (rows beyond 65,535 in a loop)
+        let rows = n / self.inter.max(1);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                self.inter.div_ceil(256) as u32,
+                rows.clamp(1, 65_535) as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (nn, inter) = (n as u64, self.inter as u64);
         let mut dims = l.dims().to_vec();
         if let Some(d) = dims.last_mut() {
             *d = self.inter;
