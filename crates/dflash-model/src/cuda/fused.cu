@@ -592,8 +592,9 @@ INTERVAL_ATTN_MERGE(bf16, __nv_bfloat16, 64)
 INTERVAL_ATTN_MERGE(bf16, __nv_bfloat16, 128)
 
 // ---------------------------------------------------------------------------------------------
-// Decode attention: one query row per sequence (an AR step of one sequence, or of the many slots
-// of a batched regeneration), the g = hq / hkv ≤ G query heads of a K/V head together. A block
+// Decode attention: one query row per sequence (the AR step of a batched regeneration's slots;
+// `crate::ops::interval_attention` routes a single sequence's to interval_attn), the
+// g = hq / hkv ≤ G query heads of a K/V head together. A block
 // of 4 warps per (sequence s, K/V head h, split j of s's interval) reads K and V rows straight
 // from global memory into registers (16-byte loads; the next iteration's UN loads of K and of V
 // issued before this iteration's math, so that two iterations' loads are in flight per lane): a

@@ -113,8 +113,8 @@ fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// decode kernel's 8-head build with 6 heads, queries from shared memory) over 900 of 1,000
 /// columns, (6) one sequence's AR step over all 700 columns with Qwen3-8B's heads (4 per K/V
 /// head, many splits), (7) 3 slots of 4/4 heads of 64 over 60 columns (one query head per K/V
-/// head: the 2-head build with one idle; one split, written directly). Cases 1, 2, 5, 6 and
-/// 7 run the decode kernel, 3 and 4 the interval kernel.
+/// head: the 2-head build with one idle; one split, written directly). Cases 1, 2, 5 and 7 run
+/// the decode kernel (several sequences), 3, 4 and 6 the interval kernel.
 fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::layers::attention::{attend_intervals, attend_intervals_unfused};
     let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);

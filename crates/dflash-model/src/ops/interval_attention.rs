@@ -12,13 +12,13 @@
 //!
 //! Two kernels (`src/cuda/fused.cu`), each with an online softmax in f32 per row and the splits
 //! of the keys merged in a second kernel when there are several:
-//! - one query row per sequence and at most 8 query heads per K/V head (AR steps: a single
-//!   sequence's or a regeneration's slots), `decode_attn_*`: a block per (sequence, K/V head,
+//! - one query row in each of several sequences and at most 8 query heads per K/V head (the
+//!   AR steps of a regeneration's slots), `decode_attn_*`: a block per (sequence, K/V head,
 //!   split), K/V rows loaded straight into registers with several loads in flight per lane;
 //!   `DFLASH_DECODE_ATTENTION=0` hands these to the other kernel;
-//! - otherwise (verifies), `interval_attn_*`: a block per (sequence, K/V head, group of up to
-//!   16 of the `hq / hkv · n` query rows that share the K/V head, split), K/V staged in shared
-//!   memory tile by tile.
+//! - otherwise (a single sequence's AR step, verifies), `interval_attn_*`: a block per
+//!   (sequence, K/V head, group of up to 16 of the `hq / hkv · n` query rows that share the K/V
+//!   head, split), K/V staged in shared memory tile by tile.
 //!
 //! They serve head dims 64 and 128, at most 64 query rows per K/V head, f32 and bf16, and K/V
 //! whose rows are read in place ([`crate::layers::attention`]'s `matmul_operand` layout).
@@ -79,14 +79,16 @@ pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, iv: &RowIntervals, scale: f64) 
     q.apply_op3_no_bwd(k, v, &Op { iv, scale })
 }
 
-/// The decode kernel for `n` query rows per sequence, `rows` per K/V head: one query row and at
-/// most 8 heads per K/V head, unless `DFLASH_DECODE_ATTENTION=0`; the head count it is built for
-/// (2, 4 or 8; fewer heads run with the rest idle). Example: SmolLM2 (9 / 3 heads) → 4; a
-/// 16-row verify → none (the interval kernel's row groups).
+/// The decode kernel for `b` sequences of `n` query rows, `rows` per K/V head: several sequences
+/// of one query row and at most 8 heads per K/V head, unless `DFLASH_DECODE_ATTENTION=0`; the
+/// head count it is built for (2, 4 or 8; fewer heads run with the rest idle). A single
+/// sequence's AR step keeps the interval kernel: on the H200 the decode kernel took 2.5 % longer
+/// over Qwen3-8B's 512-row step (BENCHMARKS.md). Example: 256 SmolLM2 slots (9 / 3 heads) → 4;
+/// a 16-row verify → none (the interval kernel's row groups).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn decode_heads(n: usize, rows: usize) -> Option<usize> {
+fn decode_heads(b: usize, n: usize, rows: usize) -> Option<usize> {
     let off = crate::ops::switched_off!("DFLASH_DECODE_ATTENTION");
-    (n == 1 && rows <= 8 && !off).then(|| rows.next_power_of_two().max(2))
+    (b > 1 && n == 1 && rows <= 8 && !off).then(|| rows.next_power_of_two().max(2))
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -130,7 +132,7 @@ impl candle_core::CustomOp3 for Op<'_> {
         let hs = kl.stride()[1];
         let rows = hq / hkv * n;
         let blocks = b * hkv;
-        let (name, splits, cfg) = if let Some(heads) = decode_heads(n, rows) {
+        let (name, splits, cfg) = if let Some(heads) = decode_heads(b, n, rows) {
             // one query row per sequence (`decode_attn_*`): a block per (sequence, K/V head,
             // split), K/V read into registers; about 2,048 blocks, each split at least 64 keys.
             // Example: 256 SmolLM2 slots (3 K/V heads) over 1,300 columns: 768 × 3 splits.
@@ -221,17 +223,19 @@ impl candle_core::CustomOp3 for Op<'_> {
 mod tests {
     use super::decode_heads;
 
-    /// One query row per sequence with up to 8 heads per K/V head takes the decode kernel, built
-    /// for 2, 4 or 8 heads; several rows (a verify) or more heads take the interval kernel.
+    /// Several sequences of one query row with up to 8 heads per K/V head take the decode
+    /// kernel, built for 2, 4 or 8 heads; a single sequence, several rows (a verify) or more
+    /// heads take the interval kernel.
     #[test]
-    fn the_decode_kernel_takes_one_row_and_up_to_eight_heads() {
-        assert_eq!(decode_heads(1, 1), Some(2));
-        assert_eq!(decode_heads(1, 3), Some(4)); // SmolLM2: 9 / 3 heads
-        assert_eq!(decode_heads(1, 4), Some(4)); // Qwen3-8B: 32 / 8
-        assert_eq!(decode_heads(1, 6), Some(8)); // Qwen2.5-Coder-1.5B: 12 / 2
-        assert_eq!(decode_heads(1, 8), Some(8));
-        assert_eq!(decode_heads(1, 9), None);
-        assert_eq!(decode_heads(2, 4), None);
-        assert_eq!(decode_heads(16, 48), None); // SmolLM2's 16-row verify
+    fn the_decode_kernel_takes_batches_of_one_row_and_up_to_eight_heads() {
+        assert_eq!(decode_heads(256, 1, 1), Some(2));
+        assert_eq!(decode_heads(256, 1, 3), Some(4)); // SmolLM2: 9 / 3 heads
+        assert_eq!(decode_heads(2, 1, 4), Some(4)); // Qwen3-8B: 32 / 8
+        assert_eq!(decode_heads(256, 1, 6), Some(8)); // Qwen2.5-Coder-1.5B: 12 / 2
+        assert_eq!(decode_heads(256, 1, 8), Some(8));
+        assert_eq!(decode_heads(256, 1, 9), None);
+        assert_eq!(decode_heads(1, 1, 4), None); // a single sequence's AR step
+        assert_eq!(decode_heads(256, 2, 4), None);
+        assert_eq!(decode_heads(1, 16, 48), None); // SmolLM2's 16-row verify
     }
 }
