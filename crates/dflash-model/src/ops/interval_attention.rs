@@ -133,8 +133,9 @@ impl candle_core::CustomOp3 for Op<'_> {
         let rows = hq / hkv * n;
         let blocks = b * hkv;
         let (name, splits, cfg) = if let Some(heads) = decode_heads(b, n, rows) {
-            // one query row per sequence (`decode_attn_*`): a block per (sequence, K/V head,
-            // split), K/V read into registers; about 2,048 blocks, each split at least 64 keys.
+            // one query row in each of several sequences (`decode_attn_*`): a block per
+            // (sequence, K/V head, split), K/V read into registers; about 2,048 blocks, each
+            // split at least 64 keys.
             // Example: 256 SmolLM2 slots (3 K/V heads) over 1,300 columns: 768 × 3 splits.
             let splits = 2048usize.div_ceil(blocks).clamp(1, t.div_ceil(64).max(1));
             let cfg = LaunchConfig {
