@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `dflash-rs bench regen` (batched decoding on random weights: eager and graph-replayed steps,
 # each with the attention as matmuls, as the interval kernel and as the decode kernel — the
-# default; ATTENTION lists the variants to run) beside HF transformers `generate`
+# default; ATTENTION lists the variants to run; the prefills run the prefill kernel except
+# under `matmuls` and `noprefill`, the decode kernel with prefills as matmuls) beside HF
+# transformers `generate`
 # (bench/regen_reference.py) on the same shape and prompts, in one call of a CUDA machine; then
 # one JSON file of rows for docs/bench/.
 #
@@ -29,7 +31,8 @@ for c in $CASES; do
         matmuls) env="DFLASH_FUSED_ATTENTION=0"; name=matmuls ;;
         interval) env="DFLASH_DECODE_ATTENTION=0"; name="fused interval kernel" ;;
         decode) env="DFLASH_DECODE_ATTENTION=1"; name="fused decode kernel" ;;
-        *) echo "unknown attention variant $att (matmuls interval decode)" >&2; exit 2 ;;
+        noprefill) env="DFLASH_PREFILL_ATTENTION=0"; name="fused decode kernel, prefills as matmuls" ;;
+        *) echo "unknown attention variant $att (matmuls interval decode noprefill)" >&2; exit 2 ;;
       esac
       f="$OUT/ours-$lo-$hi-$new-g$graphs-$att.json"
       env "$env" "$B" bench regen --shape "$SHAPE" --device cuda --dtype bf16 \

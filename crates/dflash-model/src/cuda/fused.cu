@@ -1671,3 +1671,5 @@ __device__ void masked_softmax(const T* s, const T* mask, T* p, int t, int n, in
     }
 MASKED_SOFTMAX(f32, float)
 MASKED_SOFTMAX(bf16, __nv_bfloat16)
+
+#include "prefill_attn.cuh"

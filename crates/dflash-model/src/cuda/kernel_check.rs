@@ -161,6 +161,57 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     Ok(outs)
 }
 
+/// The prefill attention ([`crate::ops::prefill_attention`], bf16 on a GPU) or its twin (the
+/// matmuls around the interval softmax), as f32 on the CPU: (1) one sequence's causal prefill of
+/// 300 rows over a 300-row view of a 320-row buffer (Qwen3-8B's 32 / 8 heads of 128: five row
+/// tiles, the last part-filled; tiles of 32 keys); (2) 3 sequences prefilling 70 rows each
+/// after 30 cache rows, sequence s left-padded by 17·s keys and the first 5 rows of sequence 2
+/// seeing nothing (SmolLM2's 9 / 3 heads of 64: tiles of 64 keys; empty rows give zeros); (3) a
+/// packed training row of 200 tokens in two segments (0..90, 90..200), each row seeing its own
+/// segment up to itself (4 / 2 heads of 128).
+fn prefill_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    use crate::layers::attention::{attend_intervals, attend_intervals_unfused};
+    use std::ops::Range;
+    let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+    let mut outs = Vec::new();
+    for (case, (b, hq, hkv, d, n, t, cap)) in [
+        (1, 32, 8, 128, 300, 300, 320),
+        (3, 9, 3, 64, 70, 100, 100),
+        (1, 4, 2, 128, 200, 200, 200),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 90 + 3 * case as u64;
+        let q = on(fill(&[b, hq, n, d], seed, 1.0)?)?;
+        let kbuf = on(fill(&[b, hkv, cap, d], seed + 1, 1.0)?)?;
+        let vbuf = on(fill(&[b, hkv, cap, d], seed + 2, 1.0)?)?;
+        let (k, v) = (kbuf.narrow(2, 0, t)?, vbuf.narrow(2, 0, t)?);
+        let rows: Vec<Range<usize>> = (0..b * n)
+            .map(|e| {
+                let (s, r) = (e / n, e % n);
+                match case {
+                    0 => 0..r + 1,
+                    1 if s == 2 && r < 5 => 0..0,
+                    1 => 17 * s..t - n + r + 1,
+                    _ => (if r < 90 { 0 } else { 90 })..r + 1,
+                }
+            })
+            .collect();
+        let iv = RowIntervals::from_rows(&rows, b, n, t, dev)?;
+        let o = if dev.is_cpu() {
+            attend_intervals_unfused(&q, &k, &v, &iv, 0.125)?
+        } else {
+            if !crate::ops::prefill_attention::serves(&q, &k, &v) {
+                candle_core::bail!("the prefill attention does not serve case {case}");
+            }
+            attend_intervals(&q, &k, &v, &iv, 0.125)?
+        };
+        outs.push(o.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+    }
+    Ok(outs)
+}
+
 /// The attention's per-head work after its projections ([`crate::ops::qkv_rope::apply`]) on
 /// `dev` in `dtype` (the fused kernel on a GPU, the unfused ops on the CPU), as f32 on the CPU
 /// `[q, K, V]` per case: (1) Qwen3's shape in small (4 query / 2 K/V heads of 128, q and k
@@ -586,6 +637,15 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         ];
         push_rows(&mut checks, &names, &got, &want, dtype, tol)?;
     }
+    // the prefill attention (bf16 only) against the matmuls around the interval softmax
+    let want = prefill_attention_rows(&Device::Cpu, DType::F32)?;
+    let got = prefill_attention_rows(dev, DType::BF16)?;
+    let names = [
+        "prefill attention, causal prefill of 300 rows, head dim 128",
+        "prefill attention, 3 sequences of 70 rows, left-padded, head dim 64",
+        "prefill attention, a packed row of two segments",
+    ];
+    push_rows(&mut checks, &names, &got, &want, DType::BF16, 3e-2)?;
     // the RMSNorm backward of training (bf16 inputs rounded alike on both sides)
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {
         let (got, want) = (
@@ -935,7 +995,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 120);
+        assert_eq!(checks.len(), 123);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

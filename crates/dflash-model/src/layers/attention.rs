@@ -76,7 +76,8 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> 
 }
 
 /// [`attend`] with one interval of keys per query row (`iv`, from the same visibility rule):
-/// on a GPU where it serves, one kernel ([`crate::ops::interval_attention`]); else the two
+/// on a GPU where they serve, one kernel ([`crate::ops::interval_attention`] for a few rows per
+/// sequence, [`crate::ops::prefill_attention`] for many); else the two
 /// matmuls and one fused pass ([`crate::ops::interval_softmax`]) instead of scale, cast, mask
 /// add, softmax and cast. The fused softmax has no backward: inputs that carry a graph
 /// (never the target's) are refused.
@@ -92,6 +93,9 @@ pub fn attend_intervals(
     }
     if crate::ops::interval_attention::serves(q, k, v) {
         return crate::ops::interval_attention::fused(q, k, v, iv, scale);
+    }
+    if crate::ops::prefill_attention::serves(q, k, v) {
+        return crate::ops::prefill_attention::fused(q, k, v, iv, scale);
     }
     attend_intervals_unfused(q, k, v, iv, scale)
 }

@@ -33,6 +33,7 @@ pub(crate) mod kernel_io;
 pub mod log_softmax;
 pub mod masked_softmax;
 pub mod permute;
+pub mod prefill_attention;
 pub mod qkv_rope;
 pub mod rms_norm_grad;
 pub mod scatter_rows;

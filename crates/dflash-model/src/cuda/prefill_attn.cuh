@@ -1,0 +1,245 @@
+// Prefill attention on the tensor cores (included by fused.cu): many query rows of a sequence,
+// each over one interval of keys (a target's causal prefill, a training row's packed segments,
+// a regeneration's batched prefill), scores never written to memory. The twin is the matmuls
+// around the interval softmax (`crate::layers::attention::attend_intervals_unfused`).
+//
+// A block of 4 warps takes 64 query rows of one query head of one sequence (each warp 16 rows)
+// and walks the union of the 64 rows' intervals in tiles of BC keys, double-buffered in shared
+// memory by cp.async. Per tile a warp computes S = Q·Kᵀ (16 × BC) with mma.sync m16n8k16 (bf16
+// in, f32 accumulate), hides the keys outside each row's interval, updates its rows' online
+// softmax (base 2, the scale folded in) and accumulates O += P·V with P rounded to bf16 straight
+// from the S fragments and V's fragments read transposed by ldmatrix. K/V are read in place
+// (`[b, hkv, t, D]`, rows of D values, heads `hs` apart); query head hh reads K/V head hh / g.
+// Rows with an empty interval write zeros, as the twin does.
+//
+// Fragment layout of m16n8k16 (lane = 4·gr + tq): A row gr / gr + 8, columns 2tq, 2tq + 1 (and
+// + 8); B column gr, rows 2tq, 2tq + 1 (and + 8); C row gr / gr + 8, columns 2tq, 2tq + 1.
+// Example: Qwen3-8B's target features on a 2,048-token row (32 / 8 heads of 128): 32 row tiles ×
+// 32 heads = 1,024 blocks; the block of rows 960..1024 walks keys 0..1024 in 32 tiles of 32.
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&p);
+}
+
+__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+
+template <int D, int BC>
+__device__ void prefill_attn(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                             const __nv_bfloat16* v, const uint32_t* iv, __nv_bfloat16* out,
+                             int hq, int hkv, int n, long long hs, float scale) {
+    constexpr int LD = D + 8;       // shared row stride in values (16-byte pad: no bank conflicts)
+    constexpr int KC = D / 16;      // k-chunks of Q·Kᵀ
+    constexpr int DT = D / 8;       // n-tiles of O
+    constexpr int ST = BC / 8;      // n-tiles of S
+    constexpr int VPR = D / 8;      // 16-byte vectors per K/V row
+    __shared__ __align__(16) __nv_bfloat16 ks[2 * BC * LD];
+    __shared__ __align__(16) __nv_bfloat16 vs[2 * BC * LD];
+    __shared__ uint32_t span[2];
+    const int s = blockIdx.z, hh = blockIdx.y, r0 = blockIdx.x * 64;
+    const int h = hh / (hq / hkv);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+    const int ra = r0 + warp * 16 + gr, rb = ra + 8;
+    uint32_t lo_a = 0, hi_a = 0, lo_b = 0, hi_b = 0;
+    if (ra < n) {
+        lo_a = iv[2 * ((size_t)s * n + ra)];
+        hi_a = iv[2 * ((size_t)s * n + ra) + 1];
+    }
+    if (rb < n) {
+        lo_b = iv[2 * ((size_t)s * n + rb)];
+        hi_b = iv[2 * ((size_t)s * n + rb) + 1];
+    }
+    // the union of the block's non-empty intervals, and of this warp's
+    if (threadIdx.x == 0) {
+        span[0] = 0xffffffffu;
+        span[1] = 0;
+    }
+    __syncthreads();
+    uint32_t wlo = 0xffffffffu, whi = 0;
+    if (lo_a < hi_a) {
+        wlo = lo_a;
+        whi = hi_a;
+    }
+    if (lo_b < hi_b) {
+        wlo = min(wlo, lo_b);
+        whi = max(whi, hi_b);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
+        whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
+    }
+    if (lane == 0 && wlo < whi) {
+        atomicMin(&span[0], wlo);
+        atomicMax(&span[1], whi);
+    }
+    __syncthreads();
+    const uint32_t lo = span[0], hi = span[1];
+    const int tiles = lo < hi ? (int)((hi - lo + BC - 1) / BC) : 0;
+
+    // this warp's queries as A fragments, straight from global memory
+    const __nv_bfloat16* qh = q + ((size_t)s * hq + hh) * n * D;
+    uint32_t qa[KC][4];
+#pragma unroll
+    for (int kk = 0; kk < KC; kk++) {
+        const int c = kk * 16 + 2 * tq;
+        qa[kk][0] = ra < n ? *reinterpret_cast<const uint32_t*>(qh + (size_t)ra * D + c) : 0u;
+        qa[kk][1] = rb < n ? *reinterpret_cast<const uint32_t*>(qh + (size_t)rb * D + c) : 0u;
+        qa[kk][2] = ra < n ? *reinterpret_cast<const uint32_t*>(qh + (size_t)ra * D + c + 8) : 0u;
+        qa[kk][3] = rb < n ? *reinterpret_cast<const uint32_t*>(qh + (size_t)rb * D + c + 8) : 0u;
+    }
+    float o[DT][4];
+#pragma unroll
+    for (int j = 0; j < DT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m_a = NEG_INF, m_b = NEG_INF, l_a = 0.0f, l_b = 0.0f;
+    const float sl2 = scale * 1.4426950408889634f;
+    const __nv_bfloat16* kb = k + ((size_t)s * hkv + h) * hs;
+    const __nv_bfloat16* vb = v + ((size_t)s * hkv + h) * hs;
+
+    // tile i's K and V rows into buffer i & 1 (rows at or past hi zero-filled)
+    auto issue = [&](int i) {
+        const uint32_t t0 = lo + (uint32_t)i * BC;
+        __nv_bfloat16* kd = ks + (i & 1) * BC * LD;
+        __nv_bfloat16* vd = vs + (i & 1) * BC * LD;
+        for (int idx = threadIdx.x; idx < 2 * BC * VPR; idx += blockDim.x) {
+            const int kv = idx / (BC * VPR), j = (idx / VPR) % BC, e = idx % VPR;
+            const uint32_t c = t0 + j;
+            const bool in = c < hi;
+            const __nv_bfloat16* src = (kv ? vb : kb) + (in ? (size_t)c * D + e * 8 : 0);
+            cp_async16((kv ? vd : kd) + j * LD + e * 8, src, in ? 16 : 0);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    if (tiles > 0) issue(0);
+    for (int i = 0; i < tiles; i++) {
+        if (i + 1 < tiles) {
+            issue(i + 1);
+            asm volatile("cp.async.wait_group 1;\n" ::);
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::);
+        }
+        __syncthreads();
+        const uint32_t t0 = lo + (uint32_t)i * BC;
+        if (t0 < whi && t0 + BC > wlo) {
+            const __nv_bfloat16* kt = ks + (i & 1) * BC * LD;
+            const __nv_bfloat16* vt = vs + (i & 1) * BC * LD;
+            float sc[ST][4];
+#pragma unroll
+            for (int j = 0; j < ST; j++) {
+                sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+                const __nv_bfloat16* kr = kt + (j * 8 + gr) * LD + 2 * tq;
+#pragma unroll
+                for (int kk = 0; kk < KC; kk++) {
+                    const uint32_t b0 = *reinterpret_cast<const uint32_t*>(kr + kk * 16);
+                    const uint32_t b1 = *reinterpret_cast<const uint32_t*>(kr + kk * 16 + 8);
+                    mma_bf16(sc[j], qa[kk], b0, b1);
+                }
+            }
+            // each row's interval, scaled to base 2; the row maxima over the quad
+            float mx_a = NEG_INF, mx_b = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < ST; j++) {
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const uint32_t key = t0 + j * 8 + 2 * tq + (c & 1);
+                    const bool vis = c < 2 ? (key >= lo_a && key < hi_a) : (key >= lo_b && key < hi_b);
+                    sc[j][c] = vis ? sc[j][c] * sl2 : NEG_INF;
+                }
+                mx_a = fmaxf(mx_a, fmaxf(sc[j][0], sc[j][1]));
+                mx_b = fmaxf(mx_b, fmaxf(sc[j][2], sc[j][3]));
+            }
+#pragma unroll
+            for (int off = 1; off < 4; off <<= 1) {
+                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+            }
+            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+            // a row that has seen no key yet keeps 0 as its reference (no inf − inf)
+            const float ref_a = mn_a == NEG_INF ? 0.0f : mn_a;
+            const float ref_b = mn_b == NEG_INF ? 0.0f : mn_b;
+            const float al_a = exp2f(m_a - ref_a), al_b = exp2f(m_b - ref_b);
+            m_a = mn_a;
+            m_b = mn_b;
+            float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+            for (int j = 0; j < ST; j++) {
+                sc[j][0] = exp2f(sc[j][0] - ref_a);
+                sc[j][1] = exp2f(sc[j][1] - ref_a);
+                sc[j][2] = exp2f(sc[j][2] - ref_b);
+                sc[j][3] = exp2f(sc[j][3] - ref_b);
+                sum_a += sc[j][0] + sc[j][1];
+                sum_b += sc[j][2] + sc[j][3];
+            }
+            l_a = l_a * al_a + sum_a;  // this lane's part; the quad sums at the end
+            l_b = l_b * al_b + sum_b;
+#pragma unroll
+            for (int j = 0; j < DT; j++) {
+                o[j][0] *= al_a;
+                o[j][1] *= al_a;
+                o[j][2] *= al_b;
+                o[j][3] *= al_b;
+            }
+            // O += P·V, 16 keys at a time; ldmatrix.trans gives V's B fragments of two n-tiles
+            const int mat = lane >> 3, rr = lane & 7;
+#pragma unroll
+            for (int kc = 0; kc < BC / 16; kc++) {
+                uint32_t pa[4];
+                pa[0] = pack_bf16(sc[2 * kc][0], sc[2 * kc][1]);
+                pa[1] = pack_bf16(sc[2 * kc][2], sc[2 * kc][3]);
+                pa[2] = pack_bf16(sc[2 * kc + 1][0], sc[2 * kc + 1][1]);
+                pa[3] = pack_bf16(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
+                const __nv_bfloat16* vr = vt + (kc * 16 + (mat & 1) * 8 + rr) * LD + (mat >> 1) * 8;
+#pragma unroll
+                for (int j = 0; j < DT; j += 2) {
+                    uint32_t b0, b1, b2, b3;
+                    const uint32_t addr = (uint32_t)__cvta_generic_to_shared(vr + j * 8);
+                    asm volatile(
+                        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                        : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                        : "r"(addr));
+                    mma_bf16(o[j], pa, b0, b1);
+                    mma_bf16(o[j + 1], pa, b2, b3);
+                }
+            }
+        }
+        __syncthreads();  // the buffer is refilled two tiles on
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+    }
+    const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
+    const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+#pragma unroll
+    for (int j = 0; j < DT; j++) {
+        const int c = j * 8 + 2 * tq;
+        if (ra < n)
+            *reinterpret_cast<uint32_t*>(out + (((size_t)s * n + ra) * hq + hh) * D + c) =
+                pack_bf16(o[j][0] * inv_a, o[j][1] * inv_a);
+        if (rb < n)
+            *reinterpret_cast<uint32_t*>(out + (((size_t)s * n + rb) * hq + hh) * D + c) =
+                pack_bf16(o[j][2] * inv_b, o[j][3] * inv_b);
+    }
+}
+
+#define PREFILL_ATTN(D, BC)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) prefill_attn_d##D##_bf16(                     \
+        const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                    \
+        const uint32_t* iv, __nv_bfloat16* out, int hq, int hkv, int n, long long hs,              \
+        float scale) {                                                                             \
+        prefill_attn<D, BC>(q, k, v, iv, out, hq, hkv, n, hs, scale);                              \
+    }
+PREFILL_ATTN(64, 64)
+PREFILL_ATTN(128, 32)
