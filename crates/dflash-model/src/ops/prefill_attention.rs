@@ -142,7 +142,22 @@ impl candle_core::CustomOp3 for Op<'_> {
                     .as_cuda_slice::<half::bf16>()?
                     .slice(vl.start_offset()..vl.start_offset() + span);
                 let out = alloc::<half::bf16>(&dev, b * n * hq * d)?;
-                launch!(dev, &name, DType::BF16, cfg, q, k, v, iv, out, hq_, hkv_, n_, hs_, sc);
+                launch!(
+                    dev,
+                    &name,
+                    DType::BF16,
+                    cfg,
+                    q,
+                    k,
+                    v,
+                    iv,
+                    out,
+                    hq_,
+                    hkv_,
+                    n_,
+                    hs_,
+                    sc
+                );
                 Ok((
                     candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone()),
                     candle_core::Shape::from((b, n, hq * d)),
