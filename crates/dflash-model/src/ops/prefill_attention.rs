@@ -23,14 +23,19 @@ use crate::ops::interval_softmax::RowIntervals;
 /// Query rows per block of the kernel (4 warps of 16).
 const TILE_ROWS: usize = 64;
 
+/// Whether the environment turns the kernel off (`DFLASH_PREFILL_ATTENTION=0` or
+/// `DFLASH_FUSED_ATTENTION=0`).
+pub fn switched_off() -> bool {
+    crate::ops::switched_off!("DFLASH_PREFILL_ATTENTION")
+        || crate::ops::switched_off!("DFLASH_FUSED_ATTENTION")
+}
+
 /// Whether the prefill kernel takes this attention: a CUDA device, bf16, head dim 64 or 128,
 /// more than [`MAX_ROWS`] query rows per K/V head, K and V read in place with one layout.
 /// Example: SmolLM2 (9 / 3 heads of 64) prefilling 30 rows → 90 rows per K/V head: served; its
 /// 16-row verify (48) is the interval kernel's.
 pub fn serves(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
-    let off = crate::ops::switched_off!("DFLASH_PREFILL_ATTENTION")
-        || crate::ops::switched_off!("DFLASH_FUSED_ATTENTION");
-    if !q.device().is_cuda() || off {
+    if !q.device().is_cuda() || switched_off() {
         return false;
     }
     let (Ok((b, hq, n, d)), Ok((kb, hkv, _, kd))) = (q.dims4(), k.dims4()) else {
