@@ -44,6 +44,11 @@ pub struct BenchTrainArgs {
     /// `supervised_tok_s`, `mfu_pct`, …) to this file, for `docs/bench/`.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Print the nodes of the step's backward graph grouped by shape and dtype (candle's
+    /// autograd zero-fills a gradient buffer for each node and adds every incoming gradient
+    /// into it: the count and bytes of that traffic), once, before the timed steps.
+    #[arg(long)]
+    pub graph_census: bool,
 }
 
 pub fn run(a: BenchTrainArgs) -> Result<()> {
@@ -101,6 +106,9 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
             selector_weight: tc.selector_loss_weight,
         };
         let out = block_loss(&td.drafter, &target, &row, &feats, &anchors, obj)?;
+        if i == 0 && a.graph_census {
+            print_census(&out.loss);
+        }
         let g = {
             let _p = tracing::info_span!(target: "phase", "backward").entered();
             out.loss.backward()?
@@ -159,4 +167,28 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
         dflash_model::io::atomic::write_file(path, format!("{row}\n").as_bytes())?;
     }
     Ok(())
+}
+
+/// The backward graph of `loss` by node shape: `| shape | dtype | nodes | MB per node |`, the
+/// largest total first. Example: 5 drafter layers whose block rows are `[1, 8192, 4096]` bf16
+/// show that shape's count (each node one zero-filled buffer of 64 MB and one add per input).
+fn print_census(loss: &candle_core::Tensor) {
+    use std::collections::BTreeMap;
+    let nodes = loss.sorted_nodes();
+    let mut by: BTreeMap<(Vec<usize>, String), usize> = BTreeMap::new();
+    for n in &nodes {
+        *by.entry((n.dims().to_vec(), format!("{:?}", n.dtype())))
+            .or_default() += 1;
+    }
+    let mut rows: Vec<_> = by.into_iter().collect();
+    let bytes = |(d, t): &(Vec<usize>, String)| {
+        d.iter().product::<usize>() as f64 * if t == "F32" { 4.0 } else { 2.0 }
+    };
+    rows.sort_by(|a, b| (bytes(&b.0) * b.1 as f64).total_cmp(&(bytes(&a.0) * a.1 as f64)));
+    println!("backward graph: {} nodes\n", nodes.len());
+    println!("| shape | dtype | nodes | MB per node |\n|---|---|---|---|");
+    for (k, c) in rows {
+        println!("| {:?} | {} | {c} | {:.1} |", k.0, k.1, bytes(&k) / 1e6);
+    }
+    println!();
 }
