@@ -21,6 +21,7 @@ use crate::ops::interval_attention::MAX_ROWS;
 use crate::ops::interval_softmax::RowIntervals;
 
 /// Query rows per block of the kernel (4 warps of 16).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const TILE_ROWS: usize = 64;
 
 /// Whether the environment turns the kernel off (`DFLASH_PREFILL_ATTENTION=0` or
