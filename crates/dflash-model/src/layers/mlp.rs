@@ -55,14 +55,6 @@ impl Mlp {
                 .in_scope(|| crate::ops::silu_mul::silu_mul_stacked(&y, inter))?;
             return self.down_proj.forward(&a);
         }
-        // training on a GPU: gate, up and SwiGLU as one graph node (`ops::swiglu`)
-        if let (Some(wg), Some(wu)) = (self.gate_proj.plain_weight(), self.up_proj.plain_weight()) {
-            if crate::ops::swiglu::serves(x, wg, wu) {
-                return self
-                    .down_proj
-                    .forward(&crate::ops::swiglu::gated(x, wg, wu)?);
-            }
-        }
         let (g, u) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
         let a = tracing::info_span!(target: "phase", "mlp silu · up")
             .in_scope(|| crate::ops::silu_mul::silu_mul(&g, &u))?;

@@ -40,6 +40,5 @@ pub mod scatter_rows;
 pub mod silu_mul;
 pub mod softmax;
 pub mod sq_sum;
-pub mod swiglu;
 pub mod top_k;
 pub mod with_grad;
