@@ -31,12 +31,16 @@ use crate::ops::interval_softmax::RowIntervals;
 /// The most query rows per K/V head the kernel takes (four groups of 16, each group a block).
 pub const MAX_ROWS: usize = 64;
 
+/// Whether the environment turns the fused kernels off (`DFLASH_FUSED_ATTENTION=0`; read once:
+/// this runs at every attention layer of every forward).
+pub fn switched_off() -> bool {
+    crate::ops::switched_off!("DFLASH_FUSED_ATTENTION")
+}
+
 /// Whether the fused kernel takes this attention: a CUDA device, head dim 64 or 128, at most
 /// [`MAX_ROWS`] query rows per K/V head, f32 or bf16, K and V read in place with one layout.
 pub fn serves(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
-    // read once: this runs at every attention layer of every forward
-    let off = crate::ops::switched_off!("DFLASH_FUSED_ATTENTION");
-    if !q.device().is_cuda() || off {
+    if !q.device().is_cuda() || switched_off() {
         return false;
     }
     let (Ok((b, hq, n, d)), Ok((kb, hkv, _, kd))) = (q.dims4(), k.dims4()) else {
