@@ -40,38 +40,68 @@ pub fn switched_off() -> bool {
 /// Whether the fused kernel takes this attention: a CUDA device, head dim 64 or 128, at most
 /// [`MAX_ROWS`] query rows per K/V head, f32 or bf16, K and V read in place with one layout.
 pub fn serves(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
-    if !q.device().is_cuda() || switched_off() {
-        return false;
-    }
+    !switched_off()
+        && matches!(q.dtype(), DType::F32 | DType::BF16)
+        && rows_per_kv_head(q, k, v).is_some_and(|r| r <= MAX_ROWS)
+}
+
+/// The query rows per K/V head (`hq / hkv · n`) when `q`, `k`, `v` have the layout the fused
+/// attention kernels read (this module's and [`crate::ops::prefill_attention`]'s): a CUDA
+/// device, one dtype, head dim 64 or 128, grouped heads, K and V rows of `d` adjacent values
+/// with one layout, batches `hkv` heads apart. Example: Qwen3-8B's 16-row verify (32 / 8 heads
+/// of 128 over a cache view) → 64.
+pub(crate) fn rows_per_kv_head(q: &Tensor, k: &Tensor, v: &Tensor) -> Option<usize> {
     let (Ok((b, hq, n, d)), Ok((kb, hkv, _, kd))) = (q.dims4(), k.dims4()) else {
-        return false;
+        return None;
     };
     let (ks, vs) = (k.stride(), v.stride());
-    matches!(d, 64 | 128)
+    let fits = q.device().is_cuda()
+        && matches!(d, 64 | 128)
         && kd == d
         && kb == b
         && hkv > 0
         && hq % hkv == 0
-        && hq / hkv * n <= MAX_ROWS
-        && matches!(q.dtype(), DType::F32 | DType::BF16)
         && k.dtype() == q.dtype()
         && v.dtype() == q.dtype()
         && k.dims() == v.dims()
         && ks == vs
         && ks[3] == 1
         && ks[2] == d
-        && (b == 1 || ks[0] == ks[1] * hkv)
+        && (b == 1 || ks[0] == ks[1] * hkv);
+    fits.then_some(hq / hkv * n)
 }
 
 /// `q: [b, hq, n, d]`, `k, v: [b, hkv, t, d]` (a cache's view, read in place), one key
 /// interval per query row (`iv`: `b` sequences × `n` rows over `t` columns) → `[b, n, hq · d]`,
 /// as [`crate::layers::attention::attend_intervals`] computes it. Only where [`serves`].
 pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, iv: &RowIntervals, scale: f64) -> Result<Tensor> {
+    apply(
+        q,
+        k,
+        v,
+        iv,
+        serves(q, k, v),
+        "fused interval attention",
+        &Op { iv, scale },
+    )
+}
+
+/// `op` over `q` (made contiguous), `k`, `v` when `served` and the intervals fit `q` and `k`;
+/// else an error naming `what` and the shapes.
+pub(crate) fn apply(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    iv: &RowIntervals,
+    served: bool,
+    what: &str,
+    op: &impl candle_core::CustomOp3,
+) -> Result<Tensor> {
     let (b, _, n, _) = q.dims4()?;
     let t = k.dim(2)?;
-    if !serves(q, k, v) || iv.b != b || iv.n != n || iv.cols != t {
+    if !served || iv.b != b || iv.n != n || iv.cols != t {
         candle_core::bail!(
-            "fused interval attention: q {:?}, k {:?} and intervals of {} × {} rows over {} keys do not fit",
+            "{what}: q {:?}, k {:?} and intervals of {} × {} rows over {} keys do not fit",
             q.dims(),
             k.dims(),
             iv.b,
@@ -79,8 +109,7 @@ pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, iv: &RowIntervals, scale: f64) 
             iv.cols
         );
     }
-    let q = q.contiguous()?;
-    q.apply_op3_no_bwd(k, v, &Op { iv, scale })
+    q.contiguous()?.apply_op3_no_bwd(k, v, op)
 }
 
 /// The decode kernel for `b` sequences of `n` query rows, `rows` per K/V head: several sequences

@@ -17,7 +17,7 @@
 
 use candle_core::{DType, Result, Tensor};
 
-use crate::ops::interval_attention::MAX_ROWS;
+use crate::ops::interval_attention::{apply, rows_per_kv_head, MAX_ROWS};
 use crate::ops::interval_softmax::RowIntervals;
 
 /// Query rows per block of the kernel (4 warps of 16).
@@ -36,47 +36,24 @@ pub fn switched_off() -> bool {
 /// Example: SmolLM2 (9 / 3 heads of 64) prefilling 30 rows → 90 rows per K/V head: served; its
 /// 16-row verify (48) is the interval kernel's.
 pub fn serves(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
-    if !q.device().is_cuda() || switched_off() {
-        return false;
-    }
-    let (Ok((b, hq, n, d)), Ok((kb, hkv, _, kd))) = (q.dims4(), k.dims4()) else {
-        return false;
-    };
-    let (ks, vs) = (k.stride(), v.stride());
-    matches!(d, 64 | 128)
-        && kd == d
-        && kb == b
-        && hkv > 0
-        && hq % hkv == 0
-        && hq / hkv * n > MAX_ROWS
+    !switched_off()
         && q.dtype() == DType::BF16
-        && k.dtype() == DType::BF16
-        && v.dtype() == DType::BF16
-        && k.dims() == v.dims()
-        && ks == vs
-        && ks[3] == 1
-        && ks[2] == d
-        && (b == 1 || ks[0] == ks[1] * hkv)
+        && rows_per_kv_head(q, k, v).is_some_and(|r| r > MAX_ROWS)
 }
 
 /// `q: [b, hq, n, d]`, `k, v: [b, hkv, t, d]` (read in place), one key interval per query row
 /// (`iv`: `b` sequences × `n` rows over `t` columns) → `[b, n, hq · d]`, as
 /// [`crate::layers::attention::attend_intervals_unfused`] computes it. Only where [`serves`].
 pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, iv: &RowIntervals, scale: f64) -> Result<Tensor> {
-    let (b, _, n, _) = q.dims4()?;
-    let t = k.dim(2)?;
-    if !serves(q, k, v) || iv.b != b || iv.n != n || iv.cols != t {
-        candle_core::bail!(
-            "prefill attention: q {:?}, k {:?} and intervals of {} × {} rows over {} keys do not fit",
-            q.dims(),
-            k.dims(),
-            iv.b,
-            iv.n,
-            iv.cols
-        );
-    }
-    let q = q.contiguous()?;
-    q.apply_op3_no_bwd(k, v, &Op { iv, scale })
+    apply(
+        q,
+        k,
+        v,
+        iv,
+        serves(q, k, v),
+        "prefill attention",
+        &Op { iv, scale },
+    )
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
