@@ -1,12 +1,14 @@
-// dflash-rs's own kernels: the block-masked softmax of the drafter's training attention, the
-// fused cross-entropy of its loss, the interval-masked softmax of the target's attention, and
-// the AdamW step (two element-wise kernels; `adamw.rs`).
-// Compiled to PTX by build.rs (feature `cuda`), loaded by `crate::cuda_kernels`. The CPU twins
-// of every kernel live in the Rust modules that launch them (`block_softmax.rs`,
-// `cross_entropy.rs`, `interval_softmax.rs`); `crate::kernel_check` compares the two.
+// dflash-rs's own kernels: training (the block-masked softmax of the drafter's attention, the
+// fused cross-entropy, the RMSNorm and SwiGLU backwards, AdamW), the target's attention (the
+// interval softmax, the interval, decode and prefill attention kernels — the last in
+// prefill_attn.cuh, included at the end), the decode layer's fused kernels and the Gated DeltaNet
+// rule. Compiled to PTX by build.rs (feature `cuda`), loaded through `crate::cuda::ptx`. The CPU
+// twin of every kernel lives in the Rust module that launches it (`crate::ops::*`);
+// `crate::cuda::kernel_check` compares the two.
 //
-// Every kernel: one CUDA block per row, a strided loop per thread, block reductions through
-// warp shuffles and one shared-memory slot per warp. Arithmetic in f32 whatever the storage.
+// Most element-wise and row kernels: one CUDA block per row, a strided loop per thread, block
+// reductions through warp shuffles and one shared-memory slot per warp. Arithmetic in f32
+// whatever the storage.
 
 #include <cuda_bf16.h>
 #include <stdint.h>

@@ -1,7 +1,8 @@
-//! dflash-rs's own CUDA kernels (`src/cuda/fused.cu`, compiled to PTX by `build.rs`): the
-//! block softmax of the drafter's training attention ([`crate::ops::block_softmax`]), the fused
-//! cross-entropy of its loss ([`crate::ops::cross_entropy`]), the target's interval softmax and
-//! the AdamW step ([`crate::ops::adamw`]). Loaded once per device through candle's
+//! dflash-rs's own CUDA kernels (`src/cuda/fused.cu` and the files it includes, compiled to PTX
+//! by `build.rs`): training (the drafter's block softmax, the fused cross-entropy, RMSNorm and
+//! SwiGLU backwards, AdamW), the target's attention (interval, decode and prefill kernels), the
+//! decode layer's fused kernels and the Gated DeltaNet rule. Each is launched by the Rust module
+//! that holds its CPU twin (`crate::ops::*`); loaded once per device through candle's
 //! custom-module cache.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig};
