@@ -237,8 +237,8 @@ __device__ void prefill_attn(const __nv_bfloat16* q, const __nv_bfloat16* k,
 #define PREFILL_ATTN(D, BC)                                                                        \
     extern "C" __global__ void __launch_bounds__(128) prefill_attn_d##D##_bf16(                     \
         const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                    \
-        const uint32_t* iv, __nv_bfloat16* out, int hq, int hkv, int n, long long hs,              \
-        float scale) {                                                                             \
+        const uint32_t* iv, __nv_bfloat16* out, float* /* part: no splits */, int hq, int hkv,     \
+        int n, long long hs, float scale) {                                                        \
         prefill_attn<D, BC>(q, k, v, iv, out, hq, hkv, n, hs, scale);                              \
     }
 PREFILL_ATTN(64, 64)

@@ -20,6 +20,9 @@
 //!   (sequence, K/V head, group of up to 16 of the `hq / hkv · n` query rows that share the K/V
 //!   head, split), K/V staged in shared memory tile by tile.
 //!
+//! Its op also launches the prefill kernel (more rows per K/V head, bf16:
+//! [`crate::ops::prefill_attention`], which decides when).
+//!
 //! They serve head dims 64 and 128, at most 64 query rows per K/V head, f32 and bf16, and K/V
 //! whose rows are read in place ([`crate::layers::attention`]'s `matmul_operand` layout).
 //! `DFLASH_FUSED_ATTENTION=0` turns both off (the matmul path).
@@ -124,10 +127,12 @@ fn decode_heads(b: usize, n: usize, rows: usize) -> Option<usize> {
     (b > 1 && n == 1 && rows <= 8 && !off).then(|| rows.next_power_of_two().max(2))
 }
 
+/// The fused attention as one op for the three kernels; the launch picks by rows per K/V head
+/// and batch (prefill, decode, interval).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-struct Op<'a> {
-    iv: &'a RowIntervals,
-    scale: f64,
+pub(crate) struct Op<'a> {
+    pub(crate) iv: &'a RowIntervals,
+    pub(crate) scale: f64,
 }
 
 impl candle_core::CustomOp3 for Op<'_> {
@@ -144,7 +149,9 @@ impl candle_core::CustomOp3 for Op<'_> {
         _: &candle_core::CpuStorage,
         _: &candle_core::Layout,
     ) -> Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        candle_core::bail!("the fused interval attention is a CUDA kernel: the CPU attends through attend_intervals")
+        candle_core::bail!(
+            "the fused attention kernels are CUDA's: the CPU attends through attend_intervals"
+        )
     }
 
     #[cfg(feature = "cuda")]
@@ -165,7 +172,18 @@ impl candle_core::CustomOp3 for Op<'_> {
         let hs = kl.stride()[1];
         let rows = hq / hkv * n;
         let blocks = b * hkv;
-        let (name, splits, cfg) = if let Some(heads) = decode_heads(b, n, rows) {
+        let (name, splits, cfg) = if rows > MAX_ROWS {
+            // many rows (`crate::ops::prefill_attention`, bf16 only: `prefill_attn_*`): a block
+            // per (64-row tile, query head, sequence), no splits.
+            // Example: Qwen3-8B's 2,048-row features: 32 tiles × 32 heads.
+            let tiles = n.div_ceil(crate::ops::prefill_attention::TILE_ROWS);
+            let cfg = LaunchConfig {
+                grid_dim: (tiles as u32, hq as u32, b as u32),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (format!("prefill_attn_d{d}"), 1, cfg)
+        } else if let Some(heads) = decode_heads(b, n, rows) {
             // one query row in each of several sequences (`decode_attn_*`): a block per
             // (sequence, K/V head, split), K/V read into registers; about 2,048 blocks, each
             // split at least 64 keys.
