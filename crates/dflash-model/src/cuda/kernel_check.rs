@@ -103,6 +103,45 @@ fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     .collect()
 }
 
+/// The inputs of an attention case: `q` `[b, hq, n, d]`, and K and V as the first `t` rows of
+/// `[b, hkv, cap, d]` buffers (a cache's view), filled from `seed` on `dev` in `dtype`.
+fn attention_inputs(
+    dev: &Device,
+    dtype: DType,
+    (b, hq, hkv, d, n, t, cap): (usize, usize, usize, usize, usize, usize, usize),
+    seed: u64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+    let q = on(fill(&[b, hq, n, d], seed, 1.0)?)?;
+    let kbuf = on(fill(&[b, hkv, cap, d], seed + 1, 1.0)?)?;
+    let vbuf = on(fill(&[b, hkv, cap, d], seed + 2, 1.0)?)?;
+    Ok((q, kbuf.narrow(2, 0, t)?, vbuf.narrow(2, 0, t)?))
+}
+
+/// The attention of a case as f32 on the CPU: the twin (the matmuls around the interval softmax)
+/// on the CPU; on a GPU `attend_intervals`, refused unless `served` (the kernel under test takes
+/// it) or `off` (its switch is off: the rows then compare the matmul path on the device).
+fn attend_case(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    iv: &RowIntervals,
+    served: bool,
+    off: bool,
+    what: &str,
+) -> Result<Tensor> {
+    use crate::layers::attention::{attend_intervals, attend_intervals_unfused};
+    let o = if q.device().is_cpu() {
+        attend_intervals_unfused(q, k, v, iv, 0.125)?
+    } else {
+        if !served && !off {
+            candle_core::bail!("{what} is not served by its kernel");
+        }
+        attend_intervals(q, k, v, iv, 0.125)?
+    };
+    o.to_dtype(DType::F32)?.to_device(&Device::Cpu)
+}
+
 /// The fused interval attention ([`crate::ops::interval_attention`]) on `dev` in `dtype`, or its
 /// twin (the matmuls around the interval softmax) on the CPU, as f32 on the CPU: (1) 7 slots
 /// decoding one row each over a 300-column view of a 400-row cache buffer (SmolLM2's 9/3 heads
@@ -116,10 +155,9 @@ fn run(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// head: the 2-head build with one idle; one split, written directly). Cases 1, 2, 5 and 7 run
 /// the decode kernel (several sequences), 3, 4 and 6 the interval kernel.
 fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
-    use crate::layers::attention::{attend_intervals, attend_intervals_unfused};
-    let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+    use crate::ops::interval_attention::{serves, switched_off};
     let mut outs = Vec::new();
-    for (case, (b, hq, hkv, d, n, t, cap)) in [
+    for (case, shape) in [
         (7, 9, 3, 64, 1, 300, 400),
         (100, 9, 3, 64, 1, 120, 128),
         (1, 32, 8, 128, 16, 700, 720),
@@ -131,11 +169,8 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     .into_iter()
     .enumerate()
     {
-        let seed = 20 + 3 * case as u64;
-        let q = on(fill(&[b, hq, n, d], seed, 1.0)?)?;
-        let kbuf = on(fill(&[b, hkv, cap, d], seed + 1, 1.0)?)?;
-        let vbuf = on(fill(&[b, hkv, cap, d], seed + 2, 1.0)?)?;
-        let (k, v) = (kbuf.narrow(2, 0, t)?, vbuf.narrow(2, 0, t)?);
+        let (b, n, t) = (shape.0, shape.4, shape.5);
+        let (q, k, v) = attention_inputs(dev, dtype, shape, 20 + 3 * case as u64)?;
         let masks: Vec<_> = (0..b)
             .map(|s| {
                 if n == 1 && b > 1 {
@@ -148,18 +183,16 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
             .collect();
         let iv = RowIntervals::from_visibilities(&masks, dev)?
             .ok_or_else(|| candle_core::Error::Msg("right-aligned rows are intervals".into()))?;
-        let o = if dev.is_cpu() {
-            attend_intervals_unfused(&q, &k, &v, &iv, 0.125)?
-        } else {
-            // switched off, the rows compare the matmul path on the device
-            if !crate::ops::interval_attention::serves(&q, &k, &v)
-                && !crate::ops::interval_attention::switched_off()
-            {
-                candle_core::bail!("the fused interval attention does not serve case {case}");
-            }
-            attend_intervals(&q, &k, &v, &iv, 0.125)?
-        };
-        outs.push(o.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+        let what = format!("interval attention case {case}");
+        outs.push(attend_case(
+            &q,
+            &k,
+            &v,
+            &iv,
+            serves(&q, &k, &v),
+            switched_off(),
+            &what,
+        )?);
     }
     Ok(outs)
 }
@@ -173,11 +206,10 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// packed training row of 200 tokens in two segments (0..90, 90..200), each row seeing its own
 /// segment up to itself (4 / 2 heads of 128).
 fn prefill_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
-    use crate::layers::attention::{attend_intervals, attend_intervals_unfused};
+    use crate::ops::prefill_attention::{serves, switched_off};
     use std::ops::Range;
-    let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
     let mut outs = Vec::new();
-    for (case, (b, hq, hkv, d, n, t, cap)) in [
+    for (case, shape) in [
         (1, 32, 8, 128, 300, 300, 320),
         (3, 9, 3, 64, 70, 100, 100),
         (1, 4, 2, 128, 200, 200, 200),
@@ -185,11 +217,8 @@ fn prefill_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     .into_iter()
     .enumerate()
     {
-        let seed = 90 + 3 * case as u64;
-        let q = on(fill(&[b, hq, n, d], seed, 1.0)?)?;
-        let kbuf = on(fill(&[b, hkv, cap, d], seed + 1, 1.0)?)?;
-        let vbuf = on(fill(&[b, hkv, cap, d], seed + 2, 1.0)?)?;
-        let (k, v) = (kbuf.narrow(2, 0, t)?, vbuf.narrow(2, 0, t)?);
+        let (b, n, t) = (shape.0, shape.4, shape.5);
+        let (q, k, v) = attention_inputs(dev, dtype, shape, 90 + 3 * case as u64)?;
         let rows: Vec<Range<usize>> = (0..b * n)
             .map(|e| {
                 let (s, r) = (e / n, e % n);
@@ -202,18 +231,16 @@ fn prefill_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
             })
             .collect();
         let iv = RowIntervals::from_rows(&rows, b, n, t, dev)?;
-        let o = if dev.is_cpu() {
-            attend_intervals_unfused(&q, &k, &v, &iv, 0.125)?
-        } else {
-            // switched off, the rows compare the matmul path on the device
-            if !crate::ops::prefill_attention::serves(&q, &k, &v)
-                && !crate::ops::prefill_attention::switched_off()
-            {
-                candle_core::bail!("the prefill attention does not serve case {case}");
-            }
-            attend_intervals(&q, &k, &v, &iv, 0.125)?
-        };
-        outs.push(o.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+        let what = format!("prefill attention case {case}");
+        outs.push(attend_case(
+            &q,
+            &k,
+            &v,
+            &iv,
+            serves(&q, &k, &v),
+            switched_off(),
+            &what,
+        )?);
     }
     Ok(outs)
 }
