@@ -1,7 +1,7 @@
 // dflash-rs's own kernels: training (the block-masked softmax of the drafter's attention, the
 // fused cross-entropy, the RMSNorm and SwiGLU backwards, AdamW), the target's attention (the
 // interval softmax, the interval, decode and prefill attention kernels — the last in
-// prefill_attn.cuh, included at the end), the decode layer's fused kernels and the Gated DeltaNet
+// mma_attn.cuh, included at the end), the decode layer's fused kernels and the Gated DeltaNet
 // rule. Compiled to PTX by build.rs (feature `cuda`), loaded through `crate::cuda::ptx`. The CPU
 // twin of every kernel lives in the Rust module that launches it (`crate::ops::*`);
 // `crate::cuda::kernel_check` compares the two.
@@ -1674,4 +1674,4 @@ __device__ void masked_softmax(const T* s, const T* mask, T* p, int t, int n, in
 MASKED_SOFTMAX(f32, float)
 MASKED_SOFTMAX(bf16, __nv_bfloat16)
 
-#include "prefill_attn.cuh"
+#include "mma_attn.cuh"

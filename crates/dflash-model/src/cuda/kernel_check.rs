@@ -152,10 +152,16 @@ fn attend_case(
 /// decode kernel's 8-head build with 6 heads, queries from shared memory) over 900 of 1,000
 /// columns, (6) one sequence's AR step over all 700 columns with Qwen3-8B's heads (4 per K/V
 /// head, many splits), (7) 3 slots of 4/4 heads of 64 over 60 columns (one query head per K/V
-/// head: the 2-head build with one idle; one split, written directly). Cases 1, 2, 5 and 7 run
-/// the decode kernel (several sequences), 3, 4 and 6 the interval kernel.
+/// head: the 2-head build with one idle; one split, written directly), (8) 2 sequences
+/// verifying 8 rows each over 100 columns, sequence 1 left-padded by 23 (4/2 heads of 128: 16
+/// rows per K/V head, one warp's worth), (9) 2 sequences of 5 rows over 50 columns, sequence 1
+/// seeing from column 10 and its row 0 nothing (9/3 heads of 64: one key tile, one split,
+/// written directly; the empty row gives zeros). Cases 1, 2, 5 and 7 run the decode kernel
+/// (several sequences), 6 the interval kernel, 3, 4, 8 and 9 the verify kernel in bf16 and the
+/// interval kernel in f32.
 fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::ops::interval_attention::{serves, switched_off};
+    use std::ops::Range;
     let mut outs = Vec::new();
     for (case, shape) in [
         (7, 9, 3, 64, 1, 300, 400),
@@ -165,24 +171,37 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
         (5, 12, 2, 128, 1, 900, 1000),
         (1, 32, 8, 128, 1, 700, 720),
         (3, 4, 4, 64, 1, 60, 64),
+        (2, 4, 2, 128, 8, 100, 128),
+        (2, 9, 3, 64, 5, 50, 64),
     ]
     .into_iter()
     .enumerate()
     {
         let (b, n, t) = (shape.0, shape.4, shape.5);
         let (q, k, v) = attention_inputs(dev, dtype, shape, 20 + 3 * case as u64)?;
-        let masks: Vec<_> = (0..b)
-            .map(|s| {
-                if n == 1 && b > 1 {
-                    // slot s holds (37 s mod (t − 1)) + 1 rows before its new one
-                    right_aligned((37 * s) % (t - n) + 1, t - n, 1, 1)
-                } else {
-                    causal(t - n, n)
-                }
-            })
-            .collect();
-        let iv = RowIntervals::from_visibilities(&masks, dev)?
-            .ok_or_else(|| candle_core::Error::Msg("right-aligned rows are intervals".into()))?;
+        let iv = if case >= 7 {
+            let (pad, empty) = if case == 7 { (23, false) } else { (10, true) };
+            let rows: Vec<Range<usize>> = (0..b * n)
+                .map(|e| match (e / n, e % n) {
+                    (1, 0) if empty => 0..0,
+                    (s, r) => pad * s..t - n + r + 1,
+                })
+                .collect();
+            RowIntervals::from_rows(&rows, b, n, t, dev)?
+        } else {
+            let masks: Vec<_> = (0..b)
+                .map(|s| {
+                    if n == 1 && b > 1 {
+                        // slot s holds (37 s mod (t − 1)) + 1 rows before its new one
+                        right_aligned((37 * s) % (t - n) + 1, t - n, 1, 1)
+                    } else {
+                        causal(t - n, n)
+                    }
+                })
+                .collect();
+            RowIntervals::from_visibilities(&masks, dev)?
+                .ok_or_else(|| candle_core::Error::Msg("right-aligned rows are intervals".into()))?
+        };
         let what = format!("interval attention case {case}");
         outs.push(attend_case(
             &q,
@@ -662,11 +681,13 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         let names = [
             "interval attention, 7 slots decoding (splits merged)",
             "interval attention, 100 slots decoding",
-            "interval attention, 16-row verify, head dim 128 (4 row groups)",
-            "interval attention, 16-row verify, head dim 64 (3 row groups)",
+            "interval attention, 16-row verify, head dim 128 (bf16: verify kernel; f32: 4 row groups)",
+            "interval attention, 16-row verify, head dim 64 (bf16: verify kernel; f32: 3 row groups)",
             "interval attention, 5 slots decoding, 6 heads per K/V head of 128",
             "interval attention, one sequence's AR step, 4 heads per K/V head of 128",
             "interval attention, 3 slots decoding, one head per K/V head",
+            "interval attention, 2 sequences verifying 8 rows, one left-padded",
+            "interval attention, 2 sequences of 5 rows, one split, an empty row",
         ];
         push_rows(&mut checks, &names, &got, &want, dtype, tol)?;
     }
@@ -1028,7 +1049,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 123);
+        assert_eq!(checks.len(), 127);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

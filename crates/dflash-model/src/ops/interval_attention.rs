@@ -10,15 +10,19 @@
 //! block reads columns 960..1000 and slot 1's 300..1000; the matmul path reads all 1,000 of
 //! both and writes and reads `256 · 9 · 1,000` scores per layer.
 //!
-//! Two kernels (`src/cuda/fused.cu`), each with an online softmax in f32 per row and the splits
-//! of the keys merged in a second kernel when there are several:
+//! Three kernels, each with an online softmax in f32 per row and the splits of the keys merged
+//! in a second kernel when there are several:
 //! - one query row in each of several sequences and at most 8 query heads per K/V head (the
-//!   AR steps of a regeneration's slots), `decode_attn_*`: a block per (sequence, K/V head,
-//!   split), K/V rows loaded straight into registers with several loads in flight per lane;
-//!   `DFLASH_DECODE_ATTENTION=0` hands these to the other kernel;
-//! - otherwise (a single sequence's AR step, verifies), `interval_attn_*`: a block per
-//!   (sequence, K/V head, group of up to 16 of the `hq / hkv · n` query rows that share the K/V
-//!   head, split), K/V staged in shared memory tile by tile.
+//!   AR steps of a regeneration's slots), `decode_attn_*` (`src/cuda/fused.cu`): a block per
+//!   (sequence, K/V head, split), K/V rows loaded straight into registers with several loads in
+//!   flight per lane; `DFLASH_DECODE_ATTENTION=0` hands these to the last kernel;
+//! - in bf16, more than 4 query rows per K/V head (a verify), `verify_attn_*`
+//!   (`src/cuda/mma_attn.cuh`): a block per (sequence, K/V head, split) holds all the K/V head's
+//!   `hq / hkv · n` rows and multiplies on the tensor cores; `DFLASH_VERIFY_ATTENTION=0` hands
+//!   these to the last kernel;
+//! - otherwise (a single sequence's AR step, f32), `interval_attn_*` (`src/cuda/fused.cu`): a
+//!   block per (sequence, K/V head, group of up to 16 of the rows that share the K/V head,
+//!   split), K/V staged in shared memory as f32 tile by tile, scalar dot products.
 //!
 //! Its op also launches the prefill kernel (more rows per K/V head, bf16:
 //! [`crate::ops::prefill_attention`], which decides when).
@@ -127,8 +131,30 @@ fn decode_heads(b: usize, n: usize, rows: usize) -> Option<usize> {
     (b > 1 && n == 1 && rows <= 8 && !off).then(|| rows.next_power_of_two().max(2))
 }
 
-/// The fused attention as one op for the three kernels; the launch picks by rows per K/V head
-/// and batch (prefill, decode, interval).
+/// The tensor-core verify kernel's splits of the keys for `blocks` (sequence, K/V head) pairs of
+/// `rows` query rows each in `dtype` over `t` columns of head dim `d`, or `None` where it does not
+/// serve (f32, at most 4 rows per K/V head, or `DFLASH_VERIFY_ATTENTION=0`). About 128 blocks
+/// or at most 4 tiles per split, at most 32 splits, each a whole number of key tiles (64 keys
+/// for head dim 64, 32 for 128) and none left empty.
+/// Example: Qwen3-8B's 16-row verify (8 K/V heads) over 528 columns: 17 tiles of 32, 16 splits
+/// wanted, 2 tiles each → 9 splits, 72 blocks.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn verify_splits(dtype: DType, blocks: usize, rows: usize, t: usize, d: usize) -> Option<usize> {
+    let off = crate::ops::switched_off!("DFLASH_VERIFY_ATTENTION");
+    if dtype != DType::BF16 || rows <= 4 || off {
+        return None;
+    }
+    let tiles = t.div_ceil(if d == 64 { 64 } else { 32 }).max(1);
+    let want = 128usize
+        .div_ceil(blocks)
+        .max(tiles.div_ceil(4))
+        .clamp(1, 32);
+    let per = tiles.div_ceil(want);
+    Some(tiles.div_ceil(per))
+}
+
+/// The fused attention as one op for the four kernels; the launch picks by rows per K/V head,
+/// batch and dtype (prefill, decode, verify, interval).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct Op<'a> {
     pub(crate) iv: &'a RowIntervals,
@@ -195,6 +221,15 @@ impl candle_core::CustomOp3 for Op<'_> {
                 shared_mem_bytes: 0,
             };
             (format!("decode_attn_d{d}_g{heads}"), splits, cfg)
+        } else if let Some(splits) = verify_splits(qs.dtype(), blocks, rows, t, d) {
+            // a verify in bf16 (`verify_attn_*`): a block per (sequence · K/V head, split) holds
+            // the K/V head's rows; no dynamic shared memory.
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, splits as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (format!("verify_attn_d{d}"), splits, cfg)
         } else {
             // up to 4 rows: one block of 4 warps, a row each, tiles of 64 keys; more: groups
             // of 16 rows (4 per warp), tiles of 32 keys. About 1,024 blocks over (sequence, K/V
@@ -273,7 +308,7 @@ impl candle_core::CustomOp3 for Op<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::decode_heads;
+    use super::{decode_heads, verify_splits};
 
     /// Several sequences of one query row with up to 8 heads per K/V head take the decode
     /// kernel, built for 2, 4 or 8 heads; a single sequence, several rows (a verify) or more
@@ -289,5 +324,21 @@ mod tests {
         assert_eq!(decode_heads(1, 1, 4), None); // a single sequence's AR step
         assert_eq!(decode_heads(256, 2, 4), None);
         assert_eq!(decode_heads(1, 16, 48), None); // SmolLM2's 16-row verify
+    }
+
+    /// A verify in bf16 takes whole key tiles per split, about 128 blocks, none empty; f32 and
+    /// AR steps (at most 4 rows per K/V head) are not the verify kernel's.
+    #[test]
+    fn the_verify_kernel_splits_whole_tiles_none_empty() {
+        use candle_core::DType::{BF16, F32};
+        // Qwen3-8B: 8 K/V heads, 528 keys, tiles of 32 → 17 tiles, 2 per split
+        assert_eq!(verify_splits(BF16, 8, 64, 528, 128), Some(9));
+        // SmolLM2: 3 K/V heads, 528 keys, tiles of 64 → 9 tiles, one per split
+        assert_eq!(verify_splits(BF16, 3, 48, 528, 64), Some(9));
+        // a long context: capped at 32 splits of 4 tiles
+        assert_eq!(verify_splits(BF16, 8, 64, 4096, 128), Some(32));
+        assert_eq!(verify_splits(BF16, 1, 64, 10, 128), Some(1));
+        assert_eq!(verify_splits(F32, 8, 64, 528, 128), None);
+        assert_eq!(verify_splits(BF16, 1, 4, 528, 128), None); // Qwen3-8B's AR step
     }
 }

@@ -1,21 +1,31 @@
-// Prefill attention on the tensor cores (included by fused.cu): many query rows of a sequence,
-// each over one interval of keys (a target's causal prefill, a training row's packed segments,
-// a regeneration's batched prefill), scores never written to memory. The twin is the matmuls
-// around the interval softmax (`crate::layers::attention::attend_intervals_unfused`).
+// Interval attention on the tensor cores (included by fused.cu), scores never written to memory;
+// the twin is the matmuls around the interval softmax
+// (`crate::layers::attention::attend_intervals_unfused`). Two kernels share one body:
+// - prefill_attn_*: many query rows of a sequence, each over one interval of keys (a target's
+//   causal prefill, a training row's packed segments, a regeneration's batched prefill). A block
+//   takes 64 query rows of one query head of one sequence.
+// - verify_attn_*: at most 64 query rows per K/V head (a chain's verify: 16 rows × the query
+//   heads of a K/V head). A block takes all R = g · n rows of one K/V head of one sequence as
+//   "virtual rows" (row r is query head h·g + r / n, query row r % n, as interval_attn numbers
+//   them), so a K/V tile feeds every grouped head, and one split of the keys: one split writes
+//   the normalised output, several write (acc, m, l) to `part` in interval_attn's layout for
+//   interval_attn_merge.
 //
-// A block of 4 warps takes 64 query rows of one query head of one sequence (each warp 16 rows)
-// and walks the union of the 64 rows' intervals in tiles of BC keys, double-buffered in shared
-// memory by cp.async. Per tile a warp computes S = Q·Kᵀ (16 × BC) with mma.sync m16n8k16 (bf16
-// in, f32 accumulate), hides the keys outside each row's interval, updates its rows' online
-// softmax (base 2, the scale folded in) and accumulates O += P·V with P rounded to bf16 straight
-// from the S fragments and V's fragments read transposed by ldmatrix. K/V are read in place
-// (`[b, hkv, t, D]`, rows of D values, heads `hs` apart); query head hh reads K/V head hh / g.
-// Rows with an empty interval write zeros, as the twin does.
+// A block of 4 warps (each 16 of its 64 rows) walks the union of its rows' intervals (its split
+// of it) in tiles of BC keys, double-buffered in shared memory by cp.async. Per tile a warp
+// computes S = Q·Kᵀ (16 × BC) with mma.sync m16n8k16 (bf16 in, f32 accumulate), hides the keys
+// outside each row's interval, updates its rows' online softmax (base 2, the scale folded in)
+// and accumulates O += P·V with P rounded to bf16 straight from the S fragments and V's
+// fragments read transposed by ldmatrix. K/V are read in place (`[b, hkv, t, D]`, rows of D
+// values, heads `hs` apart); query head hh reads K/V head hh / g. Rows with an empty interval
+// write zeros, as the twin does.
 //
 // Fragment layout of m16n8k16 (lane = 4·gr + tq): A row gr / gr + 8, columns 2tq, 2tq + 1 (and
 // + 8); B column gr, rows 2tq, 2tq + 1 (and + 8); C row gr / gr + 8, columns 2tq, 2tq + 1.
-// Example: Qwen3-8B's target features on a 2,048-token row (32 / 8 heads of 128): 32 row tiles ×
-// 32 heads = 1,024 blocks; the block of rows 960..1024 walks keys 0..1024 in 32 tiles of 32.
+// Examples: Qwen3-8B's target features on a 2,048-token row (32 / 8 heads of 128): 32 row tiles
+// × 32 heads = 1,024 prefill blocks; the block of rows 960..1024 walks keys 0..1024 in 32 tiles
+// of 32. Its 16-row verify after 512 cached rows: R = 4 · 16 = 64 virtual rows per K/V head,
+// 8 heads × 16 splits = 128 verify blocks, each over 33 or 34 keys of the 528 (two tiles).
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
@@ -35,10 +45,12 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int byt
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
 }
 
-template <int D, int BC>
-__device__ void prefill_attn(const __nv_bfloat16* q, const __nv_bfloat16* k,
-                             const __nv_bfloat16* v, const uint32_t* iv, __nv_bfloat16* out,
-                             int hq, int hkv, int n, long long hs, float scale) {
+// VERIFY = false: prefill_attn's block (grid: row tiles × query heads × sequences); true:
+// verify_attn's (grid: sequences · K/V heads × splits).
+template <int D, int BC, bool VERIFY>
+__device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                         const uint32_t* iv, __nv_bfloat16* out, float* part, int hq, int hkv,
+                         int n, long long hs, float scale) {
     constexpr int LD = D + 8;       // shared row stride in values (16-byte pad: no bank conflicts)
     constexpr int KC = D / 16;      // k-chunks of Q·Kᵀ
     constexpr int DT = D / 8;       // n-tiles of O
@@ -47,18 +59,24 @@ __device__ void prefill_attn(const __nv_bfloat16* q, const __nv_bfloat16* k,
     __shared__ __align__(16) __nv_bfloat16 ks[2 * BC * LD];
     __shared__ __align__(16) __nv_bfloat16 vs[2 * BC * LD];
     __shared__ uint32_t span[2];
-    const int s = blockIdx.z, hh = blockIdx.y, r0 = blockIdx.x * 64;
-    const int h = hh / (hq / hkv);
+    const int g = hq / hkv;
+    const int s = VERIFY ? blockIdx.x / hkv : blockIdx.z;
+    const int h = VERIFY ? blockIdx.x % hkv : blockIdx.y / g;
+    const int r0 = VERIFY ? 0 : blockIdx.x * 64;
+    const int R = VERIFY ? g * n : n;  // the rows this block numbers (virtual rows when VERIFY)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
     const int ra = r0 + warp * 16 + gr, rb = ra + 8;
+    // row r's query head and query row
+    auto head = [&](int r) { return VERIFY ? h * g + r / n : (int)blockIdx.y; };
+    auto row = [&](int r) { return VERIFY ? r % n : r; };
     uint32_t lo_a = 0, hi_a = 0, lo_b = 0, hi_b = 0;
-    if (ra < n) {
-        lo_a = iv[2 * ((size_t)s * n + ra)];
-        hi_a = iv[2 * ((size_t)s * n + ra) + 1];
+    if (ra < R) {
+        lo_a = iv[2 * ((size_t)s * n + row(ra))];
+        hi_a = iv[2 * ((size_t)s * n + row(ra)) + 1];
     }
-    if (rb < n) {
-        lo_b = iv[2 * ((size_t)s * n + rb)];
-        hi_b = iv[2 * ((size_t)s * n + rb) + 1];
+    if (rb < R) {
+        lo_b = iv[2 * ((size_t)s * n + row(rb))];
+        hi_b = iv[2 * ((size_t)s * n + row(rb)) + 1];
     }
     // the union of the block's non-empty intervals, and of this warp's
     if (threadIdx.x == 0) {
@@ -85,19 +103,28 @@ __device__ void prefill_attn(const __nv_bfloat16* q, const __nv_bfloat16* k,
         atomicMax(&span[1], whi);
     }
     __syncthreads();
-    const uint32_t lo = span[0], hi = span[1];
+    // this block's keys: the union [lo, hi) of its rows' intervals, or its split's whole tiles
+    // of it (split j of `splits` takes tiles j·per .. (j + 1)·per; the last may end at hi)
+    uint32_t lo = span[0], hi = span[1];
+    if (VERIFY && lo < hi) {
+        const uint32_t per = ((hi - lo + BC - 1) / BC + gridDim.y - 1) / gridDim.y;
+        const uint32_t c0 = min(hi, lo + blockIdx.y * per * BC);
+        hi = min(hi, c0 + per * BC);
+        lo = c0;
+    }
     const int tiles = lo < hi ? (int)((hi - lo + BC - 1) / BC) : 0;
 
     // this warp's queries as A fragments, straight from global memory
-    const __nv_bfloat16* qh = q + ((size_t)s * hq + hh) * n * D;
+    const __nv_bfloat16* qra = q + (((size_t)s * hq + head(ra)) * n + row(ra)) * D;
+    const __nv_bfloat16* qrb = q + (((size_t)s * hq + head(rb)) * n + row(rb)) * D;
     uint32_t qa[KC][4];
 #pragma unroll
     for (int kk = 0; kk < KC; kk++) {
         const int c = kk * 16 + 2 * tq;
-        qa[kk][0] = ra < n ? *reinterpret_cast<const uint32_t*>(qh + (size_t)ra * D + c) : 0u;
-        qa[kk][1] = rb < n ? *reinterpret_cast<const uint32_t*>(qh + (size_t)rb * D + c) : 0u;
-        qa[kk][2] = ra < n ? *reinterpret_cast<const uint32_t*>(qh + (size_t)ra * D + c + 8) : 0u;
-        qa[kk][3] = rb < n ? *reinterpret_cast<const uint32_t*>(qh + (size_t)rb * D + c + 8) : 0u;
+        qa[kk][0] = ra < R ? *reinterpret_cast<const uint32_t*>(qra + c) : 0u;
+        qa[kk][1] = rb < R ? *reinterpret_cast<const uint32_t*>(qrb + c) : 0u;
+        qa[kk][2] = ra < R ? *reinterpret_cast<const uint32_t*>(qra + c + 8) : 0u;
+        qa[kk][3] = rb < R ? *reinterpret_cast<const uint32_t*>(qrb + c + 8) : 0u;
     }
     float o[DT][4];
 #pragma unroll
@@ -220,26 +247,61 @@ __device__ void prefill_attn(const __nv_bfloat16* q, const __nv_bfloat16* k,
         l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
         l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
     }
+    if (VERIFY && gridDim.y > 1) {
+        // this split's (acc, m, l) per row: m in natural-log units, as interval_attn writes it
+        const float ln2 = 0.6931471805599453f;
+        float* pa = part + (((size_t)blockIdx.x * gridDim.y + blockIdx.y) * R + ra) * (D + 2);
+        float* pb = pa + 8 * (D + 2);
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            const int c = j * 8 + 2 * tq;
+            if (ra < R) {
+                pa[c] = o[j][0];
+                pa[c + 1] = o[j][1];
+            }
+            if (rb < R) {
+                pb[c] = o[j][2];
+                pb[c + 1] = o[j][3];
+            }
+        }
+        if (tq == 0) {
+            if (ra < R) {
+                pa[D] = m_a == NEG_INF ? NEG_INF : m_a * ln2;
+                pa[D + 1] = l_a;
+            }
+            if (rb < R) {
+                pb[D] = m_b == NEG_INF ? NEG_INF : m_b * ln2;
+                pb[D + 1] = l_b;
+            }
+        }
+        return;
+    }
     const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
     const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+    __nv_bfloat16* oa = out + (((size_t)s * n + row(ra)) * hq + head(ra)) * D;
+    __nv_bfloat16* ob = out + (((size_t)s * n + row(rb)) * hq + head(rb)) * D;
 #pragma unroll
     for (int j = 0; j < DT; j++) {
         const int c = j * 8 + 2 * tq;
-        if (ra < n)
-            *reinterpret_cast<uint32_t*>(out + (((size_t)s * n + ra) * hq + hh) * D + c) =
-                pack_bf16(o[j][0] * inv_a, o[j][1] * inv_a);
-        if (rb < n)
-            *reinterpret_cast<uint32_t*>(out + (((size_t)s * n + rb) * hq + hh) * D + c) =
-                pack_bf16(o[j][2] * inv_b, o[j][3] * inv_b);
+        if (ra < R)
+            *reinterpret_cast<uint32_t*>(oa + c) = pack_bf16(o[j][0] * inv_a, o[j][1] * inv_a);
+        if (rb < R)
+            *reinterpret_cast<uint32_t*>(ob + c) = pack_bf16(o[j][2] * inv_b, o[j][3] * inv_b);
     }
 }
 
-#define PREFILL_ATTN(D, BC)                                                                        \
+#define MMA_ATTN(D, BC)                                                                            \
     extern "C" __global__ void __launch_bounds__(128) prefill_attn_d##D##_bf16(                     \
         const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                    \
-        const uint32_t* iv, __nv_bfloat16* out, float* /* part: no splits */, int hq, int hkv,     \
-        int n, long long hs, float scale) {                                                        \
-        prefill_attn<D, BC>(q, k, v, iv, out, hq, hkv, n, hs, scale);                              \
+        const uint32_t* iv, __nv_bfloat16* out, float* part, int hq, int hkv, int n,               \
+        long long hs, float scale) {                                                               \
+        mma_attn<D, BC, false>(q, k, v, iv, out, part, hq, hkv, n, hs, scale);                     \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) verify_attn_d##D##_bf16(                      \
+        const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                    \
+        const uint32_t* iv, __nv_bfloat16* out, float* part, int hq, int hkv, int n,               \
+        long long hs, float scale) {                                                               \
+        mma_attn<D, BC, true>(q, k, v, iv, out, part, hq, hkv, n, hs, scale);                      \
     }
-PREFILL_ATTN(64, 64)
-PREFILL_ATTN(128, 32)
+MMA_ATTN(64, 64)
+MMA_ATTN(128, 32)
