@@ -112,6 +112,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             decode: dflash_engine::DecodeOptions {
                 cuda_graphs: a.cuda_graphs,
                 acceptance: a.acceptance,
+                ..Default::default()
             },
             warmup_tokens: a.warmup_tokens,
         },

@@ -121,6 +121,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let opts = DecodeOptions {
         cuda_graphs: a.cuda_graphs,
         acceptance: a.acceptance,
+        ..Default::default()
     };
     let g = generate(&loaded.target, drafter.as_ref(), engine_mode, &req, opts)?;
     let seconds = t.elapsed().as_secs_f64();

@@ -47,8 +47,9 @@ fn pick(w: impl Iterator<Item = f32>, sum: f64, u: f32) -> u32 {
     last
 }
 
-/// [`pick`] over a slice (the bonus draws of [`crate::sampled_tree`]).
-pub(crate) fn pick_weighted(w: &[f32], sum: f64, u: f32) -> u32 {
+/// [`pick`] over a slice (the bonus draws of [`crate::sampled_tree`], the device's draws'
+/// CPU twin).
+pub fn pick_weighted(w: &[f32], sum: f64, u: f32) -> u32 {
     pick(w.iter().copied(), sum, u)
 }
 

@@ -229,6 +229,12 @@ impl Sampler {
         self.rng.random()
     }
 
+    /// The next `k` uniform numbers of this generation's stream, drawn up front (a round
+    /// sampled on the device: its draws, verdicts and bonuses).
+    pub fn uniforms(&mut self, k: usize) -> Vec<f32> {
+        (0..k).map(|_| self.uniform()).collect()
+    }
+
     /// The target's own next token given these logits: a draw from [`sampling_probs`] (the same
     /// probabilities, the same walk, one random number per token), ranking lazily.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {

@@ -23,6 +23,9 @@ pub struct RoundOutcome {
     pub tau_round: usize,
     /// The target's own token at the first mismatch (`None` when cut before it).
     pub bonus: Option<u32>,
+    /// Host clock of each stage. A round that reads the device once (a greedy chain whose
+    /// drafts stay there) waits for its draft inside the verify: its `draft_secs` is the time
+    /// to queue the draft, its `verify_secs` the wait for both forwards.
     pub draft_secs: f64,
     pub verify_secs: f64,
     pub other_secs: f64,

@@ -35,6 +35,15 @@
 //! drafts are greedy (a tree of the top-K) and kept while they equal the target's own sample:
 //! also exact, but it accepts less at T ≈ 1.
 //!
+//! **A round on the device.** A chain of a drafter without a selector, greedy or at a plain
+//! temperature (the residual rule, no top-k or top-p, no vocabulary head), keeps its round on
+//! the device: the drafts (the drafter's arg-max, or its draws) become the verify's token ids
+//! there, and the verify reads back in one transfer the drafts and either the target's token
+//! per row or each draft's verdict and bonus and the last row's draw. At T > 0 such a round
+//! draws its `3n + 1` uniform numbers (n drafts) up front: the same distribution as the host's
+//! walk, another use of the seeded stream (AR at T > 0 draws its one number per token as
+//! before, on the device, walking the vocabulary in token order).
+//!
 //! **DFlash2 drafters** propose through their candidate selector ([`dflash_core::selector`]):
 //! the chain is the selector's greedy walk at T = 0 and its sampled walk at T > 0 (the
 //! rejection rule then judges each draft against the selector's `q` over its candidates, as
@@ -51,12 +60,14 @@ use dflash_core::sampling::{Sampler, SamplingParams};
 use dflash_core::selector;
 use dflash_core::stats::RoundOutcome;
 use dflash_core::tree::DraftTree;
-use dflash_model::cuda::graphed::GraphedForward;
+use dflash_model::cuda::graphed::{GraphedForward, Staged};
 use dflash_model::cuda::graphed_draft::GraphedDraft;
 
 use crate::graph_cache::{self, GraphCache, Kept};
 use dflash_model::models::draft_vocab::DraftHead;
 use dflash_model::models::drafter::{BlockAt, Drafter};
+use dflash_model::models::target::ForwardInputs;
+use dflash_model::ops::sample_rows::{draw_rows, judge_rows, temperature_probs, Uniforms};
 use dflash_model::ops::top_k::top_k_rows;
 use dflash_model::{KvCache, Rows, Target, TargetOutput};
 
@@ -68,6 +79,23 @@ enum Sampled {
     Chain(Vec<Vec<f32>>),
     /// A tree with its per-depth distributions.
     Tree(dflash_core::sampled_tree::SampledTree),
+}
+
+/// A chain round kept on the device: its drafts (`[n]` u32, the verify's ids) and, at T > 0,
+/// the drafter's distributions `[n, vocab]` with the round's uniform numbers (`3n + 1`: the
+/// drafts' draws, then the verdicts', then the bonuses', then the last row's draw).
+struct DeviceRound {
+    drafts: Tensor,
+    sampled: Option<(Tensor, Uniforms)>,
+    /// The verify's inputs, uploaded before the draft ran (an upload waits for the device's
+    /// queue: after the draft, it would wait for the draft).
+    staged: StagedVerify,
+}
+
+/// A verify's inputs built and uploaded ahead of its forward.
+enum StagedVerify {
+    Graphed(Staged),
+    Eager(ForwardInputs),
 }
 
 /// One generation request.
@@ -145,6 +173,10 @@ pub struct DecodeOptions {
     /// same fixed-shape forwards, no graphs.
     pub cuda_graphs: bool,
     pub acceptance: Acceptance,
+    /// Greedy chains read their drafts back after the draft, as the other rounds do, instead
+    /// of keeping them on the device for the verify (one read per round; the environment's
+    /// `DFLASH_ONE_SYNC=0` sets this too). The tokens are the same either way.
+    pub drafts_to_host: bool,
 }
 
 /// How drafts are accepted at T > 0 (at T = 0 both are the exact match of argmaxes).
@@ -228,13 +260,13 @@ fn run_generation(
     let t1 = Instant::now();
     while let Some(depth) = run.next_depth() {
         let td = Instant::now();
-        let tree = run.propose(depth)?;
+        let mut tree = run.propose(depth)?;
         let draft_secs = td.elapsed().as_secs_f64();
         let tv = Instant::now();
         let (out, cache_len) = run.verify(&tree)?;
         let verify_secs = tv.elapsed().as_secs_f64();
         let to = Instant::now();
-        let (path, bonus) = run.walk(&tree, &out)?;
+        let (path, bonus) = run.walk(&mut tree, &out)?;
         let produced = run.commit(&tree, &path, bonus, &out, cache_len)?;
         run.rounds.push(RoundOutcome {
             drafted: tree.len() - 1,
@@ -299,6 +331,14 @@ struct Decoding<'a> {
     /// The round's drafts when they were drawn from the drafter's distributions (T > 0 with
     /// the residual rule): the walk judges them against those distributions.
     sampled: Option<Sampled>,
+    /// The round kept on the device ([`Decoding::round_on_device`]) between its draft and its
+    /// verify.
+    device_round: Option<DeviceRound>,
+    /// What the verify of such a round read back: its drafts, then (T = 0) the target's token
+    /// per row or (T > 0) each draft's verdict and bonus and the last row's draw.
+    read_back: Option<Vec<u32>>,
+    /// Whether rounds stay on the device where they can (`DFLASH_ONE_SYNC=0`: no).
+    one_sync: bool,
     /// Position of the anchor: the last committed token, not yet in the target cache.
     start: usize,
     new_tokens: Vec<u32>,
@@ -423,6 +463,10 @@ impl<'a> Decoding<'a> {
             ctx,
             acceptance: opts.acceptance,
             sampled: None,
+            device_round: None,
+            read_back: None,
+            one_sync: !opts.drafts_to_host
+                && std::env::var("DFLASH_ONE_SYNC").map_or(true, |v| v != "0"),
             start: req.prompt_ids.len(),
             stopped: req.stop_ids.contains(&first) || looped,
             looped,
@@ -482,6 +526,12 @@ impl<'a> Decoding<'a> {
             block: depth,
             positions,
         };
+        // a round on the device stages its verify (the chain's shape, placeholder tokens)
+        // before its draft is queued
+        let staged = match self.round_on_device() {
+            true => Some(self.stage_verify(&DraftTree::chain(anchor, &vec![anchor; positions]))?),
+            false => None,
+        };
         let (cache, ctx) = (
             self.draft_cache.as_mut().unwrap(),
             self.ctx.as_ref().unwrap(),
@@ -515,6 +565,29 @@ impl<'a> Decoding<'a> {
                 }
                 _ => return Ok(DraftTree::chain(anchor, &selector::walk_greedy(&steps))),
             }
+        }
+        if let Some(staged) = staged {
+            // the drafts stay where the logits are; the tree holds placeholders until the
+            // verify reads them back with the target's verdicts (one transfer per round)
+            let n = logits.dim(0)?;
+            let (drafts, sampled) = if self.sampler.params.is_greedy() {
+                let best = dflash_model::ops::argmax::argmax_rows_kept(&logits)?;
+                // a vocabulary head's columns are its tokens' indices
+                match self.head.as_ref() {
+                    Some(h) => (h.tokens_of(&best)?, None),
+                    None => (best, None),
+                }
+            } else {
+                let u = Uniforms::new(&self.sampler.uniforms(3 * n + 1), &self.target.device)?;
+                let q = temperature_probs(&logits, self.sampler.params.temperature)?;
+                (draw_rows(&q, &u, 0)?, Some((q, u)))
+            };
+            self.device_round = Some(DeviceRound {
+                drafts,
+                sampled,
+                staged,
+            });
+            return Ok(DraftTree::chain(anchor, &vec![anchor; n]));
         }
         if self.samples_drafts() {
             let qs = self.draft_distributions(&logits)?;
@@ -573,6 +646,33 @@ impl<'a> Decoding<'a> {
             .collect()
     }
 
+    /// Whether this round's chain stays on the device: a DFlash chain of a drafter without a
+    /// candidate selector (its walk is the host's), greedy or sampled by the residual rule at
+    /// a plain temperature ([`Decoding::samples_on_device`]; without a vocabulary head, whose
+    /// distributions the host scatters over the vocabulary).
+    /// Its round reads the device once, after the verify: at T = 0 the drafts and the
+    /// target's arg-max of every row, at T > 0 the drafts, each one's verdict and bonus
+    /// ([`dflash_model::ops::sample_rows`]) and the last row's draw — instead of the drafts
+    /// after the draft and the target's tokens (T = 0) or full rows of logits (T > 0) after
+    /// the verify. Example: B = 16 at T > 0 → 15 drafts, 30 verdicts and bonuses and 1 draw,
+    /// 46 indices, leave the device once per round.
+    fn round_on_device(&self) -> bool {
+        self.one_sync
+            && !matches!(self.mode, Mode::Tree { .. })
+            && self.drafter.is_some_and(|d| d.selector.is_none())
+            && (self.sampler.params.is_greedy()
+                || (self.acceptance == Acceptance::Residual
+                    && self.head.is_none()
+                    && self.samples_on_device()))
+    }
+
+    /// Whether draws at T > 0 happen on the device: a plain temperature (no top-k, no top-p:
+    /// their ranking stays on the host).
+    fn samples_on_device(&self) -> bool {
+        let p = self.sampler.params;
+        self.one_sync && !p.is_greedy() && p.top_p >= 1.0 && p.top_k == 0
+    }
+
     /// Whether this round's drafts are drawn from the drafter's distribution (speculative
     /// sampling at T > 0: a chain, or a tree by [`dflash_core::sampled_tree`]) rather than its
     /// argmax or top-K.
@@ -580,10 +680,35 @@ impl<'a> Decoding<'a> {
         !self.sampler.params.is_greedy() && self.acceptance == Acceptance::Residual
     }
 
+    /// A verify's inputs for `tree`, built and uploaded now ([`StagedVerify`]).
+    fn stage_verify(&self, tree: &DraftTree) -> Result<StagedVerify> {
+        let cache_len = self.cache.len();
+        let (positions, visibility) = (tree.positions(self.start), tree.visibility(cache_len));
+        Ok(match self.graphed.as_ref() {
+            Some(g) => StagedVerify::Graphed(g.stage(
+                self.target,
+                &tree.tokens,
+                &positions,
+                &visibility,
+                cache_len,
+            )?),
+            None => StagedVerify::Eager(self.target.prepare(
+                &tree.tokens,
+                &positions,
+                std::slice::from_ref(&visibility),
+                cache_len,
+                None,
+            )?),
+        })
+    }
+
     /// Stage 2, verify: the whole proposal in ONE target forward (the ancestor-only mask); returns
     /// the forward's logits and taps, and the cache length before it.
     fn verify(&mut self, tree: &DraftTree) -> Result<(TargetOutput, usize)> {
         let cache_len = self.cache.len();
+        if let Some(round) = self.device_round.take() {
+            return Ok((self.verify_on_device(round)?, cache_len));
+        }
         let (positions, visibility) = (tree.positions(self.start), tree.visibility(cache_len));
         let out = match self.graphed.as_mut() {
             Some(g) => g.forward(
@@ -606,11 +731,70 @@ impl<'a> Decoding<'a> {
         Ok((out, cache_len))
     }
 
+    /// The verify of a round on the device: its staged forward reading the drafts where they
+    /// are, then the round's one read of the device (charged to the verify): the drafts and
+    /// the target's arg-max of every row (T = 0), or each draft's verdict and bonus and the
+    /// last row's draw (T > 0).
+    fn verify_on_device(&mut self, round: DeviceRound) -> Result<TargetOutput> {
+        let DeviceRound {
+            drafts,
+            sampled,
+            staged,
+        } = round;
+        let out = match (staged, self.graphed.as_mut()) {
+            (StagedVerify::Graphed(s), Some(g)) => {
+                g.run(self.target, s, Some(&drafts), &mut self.cache, &self.taps)?
+            }
+            (StagedVerify::Eager(mut inputs), _) => {
+                inputs.set_ids(1, &drafts)?;
+                self.target
+                    .forward_prepared(&inputs, &mut self.cache, &self.taps, &Rows::All)?
+                    .one_sequence()?
+            }
+            (StagedVerify::Graphed(_), None) => {
+                bail!("a staged fixed-shape verify without its forwards")
+            }
+        };
+        let logits = out.logits.as_ref().unwrap();
+        let n = drafts.dims1()?;
+        let tail = match &sampled {
+            None => dflash_model::ops::argmax::argmax_rows_kept(logits)?,
+            Some((q, u)) => {
+                let p = temperature_probs(logits, self.sampler.params.temperature)?;
+                let verdicts = judge_rows(&p.narrow(0, 0, n)?, q, &drafts, u, n, 2 * n)?;
+                let last = draw_rows(&p.narrow(0, n, 1)?, u, 3 * n)?;
+                Tensor::cat(&[&verdicts.flatten_all()?, &last], 0)?
+            }
+        };
+        self.read_back = Some(Tensor::cat(&[&drafts, &tail], 0)?.to_vec1::<u32>()?);
+        Ok(out)
+    }
+
     /// Stage 3, walk: the tree walked with the target's own samples: the accepted path (tree rows) and the
     /// bonus token.
-    fn walk(&mut self, tree: &DraftTree, out: &TargetOutput) -> Result<(Vec<usize>, u32)> {
+    fn walk(&mut self, tree: &mut DraftTree, out: &TargetOutput) -> Result<(Vec<usize>, u32)> {
         let _p = tracing::info_span!(target: "phase", "sample").entered();
         let logits = out.logits.as_ref().unwrap();
+        if let Some(read) = self.read_back.take() {
+            let n = tree.len() - 1;
+            tree.tokens[1..].copy_from_slice(&read[..n]);
+            if self.sampler.params.is_greedy() {
+                // the target's token of every row
+                return tree.walk(|r| Ok::<u32, anyhow::Error>(read[n + r]));
+            }
+            // the first rejected draft ends the round with its bonus; else the last row's draw
+            let verdicts = &read[n..3 * n];
+            return Ok(match verdicts.chunks(2).position(|v| v[0] == 0) {
+                Some(k) => ((1..=k).collect(), verdicts[2 * k + 1]),
+                None => ((1..=n).collect(), read[3 * n]),
+            });
+        }
+        if tree.len() == 1 && self.samples_on_device() {
+            // AR (or a round with no room for drafts) at T > 0: one draw on the device
+            let u = Uniforms::new(&self.sampler.uniforms(1), &self.target.device)?;
+            let p = temperature_probs(logits, self.sampler.params.temperature)?;
+            return Ok((vec![], draw_rows(&p, &u, 0)?.to_vec1::<u32>()?[0]));
+        }
         let sampler = &mut self.sampler;
         match self.sampled.take() {
             Some(Sampled::Chain(qs)) => {

@@ -97,6 +97,41 @@ fn fixed_shape_verify_decodes_like_the_plain_loop() {
     }
 }
 
+/// A greedy chain whose drafts stay on the device (the verify reads them there; one read of
+/// the device per round) decodes what the same chain with its drafts read back after the
+/// draft decodes, round for round, with and without the fixed-shape forwards; both equal AR.
+#[test]
+fn drafts_kept_on_the_device_decode_like_drafts_read_back() {
+    let t = tiny();
+    let d = quiet(&t);
+    let r = req(&tiny_prompt(), 45, SamplingParams::default(), &[]);
+    let ar = decode(&t, None, Mode::Ar, &r);
+    for cuda_graphs in [false, true] {
+        for block in [2, 8] {
+            let mode = Mode::Chain { block };
+            let run = |drafts_to_host| {
+                let opts = DecodeOptions {
+                    cuda_graphs,
+                    drafts_to_host,
+                    ..Default::default()
+                };
+                generate(&t, Some(&d), mode, &r, opts).unwrap()
+            };
+            let (kept, read) = (run(false), run(true));
+            let rounds = |g: &dflash_engine::Generation| -> Vec<(usize, Option<u32>)> {
+                g.rounds.iter().map(|r| (r.accepted, r.bonus)).collect()
+            };
+            let what = format!("block {block}, graphs {cuda_graphs}");
+            assert_eq!(kept.new_tokens, ar.new_tokens, "{what}");
+            assert_eq!(read.new_tokens, ar.new_tokens, "{what}");
+            assert_eq!(rounds(&kept), rounds(&read), "{what}");
+            // long acceptances: the drafts the verify read on the device decided rounds
+            let long = (block - 1).min(3);
+            assert!(kept.rounds.iter().any(|r| r.accepted >= long), "{what}");
+        }
+    }
+}
+
 /// Fixed-shape forwards kept from one generation to the next (`generate_with`, as `eval`
 /// runs its prompts) decode what fresh ones decode, round for round; a generation that does
 /// not fit the kept capacity makes a new set, and a later one that fits reuses it.
@@ -230,6 +265,42 @@ fn missing_or_extra_drafter_tensors_are_refused() {
         .err()
         .unwrap();
     assert!(err.to_string().contains("lm_head.weight"), "{err}");
+}
+
+/// At a plain temperature (no top-k, no top-p) a chain's round stays on the device: its drafts
+/// drawn, judged and the bonus drawn by `ops::sample_rows` (here their CPU twins), with the
+/// round's uniform numbers drawn up front. The second and third new tokens of 4,000 seeded
+/// generations are distributed as AR's on the host's path, and as the chain's on the host's path.
+#[test]
+fn a_round_sampled_on_the_device_gives_the_target_distribution() {
+    let t = tiny();
+    let d = quiet(&t);
+    let n = 4000u64;
+    let counts = |mode: Mode, drafts_to_host: bool, seed0: u64| {
+        let opts = DecodeOptions {
+            drafts_to_host,
+            ..Default::default()
+        };
+        sampled_counts_with(&t, Some(&d), mode, opts, (0.7, 1.0), (seed0, n))
+    };
+    let chain = Mode::Chain { block: 8 };
+    let (ar, _, _) = counts(Mode::Ar, true, 0);
+    let (host, _, _) = counts(chain, true, 2_000_000);
+    let (dev, rounds, _) = counts(chain, false, 1_000_000);
+    assert!(
+        rounds > n as usize / 10,
+        "too few accepted drafts ({rounds}) to test the accept path"
+    );
+    for (pos, ((a, h), g)) in ar.iter().zip(&host).zip(&dev).enumerate() {
+        for (what, other) in [("AR", a), ("the host's chain", h)] {
+            let p = chi_square_p(other, g);
+            assert!(
+                p > 0.01,
+                "new token {}: the device's round differs from {what}: p = {p}",
+                pos + 1
+            );
+        }
+    }
 }
 
 #[test]

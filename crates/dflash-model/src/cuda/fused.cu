@@ -822,6 +822,150 @@ extern "C" __global__ void argmax_rows_f32(const float* x, uint32_t* out, int v)
     if (threadIdx.x == 0) out[blockIdx.x] = (isnan(row[0]) || si[0] == 0xffffffffu) ? 0u : si[0];
 }
 
+// ---------------------------------------------------------------------------------------------
+// Sampling at T > 0 (crate::ops::sample_rows): one block of 1,024 threads per row. Uniform
+// numbers arrive as the f32 bits of a u32 table.
+// ---------------------------------------------------------------------------------------------
+__device__ double block_sum_f64(double x, double* sh) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (l == 0) sh[w] = x;
+    __syncthreads();
+    x = l < nw ? sh[l] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+    return x;
+}
+
+// The sum of the values of the threads before this one (in thread order), and the block's total.
+__device__ double block_exclusive_f64(double x, double* sh, double* total) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    double inc = x;
+    for (int o = 1; o < 32; o <<= 1) {
+        double y = __shfl_up_sync(0xffffffff, inc, o);
+        if (l >= o) inc += y;
+    }
+    __syncthreads();
+    if (l == 31) sh[w] = inc;
+    __syncthreads();
+    if (w == 0) {
+        double s = l < nw ? sh[l] : 0.0;
+        for (int o = 1; o < 32; o <<= 1) {
+            double y = __shfl_up_sync(0xffffffff, s, o);
+            if (l >= o) s += y;
+        }
+        if (l < nw) sh[l] = s;
+    }
+    __syncthreads();
+    double before = (w > 0 ? sh[w - 1] : 0.0) + inc - x;
+    *total = sh[nw - 1];
+    __syncthreads();
+    return before;
+}
+
+// The token a uniform `u` picks from the weights `wt(i)`, i < v (not normalised, zeros skipped),
+// as `dflash_core::acceptance::pick`: the first token whose cumulative weight (in token order)
+// exceeds u · Σ w, else the last token of non-zero weight (0 if none). Each thread holds one
+// contiguous chunk of tokens; the thread whose chunk spans u · Σ w walks it.
+template <typename W>
+__device__ uint32_t block_pick(const W& wt, int v, float u, double* sh) {
+    __shared__ int found, last_nz;
+    int chunk = (v + blockDim.x - 1) / blockDim.x;
+    int lo = min(v, (int)threadIdx.x * chunk), hi = min(v, lo + chunk);
+    double part = 0.0;
+    int last = -1;
+    for (int i = lo; i < hi; ++i) {
+        float x = wt(i);
+        if (x > 0.f) { part += (double)x; last = i; }
+    }
+    if (threadIdx.x == 0) { found = 0x7fffffff; last_nz = -1; }
+    double total;
+    double before = block_exclusive_f64(part, sh, &total);  // its barriers order the resets
+    double target = (double)u * total;
+    if (last >= 0) atomicMax(&last_nz, last);
+    if (last >= 0 && before <= target && target < before + part) {
+        // the walk's sums round apart from `part`'s: past its end, the chunk's last token
+        double acc = before;
+        int pick = last;
+        for (int i = lo; i < hi; ++i) {
+            float x = wt(i);
+            if (x > 0.f) {
+                acc += (double)x;
+                if (target < acc) { pick = i; break; }
+            }
+        }
+        atomicMin(&found, pick);
+    }
+    __syncthreads();
+    int r = found != 0x7fffffff ? found : (last_nz >= 0 ? last_nz : 0);
+    __syncthreads();
+    return (uint32_t)r;
+}
+
+struct RowWeights {
+    const float* w;
+    __device__ float operator()(int i) const { return w[i]; }
+};
+
+struct Residual {
+    const float* p;
+    const float* q;
+    __device__ float operator()(int i) const { return fmaxf(p[i] - q[i], 0.f); }
+};
+
+// Each row's softmax of x / t, as `dflash_core::sampling::dense_probs` without top-k or top-p:
+// w = exp(x/t − max/t), divided by the f64 sum of w rounded to f32.
+extern "C" __global__ void temperature_probs_f32(const float* x, float* out, int v, float t) {
+    __shared__ float shf[32];
+    __shared__ double shd[32];
+    const float* row = x + (size_t)blockIdx.x * v;
+    float* o = out + (size_t)blockIdx.x * v;
+    float m = NEG_INF;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) m = fmaxf(m, row[i]);
+    float mt = block_max(m, shf) / t;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) {
+        float e = expf(row[i] / t - mt);
+        o[i] = e;
+        s += (double)e;
+    }
+    float sum = (float)block_sum_f64(s, shd);
+    for (int i = threadIdx.x; i < v; i += blockDim.x) o[i] = o[i] / sum;
+}
+
+// Row r of the weights drawn with uniform u[from + r].
+extern "C" __global__ void draw_rows_f32(const float* w, const uint32_t* u, uint32_t* out, int v, int from) {
+    __shared__ double sh[32];
+    RowWeights wt{w + (size_t)blockIdx.x * v};
+    uint32_t t = block_pick(wt, v, __uint_as_float(u[from + blockIdx.x]), sh);
+    if (threadIdx.x == 0) out[blockIdx.x] = t;
+}
+
+// Draft d[r] judged against p (drawn from q): kept with probability min(1, p/q), decided by
+// u[ua + r]; otherwise the bonus from the residual max(0, p − q) (from p when its mass is 0)
+// drawn with u[ub + r]. out[2r], out[2r+1] = (1, 0) kept, (0, bonus) rejected.
+extern "C" __global__ void judge_rows_f32(const float* p, const float* q, const uint32_t* d,
+                                          const uint32_t* u, uint32_t* out, int v, int ua, int ub) {
+    __shared__ double sh[32];
+    int r = blockIdx.x;
+    const float* pr = p + (size_t)r * v;
+    const float* qr = q + (size_t)r * v;
+    uint32_t dr = d[r];
+    float pd = pr[dr], qd = qr[dr];
+    bool keep = qd > 0.f && (pd >= qd || __uint_as_float(u[ua + r]) < pd / qd);
+    if (keep) {  // the whole block takes this branch
+        if (threadIdx.x == 0) { out[2 * r] = 1u; out[2 * r + 1] = 0u; }
+        return;
+    }
+    Residual res{pr, qr};
+    double mass = 0.0;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) mass += (double)res(i);
+    mass = block_sum_f64(mass, sh);
+    float ubr = __uint_as_float(u[ub + r]);
+    uint32_t bonus = mass > 0.0 ? block_pick(res, v, ubr, sh) : block_pick(RowWeights{pr}, v, ubr, sh);
+    if (threadIdx.x == 0) { out[2 * r] = 0u; out[2 * r + 1] = bonus; }
+}
+
 // The top k of each row of f32 values in the order of `dflash_core::tree::top_k_sorted`: value
 // descending by the IEEE total order (Rust's `total_cmp`), ties by index ascending — a total
 // order on (value, index), so the top k of a row is the top k of its segments' top k. Stage 1:

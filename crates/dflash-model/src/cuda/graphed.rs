@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Result};
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use dflash_core::visibility::Visibility;
 
 use crate::cuda::launch_profile::{warm_capture, Captured};
@@ -44,6 +44,15 @@ struct Slot {
     linear: Vec<Option<GdnRows>>,
     /// `None` on the CPU: the forward runs eagerly on `inputs`.
     graph: Option<(Captured, TargetOutput)>,
+}
+
+/// A forward's inputs built and uploaded ([`GraphedForward::stage`]), run later by
+/// [`GraphedForward::run`] on a cache of the same length.
+pub struct Staged {
+    inputs: ForwardInputs,
+    /// The rows to keep (the rest is padding).
+    real: usize,
+    cache_len: usize,
 }
 
 /// Fixed-shape target forwards of one sequence over a cache of `cap` rows ([`GraphedForward::new`]).
@@ -101,7 +110,21 @@ impl GraphedForward {
         cache: &mut KvCache,
         taps: &[usize],
     ) -> Result<TargetOutput> {
-        let cache_len = cache.len();
+        let staged = self.stage(target, tokens, positions, mask, cache.len())?;
+        self.run(target, staged, None, cache, taps)
+    }
+
+    /// The host's half of a forward on a cache of `cache_len` rows: the padded rows' inputs
+    /// built and uploaded. Staged before a draft whose tokens the forward reads on the device,
+    /// the uploads (which wait for the device's queue) do not wait for that draft.
+    pub fn stage(
+        &self,
+        target: &Target,
+        tokens: &[u32],
+        positions: &[usize],
+        mask: &Visibility,
+        cache_len: usize,
+    ) -> Result<Staged> {
         let real = tokens.len();
         if real == 0 || mask.rows != real || mask.cols != cache_len + real {
             bail!(
@@ -129,18 +152,11 @@ impl GraphedForward {
             } else {
                 dflash_core::visibility::pad_rows(mask, cache_len, self.pad_to)
             };
-            let out = self.forward(target, &tokens, &positions, &mask, cache, taps)?;
-            cache.drop_padding(cache_len + real)?;
-            return Ok(TargetOutput {
-                logits: out.logits.map(|l| l.narrow(0, 0, real)).transpose()?,
-                taps: out
-                    .taps
-                    .iter()
-                    .map(|t| t.narrow(0, 0, real))
-                    .collect::<candle_core::Result<_>>()?,
-            });
+            let mut staged = self.stage(target, &tokens, &positions, &mask, cache_len)?;
+            staged.real = real;
+            return Ok(staged);
         }
-        let fresh = if self.intervals {
+        let inputs = if self.intervals {
             target.prepare_fixed_intervals(tokens, positions, mask, cache_len, self.cap)?
         } else {
             target.prepare(
@@ -151,6 +167,65 @@ impl GraphedForward {
                 Some(self.cap),
             )?
         };
+        Ok(Staged {
+            inputs,
+            real,
+            cache_len,
+        })
+    }
+
+    /// The device's half: the staged forward (rows `1 ..= k` reading `drafts` when given) on
+    /// `cache`, replayed from its graph once captured. With drafts the replay is not waited
+    /// for: the caller's read of the outputs is the round's one host synchronization.
+    pub fn run(
+        &mut self,
+        target: &Target,
+        staged: Staged,
+        drafts: Option<&Tensor>,
+        cache: &mut KvCache,
+        taps: &[usize],
+    ) -> Result<TargetOutput> {
+        let Staged {
+            inputs: mut fresh,
+            real,
+            cache_len,
+        } = staged;
+        if cache.len() != cache_len {
+            bail!(
+                "a forward staged on a {cache_len}-row cache runs on one of {} rows",
+                cache.len()
+            );
+        }
+        if let Some(d) = drafts {
+            fresh.set_ids(1, d)?;
+        }
+        let rows = fresh.rows();
+        let out = self.run_rows(target, fresh, drafts.is_some(), cache, taps)?;
+        if real == rows {
+            return Ok(out);
+        }
+        cache.drop_padding(cache_len + real)?;
+        Ok(TargetOutput {
+            logits: out.logits.map(|l| l.narrow(0, 0, real)).transpose()?,
+            taps: out
+                .taps
+                .iter()
+                .map(|t| t.narrow(0, 0, real))
+                .collect::<candle_core::Result<_>>()?,
+        })
+    }
+
+    /// `fresh` (every row real or padding) through its slot: captured on first use, replayed
+    /// after; eager when it cannot be.
+    fn run_rows(
+        &mut self,
+        target: &Target,
+        fresh: ForwardInputs,
+        no_wait: bool,
+        cache: &mut KvCache,
+        taps: &[usize],
+    ) -> Result<TargetOutput> {
+        let cache_len = cache.len();
         let n = fresh.rows();
         if self.intervals && !fresh.has_intervals() {
             // not a chain: the captured forward reads intervals
@@ -175,7 +250,9 @@ impl GraphedForward {
                     graph.replay()?;
                     // wait here, so that the caller's clock charges the forward to the verify
                     // (the first read of the logits would wait anyway)
-                    target.embedding_table().device().synchronize()?;
+                    if !no_wait {
+                        target.embedding_table().device().synchronize()?;
+                    }
                     // and after them: its rows become the cache's (pending for the
                     // linear-attention layers, with this round's parents)
                     cache.commit(n);

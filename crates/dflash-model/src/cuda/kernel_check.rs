@@ -456,6 +456,28 @@ fn push_rows(
     Ok(())
 }
 
+/// [`crate::ops::sample_rows`] on `dev`: `[probabilities at T = 0.8, draws, verdicts]` on the
+/// CPU, for `rows` rows of `v` logits. The verdicts judge the second half's draws (from its
+/// probabilities) against the first half's; one pair of rows is equal (its draft always kept).
+fn sampling(dev: &Device, rows: usize, v: usize) -> Result<Vec<Tensor>> {
+    use crate::ops::sample_rows::{draw_rows, judge_rows, temperature_probs, Uniforms};
+    let mut x = fill(&[rows, v], 13, 8.0)?;
+    let h = rows / 2;
+    x = x.slice_assign(&[h..h + 1, 0..v], &x.narrow(0, 0, 1)?)?;
+    let u: Vec<f32> = (0..3 * rows)
+        .map(|i| (i as f32 * 0.618_034 + 0.1).fract())
+        .collect();
+    let u = Uniforms::new(&u, dev)?;
+    let p = temperature_probs(&x.to_device(dev)?, 0.8)?;
+    let drawn = draw_rows(&p, &u, 0)?;
+    let (pp, q) = (p.narrow(0, 0, h)?, p.narrow(0, h, h)?);
+    let verdicts = judge_rows(&pp, &q, &drawn.narrow(0, h, h)?, &u, rows, 2 * rows)?;
+    [p, drawn, verdicts.flatten_all()?]
+        .iter()
+        .map(|t| t.to_device(&Device::Cpu))
+        .collect()
+}
+
 /// A training linear `[1, 300, 96] · [80, 96]ᵀ` with both inputs tracked (on a GPU one node
 /// with a written backward, on the CPU candle's autograd): the output, `dx` and `dW` on the CPU.
 fn linear_grads(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
@@ -979,6 +1001,28 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             tolerance: 0.0,
         });
     }
+    // sampling at T > 0: probabilities, draws and verdicts (rows of 3,001 and of 151,936
+    // values); draws and verdicts the same tokens
+    for (rows, v) in [(48, 3001), (4, 151_936)] {
+        let (got, want) = (sampling(dev, rows, v)?, sampling(&Device::Cpu, rows, v)?);
+        push_rows(
+            &mut checks,
+            &[&format!("temperature probabilities, {v} values")],
+            &got[..1],
+            &want[..1],
+            DType::F32,
+            1e-5,
+        )?;
+        for (i, what) in [(1, "draws"), (2, "verdicts")] {
+            let (a, b) = (got[i].to_vec1::<u32>()?, want[i].to_vec1::<u32>()?);
+            let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+            checks.push(KernelCheck {
+                name: format!("sampled {what} of rows of {v} values (F32), fraction that differ"),
+                rel_err: differ as f64 / b.len() as f64,
+                tolerance: 0.0,
+            });
+        }
+    }
     // the AdamW kernels round every operation as their CPU twin does
     for (grads, names) in [
         (DType::F32, ["adamw weights", "adamw moments"]),
@@ -1049,7 +1093,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 127);
+        assert_eq!(checks.len(), 133);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

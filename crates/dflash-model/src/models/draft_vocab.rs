@@ -75,6 +75,8 @@ impl DraftVocab {
 #[derive(Debug, Clone)]
 pub struct DraftHead {
     ids: Vec<u32>,
+    /// `ids` on the target's device.
+    ids_on_device: Tensor,
     head: Linear,
 }
 
@@ -83,6 +85,7 @@ impl DraftHead {
         vocab.validate(target.config.vocab_size)?;
         Ok(Self {
             ids: vocab.token_ids.clone(),
+            ids_on_device: Tensor::new(vocab.token_ids.as_slice(), &target.device)?,
             head: target.lm_head_rows(&vocab.token_ids)?,
         })
     }
@@ -90,6 +93,12 @@ impl DraftHead {
     /// The token of logit column `j`.
     pub fn token(&self, j: u32) -> u32 {
         self.ids[j as usize]
+    }
+
+    /// [`DraftHead::token`] of each column in `cols` (`[n]` u32), where they are: a round's
+    /// drafts picked on the device. Example: ids [7, 42, 99], cols [2, 0] → [99, 7].
+    pub fn tokens_of(&self, cols: &Tensor) -> Result<Tensor> {
+        Ok(self.ids_on_device.index_select(cols, 0)?)
     }
 
     /// Logits `[.., subset]` of normalised hidden states, in the compute dtype (as

@@ -26,7 +26,7 @@ use std::path::Path;
 use crate::layers::linear::Linear;
 use anyhow::{bail, Context, Result};
 use candle_core::Module;
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Device, Tensor};
 use dflash_core::config::DrafterConfig;
 use dflash_core::segments::Segments;
 use dflash_core::visibility::{draft_inference, draft_training_parts, DraftRule};
@@ -678,11 +678,9 @@ impl Drafter {
         Ok(logits.to_dtype(DType::F32)?.to_vec2::<f32>()?)
     }
 
-    /// Row-wise argmax of `[n, vocab]` logits.
+    /// Row-wise argmax of `[n, vocab]` logits, by the target's rule
+    /// ([`crate::ops::argmax`]: the first index of the largest value).
     pub fn argmax_rows(logits: &Tensor) -> Result<Vec<u32>> {
-        Ok(logits
-            .argmax(D::Minus1)?
-            .to_dtype(DType::U32)?
-            .to_vec1::<u32>()?)
+        Ok(crate::ops::argmax::argmax_rows(logits)?)
     }
 }

@@ -9,16 +9,21 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
 use crate::ops::kernel_io::cpu_slice;
 
-/// The arg-max of every row of `x` `[rows, v]` (f32), one transfer of `rows` indices.
+/// The arg-max of every row of `x` `[rows, v]` (any float dtype), one transfer of `rows` indices.
 pub fn argmax_rows(x: &Tensor) -> Result<Vec<u32>> {
+    argmax_rows_kept(x)?.to_vec1::<u32>()
+}
+
+/// [`argmax_rows`] left where `x` is: `[rows]` u32 on `x`'s device, nothing transferred (a
+/// chain's drafts become the verify's tokens on the device).
+pub fn argmax_rows_kept(x: &Tensor) -> Result<Tensor> {
     let (_, v) = x.dims2()?;
     if v == 0 {
         candle_core::bail!("argmax: rows of no values");
     }
     x.to_dtype(candle_core::DType::F32)?
         .contiguous()?
-        .apply_op1_no_bwd(&ArgmaxRows)?
-        .to_vec1::<u32>()
+        .apply_op1_no_bwd(&ArgmaxRows)
 }
 
 struct ArgmaxRows;

@@ -2,7 +2,8 @@
 //! CPU twin for every CUDA kernel: the softmax family, the fused cross-entropy, the drafter's
 //! block attention, the target's interval softmax, the decode layer's fused kernels (the
 //! per-head norms, RoPE and cache writes, the residual add with its RMSNorm, the masked
-//! softmax, one-row products, indexed cache writes), and the comparison every parity check
+//! softmax, one-row products, indexed cache writes), sampling at T > 0 on the device (probabilities,
+//! draws, speculative verdicts), and the comparison every parity check
 //! uses.
 
 /// Whether the environment turns a fused kernel off (`VAR=0`), read once per process: every
@@ -36,6 +37,7 @@ pub mod permute;
 pub mod prefill_attention;
 pub mod qkv_rope;
 pub mod rms_norm_grad;
+pub mod sample_rows;
 pub mod scatter_rows;
 pub mod silu_mul;
 pub mod softmax;

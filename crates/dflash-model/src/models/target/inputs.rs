@@ -65,6 +65,24 @@ impl ForwardInputs {
         self.gdn.as_ref().map(|g| g.parents.as_slice())
     }
 
+    /// Write `ids` (`[k]` u32, on the inputs' device) over the token ids of rows `from ..
+    /// from + k` of one sequence, in place: tokens that never visited the host (a chain's
+    /// drafts, the drafter's arg-max). Example: tokens [x, 0, 0, 0] prepared, then
+    /// `set_ids(1, [a, b, c])` → the forward reads [x, a, b, c].
+    pub fn set_ids(&mut self, from: usize, ids: &Tensor) -> Result<()> {
+        let k = ids.dims1()?;
+        if self.b != 1 || from + k > self.n {
+            bail!(
+                "set_ids: {k} ids from row {from} of {} sequence(s) of {} rows",
+                self.b,
+                self.n
+            );
+        }
+        self.ids
+            .slice_set(&ids.to_dtype(self.ids.dtype())?, 0, from)?;
+        Ok(())
+    }
+
     /// Copy these fixed-layout inputs into `dst`'s device buffers, in place (the buffers a
     /// captured forward reads): same row count and capacity, another cache length.
     /// Example: the AR step at cache 40 captured; `prepare(.., 41, Some(cap)).write_into(&mut

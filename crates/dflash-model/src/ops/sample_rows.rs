@@ -1,0 +1,402 @@
+//! Sampling at T > 0 where the logits are: a round's probabilities, draws and speculative
+//! verdicts computed on the device, so that a few indices per row leave it instead of every
+//! row's full-vocabulary logits. The rules are the host's, in [`dflash_core::sampling`] and
+//! [`dflash_core::acceptance`], and each CPU twin calls them:
+//!
+//! - [`temperature_probs`]: each row's softmax of `logits / T` ([`dflash_core::sampling::dense_probs`]
+//!   without top-k or top-p, the normaliser summed in f64);
+//! - [`draw_rows`]: each row's token for one uniform number `u`, walking the weights in token
+//!   order (the first token whose cumulative weight exceeds `u · Σ w`; the last token of
+//!   non-zero weight if rounding leaves `u · Σ w` past the end;
+//!   [`dflash_core::acceptance::pick_weighted`]);
+//! - [`judge_rows`]: each draft kept with probability `min(1, p(d) / q(d))` and, where it is
+//!   not, the bonus drawn from the residual `max(0, p − q)` (from `p` when that is empty;
+//!   [`dflash_core::acceptance::judge`]).
+//!
+//! The uniform numbers come from the generation's seeded host stream and reach the kernels in
+//! one small table ([`Uniforms`]). The GPU sums a row's weights in another order than the host
+//! (per thread, then across the block), so a draw whose `u` falls within rounding of a boundary
+//! between two tokens can pick the other one: the same distribution, not always the host's
+//! token for the same `u`.
+//!
+//! Example: logits rows [[0, ln 3], [0, 0]] at T = 1 → probabilities [[.25, .75], [.5, .5]];
+//! `u` = [.2, .6] → tokens [0, 1]. Judging draft 1 (q = [.25, .75]) against p = [.5, .5]:
+//! p(1)/q(1) = 2/3, kept when `u_accept` < 2/3; else the residual [.25, 0] gives token 0.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
+
+use crate::ops::kernel_io::{cpu_slice, KernelTable};
+
+/// A round's uniform numbers in [0, 1), on the host for the CPU twins and uploaded once to a
+/// GPU (as their f32 bits). Example: a chain of 15 drafts draws 46: 15 for the drafts, 15 to
+/// accept, 15 for the bonus at a rejection, 1 for the bonus after the last row.
+pub struct Uniforms(KernelTable);
+
+impl Uniforms {
+    pub fn new(u: &[f32], device: &Device) -> Result<Self> {
+        Ok(Self(KernelTable::new(
+            u.iter().map(|x| x.to_bits()).collect(),
+            device,
+        )?))
+    }
+
+    fn get(&self, i: usize) -> f32 {
+        f32::from_bits(self.0.host[i])
+    }
+
+    fn len(&self) -> usize {
+        self.0.host.len()
+    }
+}
+
+/// Each row's sampling distribution at temperature `t` > 0: `[n, v]` logits (any float dtype)
+/// → `[n, v]` f32 probabilities.
+pub fn temperature_probs(logits: &Tensor, t: f32) -> Result<Tensor> {
+    if !(t > 0.0 && t.is_finite()) {
+        candle_core::bail!("temperature_probs: a temperature > 0 expected, got {t}");
+    }
+    logits
+        .to_dtype(DType::F32)?
+        .contiguous()?
+        .apply_op1_no_bwd(&TempProbs { t })
+}
+
+/// Row `r` of `w` (`[n, v]` f32 weights, not necessarily normalised) drawn with `u[from + r]`:
+/// `[n]` u32 tokens, left on the device.
+pub fn draw_rows(w: &Tensor, u: &Uniforms, from: usize) -> Result<Tensor> {
+    let (n, v) = w.dims2()?;
+    if v == 0 || from + n > u.len() {
+        candle_core::bail!(
+            "draw_rows: {n} rows of {v} weights from uniform {from} of {}",
+            u.len()
+        );
+    }
+    w.contiguous()?.apply_op1_no_bwd(&Draw { u, from })
+}
+
+/// The verdict on each draft `d[r]` (drawn from `q[r]`) against `p[r]` (`[n, v]` f32
+/// probabilities each, `d` `[n]` u32), with `u[accept + r]` deciding the draft and
+/// `u[bonus + r]` drawing the bonus: `[n, 2]` u32, (1, 0) for a kept draft and (0, bonus)
+/// for a rejected one.
+pub fn judge_rows(
+    p: &Tensor,
+    q: &Tensor,
+    d: &Tensor,
+    u: &Uniforms,
+    accept: usize,
+    bonus: usize,
+) -> Result<Tensor> {
+    let (n, v) = p.dims2()?;
+    if q.dims2()? != (n, v) || d.dims1()? != n || accept.max(bonus) + n > u.len() {
+        candle_core::bail!(
+            "judge_rows: p {:?}, q {:?}, drafts {:?} and {} uniforms do not fit",
+            p.dims(),
+            q.dims(),
+            d.dims(),
+            u.len()
+        );
+    }
+    p.contiguous()?.apply_op3_no_bwd(
+        &q.contiguous()?,
+        &d.contiguous()?,
+        &Judge { u, accept, bonus },
+    )
+}
+
+struct TempProbs {
+    t: f32,
+}
+
+impl CustomOp1 for TempProbs {
+    fn name(&self) -> &'static str {
+        "temperature-probs"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (n, v) = l.shape().dims2()?;
+        let x = cpu_slice::<f32>(s, l, "temperature_probs input")?;
+        let params = dflash_core::sampling::SamplingParams {
+            temperature: self.t,
+            ..Default::default()
+        };
+        let out: Vec<f32> = x
+            .chunks(v)
+            .flat_map(|row| dflash_core::sampling::dense_probs(row, &params))
+            .collect();
+        Ok((CpuStorage::F32(out), Shape::from((n, v))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::ptx::{alloc, launch, rows, view};
+        use candle_core::backend::BackendStorage;
+        let (n, v) = l.shape().dims2()?;
+        let dev = s.device().clone();
+        let x = view::<f32>(s, l, "temperature_probs input")?;
+        let out = alloc::<f32>(&dev, n * v)?;
+        let (vi, t) = (v as i32, self.t);
+        launch!(
+            dev,
+            "temperature_probs",
+            DType::F32,
+            rows(n, 1024),
+            x,
+            out,
+            vi,
+            t
+        );
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev),
+            Shape::from((n, v)),
+        ))
+    }
+}
+
+struct Draw<'a> {
+    u: &'a Uniforms,
+    from: usize,
+}
+
+impl CustomOp1 for Draw<'_> {
+    fn name(&self) -> &'static str {
+        "draw-rows"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (n, v) = l.shape().dims2()?;
+        let w = cpu_slice::<f32>(s, l, "draw_rows weights")?;
+        let out: Vec<u32> = w
+            .chunks(v)
+            .enumerate()
+            .map(|(r, row)| {
+                let total = row.iter().map(|&x| x as f64).sum();
+                dflash_core::acceptance::pick_weighted(row, total, self.u.get(self.from + r))
+            })
+            .collect();
+        Ok((CpuStorage::U32(out), Shape::from(n)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::ptx::{alloc, launch, rows, view};
+        use candle_core::backend::BackendStorage;
+        let (n, v) = l.shape().dims2()?;
+        let dev = s.device().clone();
+        let w = view::<f32>(s, l, "draw_rows weights")?;
+        let out = alloc::<u32>(&dev, n)?;
+        let (vi, from) = (v as i32, self.from as i32);
+        self.u.0.with_cuda_view("draw_rows uniforms", |u| {
+            launch!(
+                dev,
+                "draw_rows",
+                DType::F32,
+                rows(n, 1024),
+                w,
+                u,
+                out,
+                vi,
+                from
+            );
+            Ok(())
+        })?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev),
+            Shape::from(n),
+        ))
+    }
+}
+
+struct Judge<'a> {
+    u: &'a Uniforms,
+    accept: usize,
+    bonus: usize,
+}
+
+impl CustomOp3 for Judge<'_> {
+    fn name(&self) -> &'static str {
+        "judge-rows"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sp: &CpuStorage,
+        lp: &Layout,
+        sq: &CpuStorage,
+        lq: &Layout,
+        sd: &CpuStorage,
+        ld: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        use dflash_core::acceptance::{judge, Verdict};
+        let (n, v) = lp.shape().dims2()?;
+        let p = cpu_slice::<f32>(sp, lp, "judge_rows p")?;
+        let q = cpu_slice::<f32>(sq, lq, "judge_rows q")?;
+        let d = cpu_slice::<u32>(sd, ld, "judge_rows drafts")?;
+        let mut out = Vec::with_capacity(2 * n);
+        for r in 0..n {
+            let (ua, ub) = (self.u.get(self.accept + r), self.u.get(self.bonus + r));
+            let row = |x: &[f32]| x[r * v..(r + 1) * v].to_vec();
+            check_token(d[r], v)?;
+            out.extend(match judge(&row(p), &row(q), d[r], ua, ub) {
+                Verdict::Accept => [1, 0],
+                Verdict::Reject { bonus } => [0, bonus],
+            });
+        }
+        Ok((CpuStorage::U32(out), Shape::from((n, 2))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        sp: &candle_core::CudaStorage,
+        lp: &Layout,
+        sq: &candle_core::CudaStorage,
+        lq: &Layout,
+        sd: &candle_core::CudaStorage,
+        ld: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::ptx::{alloc, launch, rows, view};
+        use candle_core::backend::BackendStorage;
+        let (n, v) = lp.shape().dims2()?;
+        let dev = sp.device().clone();
+        let p = view::<f32>(sp, lp, "judge_rows p")?;
+        let q = view::<f32>(sq, lq, "judge_rows q")?;
+        let d = view::<u32>(sd, ld, "judge_rows drafts")?;
+        let out = alloc::<u32>(&dev, 2 * n)?;
+        let (vi, ua, ub) = (v as i32, self.accept as i32, self.bonus as i32);
+        self.u.0.with_cuda_view("judge_rows uniforms", |u| {
+            launch!(
+                dev,
+                "judge_rows",
+                DType::F32,
+                rows(n, 1024),
+                p,
+                q,
+                d,
+                u,
+                out,
+                vi,
+                ua,
+                ub
+            );
+            Ok(())
+        })?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev),
+            Shape::from((n, 2)),
+        ))
+    }
+}
+
+fn check_token(t: u32, v: usize) -> Result<()> {
+    if t as usize >= v {
+        candle_core::bail!("judge_rows: draft {t} outside a vocabulary of {v}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dflash_core::acceptance::{judge, Verdict};
+
+    fn on_cpu(rows: &[&[f32]]) -> Tensor {
+        let v = rows[0].len();
+        let flat: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        Tensor::from_vec(flat, (rows.len(), v), &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn the_module_example() {
+        let logits = on_cpu(&[&[0.0, 3f32.ln()], &[0.0, 0.0]]);
+        let p = temperature_probs(&logits, 1.0).unwrap();
+        let got = p.to_vec2::<f32>().unwrap();
+        for (a, b) in got.iter().flatten().zip([0.25f32, 0.75, 0.5, 0.5]) {
+            assert!((a - b).abs() < 1e-6, "{got:?}");
+        }
+        let u = Uniforms::new(&[0.2, 0.6, 0.5, 0.9], &Device::Cpu).unwrap();
+        let t = draw_rows(&p, &u, 0).unwrap().to_vec1::<u32>().unwrap();
+        assert_eq!(t, vec![0, 1]);
+        let (q, pp) = (p.narrow(0, 0, 1).unwrap(), p.narrow(0, 1, 1).unwrap());
+        let d = Tensor::new(&[1u32], &Device::Cpu).unwrap();
+        // u_accept .5 < 2/3: kept; .9: rejected, the residual [.25, 0] gives token 0
+        let v = judge_rows(&pp, &q, &d, &u, 2, 0).unwrap();
+        assert_eq!(v.to_vec2::<u32>().unwrap(), vec![vec![1, 0]]);
+        let v = judge_rows(&pp, &q, &d, &u, 3, 0).unwrap();
+        assert_eq!(v.to_vec2::<u32>().unwrap(), vec![vec![0, 0]]);
+    }
+
+    /// The ops equal the host's rules row by row, on rows with a dominant token, flat rows,
+    /// p = q (an empty residual) and uniforms near 0 and 1.
+    #[test]
+    fn the_ops_are_the_host_rules() {
+        let v = 257;
+        let row = |s: u64| -> Vec<f32> {
+            (0..v as u64)
+                .map(|i| (((i + 3) * (s + 11) * 2654435761 % 1009) as f32 / 1009.0 - 0.5) * 6.0)
+                .collect()
+        };
+        let mut rows: Vec<Vec<f32>> = (0..6).map(row).collect();
+        rows[1][17] = 40.0; // one token takes almost all the mass
+        rows[2] = vec![0.0; v];
+        rows[3] = rows[0].clone(); // p = q against row 0
+        let n = rows.len();
+        let refs: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
+        let logits = on_cpu(&refs);
+        let u: Vec<f32> = (0..3 * n)
+            .map(|i| [0.0, 0.999_999, 0.37, 0.5, 0.81, 0.05][i % 6])
+            .collect();
+        let uni = Uniforms::new(&u, &Device::Cpu).unwrap();
+        for t in [0.3f32, 1.0, 1.7] {
+            let params = dflash_core::sampling::SamplingParams {
+                temperature: t,
+                ..Default::default()
+            };
+            let p = temperature_probs(&logits, t).unwrap();
+            let host: Vec<Vec<f32>> = rows
+                .iter()
+                .map(|r| dflash_core::sampling::dense_probs(r, &params))
+                .collect();
+            assert_eq!(p.to_vec2::<f32>().unwrap(), host, "T {t}");
+            let drawn = draw_rows(&p, &uni, 0).unwrap().to_vec1::<u32>().unwrap();
+            for (r, q) in host.iter().enumerate() {
+                let total = q.iter().map(|&x| x as f64).sum();
+                let want = dflash_core::acceptance::pick_weighted(q, total, u[r]);
+                assert_eq!(drawn[r], want, "T {t}, row {r}");
+            }
+            // judge rows 3.. (q) against rows 0.. (p): row 3 is row 0, so p = q there
+            let (pp, q) = (p.narrow(0, 0, 3).unwrap(), p.narrow(0, 3, 3).unwrap());
+            let d = Tensor::from_vec(drawn[3..].to_vec(), 3, &Device::Cpu).unwrap();
+            let got = judge_rows(&pp, &q, &d, &uni, n, 2 * n).unwrap();
+            for (r, g) in got.to_vec2::<u32>().unwrap().iter().enumerate() {
+                let want = match judge(&host[r], &host[3 + r], drawn[3 + r], u[n + r], u[2 * n + r])
+                {
+                    Verdict::Accept => vec![1, 0],
+                    Verdict::Reject { bonus } => vec![0, bonus],
+                };
+                assert_eq!(g, &want, "T {t}, row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_inputs_are_refused() {
+        let p = on_cpu(&[&[0.5, 0.5]]);
+        let u = Uniforms::new(&[0.5], &Device::Cpu).unwrap();
+        assert!(temperature_probs(&p, 0.0).is_err());
+        assert!(draw_rows(&p, &u, 1).is_err());
+        let d = Tensor::new(&[2u32], &Device::Cpu).unwrap();
+        let e = judge_rows(&p, &p, &d, &u, 0, 1).unwrap_err().to_string();
+        assert!(e.contains("uniforms do not fit"), "{e}");
+        let u2 = Uniforms::new(&[0.5, 0.5], &Device::Cpu).unwrap();
+        let e = judge_rows(&p, &p, &d, &u2, 0, 1).unwrap_err().to_string();
+        assert!(e.contains("outside a vocabulary"), "{e}");
+    }
+}
