@@ -116,6 +116,53 @@ fn kept_graphs_row(
     ))
 }
 
+/// A DFlash chain at T = 1 (seed 7) in f32 on the device and on the CPU: the same tokens, with
+/// the drafter as given and with a draft vocabulary (every other token and the prompt's). Both
+/// keep their rounds on their device ([`dflash_model::ops::sample_rows`] and its CPU twins)
+/// and draw the same uniform numbers; only a draw within rounding of a boundary between two
+/// tokens could differ.
+fn sampled_chain_row(
+    gpu: &LoadedTarget,
+    cpu: &LoadedTarget,
+    drafter_dir: &Option<PathBuf>,
+    req: &Request,
+) -> Result<(String, bool, String)> {
+    let req = Request {
+        sampling: SamplingParams::new(1.0, 1.0, 0, 7)?,
+        ..req.clone()
+    };
+    let (mut same, mut tokens, mut rounds) = (true, 0, 0);
+    for head in [false, true] {
+        let run = |lt: &LoadedTarget| -> Result<Generation> {
+            let mut d = drafter_for(lt, drafter_dir)?;
+            if head {
+                let mut ids: Vec<u32> = (0..lt.target.vocab_size() as u32).step_by(2).collect();
+                ids.extend(&req.prompt_ids);
+                ids.sort_unstable();
+                ids.dedup();
+                d.draft_vocab = Some(DraftVocab {
+                    token_ids: ids,
+                    source: "check device: every other token".into(),
+                    coverage: None,
+                });
+            }
+            let mode = Mode::Chain {
+                block: d.block_size,
+            };
+            generate(&lt.target, Some(&d), mode, &req, Default::default())
+        };
+        let (g, c) = (run(gpu)?, run(cpu)?);
+        same &= g.new_tokens == c.new_tokens;
+        tokens += g.new_tokens.len();
+        rounds += g.rounds.len();
+    }
+    Ok((
+        "dflash at T = 1 on device = on CPU (f32, same seed)".into(),
+        same,
+        format!("{tokens} tokens in {rounds} rounds, with and without a draft vocabulary"),
+    ))
+}
+
 fn drafter_for(lt: &LoadedTarget, dir: &Option<PathBuf>) -> Result<Drafter> {
     match dir {
         Some(d) => Drafter::load_dir(d, &lt.target),
@@ -206,6 +253,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                 ar.new_tokens == ar_cpu.new_tokens,
                 format!("{} tokens", ar.new_tokens.len()),
             ));
+            rows.push(sampled_chain_row(lt, &cpu, &a.drafter, &req)?);
         }
         let d = drafter_for(lt, &a.drafter)?;
         // each mode plain (speculative ones = AR), then with its verify forwards replayed

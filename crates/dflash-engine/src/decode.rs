@@ -36,8 +36,7 @@
 //! also exact, but it accepts less at T ≈ 1.
 //!
 //! **A round on the device.** A chain of a drafter without a selector, greedy or at a plain
-//! temperature (the residual rule, no top-k or top-p, no vocabulary head), keeps its round on
-//! the device: the drafts (the drafter's arg-max, or its draws) become the verify's token ids
+//! temperature (the residual rule, no top-k or top-p), keeps its round on the device: the drafts (the drafter's arg-max, or its draws) become the verify's token ids
 //! there, and the verify reads back in one transfer the drafts and either the target's token
 //! per row or each draft's verdict and bonus and the last row's draw. At T > 0 such a round
 //! draws its `3n + 1` uniform numbers (n drafts) up front: the same distribution as the host's
@@ -580,7 +579,15 @@ impl<'a> Decoding<'a> {
             } else {
                 let u = Uniforms::new(&self.sampler.uniforms(3 * n + 1), &self.target.device)?;
                 let q = temperature_probs(&logits, self.sampler.params.temperature)?;
-                (draw_rows(&q, &u, 0)?, Some((q, u)))
+                let drawn = draw_rows(&q, &u, 0)?;
+                // a vocabulary head's columns are ascending token ids: drawn there, then spread
+                match self.head.as_ref() {
+                    Some(h) => (
+                        h.tokens_of(&drawn)?,
+                        Some((h.spread_over(&q, self.target.vocab_size())?, u)),
+                    ),
+                    None => (drawn, Some((q, u))),
+                }
             };
             self.device_round = Some(DeviceRound {
                 drafts,
@@ -648,8 +655,7 @@ impl<'a> Decoding<'a> {
 
     /// Whether this round's chain stays on the device: a DFlash chain of a drafter without a
     /// candidate selector (its walk is the host's), greedy or sampled by the residual rule at
-    /// a plain temperature ([`Decoding::samples_on_device`]; without a vocabulary head, whose
-    /// distributions the host scatters over the vocabulary).
+    /// a plain temperature ([`Decoding::samples_on_device`]).
     /// Its round reads the device once, after the verify: at T = 0 the drafts and the
     /// target's arg-max of every row, at T > 0 the drafts, each one's verdict and bonus
     /// ([`dflash_model::ops::sample_rows`]) and the last row's draw — instead of the drafts
@@ -661,9 +667,7 @@ impl<'a> Decoding<'a> {
             && !matches!(self.mode, Mode::Tree { .. })
             && self.drafter.is_some_and(|d| d.selector.is_none())
             && (self.sampler.params.is_greedy()
-                || (self.acceptance == Acceptance::Residual
-                    && self.head.is_none()
-                    && self.samples_on_device()))
+                || (self.acceptance == Acceptance::Residual && self.samples_on_device()))
     }
 
     /// Whether draws at T > 0 happen on the device: a plain temperature (no top-k, no top-p:

@@ -303,6 +303,47 @@ fn a_round_sampled_on_the_device_gives_the_target_distribution() {
     }
 }
 
+/// A drafter with a vocabulary head keeps its T > 0 rounds on the device too: its drafts drawn
+/// over the head's columns (ascending token ids) and its distributions spread over the
+/// vocabulary there. The head here holds two thirds of the tiny vocabulary (every token of the
+/// loop prompt among them); 4,000 seeded generations' second and third tokens are distributed
+/// as AR's.
+#[test]
+fn a_vocabulary_head_samples_on_the_device_as_ar_does() {
+    let t = tiny();
+    let mut d = quiet(&t);
+    let keep = loop_prompt();
+    d.draft_vocab = Some(dflash_model::models::draft_vocab::DraftVocab {
+        token_ids: (0..256u32)
+            .filter(|x| x % 3 != 0 || keep.contains(x))
+            .collect(),
+        source: "every token not a multiple of 3, and the loop prompt's".into(),
+        coverage: None,
+    });
+    let n = 4000u64;
+    let host = DecodeOptions {
+        drafts_to_host: true,
+        ..Default::default()
+    };
+    let (ar, _, _) = sampled_counts_with(&t, None, Mode::Ar, host, (0.7, 1.0), (0, n));
+    let chain = Mode::Chain { block: 8 };
+    let opts = DecodeOptions::default();
+    let (dev, rounds, _) =
+        sampled_counts_with(&t, Some(&d), chain, opts, (0.7, 1.0), (3_000_000, n));
+    assert!(
+        rounds > n as usize / 10,
+        "too few accepted drafts ({rounds}) to test the accept path"
+    );
+    for (pos, (a, g)) in ar.iter().zip(&dev).enumerate() {
+        let p = chi_square_p(a, g);
+        assert!(
+            p > 0.01,
+            "new token {}: the head's rounds differ from AR: p = {p}",
+            pos + 1
+        );
+    }
+}
+
 #[test]
 fn chi_square_helper_detects_a_difference() {
     // the test below can fail: a clearly different distribution gives a tiny p-value

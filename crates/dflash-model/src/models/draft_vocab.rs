@@ -101,6 +101,15 @@ impl DraftHead {
         Ok(self.ids_on_device.index_select(cols, 0)?)
     }
 
+    /// Rows over the subset's columns (`[n, subset]` f32, a draft distribution) spread over the
+    /// target's `vocab` tokens (0 elsewhere), where they are. Example: ids [1, 3], row [.4,
+    /// .6], vocab 4 → [0, .4, 0, .6].
+    pub fn spread_over(&self, rows: &Tensor, vocab: usize) -> Result<Tensor> {
+        let n = rows.dim(0)?;
+        let zeros = Tensor::zeros((n, vocab), rows.dtype(), rows.device())?;
+        Ok(zeros.index_add(&self.ids_on_device, rows, 1)?)
+    }
+
     /// Logits `[.., subset]` of normalised hidden states, in the compute dtype (as
     /// [`Target::lm_head`]).
     pub fn logits(&self, target: &Target, hidden: &Tensor) -> Result<Tensor> {
