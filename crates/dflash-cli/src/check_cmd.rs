@@ -56,6 +56,20 @@ fn rel_logits_taps(got: &TargetOutput, cpu: &TargetOutput) -> Result<(f64, f64)>
 /// run them) decode what fresh graphs decode: three prompts in turn, the drafter drafting from
 /// a vocabulary subset (its head's weights made anew by each generation, while the kept draft
 /// graph reads the ones it was captured with), DFlash and DDTree-8.
+/// The checks' draft vocabulary: every other token, and the prompt's (the anchors' tokens are
+/// drafted from).
+fn check_vocab(lt: &LoadedTarget, req: &Request) -> DraftVocab {
+    let mut ids: Vec<u32> = (0..lt.target.vocab_size() as u32).step_by(2).collect();
+    ids.extend(&req.prompt_ids);
+    ids.sort_unstable();
+    ids.dedup();
+    DraftVocab {
+        token_ids: ids,
+        source: "check device: every other token".into(),
+        coverage: None,
+    }
+}
+
 fn kept_graphs_row(
     lt: &LoadedTarget,
     drafter_dir: &Option<PathBuf>,
@@ -63,16 +77,7 @@ fn kept_graphs_row(
     name: &str,
 ) -> Result<(String, bool, String)> {
     let mut d = drafter_for(lt, drafter_dir)?;
-    // every other token, and the prompt's (the anchors' tokens are drafted from)
-    let mut ids: Vec<u32> = (0..lt.target.vocab_size() as u32).step_by(2).collect();
-    ids.extend(&req.prompt_ids);
-    ids.sort_unstable();
-    ids.dedup();
-    d.draft_vocab = Some(DraftVocab {
-        token_ids: ids,
-        source: "check device: every other token".into(),
-        coverage: None,
-    });
+    d.draft_vocab = Some(check_vocab(lt, req));
     let opts = DecodeOptions {
         cuda_graphs: true,
         ..Default::default()
@@ -136,15 +141,7 @@ fn sampled_chain_row(
         let run = |lt: &LoadedTarget| -> Result<Generation> {
             let mut d = drafter_for(lt, drafter_dir)?;
             if head {
-                let mut ids: Vec<u32> = (0..lt.target.vocab_size() as u32).step_by(2).collect();
-                ids.extend(&req.prompt_ids);
-                ids.sort_unstable();
-                ids.dedup();
-                d.draft_vocab = Some(DraftVocab {
-                    token_ids: ids,
-                    source: "check device: every other token".into(),
-                    coverage: None,
-                });
+                d.draft_vocab = Some(check_vocab(lt, &req));
             }
             let mode = Mode::Chain {
                 block: d.block_size,

@@ -32,13 +32,15 @@ __device__ float block_max(float x, float* sh) {
     return x;
 }
 
-__device__ float block_sum(float x, float* sh) {
+// (f32 and f64 sums; `sh` holds 32 values of the sum's type.)
+template <typename F>
+__device__ F block_sum(F x, F* sh) {
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
     int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
     __syncthreads();
     if (l == 0) sh[w] = x;
     __syncthreads();
-    x = l < nw ? sh[l] : 0.0f;
+    x = l < nw ? sh[l] : F(0);
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
     return x;
 }
@@ -826,17 +828,6 @@ extern "C" __global__ void argmax_rows_f32(const float* x, uint32_t* out, int v)
 // Sampling at T > 0 (crate::ops::sample_rows): one block of 1,024 threads per row. Uniform
 // numbers arrive as the f32 bits of a u32 table.
 // ---------------------------------------------------------------------------------------------
-__device__ double block_sum_f64(double x, double* sh) {
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
-    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
-    __syncthreads();
-    if (l == 0) sh[w] = x;
-    __syncthreads();
-    x = l < nw ? sh[l] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
-    return x;
-}
-
 // The sum of the values of the threads before this one (in thread order), and the block's total.
 __device__ double block_exclusive_f64(double x, double* sh, double* total) {
     int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
@@ -929,7 +920,7 @@ extern "C" __global__ void temperature_probs_f32(const float* x, float* out, int
         o[i] = e;
         s += (double)e;
     }
-    float sum = (float)block_sum_f64(s, shd);
+    float sum = (float)block_sum(s, shd);
     for (int i = threadIdx.x; i < v; i += blockDim.x) o[i] = o[i] / sum;
 }
 
@@ -960,7 +951,7 @@ extern "C" __global__ void judge_rows_f32(const float* p, const float* q, const 
     Residual res{pr, qr};
     double mass = 0.0;
     for (int i = threadIdx.x; i < v; i += blockDim.x) mass += (double)res(i);
-    mass = block_sum_f64(mass, sh);
+    mass = block_sum(mass, sh);
     float ubr = __uint_as_float(u[ub + r]);
     uint32_t bonus = mass > 0.0 ? block_pick(res, v, ubr, sh) : block_pick(RowWeights{pr}, v, ubr, sh);
     if (threadIdx.x == 0) { out[2 * r] = 0u; out[2 * r + 1] = bonus; }
