@@ -36,9 +36,10 @@
 //! also exact, but it accepts less at T ≈ 1.
 //!
 //! **A round on the device.** A chain of a drafter without a selector, greedy or at a plain
-//! temperature (the residual rule, no top-k or top-p), keeps its round on the device: the drafts (the drafter's arg-max, or its draws) become the verify's token ids
-//! there, and the verify reads back in one transfer the drafts and either the target's token
-//! per row or each draft's verdict and bonus and the last row's draw. At T > 0 such a round
+//! temperature (the residual rule, no top-k or top-p), keeps its round on the device: the
+//! drafts (the drafter's arg-max, or its draws) become the verify's token ids there, and the
+//! verify reads back in one transfer the drafts and either the target's token per row or each
+//! draft's verdict and bonus and the last row's draw. At T > 0 such a round
 //! draws its `3n + 1` uniform numbers (n drafts) up front: the same distribution as the host's
 //! walk, another use of the seeded stream (AR at T > 0 draws its one number per token as
 //! before, on the device, walking the vocabulary in token order).
@@ -172,9 +173,11 @@ pub struct DecodeOptions {
     /// same fixed-shape forwards, no graphs.
     pub cuda_graphs: bool,
     pub acceptance: Acceptance,
-    /// Greedy chains read their drafts back after the draft, as the other rounds do, instead
-    /// of keeping them on the device for the verify (one read per round; the environment's
-    /// `DFLASH_ONE_SYNC=0` sets this too). The tokens are the same either way.
+    /// The host's path for every round: a chain's drafts read back after the draft, and at
+    /// T > 0 the rows' logits sampled on the host, instead of the round on the device (one
+    /// read per round, [`dflash_model::ops::sample_rows`]); the environment's
+    /// `DFLASH_ONE_SYNC=0` sets this too. At T = 0 the tokens are the same either way; at
+    /// T > 0 the distribution is (the seed draws other tokens).
     pub drafts_to_host: bool,
 }
 

@@ -16,6 +16,10 @@
 //! the host settles the last forward's rows (as the forward itself would), and after it
 //! installs the graph's per-row states as the pending rows, with this round's parents.
 //!
+//! A forward runs in two halves, [`GraphedForward::stage`] (its inputs built and uploaded on the
+//! host) and [`GraphedForward::run`] (the device's work), so that a round staged before its draft
+//! runs on the draft's tokens where the drafter left them.
+//!
 //! Example: prompt 40 tokens, 64 new, cap 105 → call 1 (n = 1, cache 40) captures; call 2
 //! (cache 41) writes ids/RoPE/mask/index for row 41 into the buffers and replays. Shorter
 //! forwards are padded to one shape (`pad_to`), so a DFlash loop captures one graph, not one
