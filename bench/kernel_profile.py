@@ -30,7 +30,7 @@ import sys
 CLASSES = [
     ("Gated DeltaNet", ("gdn", "gated_norm")),
     ("GEMM", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas")),
-    ("attention", ("softmax", "attention", "interval", "decode_attn")),
+    ("attention", ("softmax", "attention", "interval", "_attn")),
     ("RMSNorm", ("rmsnorm", "rms_norm")),
     ("RoPE", ("rope",)),
     ("copies and casts", ("copy", "cast", "const_set", "index_select", "scatter", "gather", "permute", "swap")),
