@@ -585,10 +585,7 @@ impl<'a> Decoding<'a> {
                 let drawn = draw_rows(&q, &u, 0)?;
                 // a vocabulary head's columns are ascending token ids: drawn there, then spread
                 match self.head.as_ref() {
-                    Some(h) => (
-                        h.tokens_of(&drawn)?,
-                        Some((h.spread_over(&q, self.target.vocab_size())?, u)),
-                    ),
+                    Some(h) => (h.tokens_of(&drawn)?, Some((h.spread(&q)?, u))),
                     None => (drawn, Some((q, u))),
                 }
             };

@@ -278,6 +278,17 @@ fn draft_head_columns_equal_the_full_lm_heads() {
             assert_eq!(head.token(j as u32), ids[j]);
         }
     }
+    // on the device: columns to tokens, and rows over the columns spread over the vocabulary
+    let cols = Tensor::new(&[4u32, 0, 2], &Device::Cpu).unwrap();
+    let toks = head.tokens_of(&cols).unwrap().to_vec1::<u32>().unwrap();
+    assert_eq!(toks, vec![ids[4], ids[0], ids[2]]);
+    let rows = Tensor::new(&[[0.1f32, 0.2, 0.3, 0.15, 0.25]], &Device::Cpu).unwrap();
+    let dense = head.spread(&rows).unwrap().to_vec2::<f32>().unwrap();
+    let mut want = vec![0.0f32; t.config.vocab_size];
+    for (j, &id) in ids.iter().enumerate() {
+        want[id as usize] = [0.1, 0.2, 0.3, 0.15, 0.25][j];
+    }
+    assert_eq!(dense, vec![want]);
     let bad = DraftVocab {
         token_ids: vec![t.config.vocab_size as u32],
         ..v

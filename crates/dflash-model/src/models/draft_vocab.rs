@@ -77,15 +77,23 @@ pub struct DraftHead {
     ids: Vec<u32>,
     /// `ids` on the target's device.
     ids_on_device: Tensor,
+    /// Each target token's column (`ids.len()` for a token outside the subset), on the device.
+    col_of_token: Tensor,
     head: Linear,
 }
 
 impl DraftHead {
     pub fn new(target: &Target, vocab: &DraftVocab) -> Result<Self> {
         vocab.validate(target.config.vocab_size)?;
+        let n = vocab.token_ids.len() as u32;
+        let mut col = vec![n; target.config.vocab_size];
+        for (j, &t) in vocab.token_ids.iter().enumerate() {
+            col[t as usize] = j as u32;
+        }
         Ok(Self {
             ids: vocab.token_ids.clone(),
             ids_on_device: Tensor::new(vocab.token_ids.as_slice(), &target.device)?,
+            col_of_token: Tensor::new(col.as_slice(), &target.device)?,
             head: target.lm_head_rows(&vocab.token_ids)?,
         })
     }
@@ -101,13 +109,14 @@ impl DraftHead {
         Ok(self.ids_on_device.index_select(cols, 0)?)
     }
 
-    /// Rows over the subset's columns (`[n, subset]` f32, a draft distribution) spread over the
-    /// target's `vocab` tokens (0 elsewhere), where they are. Example: ids [1, 3], row [.4,
-    /// .6], vocab 4 → [0, .4, 0, .6].
-    pub fn spread_over(&self, rows: &Tensor, vocab: usize) -> Result<Tensor> {
-        let n = rows.dim(0)?;
-        let zeros = Tensor::zeros((n, vocab), rows.dtype(), rows.device())?;
-        Ok(zeros.index_add(&self.ids_on_device, rows, 1)?)
+    /// Rows over the subset's columns (`[n, subset]`, a draft distribution) spread over the
+    /// target's vocabulary (0 elsewhere), where they are: a gather of each token's column
+    /// from the rows with a zero column appended (one output value per thread on a GPU).
+    /// Example: ids [1, 3], row [.4, .6], vocab 4 → [.4, .6, 0] gathered at [2, 0, 2, 1] →
+    /// [0, .4, 0, .6].
+    pub fn spread(&self, rows: &Tensor) -> Result<Tensor> {
+        let zero = Tensor::zeros((rows.dim(0)?, 1), rows.dtype(), rows.device())?;
+        Ok(Tensor::cat(&[rows, &zero], 1)?.index_select(&self.col_of_token, 1)?)
     }
 
     /// Logits `[.., subset]` of normalised hidden states, in the compute dtype (as
