@@ -120,14 +120,15 @@ impl Sampler {
         budget: usize,
         top_k: usize,
     ) -> SampledTree {
-        // the shape, with each node's token standing for its rank
+        // the shape, with each node's token standing for its rank: only the tokens q holds
+        // rank (in token order, so ties fall as over the whole vocabulary; a vocabulary head's
+        // q holds its subset alone)
         let ranked: Vec<Vec<(u32, f32)>> = qs
             .iter()
             .map(|q| {
-                let logq: Vec<f32> = q.iter().map(|&x| x.ln()).collect();
+                let logq: Vec<f32> = q.iter().filter(|&&x| x > 0.0).map(|&x| x.ln()).collect();
                 top_k_sorted(&logq, top_k)
                     .into_iter()
-                    .filter(|&(_, l)| l > f32::NEG_INFINITY)
                     .enumerate()
                     .map(|(r, (_, l))| (r as u32, l))
                     .collect()
@@ -278,5 +279,38 @@ mod tests {
             .collect();
         assert!(shapes.iter().all(|s| *s == shapes[0]));
         assert_eq!(shapes[0].0.len(), 7);
+    }
+
+    /// Ranking only the tokens q holds gives the shape that ranking the whole vocabulary by
+    /// ln q gives (zeros at −∞, dropped), ties included: q's of a vocabulary subset with tied
+    /// values, budgets that take every held token and more.
+    #[test]
+    fn the_shape_ranks_the_held_tokens_as_the_whole_vocabulary_would() {
+        let qs = vec![
+            vec![0.0f32, 0.3, 0.0, 0.3, 0.2, 0.0, 0.2, 0.0],
+            vec![0.0f32, 0.0, 0.5, 0.25, 0.0, 0.25, 0.0, 0.0],
+            vec![0.0f32, 0.1, 0.1, 0.1, 0.1, 0.1, 0.5, 0.0],
+        ];
+        for (budget, top_k) in [(4, 2), (6, 3), (12, 8), (30, 8)] {
+            let whole: Vec<Vec<(u32, f32)>> = qs
+                .iter()
+                .map(|q| {
+                    let logq: Vec<f32> = q.iter().map(|&x| x.ln()).collect();
+                    top_k_sorted(&logq, top_k)
+                        .into_iter()
+                        .filter(|&(_, l)| l > f32::NEG_INFINITY)
+                        .enumerate()
+                        .map(|(r, (_, l))| (r as u32, l))
+                        .collect()
+                })
+                .collect();
+            let want = DraftTree::build(5, &whole, budget);
+            let got = sampler(3).sampled_tree(5, qs.clone(), budget, top_k).tree;
+            assert_eq!(
+                (&got.parents, &got.depths),
+                (&want.parents, &want.depths),
+                "budget {budget}, top-k {top_k}"
+            );
+        }
     }
 }
