@@ -54,8 +54,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
     /// The target's sampling rule (greedy by default). At T > 0 each mode's tokens are its own
-    /// draws (the `= AR` column compares them only at T = 0) and the round reads the rows' logits
-    /// on the host: what the rows then measure.
+    /// draws (the `= AR` column compares them only at T = 0) and a round samples where
+    /// `generate`'s does: at a plain temperature on the device (AR and chains), with top-k or
+    /// top-p and in DDTree's sampled trees on the host.
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
