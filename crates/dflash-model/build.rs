@@ -8,6 +8,7 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-changed=src/cuda/fused.cu");
     println!("cargo:rerun-if-changed=src/cuda/mma_attn.cuh");
+    println!("cargo:rerun-if-changed=src/cuda/train_attn.cuh");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
     if std::env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;

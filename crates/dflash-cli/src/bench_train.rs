@@ -49,6 +49,11 @@ pub struct BenchTrainArgs {
     /// into it: the count and bytes of that traffic), once, before the timed steps.
     #[arg(long)]
     pub graph_census: bool,
+    /// Run the last step's drafter part (forward, loss, backward, AdamW) between
+    /// `cuProfilerStart` and `cuProfilerStop`: under `ncu --profile-from-start off` its kernels
+    /// alone are recorded (`bench/train_profile.py` sums them).
+    #[arg(long)]
+    pub profile_step: bool,
 }
 
 pub fn run(a: BenchTrainArgs) -> Result<()> {
@@ -88,7 +93,7 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
     let shape = RowShape::of(&row.segs, &anchors, a.block_size);
     let flops = step_flops(&dcfg, taps.len(), vocab, &shape);
 
-    let (mut t_feats, mut t_step) = (Vec::new(), Vec::new());
+    let (mut t_feats, mut t_step, mut losses) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..=a.steps {
         dev.synchronize()?;
         let t = Instant::now();
@@ -105,20 +110,30 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
             kind: LossKind::Ce,
             selector_weight: tc.selector_loss_weight,
         };
-        let out = block_loss(&td.drafter, &target, &row, &feats, &anchors, obj)?;
-        if i == 0 && a.graph_census {
-            print_census(&out.loss);
-        }
-        let g = {
-            let _p = tracing::info_span!(target: "phase", "backward").entered();
-            out.loss.backward()?
+        let mut step = || -> Result<candle_core::Tensor> {
+            let out = block_loss(&td.drafter, &target, &row, &feats, &anchors, obj)?;
+            if i == 0 && a.graph_census {
+                print_census(&out.loss);
+            }
+            let g = {
+                let _p = tracing::info_span!(target: "phase", "backward").entered();
+                out.loss.backward()?
+            };
+            td.update(&target, &mut opt, td.grads_of(&g), tc.grad_clip, 1e-4)?;
+            Ok(out.loss)
         };
-        td.update(&target, &mut opt, td.grads_of(&g), tc.grad_clip, 1e-4)?;
+        let loss = if a.profile_step && i == a.steps {
+            dflash_model::cuda::launch_profile::profiled_range(&dev, &mut step)?
+        } else {
+            step()?
+        };
         dev.synchronize()?;
         if i > 0 {
             t_feats.push(tf);
             t_step.push(t.elapsed().as_secs_f64());
         }
+        // read after the timing: the same seed gives the same curve whichever kernels run
+        losses.push(loss.to_dtype(candle_core::DType::F32)?.to_scalar::<f32>()?);
     }
     let (tf, ts) = (median(t_feats), median(t_step));
     let tflops = flops / ts / 1e12;
@@ -140,6 +155,8 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
         "| supervised tokens / s (features + step) | {:.0} |",
         (a.seq_len - 1) as f64 / (tf + ts)
     );
+    let curve: Vec<String> = losses.iter().map(|l| format!("{l:.5}")).collect();
+    println!("| loss per step (warm-up first) | {} |", curve.join(", "));
     println!("| matmul FLOPs per step | {:.3} TFLOP |", flops / 1e12);
     println!("| achieved | {tflops:.2} TFLOP/s |");
     let mfu = a.peak_tflops.map(|p| 100.0 * tflops / p);
@@ -161,6 +178,7 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
             "anchors": anchors.len(),
             "block_size": a.block_size,
             "draft_layers": a.draft_layers,
+            "losses": losses,
             "device": a.model.run_on.device,
             "dtype": a.model.run_on.dtype,
         });

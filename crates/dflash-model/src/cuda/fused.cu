@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #define NEG_INF __int_as_float(0xff800000)
+#define POS_INF __int_as_float(0x7f800000)
 
 __device__ __forceinline__ float ld(const float* p, size_t i) { return p[i]; }
 __device__ __forceinline__ float ld(const __nv_bfloat16* p, size_t i) { return __bfloat162float(p[i]); }
@@ -1810,3 +1811,4 @@ MASKED_SOFTMAX(f32, float)
 MASKED_SOFTMAX(bf16, __nv_bfloat16)
 
 #include "mma_attn.cuh"
+#include "train_attn.cuh"

@@ -216,6 +216,81 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     Ok(outs)
 }
 
+/// The drafter's training attention ([`crate::ops::train_attention`]'s kernels, bf16 on a GPU)
+/// or its twin ([`attend_blocks`], the windowed matmuls, on the CPU), as f32 on the CPU: the
+/// output and the gradients of `Σ out · w` for q, K and V (`[out, dq, dk, dv]` per case). (1)
+/// SmolLM2's heads (9 / 3 of 64), two packed sequences (180 + 140), 9 anchors out of order, the
+/// full rule; (2) Qwen3's heads in small (8 / 2 of 128), sequences of 300 and 212, 20 anchors, a
+/// sliding window of 90 keys (five row tiles, thirteen key tiles, the last part-filled).
+/// With `DFLASH_TRAIN_ATTENTION=0` a GPU runs the twin.
+fn train_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    use crate::ops::train_attention::{attend, serves, switched_off, TrainIntervals};
+    let mut outs = Vec::new();
+    // (heads, K/V heads, head dim), segment lengths, anchors, sliding window
+    type Case = ((usize, usize, usize), Vec<usize>, Vec<usize>, Option<usize>);
+    let cases: [Case; 2] = [
+        (
+            (9, 3, 64),
+            vec![180, 140],
+            vec![3, 40, 77, 150, 120, 181, 200, 260, 300],
+            None,
+        ),
+        (
+            (8, 2, 128),
+            vec![300, 212],
+            (0..20).map(|i| (i * 97 + 11) % 510).collect(),
+            Some(90),
+        ),
+    ];
+    for (case, ((hq, hkv, d), lens, anchors, window)) in cases.into_iter().enumerate() {
+        let block = 16;
+        let segs = Segments::from_lengths(&lens);
+        let (m, r) = (segs.len(), anchors.len() * block);
+        let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+        let seed = 60 + 5 * case as u64;
+        let q = Var::from_tensor(&on(fill(&[1, hq, r, d], seed, 1.0)?)?)?;
+        let k = Var::from_tensor(&on(fill(&[1, hkv, m + r, d], seed + 1, 1.0)?)?)?;
+        let v = Var::from_tensor(&on(fill(&[1, hkv, m + r, d], seed + 2, 1.0)?)?)?;
+        let rule = DraftRule {
+            sliding_window: window,
+            causal: false,
+        };
+        let (c, o) = draft_training_parts(rule, &segs, &anchors, block);
+        let scale = 1.0 / (d as f64).sqrt();
+        let (qt, kt, vt) = (q.as_tensor(), k.as_tensor(), v.as_tensor());
+        let out = if dev.is_cpu() || switched_off() {
+            let group: Vec<usize> = anchors.iter().map(|&a| segs.segment_of(a)).collect();
+            let windows = context_windows(&c, &o, block, &group, 4 * block * 64, m, dev)?;
+            attend_blocks(qt, kt, vt, m, &windows, block, scale)?
+        } else if serves(qt, kt, vt) {
+            attend(
+                qt,
+                kt,
+                vt,
+                &TrainIntervals::new(&c, &o, block, m, dev)?,
+                scale,
+            )?
+        } else {
+            candle_core::bail!("training attention case {case} is not served by its kernels");
+        };
+        let w = on(fill(&[1, r, hq * d], seed + 3, 1.0)?)?;
+        let g = (out.to_dtype(DType::F32)? * w.to_dtype(DType::F32)?)?
+            .sum_all()?
+            .backward()?;
+        outs.push(out);
+        for x in [&q, &k, &v] {
+            outs.push(
+                g.get(x.as_tensor())
+                    .cloned()
+                    .ok_or_else(|| candle_core::Error::Msg("no gradient".into()))?,
+            );
+        }
+    }
+    outs.into_iter()
+        .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
+        .collect()
+}
+
 /// The prefill attention ([`crate::ops::prefill_attention`], bf16 on a GPU) or its twin (the
 /// matmuls around the interval softmax), as f32 on the CPU: (1) one sequence's causal prefill of
 /// 300 rows over a 300-row view of a 320-row buffer (Qwen3-8B's 32 / 8 heads of 128: five row
@@ -721,6 +796,20 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         "prefill attention, 3 sequences of 70 rows, left-padded, head dim 64",
         "prefill attention, a packed row of two segments",
     ];
+    push_rows(&mut checks, &names, &got, &want, DType::BF16, 3e-2)?;
+    // the training attention's kernels (bf16 only) against the windowed matmuls
+    let want = train_attention_rows(&Device::Cpu, DType::F32)?;
+    let got = train_attention_rows(dev, DType::BF16)?;
+    let mut names = Vec::new();
+    for case in [
+        "SmolLM2's heads, two sequences",
+        "head dim 128, a sliding window",
+    ] {
+        for part in ["out", "dq", "dk", "dv"] {
+            names.push(format!("training attention kernels {part}, {case}"));
+        }
+    }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     push_rows(&mut checks, &names, &got, &want, DType::BF16, 3e-2)?;
     // the RMSNorm backward of training (bf16 inputs rounded alike on both sides)
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {

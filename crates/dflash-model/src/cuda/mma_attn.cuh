@@ -1,6 +1,6 @@
 // Interval attention on the tensor cores (included by fused.cu), scores never written to memory;
 // the twin is the matmuls around the interval softmax
-// (`crate::layers::attention::attend_intervals_unfused`). Two kernels share one body:
+// (`crate::layers::attention::attend_intervals_unfused`). Three kernels share one body:
 // - prefill_attn_*: many query rows of a sequence, each over one interval of keys (a target's
 //   causal prefill, a training row's packed segments, a regeneration's batched prefill). A block
 //   takes 64 query rows of one query head of one sequence.
@@ -10,6 +10,11 @@
 //   them), so a K/V tile feeds every grouped head, and one split of the keys: one split writes
 //   the normalised output, several write (acc, m, l) to `part` in interval_attn's layout for
 //   interval_attn_merge.
+// - train_attn_fwd_*: the drafter's training attention (`crate::ops::train_attention`, whose twin
+//   is `crate::ops::block_attention::attend_blocks`): as prefill_attn, but each row sees two
+//   intervals (its context keys and its own block's), walked as two spans of tiles, and the
+//   row's log-sum-exp (base 2, the scale folded in) is written to `part` for the backward
+//   (`train_attn.cuh`).
 //
 // A block of 4 warps (each 16 of its 64 rows) walks the union of its rows' intervals (its split
 // of it) in tiles of BC keys, double-buffered in shared memory by cp.async. Per tile a warp
@@ -47,7 +52,33 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int byt
 
 // VERIFY = false: prefill_attn's block (grid: row tiles × query heads × sequences); true:
 // verify_attn's (grid: sequences · K/V heads × splits).
-template <int D, int BC, bool VERIFY>
+// The union [wlo, whi) of the non-empty intervals [la, ha), [lb, hb) of a warp's rows (empty:
+// wlo ≥ whi), widened into the block's `span` (two words, reset by the caller) by lane 0.
+__device__ __forceinline__ void warp_span(uint32_t la, uint32_t ha, uint32_t lb, uint32_t hb,
+                                          uint32_t& wlo, uint32_t& whi, uint32_t* span) {
+    wlo = 0xffffffffu;
+    whi = 0;
+    if (la < ha) {
+        wlo = la;
+        whi = ha;
+    }
+    if (lb < hb) {
+        wlo = min(wlo, lb);
+        whi = max(whi, hb);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
+        whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
+    }
+    if ((threadIdx.x & 31) == 0 && wlo < whi) {
+        atomicMin(&span[0], wlo);
+        atomicMax(&span[1], whi);
+    }
+}
+
+// TRAIN (VERIFY false): four interval words per row (two intervals) and the log-sum-exp out.
+template <int D, int BC, bool VERIFY, bool TRAIN = false>
 __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                          const uint32_t* iv, __nv_bfloat16* out, float* part, int hq, int hkv,
                          int n, long long hs, float scale) {
@@ -58,7 +89,8 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
     constexpr int VPR = D / 8;      // 16-byte vectors per K/V row
     __shared__ __align__(16) __nv_bfloat16 ks[2 * BC * LD];
     __shared__ __align__(16) __nv_bfloat16 vs[2 * BC * LD];
-    __shared__ uint32_t span[2];
+    __shared__ uint32_t span[4];
+    constexpr int IW = TRAIN ? 4 : 2;  // interval words per row
     const int g = hq / hkv;
     const int s = VERIFY ? blockIdx.x / hkv : blockIdx.z;
     const int h = VERIFY ? blockIdx.x % hkv : blockIdx.y / g;
@@ -69,50 +101,52 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
     // row r's query head and query row
     auto head = [&](int r) { return VERIFY ? h * g + r / n : (int)blockIdx.y; };
     auto row = [&](int r) { return VERIFY ? r % n : r; };
-    uint32_t lo_a = 0, hi_a = 0, lo_b = 0, hi_b = 0;
+    // row ra's and rb's intervals: [lo, hi) and (TRAIN) [lo2, hi2)
+    uint32_t lo_a = 0, hi_a = 0, lo_b = 0, hi_b = 0, lo2_a = 0, hi2_a = 0, lo2_b = 0, hi2_b = 0;
     if (ra < R) {
-        lo_a = iv[2 * ((size_t)s * n + row(ra))];
-        hi_a = iv[2 * ((size_t)s * n + row(ra)) + 1];
+        const uint32_t* p = iv + IW * ((size_t)s * n + row(ra));
+        lo_a = p[0];
+        hi_a = p[1];
+        if constexpr (TRAIN) {
+            lo2_a = p[2];
+            hi2_a = p[3];
+        }
     }
     if (rb < R) {
-        lo_b = iv[2 * ((size_t)s * n + row(rb))];
-        hi_b = iv[2 * ((size_t)s * n + row(rb)) + 1];
+        const uint32_t* p = iv + IW * ((size_t)s * n + row(rb));
+        lo_b = p[0];
+        hi_b = p[1];
+        if constexpr (TRAIN) {
+            lo2_b = p[2];
+            hi2_b = p[3];
+        }
     }
-    // the union of the block's non-empty intervals, and of this warp's
+    // the union of the block's non-empty intervals, and of this warp's (per interval)
     if (threadIdx.x == 0) {
-        span[0] = 0xffffffffu;
-        span[1] = 0;
+        span[0] = span[2] = 0xffffffffu;
+        span[1] = span[3] = 0;
     }
     __syncthreads();
-    uint32_t wlo = 0xffffffffu, whi = 0;
-    if (lo_a < hi_a) {
-        wlo = lo_a;
-        whi = hi_a;
-    }
-    if (lo_b < hi_b) {
-        wlo = min(wlo, lo_b);
-        whi = max(whi, hi_b);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
-        whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
-    }
-    if (lane == 0 && wlo < whi) {
-        atomicMin(&span[0], wlo);
-        atomicMax(&span[1], whi);
-    }
+    uint32_t wlo, whi, wlo2 = 0, whi2 = 0;
+    warp_span(lo_a, hi_a, lo_b, hi_b, wlo, whi, span);
+    if constexpr (TRAIN) warp_span(lo2_a, hi2_a, lo2_b, hi2_b, wlo2, whi2, span + 2);
     __syncthreads();
     // this block's keys: the union [lo, hi) of its rows' intervals, or its split's whole tiles
-    // of it (split j of `splits` takes tiles j·per .. (j + 1)·per; the last may end at hi)
+    // of it (split j of `splits` takes tiles j·per .. (j + 1)·per; the last may end at hi);
+    // TRAIN: then the union [lo2, hi2) of the second intervals
     uint32_t lo = span[0], hi = span[1];
+    const uint32_t lo2 = TRAIN ? span[2] : 0, hi2 = TRAIN ? span[3] : 0;
     if (VERIFY && lo < hi) {
         const uint32_t per = ((hi - lo + BC - 1) / BC + gridDim.y - 1) / gridDim.y;
         const uint32_t c0 = min(hi, lo + blockIdx.y * per * BC);
         hi = min(hi, c0 + per * BC);
         lo = c0;
     }
-    const int tiles = lo < hi ? (int)((hi - lo + BC - 1) / BC) : 0;
+    const int tiles1 = lo < hi ? (int)((hi - lo + BC - 1) / BC) : 0;
+    const int tiles = tiles1 + (TRAIN && lo2 < hi2 ? (int)((hi2 - lo2 + BC - 1) / BC) : 0);
+    // tile i's first key and the end of its span
+    auto first = [&](int i) { return i < tiles1 ? lo + (uint32_t)i * BC : lo2 + (uint32_t)(i - tiles1) * BC; };
+    auto last = [&](int i) { return i < tiles1 ? hi : hi2; };
 
     // this warp's queries as A fragments, straight from global memory
     const __nv_bfloat16* qra = q + (((size_t)s * hq + head(ra)) * n + row(ra)) * D;
@@ -136,13 +170,13 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
 
     // tile i's K and V rows into buffer i & 1 (rows at or past hi zero-filled)
     auto issue = [&](int i) {
-        const uint32_t t0 = lo + (uint32_t)i * BC;
+        const uint32_t t0 = first(i), end = last(i);
         __nv_bfloat16* kd = ks + (i & 1) * BC * LD;
         __nv_bfloat16* vd = vs + (i & 1) * BC * LD;
         for (int idx = threadIdx.x; idx < 2 * BC * VPR; idx += blockDim.x) {
             const int kv = idx / (BC * VPR), j = (idx / VPR) % BC, e = idx % VPR;
             const uint32_t c = t0 + j;
-            const bool in = c < hi;
+            const bool in = c < end;
             const __nv_bfloat16* src = (kv ? vb : kb) + (in ? (size_t)c * D + e * 8 : 0);
             cp_async16((kv ? vd : kd) + j * LD + e * 8, src, in ? 16 : 0);
         }
@@ -157,8 +191,9 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
             asm volatile("cp.async.wait_group 0;\n" ::);
         }
         __syncthreads();
-        const uint32_t t0 = lo + (uint32_t)i * BC;
-        if (t0 < whi && t0 + BC > wlo) {
+        const uint32_t t0 = first(i);
+        const bool warp_sees = i < tiles1 ? (t0 < whi && t0 + BC > wlo) : (t0 < whi2 && t0 + BC > wlo2);
+        if (warp_sees) {
             const __nv_bfloat16* kt = ks + (i & 1) * BC * LD;
             const __nv_bfloat16* vt = vs + (i & 1) * BC * LD;
             float sc[ST][4];
@@ -180,7 +215,9 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     const uint32_t key = t0 + j * 8 + 2 * tq + (c & 1);
-                    const bool vis = c < 2 ? (key >= lo_a && key < hi_a) : (key >= lo_b && key < hi_b);
+                    bool vis = c < 2 ? (key >= lo_a && key < hi_a) : (key >= lo_b && key < hi_b);
+                    if constexpr (TRAIN)
+                        vis = vis || (c < 2 ? (key >= lo2_a && key < hi2_a) : (key >= lo2_b && key < hi2_b));
                     sc[j][c] = vis ? sc[j][c] * sl2 : NEG_INF;
                 }
                 mx_a = fmaxf(mx_a, fmaxf(sc[j][0], sc[j][1]));
@@ -276,6 +313,13 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
         }
         return;
     }
+    if constexpr (TRAIN) {
+        // each row's log-sum-exp in base 2 (scaled scores), [hq, n]; +inf for an empty row
+        if (tq == 0) {
+            if (ra < R) part[(size_t)head(ra) * n + row(ra)] = l_a > 0.0f ? m_a + log2f(l_a) : POS_INF;
+            if (rb < R) part[(size_t)head(rb) * n + row(rb)] = l_b > 0.0f ? m_b + log2f(l_b) : POS_INF;
+        }
+    }
     const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f;
     const float inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
     __nv_bfloat16* oa = out + (((size_t)s * n + row(ra)) * hq + head(ra)) * D;
@@ -302,6 +346,12 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
         const uint32_t* iv, __nv_bfloat16* out, float* part, int hq, int hkv, int n,               \
         long long hs, float scale) {                                                               \
         mma_attn<D, BC, true>(q, k, v, iv, out, part, hq, hkv, n, hs, scale);                      \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) train_attn_fwd_d##D##_bf16(                  \
+        const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                    \
+        const uint32_t* iv, __nv_bfloat16* out, float* lse, int hq, int hkv, int n, long long hs,  \
+        float scale) {                                                                             \
+        mma_attn<D, BC, false, true>(q, k, v, iv, out, lse, hq, hkv, n, hs, scale);                \
     }
 MMA_ATTN(64, 64)
 MMA_ATTN(128, 32)

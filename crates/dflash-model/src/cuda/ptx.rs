@@ -115,9 +115,20 @@ pub fn with_held_view<R>(
     what: &str,
     f: impl FnOnce(CudaView<'_, f32>) -> Result<R>,
 ) -> Result<R> {
+    with_held::<f32, R>(t, what, f)
+}
+
+/// [`with_held_view`] for any element type. A kernel may also fill such a tensor when the op
+/// created it for that and nothing else reads it before the op returns (a second output: the
+/// training attention's log-sum-exp).
+pub fn with_held<T: CudaDType, R>(
+    t: &candle_core::Tensor,
+    what: &str,
+    f: impl FnOnce(CudaView<'_, T>) -> Result<R>,
+) -> Result<R> {
     let (s, l) = t.storage_and_layout();
     let candle_core::Storage::Cuda(s) = &*s else {
         candle_core::bail!("{what}: not on the GPU");
     };
-    f(view::<f32>(s, l, what)?)
+    f(view::<T>(s, l, what)?)
 }

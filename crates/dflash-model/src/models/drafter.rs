@@ -45,6 +45,7 @@ use crate::models::target::Target;
 use crate::ops::add_norm::add_rms_norm;
 use crate::ops::block_attention::{attend_blocks, context_windows, ContextWindow};
 use crate::ops::qkv_rope;
+use crate::ops::train_attention::{self, TrainIntervals};
 
 mod fixed;
 pub use fixed::DraftInputs;
@@ -125,6 +126,9 @@ pub(crate) enum LayerMask {
         context: Vec<ContextWindow>,
         block: usize,
     },
+    /// training on the fused kernels ([`crate::ops::train_attention`]): each row's two
+    /// intervals, no windows
+    Fused(TrainIntervals),
 }
 
 /// Where a drafter forward's new K/V go: nowhere (training), appended to the cache
@@ -421,20 +425,25 @@ impl Drafter {
                         block,
                     } => {
                         let (c, o) = draft_training_parts(l.rule, segs, anchors, block);
-                        // windows: the blocks of one sequence, window_cells(device) at a time,
-                        // score only the context keys their rows may see
-                        let group: Vec<usize> =
-                            anchors.iter().map(|&a| segs.segment_of(a)).collect();
-                        let context = context_windows(
-                            &c,
-                            &o,
-                            block,
-                            &group,
-                            window_cells(device),
-                            m,
-                            device,
-                        )?;
-                        LayerMask::Parts { context, block }
+                        if train_attention::takes(device, dtype, l.self_attn.head_dim) {
+                            // the fused kernels: each row's two intervals, no windows
+                            LayerMask::Fused(TrainIntervals::new(&c, &o, block, m, device)?)
+                        } else {
+                            // windows: the blocks of one sequence, window_cells(device) at a
+                            // time, score only the context keys their rows may see
+                            let group: Vec<usize> =
+                                anchors.iter().map(|&a| segs.segment_of(a)).collect();
+                            let context = context_windows(
+                                &c,
+                                &o,
+                                block,
+                                &group,
+                                window_cells(device),
+                                m,
+                                device,
+                            )?;
+                            LayerMask::Parts { context, block }
+                        }
                     }
                     DraftLayout::Inference { anchor, block } => {
                         let v = draft_inference(l.rule, anchor, block);
@@ -544,6 +553,7 @@ impl Drafter {
                 LayerMask::Parts { context, block } => {
                     attend_blocks(&q, &k, &v, m, context, *block, scale)?
                 }
+                LayerMask::Fused(iv) => train_attention::attend(&q, &k, &v, iv, scale)?,
             };
             let attn_out = a.o_proj.forward(&o)?;
             let attn_out = match (&layer.attention_conv, attn_post) {

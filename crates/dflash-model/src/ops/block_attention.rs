@@ -2,7 +2,9 @@
 //! seeing its context keys (the draft rule: keys strictly before its anchor, of its own
 //! sequence) and its own block, never the other blocks. Rows are grouped into windows
 //! ([`window_bounds`]) that score only the context keys their rows may see; scale, mask and
-//! softmax run fused ([`crate::ops::block_softmax`]), and the backward is written out.
+//! softmax run fused ([`crate::ops::block_softmax`]), and the backward is written out. This is
+//! the path on the CPU and in f32, and the twin of the tensor-core kernels that take bf16 on a
+//! GPU ([`crate::ops::train_attention`]).
 //! Example: anchors 37 and 90 of one sequence, B = 16 → block 0's rows (positions 37..52) see
 //! context keys 0..37 and block 0; block 1's rows (90..105) see 0..90 and block 1.
 

@@ -43,4 +43,5 @@ pub mod silu_mul;
 pub mod softmax;
 pub mod sq_sum;
 pub mod top_k;
+pub mod train_attention;
 pub mod with_grad;
