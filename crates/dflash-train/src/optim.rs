@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use candle_core::{DType, Tensor, Var};
-use dflash_model::ops::adamw::{adamw_step, AdamStep};
+use dflash_model::ops::adamw::{adamw_step_copy, AdamStep};
 
 pub struct AdamW {
     pub beta1: f64,
@@ -94,19 +94,47 @@ impl AdamW {
         lr: f64,
         grad_scale: Option<f64>,
     ) -> Result<()> {
+        self.update_with_copies(params, grads, lr, grad_scale, &[])
+            .map(|_| ())
+    }
+
+    /// [`Self::update`], each parameter's compute copy (`copies[i]` for `params[i]`, bf16; none
+    /// when `copies` is empty) written with the new weights by the same kernel where the device
+    /// does that (a GPU). Returns whether every copy was written (false on the CPU: the caller
+    /// casts them).
+    pub fn update_with_copies(
+        &mut self,
+        params: &[(String, Var)],
+        grads: &[Tensor],
+        lr: f64,
+        grad_scale: Option<f64>,
+        copies: &[Var],
+    ) -> Result<bool> {
+        if !copies.is_empty() && copies.len() != params.len() {
+            anyhow::bail!(
+                "optimizer: {} compute copies for {} parameters",
+                copies.len(),
+                params.len()
+            );
+        }
         self.step += 1;
         let t = self.step as i32;
         let (b1, b2) = (self.beta1, self.beta2);
-        for ((s, (_, p)), g) in self.state.iter().zip(params).zip(grads) {
+        let mut written = !copies.is_empty();
+        for (i, ((s, (_, p)), g)) in self.state.iter().zip(params).zip(grads).enumerate() {
             let decay = if p.rank() >= 2 {
                 1.0 - lr * self.weight_decay
             } else {
                 1.0
             };
             let step = AdamStep::at(t, (b1, b2), self.eps, lr, decay, grad_scale);
-            adamw_step(p.as_tensor(), s, g, step)?;
+            let copy = copies
+                .get(i)
+                .map(|c| c.as_tensor())
+                .filter(|c| c.dtype() == candle_core::DType::BF16);
+            written &= adamw_step_copy(p.as_tensor(), s, g, step, copy)?;
         }
-        Ok(())
+        Ok(written)
     }
 }
 

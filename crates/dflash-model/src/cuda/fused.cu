@@ -1060,30 +1060,6 @@ __device__ __forceinline__ float aff(float x, float mul, float add) {
     return __fadd_rn(__fmul_rn(x, mul), add);
 }
 
-// `scaled`: the gradient is first multiplied by the clip's factor `gs` (as `g * s` rounds).
-// The gradient is f32 or bf16 (widened exactly, as a cast to f32 would).
-template <typename G>
-__device__ void adamw_moments(float* mv, const G* g, unsigned long long n,
-    float b1, float omb1, float b2, float omb2, unsigned int scaled, float gs) {
-    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
-         i += (unsigned long long)gridDim.x * blockDim.x) {
-        float g0 = ld(g, i);
-        float gi = scaled ? aff(g0, gs, 0.0f) : g0;
-        mv[i] = __fadd_rn(aff(mv[i], b1, 0.0f), aff(gi, omb1, 0.0f));
-        mv[n + i] = __fadd_rn(aff(mv[n + i], b2, 0.0f), aff(__fmul_rn(gi, gi), omb2, 0.0f));
-    }
-}
-
-extern "C" __global__ void adamw_moments_f32(float* mv, const float* g, unsigned long long n,
-    float b1, float omb1, float b2, float omb2, unsigned int scaled, float gs) {
-    adamw_moments<float>(mv, g, n, b1, omb1, b2, omb2, scaled, gs);
-}
-
-extern "C" __global__ void adamw_moments_bf16(float* mv, const __nv_bfloat16* g,
-    unsigned long long n, float b1, float omb1, float b2, float omb2, unsigned int scaled, float gs) {
-    adamw_moments<__nv_bfloat16>(mv, g, n, b1, omb1, b2, omb2, scaled, gs);
-}
-
 // The sum of squares of n values in f32 (`sq_sum.rs`): each block of 256 threads sums its
 // grid-stride share and writes one partial; the partials are summed after.
 template <typename T>
@@ -1107,16 +1083,39 @@ extern "C" __global__ void sq_sum_bf16(const __nv_bfloat16* x, float* partial, u
     sq_sum<__nv_bfloat16>(x, partial, n);
 }
 
-extern "C" __global__ void adamw_apply_f32(float* p, const float* mv, unsigned long long n,
-    float inv_c1, float inv_c2, float eps, float decay, float lr) {
+// The moments, then the weights from them, in one pass; `scaled`: the gradient is first
+// multiplied by the clip's factor `gs` (as `g * s` rounds); the gradient is f32 or bf16
+// (widened exactly, as a cast to f32 would); with `has` the weights' bf16 compute copy too,
+// rounded as a cast rounds.
+template <typename G>
+__device__ void adamw_fused(float* p, float* mv, const G* g, unsigned long long n, float b1,
+    float omb1, float b2, float omb2, unsigned int scaled, float gs, float inv_c1, float inv_c2,
+    float eps, float decay, float lr, __nv_bfloat16* copy, unsigned int has) {
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) {
-        float mhat = aff(mv[i], inv_c1, 0.0f);
-        float vhat = aff(mv[n + i], inv_c2, 0.0f);
-        float upd = __fdiv_rn(mhat, aff(__fsqrt_rn(vhat), 1.0f, eps));
-        p[i] = __fsub_rn(aff(p[i], decay, 0.0f), aff(upd, lr, 0.0f));
+        float g0 = ld(g, i);
+        float gi = scaled ? aff(g0, gs, 0.0f) : g0;
+        float m = __fadd_rn(aff(mv[i], b1, 0.0f), aff(gi, omb1, 0.0f));
+        float v = __fadd_rn(aff(mv[n + i], b2, 0.0f), aff(__fmul_rn(gi, gi), omb2, 0.0f));
+        mv[i] = m;
+        mv[n + i] = v;
+        float upd = __fdiv_rn(aff(m, inv_c1, 0.0f), aff(__fsqrt_rn(aff(v, inv_c2, 0.0f)), 1.0f, eps));
+        float w = __fsub_rn(aff(p[i], decay, 0.0f), aff(upd, lr, 0.0f));
+        p[i] = w;
+        if (has) copy[i] = __float2bfloat16(w);
     }
 }
+
+#define ADAMW_FUSED(NAME, G)                                                                       \
+    extern "C" __global__ void NAME(float* p, float* mv, const G* g, unsigned long long n,         \
+        float b1, float omb1, float b2, float omb2, unsigned int scaled, float gs, float inv_c1,   \
+        float inv_c2, float eps, float decay, float lr, __nv_bfloat16* copy, unsigned int has) {   \
+        adamw_fused<G>(p, mv, g, n, b1, omb1, b2, omb2, scaled, gs, inv_c1, inv_c2, eps, decay,  \
+            lr, copy, has);                                                                        \
+    }
+ADAMW_FUSED(adamw_fused_f32, float)
+ADAMW_FUSED(adamw_fused_bf16, __nv_bfloat16)
+
 
 // ---------------------------------------------------------------------------------------------
 // The gated delta rule's recurrence over a forward's new rows (`gdn_recurrence.rs`; its CPU

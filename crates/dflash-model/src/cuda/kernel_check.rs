@@ -450,12 +450,15 @@ fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 }
 
 /// Three AdamW steps of a `[64, 300]` parameter on `dev` (f32 master weights; the second one
-/// with a clip scale), from f32 gradients or from bf16 ones (a bf16 compute copy's): the weights
-/// and the moments `[2, n]`, on the CPU.
+/// with a clip scale), from f32 gradients or from bf16 ones (a bf16 compute copy's): the weights,
+/// the moments `[2, n]` and the bf16 compute copy (written by the step's kernel on a GPU, cast
+/// from the weights on the CPU), as f32 on the CPU.
 fn adamw(dev: &Device, grads: DType) -> Result<Vec<Tensor>> {
-    use crate::ops::adamw::{adamw_step, AdamStep};
+    use crate::ops::adamw::{adamw_step_copy, AdamStep};
     let w = fill(&[64, 300], 8, 1.0)?.to_device(dev)?;
     let st = Tensor::zeros((2, 64 * 300), DType::F32, dev)?;
+    let copy = Tensor::zeros((64, 300), DType::BF16, dev)?;
+    let mut written = false;
     for t in 1..=3i32 {
         let g = fill(&[64, 300], 9 + t as u64, 0.1)?
             .to_dtype(grads)?
@@ -469,9 +472,17 @@ fn adamw(dev: &Device, grads: DType) -> Result<Vec<Tensor>> {
             1.0 - 6e-4 * 0.01,
             (t == 2).then_some(0.37),
         );
-        adamw_step(&w, &st, &g, s)?;
+        written = adamw_step_copy(&w, &st, &g, s, Some(&copy))?;
     }
-    [w, st]
+    if dev.is_cuda() && !written {
+        candle_core::bail!("adamw: the GPU's step did not write the compute copy");
+    }
+    let copy = if written {
+        copy
+    } else {
+        w.to_dtype(DType::BF16)?
+    };
+    [w, st, copy.to_dtype(DType::F32)?]
         .into_iter()
         .map(|t| t.to_device(&Device::Cpu))
         .collect()
@@ -1113,18 +1124,38 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         }
     }
     // the AdamW kernels round every operation as their CPU twin does
+    // (one pass on a GPU), and write the compute copy as a cast rounds (bit for bit)
     for (grads, names) in [
-        (DType::F32, ["adamw weights", "adamw moments"]),
+        (
+            DType::F32,
+            ["adamw weights", "adamw moments", "adamw compute copy"],
+        ),
         (
             DType::BF16,
             [
                 "adamw weights, bf16 gradients",
                 "adamw moments, bf16 gradients",
+                "adamw compute copy, bf16 gradients",
             ],
         ),
     ] {
         let (got, want) = (adamw(dev, grads)?, adamw(&Device::Cpu, grads)?);
-        push_rows(&mut checks, &names, &got, &want, DType::F32, 1e-6)?;
+        push_rows(
+            &mut checks,
+            &names[..2],
+            &got[..2],
+            &want[..2],
+            DType::F32,
+            1e-6,
+        )?;
+        push_rows(
+            &mut checks,
+            &names[2..],
+            &got[2..],
+            &want[2..],
+            DType::F32,
+            0.0,
+        )?;
     }
     // the clip's sum of squares, each value read once (f32 and bf16; 300,000 values span the
     // kernel's largest grid)
@@ -1182,7 +1213,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 133);
+        assert_eq!(checks.len(), 143);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -1,7 +1,9 @@
-//! The AdamW step in place, in two element-wise passes: the moments (`m`, `v`) from the
-//! gradient, then the weights from the moments. Composed of tensor ops the step is a dozen
-//! full-size passes that allocate; here it reads the gradient, moments and weights once and
-//! writes them in place (about 36 bytes per parameter).
+//! The AdamW step in place: the moments (`m`, `v`) from the gradient, then the weights from the
+//! moments. Composed of tensor ops the step is a dozen full-size passes that allocate; on the
+//! CPU it is two element-wise passes, on a GPU one kernel (`adamw_fused_*`) that reads the
+//! gradient, moments and weights once and writes the moments and weights in place, and, when
+//! asked, the weights' bf16 compute copy (about 26 bytes per parameter from a bf16 gradient,
+//! 28 with the copy, against 34 + 6 for the two passes and a cast).
 //!
 //! The arithmetic is that of the composed form it replaces, operation for operation in f32
 //! (f64 for f64 weights, the gradient checks' dtype), each scalar product rounded as
@@ -9,9 +11,9 @@
 //! `g ← g·s + 0` first (the clipped gradient, without a pass of its own), then
 //! `m ← m·β1 + g·(1 − β1)`, `v ← v·β2 + g²·(1 − β2)`,
 //! `w ← w·decay − lr · (m·(1/c1)) / (sqrt(v·(1/c2)) + ε)` with `c_i = 1 − β_i^t` and
-//! `decay = 1 − lr·wd` (1 for vectors). The CUDA kernels (`adamw_moments_f32`,
-//! `adamw_apply_f32` in `src/cuda/fused.cu`) round every operation the same way (no fused
-//! multiply-add), so the GPU and its CPU twin agree bit for bit. Example: w = 1, g = 0.5,
+//! `decay = 1 − lr·wd` (1 for vectors). The CUDA kernel (`adamw_fused_*` in
+//! `src/cuda/fused.cu`) rounds every operation the same way (no fused multiply-add), so the GPU
+//! and its CPU twin agree bit for bit; its bf16 copy rounds as a cast does. Example: w = 1, g = 0.5,
 //! m = v = 0, β = (0.9, 0.999), t = 1, lr = 0.1, no decay → m = 0.05, v = 0.00025,
 //! w = 1 − 0.1 · 0.5 / (0.5 + ε) ≈ 0.9.
 
@@ -65,6 +67,21 @@ impl AdamStep {
 /// values, contiguous) updated in place from the gradient `g`: of `w`'s dtype, or bf16 for f32
 /// weights (the gradient of a bf16 compute copy, widened in the kernel as a cast would).
 pub fn adamw_step(w: &Tensor, state: &Tensor, g: &Tensor, s: AdamStep) -> Result<()> {
+    adamw_step_copy(w, state, g, s, None).map(|_| ())
+}
+
+/// [`adamw_step`], and on a GPU with f32 weights also `copy` (bf16, `w`'s element count,
+/// contiguous: the weights' compute copy) written with the new weights in the same kernel, as
+/// a cast would round them. Returns whether `copy` was written (false on the CPU, where the
+/// caller casts). Example: the trainer's bf16 compute copies on the H200, refreshed without a
+/// pass of their own.
+pub fn adamw_step_copy(
+    w: &Tensor,
+    state: &Tensor,
+    g: &Tensor,
+    s: AdamStep,
+    copy: Option<&Tensor>,
+) -> Result<bool> {
     let n = w.elem_count();
     if state.dims() != [2, n] || g.elem_count() != n {
         candle_core::bail!(
@@ -78,12 +95,143 @@ pub fn adamw_step(w: &Tensor, state: &Tensor, g: &Tensor, s: AdamStep) -> Result
     } else {
         g.to_dtype(w.dtype())?.contiguous()?
     };
+    if let Some(c) = copy {
+        if c.dtype() != DType::BF16 || c.elem_count() != n || !c.is_contiguous() {
+            candle_core::bail!(
+                "adamw: the compute copy must be contiguous bf16 of {n} values, got {:?} {:?}",
+                c.dtype(),
+                c.dims()
+            );
+        }
+    }
+    if w.device().is_cuda() && w.dtype() == DType::F32 {
+        w.inplace_op2(
+            &g.flatten_all()?,
+            &Fused {
+                s,
+                state: state.clone(),
+                copy: copy.cloned(),
+            },
+        )?;
+        return Ok(copy.is_some());
+    }
     state.inplace_op2(&g.flatten_all()?, &Moments(s))?;
-    w.inplace_op2(state, &Apply(s))
+    w.inplace_op2(state, &Apply(s))?;
+    Ok(false)
 }
 
 struct Moments(AdamStep);
 struct Apply(AdamStep);
+
+/// The GPU's one pass: `w` (this op's destination) and the moments `state` and `copy` (held by
+/// the op, written through their device pointers: tensors no other op reads meanwhile) from the
+/// gradient.
+struct Fused {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    s: AdamStep,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    state: Tensor,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    copy: Option<Tensor>,
+}
+
+impl InplaceOp2 for Fused {
+    fn name(&self) -> &'static str {
+        "adamw-fused"
+    }
+
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<()> {
+        candle_core::bail!("adamw: the one-pass step is the GPU's (the CPU runs two passes)")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        w: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        g: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        use crate::cuda::ptx::{by_float, elementwise, launch, view, with_held};
+        use candle_core::backend::BackendStorage;
+        contiguous(l1, "weights")?;
+        let s = &self.s;
+        let dev = w.device().clone();
+        let n = l1.shape().elem_count() as u64;
+        let wv = view::<f32>(w, l1, "weights")?;
+        let f = |x: f64| x as f32;
+        let (b1, omb1, b2, omb2) = (f(s.beta1), f(1.0 - s.beta1), f(s.beta2), f(1.0 - s.beta2));
+        let (scaled, gs) = (
+            s.grad_scale.is_some() as u32,
+            f(s.grad_scale.unwrap_or(1.0)),
+        );
+        let (ic1, ic2, eps, decay, lr) = (f(s.inv_c1), f(s.inv_c2), f(s.eps), f(s.decay), f(s.lr));
+        let cfg = elementwise(n);
+        let copy = self.copy.as_ref();
+        with_held::<f32, _>(&self.state, "adamw moments", |mv| {
+            by_float!(g.dtype(), "adamw gradient", |T, dt| {
+                let gv = view::<T>(g, l2, "gradient")?;
+                match copy {
+                    Some(c) => with_held::<half::bf16, _>(c, "compute copy", |cv| {
+                        let has = 1u32;
+                        launch!(
+                            dev,
+                            "adamw_fused",
+                            dt,
+                            cfg,
+                            wv,
+                            mv,
+                            gv,
+                            n,
+                            b1,
+                            omb1,
+                            b2,
+                            omb2,
+                            scaled,
+                            gs,
+                            ic1,
+                            ic2,
+                            eps,
+                            decay,
+                            lr,
+                            cv,
+                            has
+                        );
+                        Ok(())
+                    })?,
+                    None => {
+                        // no copy: the moments' pointer stands in, never written (`has` 0)
+                        let has = 0u32;
+                        launch!(
+                            dev,
+                            "adamw_fused",
+                            dt,
+                            cfg,
+                            wv,
+                            mv,
+                            gv,
+                            n,
+                            b1,
+                            omb1,
+                            b2,
+                            omb2,
+                            scaled,
+                            gs,
+                            ic1,
+                            ic2,
+                            eps,
+                            decay,
+                            lr,
+                            mv,
+                            has
+                        );
+                    }
+                }
+            });
+            Ok(())
+        })
+    }
+}
 
 /// `x · mul + add`, as a tensor times a scalar rounds it.
 fn aff<T: num_like::Float>(x: T, mul: T, add: T) -> T {
@@ -190,54 +338,6 @@ impl InplaceOp2 for Moments {
             _ => candle_core::bail!("adamw: moments must be f32 or f64"),
         }
     }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        mv: &mut candle_core::CudaStorage,
-        l1: &Layout,
-        g: &candle_core::CudaStorage,
-        l2: &Layout,
-    ) -> Result<()> {
-        use crate::cuda::ptx::{by_float, elementwise, launch, view};
-        use candle_core::backend::BackendStorage;
-        contiguous(l1, "moments")?;
-        let s = &self.0;
-        let dev = mv.device().clone();
-        let n = l2.shape().elem_count() as u64;
-        let mvv = view::<f32>(mv, l1, "moments")?;
-        let (b1, omb1, b2, omb2) = (
-            s.beta1 as f32,
-            (1.0 - s.beta1) as f32,
-            s.beta2 as f32,
-            (1.0 - s.beta2) as f32,
-        );
-        let (scaled, gs) = (
-            s.grad_scale.is_some() as u32,
-            s.grad_scale.unwrap_or(1.0) as f32,
-        );
-        let cfg = elementwise(n);
-        // SAFETY of the write: `mv` is this op's destination, held exclusively.
-        by_float!(g.dtype(), "adamw gradient", |T, dt| {
-            let gv = view::<T>(g, l2, "gradient")?;
-            launch!(
-                dev,
-                "adamw_moments",
-                dt,
-                cfg,
-                mvv,
-                gv,
-                n,
-                b1,
-                omb1,
-                b2,
-                omb2,
-                scaled,
-                gs
-            );
-        });
-        Ok(())
-    }
 }
 
 impl InplaceOp2 for Apply {
@@ -252,48 +352,6 @@ impl InplaceOp2 for Apply {
             CpuStorage::F64(x) => apply_cpu(x, l1, cpu_slice::<f64>(mv, l2, "moments")?, &self.0),
             _ => candle_core::bail!("adamw: weights must be f32 or f64"),
         }
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        w: &mut candle_core::CudaStorage,
-        l1: &Layout,
-        mv: &candle_core::CudaStorage,
-        l2: &Layout,
-    ) -> Result<()> {
-        use crate::cuda::ptx::{elementwise, launch, view};
-        use candle_core::backend::BackendStorage;
-        contiguous(l1, "weights")?;
-        let s = &self.0;
-        let dev = w.device().clone();
-        let n = l1.shape().elem_count() as u64;
-        let wv = view::<f32>(w, l1, "weights")?;
-        let mvv = view::<f32>(mv, l2, "moments")?;
-        let (ic1, ic2, eps, decay, lr) = (
-            s.inv_c1 as f32,
-            s.inv_c2 as f32,
-            s.eps as f32,
-            s.decay as f32,
-            s.lr as f32,
-        );
-        let cfg = elementwise(n);
-        // SAFETY of the write: `w` is this op's destination, held exclusively.
-        launch!(
-            dev,
-            "adamw_apply",
-            DType::F32,
-            cfg,
-            wv,
-            mvv,
-            n,
-            ic1,
-            ic2,
-            eps,
-            decay,
-            lr
-        );
-        Ok(())
     }
 }
 

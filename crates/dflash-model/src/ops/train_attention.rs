@@ -210,16 +210,43 @@ pub fn attend(
     })
 }
 
-/// The dK/dV kernel's blocks (per K/V head): `(chunk, work)`, `work` holding for each block its
-/// key tile and the first of the at most `chunk` row tiles it walks (of the tile's
-/// `g · ⌈rows / 32⌉`, `g` the query heads per K/V head), `chunk` chosen for about 1,024 blocks
-/// of at least 16 row tiles; a key tile that no row sees gets no block.
-/// Example: Qwen3-8B's layer (g = 4) with anchors every 4 tokens of a 2,048-token row: the 32
-/// context tiles have 1,024, 992, … 32 row tiles, the 128 own-block tiles 8 each, 17,920 in all:
-/// chunks of 18, 1,081 blocks (57 for the first context tile, one per own-block tile).
-pub fn dkv_work(key_rows: impl Iterator<Item = Range<usize>>, g: usize) -> (usize, Vec<u32>) {
+/// Blocks of the dK/dV kernel to aim for over all K/V heads, unless `DFLASH_DKV_BLOCKS` says
+/// otherwise: each block adds its part of dK and dV into f32 buffers (atomics), so fewer,
+/// longer blocks add less, and more, shorter ones balance better.
+pub const DKV_BLOCKS: usize = 2048;
+
+/// [`DKV_BLOCKS`], or `DFLASH_DKV_BLOCKS` when it is set to a positive number (read once).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn dkv_blocks() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("DFLASH_DKV_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(DKV_BLOCKS)
+    })
+}
+
+/// The dK/dV kernel's work items (each run by one block per K/V head): `(chunk, work)`, `work`
+/// holding for each item its key tile and the first of the at most `chunk` row tiles it walks
+/// (of the tile's `g · ⌈rows / 32⌉`, `g` the query heads per K/V head), `chunk` chosen for about
+/// `blocks` blocks over the `hkv` K/V heads and at least 16 row tiles each; a key tile that no
+/// row sees gets no item.
+/// Example: Qwen3-8B's layer (g = 4, 8 K/V heads) with anchors every 4 tokens of a 2,048-token
+/// row: the 32 context tiles have 1,024, 992, … 32 row tiles, the 128 own-block tiles 8 each,
+/// 17,920 in all; for 2,048 blocks, chunks of 70 and 385 items (15 for the first context tile,
+/// one per own-block tile), 3,080 blocks.
+pub fn dkv_work(
+    key_rows: impl Iterator<Item = Range<usize>>,
+    g: usize,
+    hkv: usize,
+    blocks: usize,
+) -> (usize, Vec<u32>) {
     let tiles: Vec<usize> = key_rows.map(|r| g * r.len().div_ceil(DKV_ROWS)).collect();
-    let chunk = tiles.iter().sum::<usize>().div_ceil(1024).max(16);
+    let chunk = (tiles.iter().sum::<usize>() * hkv)
+        .div_ceil(blocks.max(1))
+        .max(16);
     let mut work = Vec::new();
     for (k, &n) in tiles.iter().enumerate() {
         for i0 in (0..n).step_by(chunk) {
@@ -385,7 +412,8 @@ impl candle_core::CustomOp1 for Backward {
         // the dK/dV splits' sums, then rounded into `packed`
         let dkv32 = dev.alloc_zeros::<f32>(2 * nk)?;
         let tiles = t.div_ceil(KEY_TILE);
-        let (chunk, work) = dkv_work((0..tiles).map(|i| self.iv.key_rows(i)), hq / hkv);
+        let rows = (0..tiles).map(|i| self.iv.key_rows(i));
+        let (chunk, work) = dkv_work(rows, hq / hkv, hkv, dkv_blocks());
         let blocks = work.len() / 2;
         let work = dev.clone_htod(&work)?;
         let (hq_, hkv_, n_, t_, hs, sc) = (
@@ -577,17 +605,21 @@ mod tests {
         let anchors: Vec<usize> = (0..512).map(|i| 4 * i).collect();
         let (c, o) = draft_training_parts(DraftRule::FULL, &segs, &anchors, 16);
         let iv = TrainIntervals::new(&c, &o, 16, 2048, &Device::Cpu).unwrap();
-        let (chunk, work) = dkv_work((0..iv.t.div_ceil(KEY_TILE)).map(|k| iv.key_rows(k)), 4);
-        assert_eq!((chunk, work.len() / 2), (18, 1081));
+        let rows = || (0..iv.t.div_ceil(KEY_TILE)).map(|k| iv.key_rows(k));
+        let (chunk, work) = dkv_work(rows(), 4, 8, 2048);
+        assert_eq!((chunk, work.len() / 2), (70, 385));
         let first: Vec<u32> = work.chunks(2).filter(|w| w[0] == 0).map(|w| w[1]).collect();
-        assert_eq!(first.len(), 57);
-        assert_eq!(&first[..3], &[0, 18, 36]);
+        assert_eq!(first.len(), 15);
+        assert_eq!(&first[..3], &[0, 70, 140]);
         assert_eq!(work.chunks(2).filter(|w| w[0] == 40).count(), 1);
+        // per K/V head's 1,024 blocks: chunks of 18, 1,081 items
+        let (chunk, work) = dkv_work(rows(), 4, 8, 8 * 1024);
+        assert_eq!((chunk, work.len() / 2), (18, 1081));
 
         let segs = Segments::from_lengths(&[200]);
         let (c, o) = draft_training_parts(DraftRule::FULL, &segs, &[37, 90], 16);
         let iv = TrainIntervals::new(&c, &o, 16, 200, &Device::Cpu).unwrap();
-        let (chunk, work) = dkv_work((0..4).map(|k| iv.key_rows(k)), 3);
+        let (chunk, work) = dkv_work((0..4).map(|k| iv.key_rows(k)), 3, 1, DKV_BLOCKS);
         assert_eq!(chunk, 16);
         // tiles 0, 1 and 3 are seen (tile 2, keys 128..192, by no row)
         assert_eq!(work, vec![0, 0, 1, 0, 3, 0]);

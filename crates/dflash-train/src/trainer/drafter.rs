@@ -129,12 +129,20 @@ impl TrainableDrafter {
     /// drafter is built on them again. (At the master dtype the drafter's tensors share storage
     /// with the variables.)
     pub fn refresh(&mut self, t: &Target) -> Result<()> {
+        self.refresh_copies(t, false)
+    }
+
+    /// [`Self::refresh`]; `written`: the optimizer already wrote the compute copies (on a GPU,
+    /// in its own kernel), so only the drafter is built on them again.
+    fn refresh_copies(&mut self, t: &Target, written: bool) -> Result<()> {
         if self.compute.is_empty() {
             return Ok(());
         }
         let mut map = self.frozen.clone();
         for ((n, p), c) in self.params.iter().zip(&self.compute) {
-            c.set(&p.as_tensor().to_dtype(c.dtype())?)?;
+            if !written {
+                c.set(&p.as_tensor().to_dtype(c.dtype())?)?;
+            }
             map.insert(n.clone(), c.as_tensor().clone());
         }
         let store = TensorStore::new(map, t.dtype, t.device.clone());
@@ -169,13 +177,14 @@ impl TrainableDrafter {
         if !grad_norm.is_finite() {
             return Ok(grad_norm);
         }
-        {
-            // the clip's factor is applied inside the update (no pass of its own)
+        let written = {
+            // the clip's factor is applied inside the update (no pass of its own), and the
+            // compute copies written there too where the device does that
             let _p = tracing::info_span!(target: "phase", "optimizer").entered();
-            opt.update(&self.params, &grads, lr, scale)?;
-        }
+            opt.update_with_copies(&self.params, &grads, lr, scale, &self.compute)?
+        };
         let _p = tracing::info_span!(target: "phase", "refresh bf16 copies").entered();
-        self.refresh(target)?;
+        self.refresh_copies(target, written)?;
         Ok(grad_norm)
     }
 }
