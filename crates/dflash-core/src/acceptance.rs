@@ -32,7 +32,7 @@ pub enum Verdict {
 /// The token a uniform `u` in [0, 1) picks from unnormalised weights `w` of total `sum`,
 /// walking in token order (the last token of non-zero weight if rounding leaves `u` past the
 /// end).
-fn pick(w: impl Iterator<Item = f32>, sum: f64, u: f32) -> u32 {
+pub(crate) fn pick(w: impl Iterator<Item = f32>, sum: f64, u: f32) -> u32 {
     let target = u as f64 * sum;
     let (mut acc, mut last) = (0.0f64, 0u32);
     for (t, x) in w.enumerate() {

@@ -51,6 +51,17 @@ pub enum NodeVerdict {
     Reject { bonus: u32 },
 }
 
+/// `q` in token order with the tokens in `drawn` at weight 0.
+fn left<'a>(q: &'a [f32], drawn: &'a [u32]) -> impl Iterator<Item = f32> + 'a {
+    q.iter().enumerate().map(move |(t, &x)| {
+        if x > 0.0 && !drawn.contains(&(t as u32)) {
+            x
+        } else {
+            0.0
+        }
+    })
+}
+
 /// Zero `x[i]` and renormalise `x` in place (left as is when nothing remains).
 fn remove_and_renormalise(x: &mut [f32], i: usize) {
     x[i] = 0.0;
@@ -92,19 +103,15 @@ pub fn judge_node(
 impl Sampler {
     /// `k` tokens drawn one after another from `q` without replacement (each from what is left,
     /// renormalised); fewer when `q` has fewer tokens of non-zero mass.
+    /// Each draw walks `q` in token order with the tokens drawn so far at weight 0: no copy
+    /// of the vocabulary, the same sums and picks as over the tokens left.
     pub fn draw_without_replacement(&mut self, q: &[f32], k: usize) -> Vec<u32> {
-        let mut left: Vec<(u32, f32)> = q
-            .iter()
-            .enumerate()
-            .filter(|(_, &x)| x > 0.0)
-            .map(|(t, &x)| (t as u32, x))
-            .collect();
-        let mut out = Vec::with_capacity(k.min(left.len()));
-        while out.len() < k && !left.is_empty() {
-            let w: Vec<f32> = left.iter().map(|&(_, x)| x).collect();
-            let total: f64 = w.iter().map(|&x| x as f64).sum();
-            let at = crate::acceptance::pick_weighted(&w, total, self.uniform());
-            out.push(left.remove(at as usize).0);
+        let held = q.iter().filter(|&&x| x > 0.0).count();
+        let mut out: Vec<u32> = Vec::with_capacity(k.min(held));
+        while out.len() < k.min(held) {
+            let total: f64 = left(q, &out).map(|x| x as f64).sum();
+            let t = crate::acceptance::pick(left(q, &out), total, self.uniform());
+            out.push(t);
         }
         out
     }
@@ -121,16 +128,16 @@ impl Sampler {
         top_k: usize,
     ) -> SampledTree {
         // the shape, with each node's token standing for its rank: only the tokens q holds
-        // rank (in token order, so ties fall as over the whole vocabulary; a vocabulary head's
-        // q holds its subset alone)
+        // rank (ties in token order; a vocabulary head's q holds its subset alone), ranked by q
+        // itself (ln is increasing) and only the top-K's logs taken
         let ranked: Vec<Vec<(u32, f32)>> = qs
             .iter()
             .map(|q| {
-                let logq: Vec<f32> = q.iter().filter(|&&x| x > 0.0).map(|&x| x.ln()).collect();
-                top_k_sorted(&logq, top_k)
+                top_k_sorted(q, top_k)
                     .into_iter()
+                    .filter(|&(_, x)| x > 0.0)
                     .enumerate()
-                    .map(|(r, (_, l))| (r as u32, l))
+                    .map(|(r, (_, x))| (r as u32, x.ln()))
                     .collect()
             })
             .collect();
@@ -279,6 +286,44 @@ mod tests {
             .collect();
         assert!(shapes.iter().all(|s| *s == shapes[0]));
         assert_eq!(shapes[0].0.len(), 7);
+    }
+
+    /// The draws walk q with the drawn tokens at weight 0 and pick what drawing from the list
+    /// of tokens left picks, uniform for uniform: the list rebuilt for each draw (the rule as
+    /// first written) gives the same tokens for the same seed, zeros, ties and more draws than
+    /// held tokens included.
+    #[test]
+    fn draws_equal_drawing_from_the_tokens_left() {
+        let list_draws = |s: &mut Sampler, q: &[f32], k: usize| {
+            let mut left: Vec<(u32, f32)> = q
+                .iter()
+                .enumerate()
+                .filter(|(_, &x)| x > 0.0)
+                .map(|(t, &x)| (t as u32, x))
+                .collect();
+            let mut out = Vec::new();
+            while out.len() < k && !left.is_empty() {
+                let w: Vec<f32> = left.iter().map(|&(_, x)| x).collect();
+                let total: f64 = w.iter().map(|&x| x as f64).sum();
+                let at = crate::acceptance::pick_weighted(&w, total, s.uniform());
+                out.push(left.remove(at as usize).0);
+            }
+            out
+        };
+        let qs = [
+            vec![0.0f32, 0.3, 0.0, 0.3, 0.2, 0.0, 0.2, 0.0],
+            vec![0.1f32; 10],
+            (0..1000).map(|i| ((i * 37 % 101) as f32).powi(3) * 1e-9).collect(),
+        ];
+        for q in &qs {
+            for k in [1, 2, 5, 20] {
+                for seed in 0..20 {
+                    let want = list_draws(&mut sampler(seed), q, k);
+                    let got = sampler(seed).draw_without_replacement(q, k);
+                    assert_eq!(got, want, "k {k}, seed {seed}");
+                }
+            }
+        }
     }
 
     /// Ranking only the tokens q holds gives the shape that ranking the whole vocabulary by
