@@ -313,7 +313,9 @@ mod tests {
         let qs = [
             vec![0.0f32, 0.3, 0.0, 0.3, 0.2, 0.0, 0.2, 0.0],
             vec![0.1f32; 10],
-            (0..1000).map(|i| ((i * 37 % 101) as f32).powi(3) * 1e-9).collect(),
+            (0..1000)
+                .map(|i| ((i * 37 % 101) as f32).powi(3) * 1e-9)
+                .collect(),
         ];
         for q in &qs {
             for k in [1, 2, 5, 20] {
