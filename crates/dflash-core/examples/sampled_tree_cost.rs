@@ -10,38 +10,19 @@ use std::time::Instant;
 
 use dflash_core::sampling::{dense_probs, Sampler, SamplingParams};
 use dflash_core::tree::{top_k_sorted, DraftTree};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::{drafter_like_rows, median, numeric_args};
 
 fn main() {
-    let a: Vec<usize> = std::env::args()
-        .skip(1)
-        .map(|s| s.parse().expect("numbers"))
-        .collect();
+    let a = numeric_args();
     let budget = *a.first().unwrap_or(&8);
     let block = *a.get(1).unwrap_or(&16);
     let vocab = *a.get(2).unwrap_or(&49_152);
     let reps = *a.get(3).unwrap_or(&50);
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
     let params = SamplingParams::new(1.0, 1.0, 0, 7).expect("valid");
     // drafter-like logits: a few confident tokens over a noisy floor
-    let logits: Vec<Vec<f32>> = (0..block - 1)
-        .map(|_| {
-            let mut r: Vec<f32> = (0..vocab).map(|_| rng.random::<f32>() * 4.0).collect();
-            let top1 = rng.random_range(0..vocab);
-            r[top1] += 14.0;
-            for _ in 0..7 {
-                let i = rng.random_range(0..vocab);
-                r[i] += 6.0 + 4.0 * rng.random::<f32>();
-            }
-            r
-        })
-        .collect();
+    let logits = drafter_like_rows(block - 1, vocab);
     let qs: Vec<Vec<f32>> = logits.iter().map(|l| dense_probs(l, &params)).collect();
     let top_k = budget.min(64);
     let mut sampler = Sampler::new(params);

@@ -7,37 +7,18 @@
 use std::time::Instant;
 
 use dflash_core::tree::{top_k_sorted, DraftTree};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+#[path = "support/mod.rs"]
+mod support;
+use support::{drafter_like_rows, median, numeric_args};
 
 fn main() {
-    let a: Vec<usize> = std::env::args()
-        .skip(1)
-        .map(|s| s.parse().expect("numbers"))
-        .collect();
+    let a = numeric_args();
     let budget = *a.first().unwrap_or(&512);
     let block = *a.get(1).unwrap_or(&16);
     let vocab = *a.get(2).unwrap_or(&151_936);
     let reps = *a.get(3).unwrap_or(&200);
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
     // drafter-like rows: a few confident tokens over a noisy floor
-    let rows: Vec<Vec<f32>> = (0..block - 1)
-        .map(|_| {
-            let mut r: Vec<f32> = (0..vocab).map(|_| rng.random::<f32>() * 4.0).collect();
-            let top1 = rng.random_range(0..vocab);
-            r[top1] += 14.0;
-            for _ in 0..7 {
-                let i = rng.random_range(0..vocab);
-                r[i] += 6.0 + 4.0 * rng.random::<f32>();
-            }
-            r
-        })
-        .collect();
+    let rows = drafter_like_rows(block - 1, vocab);
     let mut topk_t = Vec::new();
     let mut top = Vec::new();
     for _ in 0..reps.min(20) {
