@@ -125,16 +125,11 @@ impl TrainableDrafter {
     }
 
     /// After an optimizer step: when the drafter computes in another dtype than its master
-    /// weights (bf16 on GPU), the compute copies are written from the masters in place and the
-    /// drafter is built on them again. (At the master dtype the drafter's tensors share storage
-    /// with the variables.)
-    pub fn refresh(&mut self, t: &Target) -> Result<()> {
-        self.refresh_copies(t, false)
-    }
-
-    /// [`Self::refresh`]; `written`: the optimizer already wrote the compute copies (on a GPU,
-    /// in its own kernel), so only the drafter is built on them again.
-    fn refresh_copies(&mut self, t: &Target, written: bool) -> Result<()> {
+    /// weights (bf16 on GPU), the compute copies are written from the masters in place (unless
+    /// `written`: the optimizer's kernel already wrote them, on a GPU) and the drafter is built
+    /// on them again. (At the master dtype the drafter's tensors share storage with the
+    /// variables.)
+    fn refresh(&mut self, t: &Target, written: bool) -> Result<()> {
         if self.compute.is_empty() {
             return Ok(());
         }
@@ -184,7 +179,7 @@ impl TrainableDrafter {
             opt.update_with_copies(&self.params, &grads, lr, scale, &self.compute)?
         };
         let _p = tracing::info_span!(target: "phase", "refresh bf16 copies").entered();
-        self.refresh_copies(target, written)?;
+        self.refresh(target, written)?;
         Ok(grad_norm)
     }
 }
