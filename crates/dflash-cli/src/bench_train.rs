@@ -117,7 +117,7 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
             }
             let g = {
                 let _p = tracing::info_span!(target: "phase", "backward").entered();
-                out.loss.backward()?
+                out.backward()?
             };
             td.update(&target, &mut opt, td.grads_of(&g), tc.grad_clip, 1e-4)?;
             Ok(out.loss)

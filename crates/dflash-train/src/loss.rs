@@ -14,10 +14,11 @@
 //! `selector_weight`, and its acceptance counts come from the selector's top-1.
 
 use anyhow::{bail, Result};
+use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, D};
 use dflash_core::stats::AcceptCounts;
 use dflash_core::visibility::packed;
-use dflash_model::models::drafter::{DraftLayout, Drafter};
+use dflash_model::models::drafter::{DraftLayout, Drafter, Tape};
 use dflash_model::ops::cross_entropy::{cross_entropy_rows, linear_cross_entropy_rows};
 use dflash_model::{Rows, Target};
 
@@ -70,6 +71,35 @@ pub struct LossOutput {
     pub draft_logits: Tensor,
     /// DFlash2: the supervised rows whose label is among the selector's candidates.
     pub selector_covered: Option<usize>,
+    /// The drafter's taped forward (a DFlash drafter): [`LossOutput::backward`] runs its
+    /// written backward after the loss's.
+    pub tape: Option<Tape>,
+}
+
+impl LossOutput {
+    /// The gradients of the loss for every tracked tensor: candle's backward of the loss down
+    /// to the drafter's output, then (a taped forward) the drafter's written backward, whose
+    /// weights' gradients land in the same store under the drafter's own tensors.
+    pub fn backward(&self) -> Result<GradStore> {
+        self.backward_over(1.0)
+    }
+
+    /// [`LossOutput::backward`] of `loss / n` (gradient accumulation over `n` rows).
+    pub fn backward_over(&self, n: f64) -> Result<GradStore> {
+        let loss = if n == 1.0 {
+            self.loss.clone()
+        } else {
+            (&self.loss / n)?
+        };
+        let mut g = loss.backward()?;
+        if let Some(t) = &self.tape {
+            let _p = tracing::info_span!(target: "phase", "drafter backward").entered();
+            if let Some(d) = g.remove(&t.hidden) {
+                t.backward(&d, &mut g)?;
+            }
+        }
+        Ok(g)
+    }
 }
 
 /// Labels and weights of every trained row, in block order; a label past the end of the
@@ -150,7 +180,14 @@ pub fn block_loss(
         anchors,
         block,
     };
-    let hidden = drafter.forward(&feats.taps, &emb, layout, None)?;
+    // DFlash drafters: the taped forward, whose written backward follows the loss's
+    // (`LossOutput::backward`); DFlash2: candle's autograd through the traced forward
+    let (hidden, tape) = if drafter.trains_taped() {
+        let t = drafter.forward_taped(&feats.taps, &emb, layout)?;
+        (t.hidden.clone(), Some(t))
+    } else {
+        (drafter.forward(&feats.taps, &emb, layout, None)?, None)
+    };
     drop(phase);
     // block rows 1..B of every block (row 0, the anchor, is never trained): a narrow of
     // [anchors, B, h], whose backward is a zero-padded copy (not an index_add)
@@ -253,5 +290,6 @@ pub fn block_loss(
         accepted,
         draft_logits: logits,
         selector_covered,
+        tape,
     })
 }

@@ -90,7 +90,7 @@ fn dflash2_gradients_match_finite_differences_at_f64() {
     };
     let loss0 = || loss(0.0);
     let out = block_loss(&td.drafter, &lt.target, &s, &f, &anchors, obj(0.0)).unwrap();
-    let g = out.loss.backward().unwrap();
+    let g = out.backward().unwrap();
     for (name, flat) in [
         ("layers.0.attention_conv.base_kernel", 70usize),
         ("layers.0.attention_conv.kernel_projection.weight", 123),
@@ -107,7 +107,7 @@ fn dflash2_gradients_match_finite_differences_at_f64() {
         out.selector_covered.unwrap() > 0,
         "no label among the candidates"
     );
-    let g = out.loss.backward().unwrap();
+    let g = out.backward().unwrap();
     for name in [
         "candidate_selector.hidden_projection.weight",
         "candidate_selector.predecessor_codebook",

@@ -39,7 +39,7 @@ fn gradients_reach_trainable_parameters_only() {
         )
         .unwrap();
         let out = block_loss(&td.drafter, &lt.target, &s, &f, &[6, 9, 14], obj(kind)).unwrap();
-        let g = out.loss.backward().unwrap();
+        let g = out.backward().unwrap();
         for (n, p) in &td.params {
             let gi = g
                 .get(p.as_tensor())
@@ -79,7 +79,7 @@ fn gradient_matches_finite_differences_at_f64() {
             .unwrap()
     };
     let out = block_loss(&td.drafter, &lt.target, &s, &f, &anchors, obj(LossKind::Ce)).unwrap();
-    let grads = out.loss.backward().unwrap();
+    let grads = out.backward().unwrap();
     let probes = [
         ("fc.weight", 7usize),
         ("layers.0.self_attn.q_proj.weight", 100),
@@ -239,4 +239,89 @@ fn packed_rows_equal_their_sequences_alone() {
         "loss {got} vs {want}"
     );
     assert!((outp.weight_sum - den).abs() < 1e-9);
+}
+
+/// The drafter's written backward (the taped forward, `dflash_model::models::drafter::Tape`)
+/// gives every trained weight the gradient candle's autograd gives through the traced forward:
+/// f32, a full-attention and a sliding-window layer, attention biases, two sequences packed
+/// in one row, and a loss that weights every hidden value.
+#[test]
+fn the_written_backward_equals_autograd() {
+    use dflash_model::models::drafter::DraftLayout;
+    let (lt, base) = setup(DType::F32);
+    let mut cfg = base.drafter.config.clone();
+    cfg.layer_types = Some(vec!["full_attention".into(), "sliding_attention".into()]);
+    cfg.sliding_window = Some(6);
+    cfg.attention_bias = Some(true);
+    let mut w = base.weights();
+    let dev = candle_core::Device::Cpu;
+    for l in 0..2 {
+        for p in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            let name = format!("layers.{l}.self_attn.{p}");
+            let out = w[&format!("{name}.weight")].dim(0).unwrap();
+            let b = (Tensor::arange(0f32, out as f32, &dev).unwrap() * (0.3 + l as f64))
+                .unwrap()
+                .sin()
+                .unwrap();
+            w.insert(format!("{name}.bias"), (b * 0.2).unwrap());
+        }
+    }
+    let td = TrainableDrafter::new(cfg, &w, &lt.target).unwrap();
+    assert!(td.drafter.tapes());
+    let seqs = [sequence(3, 5, 11), sequence(4, 4, 9)];
+    let row = &pack(&seqs, &[0, 1], 29)[0];
+    let f = target_features(&lt.target, &td.drafter.target_layer_ids, row, false).unwrap();
+    let anchors = [3usize, 9, 17, 22];
+    let block = td.drafter.block_size;
+    let toks: Vec<u32> = anchors
+        .iter()
+        .flat_map(|&a| td.drafter.block_tokens(row.seq.ids[a], block))
+        .collect();
+    let emb = td.drafter.embed_block(&lt.target, &toks).unwrap();
+    let layout = DraftLayout::Training {
+        segs: &row.segs,
+        anchors: &anchors,
+        block,
+    };
+    let h = emb.dim(2).unwrap();
+    let weight = Tensor::arange(0f32, (anchors.len() * block * h) as f32, &dev)
+        .unwrap()
+        .affine(0.013, 0.2)
+        .unwrap()
+        .cos()
+        .unwrap()
+        .reshape((1, anchors.len() * block, h))
+        .unwrap();
+    let autograd = (td.drafter.forward(&f.taps, &emb, layout, None).unwrap() * &weight)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let tape = td.drafter.forward_taped(&f.taps, &emb, layout).unwrap();
+    let mut taped = (&tape.hidden * &weight)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let d = taped.remove(&tape.hidden).unwrap();
+    tape.backward(&d, &mut taped).unwrap();
+    let mut compared = 0;
+    for (name, p) in &td.params {
+        let want = autograd
+            .get(p.as_tensor())
+            .unwrap_or_else(|| panic!("autograd: no gradient for {name}"));
+        let got = taped
+            .get(p.as_tensor())
+            .unwrap_or_else(|| panic!("taped: no gradient for {name}"));
+        let e = dflash_model::ops::compare::rel_err(got, want).unwrap();
+        assert!(e <= 1e-5, "{name}: rel err {e}");
+        compared += 1;
+    }
+    assert_eq!(
+        compared,
+        2 * 15 + 3,
+        "weights and biases of 2 layers, fc and 2 norms"
+    );
 }

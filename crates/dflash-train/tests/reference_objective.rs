@@ -85,7 +85,7 @@ fn loss_and_gradients_match_the_pytorch_reference() {
             (loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
             "{key}: loss {loss} vs {want_loss}"
         );
-        let g = out.loss.backward().unwrap();
+        let g = out.backward().unwrap();
         let mut compared = 0;
         for ((name, _), grad) in td.params.iter().zip(td.grads_of(&g)) {
             let want = &want[&format!("{key}/{name}")];
@@ -129,7 +129,7 @@ fn loss_and_gradients_match_the_pytorch_reference() {
             if step == steps {
                 break;
             }
-            let g = out.loss.backward().unwrap();
+            let g = out.backward().unwrap();
             let grads = td.grads_of(&g);
             let norm = td
                 .update(&t, &mut opt, grads, f("grad_clip"), f("lr"))

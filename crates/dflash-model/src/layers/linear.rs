@@ -137,6 +137,27 @@ impl Linear {
         }
     }
 
+    /// The held weight tensor `[out, in]`, with or without a bias (`None` where only panels
+    /// hold it).
+    pub fn held_weight(&self) -> Option<&Tensor> {
+        self.weight.as_ref()
+    }
+
+    /// The bias, where the layer has one.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
+    /// The layer on the same weight and bias without their graph. Panels are kept: only
+    /// weights that carry no graph have them (a trainer's never do), so they are never stale.
+    pub fn detached(&self) -> Linear {
+        Linear {
+            weight: self.weight.as_ref().map(Tensor::detach),
+            bias: self.bias.as_ref().map(Tensor::detach),
+            panels: self.panels.clone(),
+        }
+    }
+
     /// Whether the CPU panels stream this weight from quantized blocks.
     pub fn is_quantized(&self) -> bool {
         self.panels.as_ref().is_some_and(|p| p.is_quantized())

@@ -55,11 +55,27 @@ impl Mlp {
                 .in_scope(|| crate::ops::silu_mul::silu_mul_stacked(&y, inter))?;
             return self.down_proj.forward(&a);
         }
-        let (g, u) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
-        let a = tracing::info_span!(target: "phase", "mlp silu · up")
-            .in_scope(|| crate::ops::silu_mul::silu_mul(&g, &u))?;
-        self.down_proj.forward(&a)
+        Ok(self.forward_parts(x)?.out)
     }
+
+    /// [`Mlp::forward`] of separate gate and up products, with the products a written
+    /// backward reads (the drafter's taped training forward).
+    pub fn forward_parts(&self, x: &Tensor) -> Result<MlpParts> {
+        let (gate, up) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
+        let act = tracing::info_span!(target: "phase", "mlp silu · up")
+            .in_scope(|| crate::ops::silu_mul::silu_mul(&gate, &up))?;
+        let out = self.down_proj.forward(&act)?;
+        Ok(MlpParts { gate, up, act, out })
+    }
+}
+
+/// An MLP forward's products: `gate(x)`, `up(x)`, `act = silu(gate) · up` and `out = down(act)`.
+#[derive(Debug, Clone)]
+pub struct MlpParts {
+    pub gate: Tensor,
+    pub up: Tensor,
+    pub act: Tensor,
+    pub out: Tensor,
 }
 
 /// `Linear` for `{name}.weight` `[out, in]` and an optional `{name}.bias`.

@@ -92,13 +92,20 @@ impl RmsNorm {
         let y = candle_nn::ops::rms_norm(&x.detach(), &w.detach(), self.eps as f32)?;
         let eps = self.eps;
         with_grad2(&x, &w, y, "rms_norm", move |x, w, _y, g| {
-            if x.device().is_cuda() && crate::ops::rms_norm_grad::serves(x.dtype()) {
-                // the fused kernels; CPU training keeps the composed form below
-                crate::ops::rms_norm_grad::rms_norm_grad(x, w, &g.to_dtype(x.dtype())?, eps)
-            } else {
-                composed_grad(x, w, g, eps)
-            }
+            plain_grad(x, w, g, eps)
         })
+    }
+
+    /// `(dx, dw)` of [`RmsNorm::forward`] at `x` for the upstream gradient `g` (the module
+    /// doc's closed form; the drafter's taped backward): `dx` in x's dtype, `dw` in the
+    /// weight's. Zero-centred weights are refused (no drafter has them).
+    pub fn grads(&self, x: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
+        if self.one_plus {
+            candle_core::bail!("RmsNorm::grads: zero-centred weights have no written backward");
+        }
+        let w = self.weight.detach().to_dtype(x.dtype())?;
+        let (dx, dw) = plain_grad(&x.detach().contiguous()?, &w, &g.detach(), self.eps)?;
+        Ok((dx, dw.to_dtype(self.weight.dtype())?))
     }
 
     /// transformers' order of operations from differentiable ops (see the module doc).
@@ -117,6 +124,16 @@ impl RmsNorm {
                 .to_dtype(dtype)?
                 .broadcast_mul(&self.weight.to_dtype(dtype)?)
         }
+    }
+}
+
+/// The backward of a plain-weight norm: the fused kernels on a GPU
+/// ([`crate::ops::rms_norm_grad`]), the composed form elsewhere (CPU training).
+fn plain_grad(x: &Tensor, w: &Tensor, g: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
+    if x.device().is_cuda() && crate::ops::rms_norm_grad::serves(x.dtype()) {
+        crate::ops::rms_norm_grad::rms_norm_grad(x, w, &g.to_dtype(x.dtype())?, eps)
+    } else {
+        composed_grad(x, w, g, eps)
     }
 }
 

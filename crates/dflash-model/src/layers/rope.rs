@@ -85,6 +85,16 @@ impl RopeTables {
         })
     }
 
+    /// The tables that rotate back: [`RopeTables::apply`] of them is `apply`'s backward (`−sin`;
+    /// features past a partial RoPE's rotated ones pass through, as forward).
+    /// Example: d = 2, angle 90°: g = [0, 1] → [1, 0].
+    pub fn inverse(&self) -> Result<RopeTables> {
+        Ok(RopeTables {
+            cos: self.cos.clone(),
+            sin: self.sin.neg()?,
+        })
+    }
+
     /// candle-nn's CPU kernel on one thread, the same products and sums in the same order (the
     /// same bits): for the few rows of a verify or a draft block, where candle's kernel hands
     /// each head to rayon and waking its threads costs more than the rotation (≈ 40 µs per call

@@ -43,12 +43,16 @@ use crate::models::draft_vocab::{DraftHead, DraftVocab};
 use crate::models::selector::CandidateSelector;
 use crate::models::target::Target;
 use crate::ops::add_norm::add_rms_norm;
-use crate::ops::block_attention::{attend_blocks, context_windows, ContextWindow};
+use crate::ops::block_attention::{
+    attend_blocks, attend_blocks_saving, context_windows, ContextWindow,
+};
 use crate::ops::qkv_rope;
 use crate::ops::train_attention::{self, TrainIntervals};
 
 mod fixed;
+mod tape;
 pub use fixed::DraftInputs;
+pub use tape::Tape;
 
 /// Where the rows of one drafter forward sit.
 #[derive(Debug, Clone, Copy)]
@@ -380,6 +384,31 @@ impl Drafter {
         layout: DraftLayout<'_>,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
+        Ok(self
+            .forward_inner(ctx_taps, block_emb, layout, cache, None)?
+            .0)
+    }
+
+    /// [`Self::forward`] (no cache) keeping what the taped backward reads in `rec`; also
+    /// returns the RoPE rows of the context then the block rows.
+    fn forward_recorded(
+        &self,
+        ctx_taps: &Tensor,
+        block_emb: &Tensor,
+        layout: DraftLayout<'_>,
+        rec: &mut tape::Recorder,
+    ) -> Result<(Tensor, RopeTables)> {
+        self.forward_inner(ctx_taps, block_emb, layout, None, Some(rec))
+    }
+
+    fn forward_inner(
+        &self,
+        ctx_taps: &Tensor,
+        block_emb: &Tensor,
+        layout: DraftLayout<'_>,
+        cache: Option<&mut KvCache>,
+        rec: Option<&mut tape::Recorder>,
+    ) -> Result<(Tensor, RopeTables)> {
         let m = ctx_taps.dim(1)?;
         let nb = block_emb.dim(1)?;
         let cache_len = cache.as_ref().map(|c| c.len()).unwrap_or(0);
@@ -459,14 +488,26 @@ impl Drafter {
             Some(c) => KvWrite::Append(c),
             None => KvWrite::None,
         };
-        self.layers_forward(ctx_taps, block_emb, layout.block(), &rope_kv, &masks, write)
+        let out = self.layers_forward(
+            ctx_taps,
+            block_emb,
+            layout.block(),
+            &rope_kv,
+            &masks,
+            write,
+            rec,
+        )?;
+        Ok((out, rope_kv))
     }
 
     /// The layers of the one drafter forward, after the host side ([`Self::forward`], or the
     /// fixed-shape inputs of [`crate::models::draft_inputs`]): `ctx_taps` `[1, m, L*h]`,
     /// `block_emb` `[1, nb, h]`, `rope_kv` the RoPE rows of the m context rows then the nb
     /// block rows, a mask per distinct layer rule, and where the new K/V go. Returns the normed
-    /// block hidden states `[1, nb, h]`; a cache commits its m + nb new rows.
+    /// block hidden states `[1, nb, h]`; a cache commits its m + nb new rows. With a recorder
+    /// (a training layout on weights without a graph: [`Drafter::forward_taped`]) the
+    /// activations the written backward reads are kept in it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn layers_forward(
         &self,
         ctx_taps: &Tensor,
@@ -475,6 +516,7 @@ impl Drafter {
         rope_kv: &RopeTables,
         masks: &[(DraftRule, LayerMask)],
         mut write: KvWrite<'_>,
+        mut rec: Option<&mut tape::Recorder>,
     ) -> Result<Tensor> {
         let m = ctx_taps.dim(1)?;
         let nb = block_emb.dim(1)?;
@@ -482,10 +524,13 @@ impl Drafter {
         let rope_q = rope_kv.narrow(m, nb)?;
         // 1. context feature (none at anchor 0 with an empty cache)
         let ctx = if m > 0 {
-            Some(
-                self.hidden_norm
-                    .forward(&self.fc.forward(&ctx_taps.to_dtype(dtype)?)?)?,
-            )
+            let taps = ctx_taps.to_dtype(dtype)?;
+            let fc_out = self.fc.forward(&taps)?;
+            let c = self.hidden_norm.forward(&fc_out)?;
+            if let Some(r) = rec.as_deref_mut() {
+                r.ctx = Some((taps, fc_out));
+            }
+            Some(c)
         } else {
             None
         };
@@ -533,6 +578,8 @@ impl Drafter {
                 q: &rope_q,
                 kv: rope_kv,
             };
+            // the projections before their norms, for a taped backward
+            let projections = rec.is_some().then(|| (q.clone(), k.clone()));
             // per-head norms, RoPE and the cache write (one kernel on a GPU)
             let (q, k, v) = match &mut write {
                 KvWrite::None => qkv_rope::heads_rotated(p, heads, norms, tables)?,
@@ -545,15 +592,28 @@ impl Drafter {
                 }
             };
             let scale = 1.0 / (a.head_dim as f64).sqrt();
-            let o = match &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1 {
-                LayerMask::Dense(_, Some(runs)) if row_attention::applies(&q) => {
-                    attend_rows(&q, &k, &v, runs, scale)?
+            let mask = &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1;
+            let (o, attn_bwd) = match (mask, rec.is_some()) {
+                // taped: the attention's value and its written backward, no graph
+                (LayerMask::Parts { context, block }, true) => {
+                    let (o, b) = attend_blocks_saving(&q, &k, &v, m, context, *block, scale)?;
+                    (o, Some(b))
                 }
-                LayerMask::Dense(mask, _) => attend(&q, &k, &v, mask, scale)?,
-                LayerMask::Parts { context, block } => {
-                    attend_blocks(&q, &k, &v, m, context, *block, scale)?
+                (LayerMask::Fused(iv), true) => {
+                    let (o, b) = train_attention::attend_saving(&q, &k, &v, iv, scale)?;
+                    (o, Some(b))
                 }
-                LayerMask::Fused(iv) => train_attention::attend(&q, &k, &v, iv, scale)?,
+                (LayerMask::Dense(..), true) => bail!("a taped forward takes a training layout"),
+                (LayerMask::Dense(_, Some(runs)), false) if row_attention::applies(&q) => {
+                    (attend_rows(&q, &k, &v, runs, scale)?, None)
+                }
+                (LayerMask::Dense(mask, _), false) => (attend(&q, &k, &v, mask, scale)?, None),
+                (LayerMask::Parts { context, block }, false) => {
+                    (attend_blocks(&q, &k, &v, m, context, *block, scale)?, None)
+                }
+                (LayerMask::Fused(iv), false) => {
+                    (train_attention::attend(&q, &k, &v, iv, scale)?, None)
+                }
             };
             let attn_out = a.o_proj.forward(&o)?;
             let attn_out = match (&layer.attention_conv, attn_post) {
@@ -561,12 +621,34 @@ impl Drafter {
                 _ => attn_out,
             };
             let (x1, mn) = add_rms_norm(&x, &attn_out, &layer.post_attention_layernorm)?;
-            let mlp_out = match &layer.mlp_conv {
-                Some(c) => {
+            let mlp_out = match (&layer.mlp_conv, rec.as_deref_mut()) {
+                (Some(c), _) => {
                     let (y, post) = c.prepare(&mn, block)?;
                     c.finish(&layer.mlp.forward(&y)?, post)?
                 }
-                None => layer.mlp.forward(&mn)?,
+                (None, Some(r)) => {
+                    let p = layer.mlp.forward_parts(&mn)?;
+                    let ((q, k), attn) = match (projections, attn_bwd) {
+                        (Some(qk), Some(b)) => (qk, b),
+                        _ => bail!("a taped layer without its projections or attention backward"),
+                    };
+                    r.layers.push(tape::LayerTape {
+                        x: x.clone(),
+                        hn: hn.clone(),
+                        kv_in: kv_in.clone(),
+                        q,
+                        k,
+                        attn,
+                        o: o.clone(),
+                        x1: x1.clone(),
+                        mn: mn.clone(),
+                        gate: p.gate,
+                        up: p.up,
+                        act: p.act,
+                    });
+                    p.out
+                }
+                (None, None) => layer.mlp.forward(&mn)?,
             };
             match self.layers.get(i + 1) {
                 Some(next) => (x, hn) = add_rms_norm(&x1, &mlp_out, &next.input_layernorm)?,
@@ -579,6 +661,9 @@ impl Drafter {
         match write {
             KvWrite::Append(c) | KvWrite::Fixed { cache: c, .. } => c.commit(m + nb),
             KvWrite::None => {}
+        }
+        if let Some(r) = rec {
+            r.x_last = Some(x.clone());
         }
         match out {
             Some(o) => Ok(o),

@@ -15,7 +15,7 @@ use dflash_core::visibility::Visibility;
 
 use crate::ops::block_softmax::{block_softmax, block_softmax_bwd, BlockGeometry, Intervals};
 use crate::ops::permute::{contiguous, permuted};
-use crate::ops::with_grad::with_grad3;
+use crate::ops::with_grad::{with_grad3, Grad3};
 
 /// One window of the training layout: the block rows `rows` (whole blocks) score only the
 /// context keys `keys`, which hold every context key any of those rows may see; `intervals`
@@ -152,6 +152,22 @@ pub fn attend_blocks(
     block: usize,
     scale: f64,
 ) -> Result<Tensor> {
+    let (y, bwd) = attend_blocks_saving(q, k, v, m, windows, block, scale)?;
+    with_grad3(q, k, v, y, "block-attention", bwd)
+}
+
+/// [`attend_blocks`]'s value and its written backward `dO ↦ (dq, dk, dv)`, the windows'
+/// operands and probabilities kept for it; no graph is attached (the drafter's taped backward
+/// calls it).
+pub fn attend_blocks_saving(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    m: usize,
+    windows: &[ContextWindow],
+    block: usize,
+    scale: f64,
+) -> Result<(Tensor, Grad3)> {
     let (b, hq, r, d) = q.dims4()?;
     let (_, hkv, t, _) = k.dims4()?;
     let covered: usize = windows.iter().map(|w| w.rows.len()).sum();
@@ -177,7 +193,7 @@ pub fn attend_blocks(
     let o = cat_rows(&outs)?; // [hkv, g, R, d]
     let y = permuted(&o.reshape((1, hq, r, d))?, &[0, 2, 1, 3])?.reshape((1, r, hq * d))?;
     let (dtype, device) = (qd.dtype(), qd.device().clone());
-    with_grad3(q, k, v, y, "block-attention", move |grad| {
+    let bwd = move |grad: &Tensor| {
         // dO [1, R, hq·d] → [hkv, g, R, d]
         let dout =
             permuted(&grad.reshape((1, r, hq, d))?, &[0, 2, 1, 3])?.reshape((hkv, g, r, d))?;
@@ -199,7 +215,8 @@ pub fn attend_blocks(
         let dk = Tensor::cat(&[&dk_ctx.to_dtype(dtype)?, &Tensor::cat(&dk_blk, 1)?], 1)?;
         let dv = Tensor::cat(&[&dv_ctx.to_dtype(dtype)?, &Tensor::cat(&dv_blk, 1)?], 1)?;
         Ok((dq, dk.unsqueeze(0)?, dv.unsqueeze(0)?))
-    })
+    };
+    Ok((y, Box::new(bwd)))
 }
 
 /// `[hkv, g, rows_i, d]` pieces along the rows.

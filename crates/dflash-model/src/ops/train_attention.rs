@@ -23,7 +23,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use dflash_core::visibility::Visibility;
 
 use crate::ops::kernel_io::KernelTable;
-use crate::ops::with_grad::with_grad3;
+use crate::ops::with_grad::{with_grad3, Grad3};
 
 /// Keys per block of the dK/dV kernel (4 warps of 16): [`TrainIntervals`] lists, per tile of
 /// this many keys, the rows that may see it.
@@ -159,6 +159,19 @@ pub fn attend(
     iv: &TrainIntervals,
     scale: f64,
 ) -> Result<Tensor> {
+    let (y, bwd) = attend_saving(q, k, v, iv, scale)?;
+    with_grad3(q, k, v, y, "training-attention", bwd)
+}
+
+/// [`attend`]'s value and its backward `dO ↦ (dq, dk, dv)` (bf16), the inputs and the rows'
+/// log-sum-exp kept for it; no graph is attached (the drafter's taped backward calls it).
+pub fn attend_saving(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    iv: &TrainIntervals,
+    scale: f64,
+) -> Result<(Tensor, Grad3)> {
     let (_, hq, r, d) = q.dims4()?;
     let (_, hkv, t, _) = k.dims4()?;
     if !serves(q, k, v) || iv.n != r || iv.t != t {
@@ -185,7 +198,7 @@ pub fn attend(
         },
     )?;
     let (iv, out) = (iv.clone(), y.clone());
-    with_grad3(q, k, v, y, "training-attention", move |grad| {
+    let bwd = move |grad: &Tensor| {
         if grad.dtype() != DType::BF16 {
             candle_core::bail!(
                 "training attention backward: a bf16 gradient expected, got {:?}",
@@ -207,7 +220,8 @@ pub fn attend(
             packed.narrow(0, nq, nk)?.reshape((1, hkv, t, d))?,
             packed.narrow(0, nq + nk, nk)?.reshape((1, hkv, t, d))?,
         ))
-    })
+    };
+    Ok((y, Box::new(bwd)))
 }
 
 /// Blocks of the dK/dV kernel to aim for over all K/V heads, unless `DFLASH_DKV_BLOCKS` says

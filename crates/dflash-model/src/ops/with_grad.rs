@@ -11,6 +11,9 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 type Bwd1 = dyn Fn(&Tensor, &Tensor) -> Result<Tensor> + Send + Sync;
+/// A backward of three inputs: `g ↦ (da, db, dc)` (the attentions' written backwards, which the
+/// drafter's taped backward calls directly).
+pub type Grad3 = Box<dyn Fn(&Tensor) -> Result<(Tensor, Tensor, Tensor)> + Send + Sync>;
 type Bwd2 = dyn Fn(&Tensor, &Tensor, &Tensor, &Tensor) -> Result<(Tensor, Tensor)> + Send + Sync;
 
 /// `y` with `x`'s graph and the gradient `bwd(y, g)` (for `x`).

@@ -264,7 +264,7 @@ impl<'a> Run<'a> {
                 }
                 let g = {
                     let _p = tracing::info_span!(target: "phase", "backward").entered();
-                    (out.loss / a as f64)?.backward()?
+                    out.backward_over(a as f64)?
                 };
                 stats.extend(row_stats(l, out.weight_sum, &out.counts, positions));
                 Ok(self.td.grads_of(&g))

@@ -181,6 +181,7 @@ impl Drafter {
                 index: &inputs.index,
                 cap: inputs.cap,
             },
+            None,
         )?;
         let rows = h.narrow(1, 1, inputs.block - 1)?;
         let logits = match head {
