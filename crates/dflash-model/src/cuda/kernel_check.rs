@@ -592,18 +592,19 @@ fn silu_mul_grads(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 }
 
 /// The permuted copy ([`crate::ops::permute`]) of a strided view (a narrow of a transposed
-/// `[4, 70, 9, 64]`: an offset and gaps) to the heads-first order, and the gradient of a
-/// weighted sum through it (the inverse permutation): both on the CPU.
-fn permute_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+/// `[4, 70, 9, d]`: an offset and gaps) to the heads-first order, and the gradient of a
+/// weighted sum through it (the inverse permutation): both on the CPU. `d` = 64 takes the
+/// kernel's walk over 16-byte vectors, `d` = 7 its walk over values.
+fn permute_rows(dev: &Device, dtype: DType, d: usize) -> Result<Vec<Tensor>> {
     use crate::ops::permute::permuted_twin;
     let base = Var::from_tensor(
-        &fill(&[4, 70, 9, 64], 51, 1.0)?
+        &fill(&[4, 70, 9, d], 51, 1.0)?
             .to_device(dev)?
             .to_dtype(dtype)?,
     )?;
-    let view = base.as_tensor().transpose(1, 2)?.narrow(2, 5, 60)?; // [4, 9, 60, 64]
-    let y = permuted_twin(&view, &[0, 2, 1, 3])?; // [4, 60, 9, 64]
-    let w = fill(&[4, 60, 9, 64], 52, 1.0)?
+    let view = base.as_tensor().transpose(1, 2)?.narrow(2, 5, 60)?; // [4, 9, 60, d]
+    let y = permuted_twin(&view, &[0, 2, 1, 3])?; // [4, 60, 9, d]
+    let w = fill(&[4, 60, 9, d], 52, 1.0)?
         .to_device(dev)?
         .to_dtype(dtype)?;
     value_and_grads(y, &w, &[&base], "permute")
@@ -854,19 +855,25 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         )?;
     }
     // the permuted copy: the same values, bit for bit
-    for dtype in [DType::F32, DType::BF16] {
+    for (dtype, d) in [
+        (DType::F32, 64),
+        (DType::BF16, 64),
+        (DType::F32, 7),
+        (DType::BF16, 7),
+    ] {
         let (got, want) = (
-            permute_rows(dev, dtype)?,
-            permute_rows(&Device::Cpu, dtype)?,
+            permute_rows(dev, dtype, d)?,
+            permute_rows(&Device::Cpu, dtype, d)?,
         );
-        push_rows(
-            &mut checks,
-            &["permuted copy", "permuted copy backward"],
-            &got,
-            &want,
-            dtype,
-            0.0,
-        )?;
+        let names: &[&str] = if d == 7 {
+            &[
+                "permuted copy, by value",
+                "permuted copy backward, by value",
+            ]
+        } else {
+            &["permuted copy", "permuted copy backward"]
+        };
+        push_rows(&mut checks, names, &got, &want, dtype, 0.0)?;
     }
     // SwiGLU of a stacked gate/up product (the target's MLP on a GPU) against silu_mul's twin
     let stacked = |dev: &Device, dtype: DType| -> Result<Vec<Tensor>> {
@@ -1213,7 +1220,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 143);
+        assert_eq!(checks.len(), 147);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {
