@@ -71,8 +71,8 @@ pub struct LossOutput {
     pub draft_logits: Tensor,
     /// DFlash2: the supervised rows whose label is among the selector's candidates.
     pub selector_covered: Option<usize>,
-    /// The drafter's taped forward (a DFlash drafter): [`LossOutput::backward`] runs its
-    /// written backward after the loss's.
+    /// The drafter's taped forward: [`LossOutput::backward`] runs its written backward after
+    /// the loss's.
     pub tape: Option<Tape>,
 }
 
@@ -180,8 +180,8 @@ pub fn block_loss(
         anchors,
         block,
     };
-    // DFlash drafters: the taped forward, whose written backward follows the loss's
-    // (`LossOutput::backward`); DFlash2: candle's autograd through the traced forward
+    // the taped forward, whose written backward follows the loss's (`LossOutput::backward`);
+    // with DFLASH_TRAIN_TAPE=0, candle's autograd through the traced forward
     let (hidden, tape) = if drafter.trains_taped() {
         let t = drafter.forward_taped(&feats.taps, &emb, layout)?;
         (t.hidden.clone(), Some(t))

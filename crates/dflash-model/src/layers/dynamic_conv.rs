@@ -32,9 +32,13 @@ pub struct DynamicConv {
     group: usize,
 }
 
-/// The post-sublayer taps kept between [`DynamicConv::prepare`] and [`DynamicConv::finish`]:
+/// The dynamic taps of one [`DynamicConv::prepare`]: the pre-sublayer conv's (used there, kept
+/// for a written backward) and the post-sublayer conv's, kept for [`DynamicConv::finish`]; each
 /// `[blocks, block, K, G]`.
-pub struct PostTaps(Tensor);
+pub struct Taps {
+    pub pre: Tensor,
+    pub post: Tensor,
+}
 
 impl DynamicConv {
     pub fn load(
@@ -63,8 +67,8 @@ impl DynamicConv {
     }
 
     /// The pre-sublayer conv of the normed input `n` `[1, rows, H]` (rows in blocks of
-    /// `block`), and the taps of the post-sublayer conv.
-    pub fn prepare(&self, n: &Tensor, block: usize) -> Result<(Tensor, PostTaps)> {
+    /// `block`), and the taps (the post-sublayer conv's for [`DynamicConv::finish`]).
+    pub fn prepare(&self, n: &Tensor, block: usize) -> Result<(Tensor, Taps)> {
         let (_, rows, h) = n.dims3()?;
         if block == 0 || !rows.is_multiple_of(block) {
             bail!("dynamic conv: {rows} rows are not whole blocks of {block}");
@@ -76,12 +80,100 @@ impl DynamicConv {
                 .reshape((rows / block, block, 2, self.kernel, g))?;
         let pre = taps.narrow(2, 0, 1)?.squeeze(2)?;
         let post = taps.narrow(2, 1, 1)?.squeeze(2)?;
-        Ok((self.convolve(n, &pre, 0)?, PostTaps(post)))
+        Ok((self.convolve(n, &pre, 0)?, Taps { pre, post }))
     }
 
     /// The post-sublayer conv of the sublayer's output `z` `[1, rows, H]`.
-    pub fn finish(&self, z: &Tensor, post: PostTaps) -> Result<Tensor> {
-        self.convolve(z, &post.0, 1)
+    pub fn finish(&self, z: &Tensor, taps: &Taps) -> Result<Tensor> {
+        self.convolve(z, &taps.post, 1)
+    }
+
+    /// The conv on the same weights without their graph (a taped training forward).
+    pub fn detached(&self) -> DynamicConv {
+        DynamicConv {
+            base_kernel: self.base_kernel.detach(),
+            kernel_projection: self.kernel_projection.detached(),
+            ..self.clone()
+        }
+    }
+
+    /// The base kernel `[2, K, H]` and the taps' projection (the keys of their gradients).
+    pub fn weights(&self) -> (&Tensor, &Linear) {
+        (&self.base_kernel, &self.kernel_projection)
+    }
+
+    /// The backward of `conv(x, s)` with taps `d` for the upstream `g` (`[1, rows, H]`), on
+    /// values without a graph: `(dx, d base[s] [K, H], dd [blocks, block, K, G])`. With
+    /// `c_o = base[s, o] + D[·, o]` and `x_o` = x shifted down o rows inside each block:
+    /// `dx[t] = Σ_o c_o[t + o] · g[t + o]` (rows past the block's end add nothing),
+    /// `d base[s, o] = Σ_t x_o[t] · g[t]`, `dD[t, o, gi] = Σ_{h ∈ group gi} x_o[t, h] · g[t, h]`.
+    /// Example: K = 2, one block (a, m): dx[a] = c_0[a] g[a] + c_1[m] g[m], dx[m] = c_0[m] g[m].
+    pub fn convolve_grads(
+        &self,
+        x: &Tensor,
+        d: &Tensor,
+        s: usize,
+        g: &Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let (_, rows, h) = x.dims3()?;
+        let (blocks, block, k, gn) = d.dims4()?;
+        let (x3, g3) = (
+            x.detach().reshape((blocks, block, h))?,
+            g.detach().reshape((blocks, block, h))?,
+        );
+        let d = d.detach();
+        let mut dx = g3.zeros_like()?;
+        let mut d_base = Vec::with_capacity(k);
+        let mut dd = Vec::with_capacity(k);
+        for o in 0..self.kernel {
+            if o >= block {
+                d_base.push(Tensor::zeros(h, x.dtype(), x.device())?);
+                dd.push(Tensor::zeros(
+                    (blocks, block, 1, gn),
+                    x.dtype(),
+                    x.device(),
+                )?);
+                continue;
+            }
+            let shifted = if o == 0 {
+                x3.clone()
+            } else {
+                let zeros = Tensor::zeros((blocks, o, h), x.dtype(), x.device())?;
+                Tensor::cat(&[&zeros, &x3.narrow(1, 0, block - o)?], 1)?
+            };
+            let base = self
+                .base_kernel
+                .detach()
+                .narrow(0, s, 1)?
+                .narrow(1, o, 1)?
+                .reshape(h)?;
+            let dyn_o = d
+                .narrow(2, o, 1)?
+                .reshape((blocks, block, gn, 1))?
+                .broadcast_as((blocks, block, gn, self.group))?
+                .reshape((blocks, block, h))?;
+            let xg = (&shifted * &g3)?;
+            d_base.push(xg.reshape((blocks * block, h))?.sum(0)?);
+            dd.push(
+                xg.reshape((blocks, block, gn, self.group))?
+                    .sum(3)?
+                    .reshape((blocks, block, 1, gn))?,
+            );
+            // c_o · g, moved up o rows: row t of dx takes row t + o of the block
+            let cg = (g3.broadcast_mul(&base)? + (dyn_o * &g3)?)?;
+            let up = if o == 0 {
+                cg
+            } else {
+                let zeros = Tensor::zeros((blocks, o, h), x.dtype(), x.device())?;
+                Tensor::cat(&[&cg.narrow(1, o, block - o)?, &zeros], 1)?
+            };
+            dx = (dx + up)?;
+        }
+        Ok((
+            dx.reshape((1, rows, h))?,
+            Tensor::stack(&d_base, 0)?,
+            Tensor::cat(&dd, 2)?,
+        ))
     }
 
     /// `conv(x, s)` with dynamic taps `d` `[blocks, block, K, G]`.
@@ -150,8 +242,8 @@ mod tests {
         let store = TensorStore::new(w, DType::F32, dev.clone());
         let conv = DynamicConv::load(&store, "c", h, k, gs).unwrap();
         let xt = Tensor::from_vec(x.clone(), (1, blocks * block, h), &dev).unwrap();
-        let (pre, post) = conv.prepare(&xt, block).unwrap();
-        let out = conv.finish(&xt, post).unwrap();
+        let (pre, taps) = conv.prepare(&xt, block).unwrap();
+        let out = conv.finish(&xt, &taps).unwrap();
         // D[t, c] = Σ_j proj[c, j] x[t, j]
         let dyn_ = |t: usize, s: usize, o: usize, gi: usize| -> f32 {
             let c = s * k * g + o * g + gi;

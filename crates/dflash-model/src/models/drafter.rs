@@ -615,19 +615,34 @@ impl Drafter {
                     (train_attention::attend(&q, &k, &v, iv, scale)?, None)
                 }
             };
-            let attn_out = a.o_proj.forward(&o)?;
-            let attn_out = match (&layer.attention_conv, attn_post) {
-                (Some(c), Some(post)) => c.finish(&attn_out, post)?,
-                _ => attn_out,
+            let attn_raw = a.o_proj.forward(&o)?;
+            let attn_out = match (&layer.attention_conv, &attn_post) {
+                (Some(c), Some(taps)) => c.finish(&attn_raw, taps)?,
+                _ => attn_raw.clone(),
             };
             let (x1, mn) = add_rms_norm(&x, &attn_out, &layer.post_attention_layernorm)?;
-            let mlp_out = match (&layer.mlp_conv, rec.as_deref_mut()) {
-                (Some(c), _) => {
-                    let (y, post) = c.prepare(&mn, block)?;
-                    c.finish(&layer.mlp.forward(&y)?, post)?
-                }
-                (None, Some(r)) => {
-                    let p = layer.mlp.forward_parts(&mn)?;
+            let mlp_out = match rec.as_deref_mut() {
+                None => match &layer.mlp_conv {
+                    Some(c) => {
+                        let (y, taps) = c.prepare(&mn, block)?;
+                        c.finish(&layer.mlp.forward(&y)?, &taps)?
+                    }
+                    None => layer.mlp.forward(&mn)?,
+                },
+                Some(r) => {
+                    // taped: the MLP's products, and each conv's input, taps and output kept
+                    let (mlp_in, mlp_taps) = match &layer.mlp_conv {
+                        Some(c) => {
+                            let (y, taps) = c.prepare(&mn, block)?;
+                            (y, Some(taps))
+                        }
+                        None => (mn.clone(), None),
+                    };
+                    let p = layer.mlp.forward_parts(&mlp_in)?;
+                    let out = match (&layer.mlp_conv, &mlp_taps) {
+                        (Some(c), Some(taps)) => c.finish(&p.out, taps)?,
+                        _ => p.out.clone(),
+                    };
                     let ((q, k), attn) = match (projections, attn_bwd) {
                         (Some(qk), Some(b)) => (qk, b),
                         _ => bail!("a taped layer without its projections or attention backward"),
@@ -635,6 +650,8 @@ impl Drafter {
                     r.layers.push(tape::LayerTape {
                         x: x.clone(),
                         hn: hn.clone(),
+                        attn_in: hn_in.clone(),
+                        attn_conv: attn_post.map(|t| (t, attn_raw.clone())),
                         kv_in: kv_in.clone(),
                         q,
                         k,
@@ -642,13 +659,14 @@ impl Drafter {
                         o: o.clone(),
                         x1: x1.clone(),
                         mn: mn.clone(),
+                        mlp_in,
+                        mlp_conv: mlp_taps.map(|t| (t, p.out.clone())),
                         gate: p.gate,
                         up: p.up,
                         act: p.act,
                     });
-                    p.out
+                    out
                 }
-                (None, None) => layer.mlp.forward(&mn)?,
             };
             match self.layers.get(i + 1) {
                 Some(next) => (x, hn) = add_rms_norm(&x1, &mlp_out, &next.input_layernorm)?,

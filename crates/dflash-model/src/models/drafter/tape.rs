@@ -15,16 +15,19 @@
 //! windows). Gradients come back keyed by the drafter's own weight tensors, so a trainer reads
 //! them exactly as it reads candle's ([`Tape::backward`] fills a `GradStore`).
 //!
-//! Only DFlash drafters are taped ([`Drafter::tapes`]); DFlash2's convolutions keep candle's
-//! autograd. Example: a 5-layer drafter, 512 anchors of 16: the tape holds per layer the
-//! layer's input, its normed input, `[context | block]` rows, the q/k projections, the
-//! attention's saved state and output, the post-attention residual and norm, and gate, up and
-//! their product; the backward returns 5 × 11 + 3 weight gradients.
+//! DFlash2's dynamic convolutions have theirs written out too
+//! ([`crate::layers::dynamic_conv::DynamicConv::convolve_grads`]); only zero-centred norms (no
+//! drafter has them) would be refused ([`Drafter::tapes`]). Example: a 5-layer DFlash drafter,
+//! 512 anchors of 16: the tape holds per layer the layer's input, its normed input, `[context |
+//! block]` rows, the q/k projections, the attention's saved state and output, the
+//! post-attention residual and norm, and gate, up and their product; the backward returns
+//! 5 × 11 + 3 weight gradients (and a DFlash2 layer's 2 × 2 convs' more).
 
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var};
 
 use super::{DraftLayer, Drafter};
+use crate::layers::dynamic_conv::{DynamicConv, Taps};
 use crate::layers::linear::Linear;
 use crate::layers::mlp::Mlp;
 use crate::layers::norm::RmsNorm;
@@ -37,6 +40,10 @@ pub(crate) struct LayerTape {
     /// the layer's input (the residual stream) and its input norm's output `[1, nb, h]`
     pub x: Tensor,
     pub hn: Tensor,
+    /// the attention's input: `hn`, or (DFlash2) its pre-attention conv; then that conv's taps
+    /// and `o_proj`'s output before the post-attention conv
+    pub attn_in: Tensor,
+    pub attn_conv: Option<(Taps, Tensor)>,
     /// the rows K and V are projected from: `[context | block]` `[1, m + nb, h]`
     pub kv_in: Tensor,
     /// the q and k projections before their per-head norms
@@ -48,6 +55,10 @@ pub(crate) struct LayerTape {
     /// after the attention's residual, and its norm
     pub x1: Tensor,
     pub mn: Tensor,
+    /// the MLP's input: `mn`, or (DFlash2) its pre-MLP conv; then that conv's taps and the
+    /// MLP's output before the post-MLP conv
+    pub mlp_in: Tensor,
+    pub mlp_conv: Option<(Taps, Tensor)>,
     /// the MLP's gate and up products and `silu(gate) · up`
     pub gate: Tensor,
     pub up: Tensor,
@@ -84,16 +95,14 @@ pub struct Tape {
 }
 
 impl Drafter {
-    /// Whether [`Drafter::forward_taped`] takes this drafter: a DFlash drafter (DFlash2's
-    /// convolutions have no written backward here) with plain RMSNorm weights.
+    /// Whether [`Drafter::forward_taped`] takes this drafter: plain RMSNorm weights (every
+    /// DFlash and DFlash2 drafter; zero-centred norms have no written backward).
     pub fn tapes(&self) -> bool {
         self.layers.iter().all(|l| {
-            l.attention_conv.is_none()
-                && l.mlp_conv.is_none()
-                && ![&l.input_layernorm, &l.post_attention_layernorm]
-                    .iter()
-                    .chain([&&l.self_attn.q_norm, &&l.self_attn.k_norm])
-                    .any(|n| n.one_plus)
+            ![&l.input_layernorm, &l.post_attention_layernorm]
+                .iter()
+                .chain([&&l.self_attn.q_norm, &&l.self_attn.k_norm])
+                .any(|n| n.one_plus)
         }) && !self.norm.one_plus
             && !self.hidden_norm.one_plus
     }
@@ -115,7 +124,7 @@ impl Drafter {
         layout: super::DraftLayout<'_>,
     ) -> anyhow::Result<Tape> {
         if !self.tapes() {
-            anyhow::bail!("this drafter has no written backward (DFlash2's convolutions)");
+            anyhow::bail!("this drafter has no written backward (zero-centred norms)");
         }
         if !matches!(layout, super::DraftLayout::Training { .. }) {
             anyhow::bail!("a taped forward takes a training layout");
@@ -188,8 +197,8 @@ fn detached_layer(l: &DraftLayer) -> DraftLayer {
             gate_up: None,
         },
         rule: l.rule,
-        attention_conv: None,
-        mlp_conv: None,
+        attention_conv: l.attention_conv.as_ref().map(DynamicConv::detached),
+        mlp_conv: l.mlp_conv.as_ref().map(DynamicConv::detached),
     }
 }
 
@@ -247,6 +256,55 @@ impl Sink<'_> {
         Ok(())
     }
 
+    /// A sublayer's post-conv backward (DFlash2; `None`: no conv, `g` passes): the gradient of
+    /// the sublayer's raw output, and the post-conv's base-kernel gradient and taps' gradient
+    /// for [`Sink::conv_pre`].
+    fn conv_post(
+        &mut self,
+        conv: Option<&DynamicConv>,
+        saved: &Option<(Taps, Tensor)>,
+        g: &Tensor,
+    ) -> Result<(Tensor, Option<(Tensor, Tensor)>)> {
+        match (conv, saved) {
+            (Some(c), Some((taps, raw))) => {
+                let (d_raw, d_base, d_post) = c.convolve_grads(raw, &taps.post, 1, g)?;
+                Ok((d_raw, Some((d_base, d_post))))
+            }
+            (None, None) => Ok((g.clone(), None)),
+            _ => Err(candle_core::Error::Msg(
+                "taped backward: a conv without its saved taps".into(),
+            )),
+        }
+    }
+
+    /// A sublayer's pre-conv backward from its input `n` and the gradient `g` of the conv's
+    /// output: the base kernel's and the taps' projection's gradients into the store (with
+    /// the post-conv's, `post`), `dn` returned; without a conv `g` itself.
+    fn conv_pre(
+        &mut self,
+        conv: Option<&DynamicConv>,
+        saved: &Option<(Taps, Tensor)>,
+        n: &Tensor,
+        g: &Tensor,
+        post: Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let (c, taps, (d_base1, d_post)) = match (conv, saved, post) {
+            (Some(c), Some((taps, _)), Some(p)) => (c, taps, p),
+            (None, None, None) => return Ok(g.clone()),
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "taped backward: a conv without its saved taps".into(),
+                ))
+            }
+        };
+        let (dn, d_base0, d_pre) = c.convolve_grads(n, &taps.pre, 0, g)?;
+        let (base, proj) = c.weights();
+        self.put(base, Tensor::stack(&[d_base0, d_base1], 0)?)?;
+        // the taps were kernel_projection(n) viewed as [blocks, block, 2, K, G]
+        let d_taps = Tensor::stack(&[d_pre, d_post], 2)?.reshape((1, n.dim(1)?, ()))?;
+        dn + self.linear(proj, n, &d_taps)?
+    }
+
     /// A norm's backward: the weight's gradient into the store, `dx` returned.
     fn norm(&mut self, n: &RmsNorm, x: &Tensor, g: &Tensor) -> Result<Tensor> {
         let (dx, dw) = n.grads(x, g)?;
@@ -271,14 +329,19 @@ impl Tape {
         let mut d_ctx: Option<Tensor> = None;
         for (layer, t) in self.layers.iter().zip(&rec.layers).rev() {
             let a = &layer.self_attn;
-            // MLP: x2 = x1 + down(silu(gate(mn)) · up(mn))
-            let d_act = sink.linear(&layer.mlp.down_proj, &t.act, &dx)?;
+            // MLP: x2 = x1 + post(down(silu(gate(y)) · up(y))), y = pre(mn) (DFlash2's convs;
+            // else y = mn and no post)
+            let (d_raw, post) = sink.conv_post(layer.mlp_conv.as_ref(), &t.mlp_conv, &dx)?;
+            let d_act = sink.linear(&layer.mlp.down_proj, &t.act, &d_raw)?;
             let (d_gate, d_up) = crate::ops::silu_mul::grads(&t.gate, &t.up, &d_act)?;
-            let d_mn = (sink.linear(&layer.mlp.gate_proj, &t.mn, &d_gate)?
-                + sink.linear(&layer.mlp.up_proj, &t.mn, &d_up)?)?;
+            let d_y = (sink.linear(&layer.mlp.gate_proj, &t.mlp_in, &d_gate)?
+                + sink.linear(&layer.mlp.up_proj, &t.mlp_in, &d_up)?)?;
+            let d_mn = sink.conv_pre(layer.mlp_conv.as_ref(), &t.mlp_conv, &t.mn, &d_y, post)?;
             let d_x1 = (&dx + sink.norm(&layer.post_attention_layernorm, &t.x1, &d_mn)?)?;
-            // attention: x1 = x + o_proj(attn(q, k, v))
-            let d_o = sink.linear(&a.o_proj, &t.o, &d_x1)?;
+            // attention: x1 = x + post(o_proj(attn(q, k, v))), q, k, v from pre(hn)
+            let (d_raw, post) =
+                sink.conv_post(layer.attention_conv.as_ref(), &t.attn_conv, &d_x1)?;
+            let d_o = sink.linear(&a.o_proj, &t.o, &d_raw)?;
             let (d_qr, d_kr, d_vr) = (t.attn)(&d_o)?;
             let heads = |d: Tensor, inv: Option<&RopeTables>| -> Result<Tensor> {
                 let d = match inv {
@@ -301,8 +364,14 @@ impl Tape {
             let d_v = d_vh.reshape((1, nkv, hkv * hd))?;
             let d_kv = (sink.linear(&a.k_proj, &t.kv_in, &d_k)?
                 + sink.linear(&a.v_proj, &t.kv_in, &d_v)?)?;
-            let mut d_hn = sink.linear(&a.q_proj, &t.hn, &d_q)?;
-            d_hn = (d_hn + d_kv.narrow(1, m, nb)?)?;
+            let d_in = (sink.linear(&a.q_proj, &t.attn_in, &d_q)? + d_kv.narrow(1, m, nb)?)?;
+            let d_hn = sink.conv_pre(
+                layer.attention_conv.as_ref(),
+                &t.attn_conv,
+                &t.hn,
+                &d_in,
+                post,
+            )?;
             if m > 0 {
                 let c = d_kv.narrow(1, 0, m)?;
                 d_ctx = Some(match d_ctx {
