@@ -97,6 +97,34 @@ impl DynamicConv {
         }
     }
 
+    /// Tap `o` of `conv(·, s)` over `x3` `[blocks, block, H]`: `x` shifted down `o` rows inside
+    /// each block (zeros before its first row), the base tap `base[s, o]` `[H]` and the dynamic
+    /// tap `D[·, o]` spread over its group's channels `[blocks, block, H]`.
+    fn tap(
+        &self,
+        x3: &Tensor,
+        d: &Tensor,
+        base: &Tensor,
+        s: usize,
+        o: usize,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let (blocks, block, h) = x3.dims3()?;
+        let g = d.dim(3)?;
+        let shifted = if o == 0 {
+            x3.clone()
+        } else {
+            let zeros = Tensor::zeros((blocks, o, h), x3.dtype(), x3.device())?;
+            Tensor::cat(&[&zeros, &x3.narrow(1, 0, block - o)?], 1)?
+        };
+        let base = base.narrow(0, s, 1)?.narrow(1, o, 1)?.reshape(h)?;
+        let dyn_o = d
+            .narrow(2, o, 1)?
+            .reshape((blocks, block, g, 1))?
+            .broadcast_as((blocks, block, g, self.group))?
+            .reshape((blocks, block, h))?;
+        Ok((shifted, base, dyn_o))
+    }
+
     /// The base kernel `[2, K, H]` and the taps' projection (the keys of their gradients).
     pub fn weights(&self) -> (&Tensor, &Linear) {
         (&self.base_kernel, &self.kernel_projection)
@@ -121,7 +149,7 @@ impl DynamicConv {
             x.detach().reshape((blocks, block, h))?,
             g.detach().reshape((blocks, block, h))?,
         );
-        let d = d.detach();
+        let (d, base_kernel) = (d.detach(), self.base_kernel.detach());
         let mut dx = g3.zeros_like()?;
         let mut d_base = Vec::with_capacity(k);
         let mut dd = Vec::with_capacity(k);
@@ -135,23 +163,7 @@ impl DynamicConv {
                 )?);
                 continue;
             }
-            let shifted = if o == 0 {
-                x3.clone()
-            } else {
-                let zeros = Tensor::zeros((blocks, o, h), x.dtype(), x.device())?;
-                Tensor::cat(&[&zeros, &x3.narrow(1, 0, block - o)?], 1)?
-            };
-            let base = self
-                .base_kernel
-                .detach()
-                .narrow(0, s, 1)?
-                .narrow(1, o, 1)?
-                .reshape(h)?;
-            let dyn_o = d
-                .narrow(2, o, 1)?
-                .reshape((blocks, block, gn, 1))?
-                .broadcast_as((blocks, block, gn, self.group))?
-                .reshape((blocks, block, h))?;
+            let (shifted, base, dyn_o) = self.tap(&x3, &d, &base_kernel, s, o)?;
             let xg = (&shifted * &g3)?;
             d_base.push(xg.reshape((blocks * block, h))?.sum(0)?);
             dd.push(
@@ -179,27 +191,11 @@ impl DynamicConv {
     /// `conv(x, s)` with dynamic taps `d` `[blocks, block, K, G]`.
     fn convolve(&self, x: &Tensor, d: &Tensor, s: usize) -> Result<Tensor> {
         let (_, rows, h) = x.dims3()?;
-        let (blocks, block, _, g) = d.dims4()?;
+        let (blocks, block, _, _) = d.dims4()?;
         let x3 = x.reshape((blocks, block, h))?;
         let mut y: Option<Tensor> = None;
         for o in 0..self.kernel.min(block) {
-            // x[t - o] inside each block, zeros before its first row
-            let shifted = if o == 0 {
-                x3.clone()
-            } else {
-                let zeros = Tensor::zeros((blocks, o, h), x.dtype(), x.device())?;
-                Tensor::cat(&[&zeros, &x3.narrow(1, 0, block - o)?], 1)?
-            };
-            let base = self
-                .base_kernel
-                .narrow(0, s, 1)?
-                .narrow(1, o, 1)?
-                .reshape(h)?;
-            let dyn_o = d
-                .narrow(2, o, 1)?
-                .reshape((blocks, block, g, 1))?
-                .broadcast_as((blocks, block, g, self.group))?
-                .reshape((blocks, block, h))?;
+            let (shifted, base, dyn_o) = self.tap(&x3, d, &self.base_kernel, s, o)?;
             // z-lab's order: the base term, then the dynamic term, each added on its own
             let term = (shifted.broadcast_mul(&base)? + (dyn_o * &shifted)?)?;
             y = Some(match y {
