@@ -171,61 +171,42 @@ impl InplaceOp2 for Fused {
         with_held::<f32, _>(&self.state, "adamw moments", |mv| {
             by_float!(g.dtype(), "adamw gradient", |T, dt| {
                 let gv = view::<T>(g, l2, "gradient")?;
+                // one launch; `$copy` the compute copy, or (`has` 0) the moments' pointer standing
+                // in, never written
+                macro_rules! fused {
+                    ($copy:expr, $has:expr) => {{
+                        let has: u32 = $has;
+                        launch!(
+                            dev,
+                            "adamw_fused",
+                            dt,
+                            cfg,
+                            wv,
+                            mv,
+                            gv,
+                            n,
+                            b1,
+                            omb1,
+                            b2,
+                            omb2,
+                            scaled,
+                            gs,
+                            ic1,
+                            ic2,
+                            eps,
+                            decay,
+                            lr,
+                            $copy,
+                            has
+                        );
+                    }};
+                }
                 match copy {
                     Some(c) => with_held::<half::bf16, _>(c, "compute copy", |cv| {
-                        let has = 1u32;
-                        launch!(
-                            dev,
-                            "adamw_fused",
-                            dt,
-                            cfg,
-                            wv,
-                            mv,
-                            gv,
-                            n,
-                            b1,
-                            omb1,
-                            b2,
-                            omb2,
-                            scaled,
-                            gs,
-                            ic1,
-                            ic2,
-                            eps,
-                            decay,
-                            lr,
-                            cv,
-                            has
-                        );
+                        fused!(cv, 1);
                         Ok(())
                     })?,
-                    None => {
-                        // no copy: the moments' pointer stands in, never written (`has` 0)
-                        let has = 0u32;
-                        launch!(
-                            dev,
-                            "adamw_fused",
-                            dt,
-                            cfg,
-                            wv,
-                            mv,
-                            gv,
-                            n,
-                            b1,
-                            omb1,
-                            b2,
-                            omb2,
-                            scaled,
-                            gs,
-                            ic1,
-                            ic2,
-                            eps,
-                            decay,
-                            lr,
-                            mv,
-                            has
-                        );
-                    }
+                    None => fused!(mv, 0),
                 }
             });
             Ok(())
