@@ -27,10 +27,32 @@ const TREE8_FLOOR: f64 = 1.76;
 
 #[test]
 fn bundled_drafter_is_lossless_and_above_its_tau_floor() {
+    check(false);
+}
+
+/// The same with the CPU's integer products (`DFLASH_CPU_QUANT=q8`: the target's projections
+/// and the drafter's multiply 8-bit rows): AR's own output is another one, and DFlash and
+/// DDTree-8 equal it token for token; τ above the same floors.
+#[test]
+fn bundled_drafter_with_integer_products_too() {
+    check(true);
+}
+
+fn check(integer: bool) {
+    // SAFETY: this test's process (nextest runs each test alone) reads no other variable
+    // concurrently; the weights are laid out at load time
+    if integer {
+        std::env::set_var("DFLASH_CPU_QUANT", "q8");
+    }
     let lt = smollm2();
     let dir = dflash_model::io::loader::bundled_drafter("smollm2-135m")
         .expect("assets/drafters/smollm2-135m-b16 is part of the repository");
     let d = Drafter::load_dir(&dir, &lt.target).unwrap();
+    std::env::remove_var("DFLASH_CPU_QUANT");
+    if integer && dflash_model::cpu::panels::Panels::supported() {
+        let formats = lt.target.bytes_read_by_format();
+        assert!(formats.iter().any(|(f, _)| f.contains("q8")), "{formats:?}");
+    }
     assert_eq!((d.block_size, d.num_layers()), (16, 5));
     let (mut chain_rounds, mut tree_rounds) = (Vec::new(), Vec::new());
     for p in PROMPTS {
@@ -64,7 +86,9 @@ fn bundled_drafter_is_lossless_and_above_its_tau_floor() {
         summarize(&r.iter().map(|x| x.as_slice()).collect::<Vec<_>>()).tau_pooled
     };
     let (chain_tau, tree_tau) = (pooled(&chain_rounds), pooled(&tree_rounds));
-    eprintln!("bundled drafter: DFlash τ {chain_tau:.3}, DDTree-8 τ {tree_tau:.3}");
+    eprintln!(
+        "bundled drafter (integer products: {integer}): DFlash τ {chain_tau:.3}, DDTree-8 τ {tree_tau:.3}"
+    );
     assert!(
         chain_tau >= CHAIN_FLOOR,
         "DFlash τ {chain_tau:.3} < floor {CHAIN_FLOOR}"

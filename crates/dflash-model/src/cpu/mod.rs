@@ -3,6 +3,7 @@
 
 pub mod helpers;
 pub mod panels;
+pub mod q8;
 pub mod quant;
 pub mod row_attention;
 pub(crate) mod vexp;

@@ -20,6 +20,7 @@
 //! each); a 16-row verify `x` `[16, 576]` runs 96 panels × 576 steps × 16 FMAs of 16 lanes;
 //! 20 rows run as a block of 16 and a block of 4 on each panel (the panel then comes from L1/L2).
 
+use crate::cpu::q8::{self, IntKind};
 use crate::cpu::quant::{QuantBlocks, QuantKind, Q4_1_BYTES, Q8_0_BYTES, QBLOCK};
 pub use crate::cpu::Isa;
 
@@ -59,6 +60,9 @@ pub struct Panels {
 /// steps `d1` and `−m1` as f32 (128 bytes) then the 32 steps' 4-bit values as for Q4_1 (384
 /// bytes per 512 weights); Q6_K per 16 steps `d · sc` as f32 (64 bytes) then the 16 steps' i8
 /// values (320 bytes per 256 weights).
+///
+/// Or, for the integer products ([`crate::cpu::q8`], `DFLASH_CPU_QUANT=q8`), Q4_1 and Q8_0
+/// (Q4_0, Q5_0) blocks re-laid for `vpdpbusd`: the same bytes per weight, 4 steps per lane.
 #[derive(Debug)]
 enum PanelData {
     F32(Vec<f32>),
@@ -67,6 +71,7 @@ enum PanelData {
     Q8_0(Vec<Q80>),
     Q4K(Vec<Q4Kb>),
     Q6K(Vec<Q6Kb>),
+    Int(IntKind, Vec<u8>),
 }
 
 /// The byte types of the quantized panels: one per layout, so that each picks its kernel
@@ -100,10 +105,22 @@ impl Panels {
         Isa::detect().is_some()
     }
 
-    /// Re-lays `w` (`n × k`, row-major, as in the safetensors), panels in parallel.
+    /// Re-lays `w` (`n × k`, row-major, as in the safetensors), panels in parallel; with
+    /// `DFLASH_CPU_QUANT=q8` ([`q8::enabled`]) a weight whose `k` is a multiple of 32 is
+    /// quantized to Q8_0 blocks ([`QuantBlocks::quantize_q8_0`]) for the integer products.
     /// Example: n = 18, k = 2 → 2 panels; panel 1 = `[w[16][0], w[17][0], 0 × 14, w[16][1],
     /// w[17][1], 0 × 14]`.
     pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        if q8::enabled() && k.is_multiple_of(QBLOCK) && k > 0 {
+            if let Some(p) = Self::pack_integer(&QuantBlocks::quantize_q8_0(w, n, k)) {
+                return p;
+            }
+        }
+        Self::pack_f32(w, n, k)
+    }
+
+    /// [`Self::pack`] without the integer products: f32 or bf16 panels.
+    pub fn pack_f32(w: &[f32], n: usize, k: usize) -> Self {
         use rayon::prelude::*;
         assert_eq!(
             w.len(),
@@ -137,8 +154,19 @@ impl Panels {
     /// Re-lays a weight's quantized blocks (see [`PanelData`]), panels in parallel; the
     /// padding columns of the last panel are zeros (d = m = 0). Each source block (32 weights,
     /// or a K-quant's 256) of column `c` is decoded once and written into its panel blocks
-    /// ([`write_block`]).
+    /// ([`write_block`]). With `DFLASH_CPU_QUANT=q8` ([`q8::enabled`]) Q4_1 and Q8_0 (Q4_0,
+    /// Q5_0) weights are laid out for the integer products instead ([`Self::pack_integer`]).
     pub fn pack_quantized(q: &QuantBlocks) -> Self {
+        if q8::enabled() {
+            if let Some(p) = Self::pack_integer(q) {
+                return p;
+            }
+        }
+        Self::pack_exact(q)
+    }
+
+    /// The panels of the exact products (see [`Self::pack_quantized`]).
+    pub fn pack_exact(q: &QuantBlocks) -> Self {
         use rayon::prelude::*;
         let (n, k) = (q.n, q.k);
         let (per_block, steps) = match q.kind {
@@ -172,6 +200,112 @@ impl Panels {
             QuantKind::Q6K => PanelData::Q6K(data.into_iter().map(Q6Kb).collect()),
         };
         Self { data, n, k }
+    }
+
+    /// Q4_1 and Q8_0 (Q4_0, Q5_0) blocks laid out for the integer products ([`crate::cpu::q8`]:
+    /// 4 steps of a column per 32-bit lane); `None` for the K-quants, which keep the exact
+    /// kernels. Panels in parallel; the last panel's padding columns are zeros.
+    pub fn pack_integer(q: &QuantBlocks) -> Option<Self> {
+        use rayon::prelude::*;
+        let kind = match q.kind {
+            QuantKind::Q4_1 => IntKind::Nibbles,
+            QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q5_0 => IntKind::Signed,
+            QuantKind::Q4K | QuantKind::Q6K => return None,
+        };
+        let (n, k, per) = (q.n, q.k, kind.block_bytes());
+        let (src_bytes, blocks) = (q.kind.block_bytes(), k / QBLOCK);
+        let mut data = vec![0u8; n.div_ceil(PANEL) * blocks * per];
+        data.par_chunks_mut((blocks * per).max(1))
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for c in 0..PANEL.min(n - p * PANEL) {
+                    let row = p * PANEL + c;
+                    for b in 0..blocks {
+                        let src = &q.bytes[(row * blocks + b) * src_bytes..][..src_bytes];
+                        let dst = &mut panel[b * per..][..per];
+                        let mut vals = [0i32; QBLOCK];
+                        if kind == IntKind::Nibbles {
+                            let (_, _, v) = q.kind.affine_block(src)[0];
+                            vals.iter_mut().zip(v).for_each(|(o, v)| *o = v as i32);
+                            kind.put(dst, c, [src[0], src[1]], [src[2], src[3]], &vals);
+                        } else {
+                            let (d, v) = q.kind.signed_block(src);
+                            vals.iter_mut().zip(v).for_each(|(o, v)| *o = v as i32);
+                            kind.put(dst, c, d, [0; 2], &vals);
+                        }
+                    }
+                }
+                // padding columns: weight 0 (a Q8_0 panel stores it as 128)
+                for c in PANEL.min(n - p * PANEL)..PANEL {
+                    for b in 0..blocks {
+                        kind.put(
+                            &mut panel[b * per..][..per],
+                            c,
+                            [0; 2],
+                            [0; 2],
+                            &[0; QBLOCK],
+                        );
+                    }
+                }
+            });
+        Some(Self {
+            data: PanelData::Int(kind, data),
+            n,
+            k,
+        })
+    }
+
+    /// The panels of rows `ids` of `W` (a drafter's vocabulary head over a quantized LM head):
+    /// the same blocks, so the same values and products, at the quantized size; `None` for
+    /// layouts other than Q8_0's (the caller dequantizes the rows). Panics if an id is not a
+    /// row (callers check).
+    pub fn select_rows(&self, ids: &[u32]) -> Option<Panels> {
+        let (k, nb) = (self.k, self.k / QBLOCK);
+        let per = match &self.data {
+            PanelData::Q8_0(_) => Q8_0_PANEL_BLOCK,
+            PanelData::Int(kind, _) => kind.block_bytes(),
+            _ => return None,
+        };
+        let src = match &self.data {
+            PanelData::Q8_0(d) => as_bytes(d),
+            PanelData::Int(_, d) => d.as_slice(),
+            _ => return None,
+        };
+        let mut out = vec![0u8; ids.len().div_ceil(PANEL) * nb * per];
+        for (j, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            assert!(id < self.n, "Panels::select_rows: row {id} of {}", self.n);
+            let (sp, sc, dp, dc) = (id / PANEL, id % PANEL, j / PANEL, j % PANEL);
+            for b in 0..nb {
+                let s = &src[(sp * nb + b) * per..][..per];
+                let dst = &mut out[(dp * nb + b) * per..][..per];
+                match &self.data {
+                    PanelData::Int(kind, _) => {
+                        let mut vals = [0i32; QBLOCK];
+                        for (step, v) in vals.iter_mut().enumerate() {
+                            *v = kind.value(s, sc, step).0;
+                        }
+                        let (d, m) = ([s[2 * sc], s[2 * sc + 1]], [s[32 + 2 * sc], s[33 + 2 * sc]]);
+                        kind.put(dst, dc, d, m, &vals);
+                    }
+                    _ => {
+                        dst[2 * dc..2 * dc + 2].copy_from_slice(&s[2 * sc..2 * sc + 2]);
+                        for step in 0..QBLOCK {
+                            dst[32 + step * 16 + dc] = s[32 + step * 16 + sc];
+                        }
+                    }
+                }
+            }
+        }
+        let data = match &self.data {
+            PanelData::Int(kind, _) => PanelData::Int(*kind, out),
+            _ => PanelData::Q8_0(out.into_iter().map(Q80).collect()),
+        };
+        Some(Panels {
+            data,
+            n: ids.len(),
+            k,
+        })
     }
 
     /// Row `j` of `W` (`k` values) as the products use it: the f32 or bf16 value, or the
@@ -225,6 +359,13 @@ impl Panels {
             PanelData::Q6K(d) => bytes(as_bytes(d), Q6K_PANEL_BLOCK, 16, out, &|b, s| {
                 (b[64 + s * 16 + c] as i8) as f32 * f32_at(b, 4 * c)
             }),
+            PanelData::Int(kind, d) => bytes(d, kind.block_bytes(), QBLOCK, out, &|b, s| {
+                let (q, d, m) = kind.value(b, c, s);
+                match kind {
+                    IntKind::Nibbles => q as f32 * d + m,
+                    IntKind::Signed => q as f32 * d,
+                }
+            }),
         }
     }
 
@@ -248,6 +389,7 @@ impl Panels {
             PanelData::Q8_0(d) => d.len(),
             PanelData::Q4K(d) => d.len(),
             PanelData::Q6K(d) => d.len(),
+            PanelData::Int(_, d) => d.len(),
         }
     }
 
@@ -262,10 +404,13 @@ impl Panels {
             PanelData::Q8_0(_) => w / QBLOCK * Q8_0_BYTES, // Q4_0 and Q5_0 too, held as Q8_0
             PanelData::Q4K(_) => w / (QBLOCK * 16) * Q4K_PANEL_BLOCK,
             PanelData::Q6K(_) => w / (16 * 16) * Q6K_PANEL_BLOCK,
+            PanelData::Int(IntKind::Nibbles, _) => w / QBLOCK * Q4_1_BYTES,
+            PanelData::Int(IntKind::Signed, _) => w / QBLOCK * Q8_0_BYTES,
         }
     }
 
-    /// The panels' value format: "f32", "bf16", "Q4_1", "Q8_0" (Q4_0 and Q5_0 too), "Q4_K" or "Q6_K".
+    /// The panels' value format: "f32", "bf16", "Q4_1", "Q8_0" (Q4_0 and Q5_0 too), "Q4_K" or
+    /// "Q6_K"; "Q4_1 q8" or "Q8_0 q8" for the integer products.
     pub fn format(&self) -> &'static str {
         match self.data {
             PanelData::F32(_) => "f32",
@@ -274,7 +419,14 @@ impl Panels {
             PanelData::Q8_0(_) => "Q8_0",
             PanelData::Q4K(_) => "Q4_K",
             PanelData::Q6K(_) => "Q6_K",
+            PanelData::Int(IntKind::Nibbles, _) => "Q4_1 q8",
+            PanelData::Int(IntKind::Signed, _) => "Q8_0 q8",
         }
+    }
+
+    /// Whether the products quantize their input rows ([`crate::cpu::q8`]).
+    pub fn is_integer(&self) -> bool {
+        matches!(self.data, PanelData::Int(..))
     }
 
     /// Whether the weights stream from quantized blocks.
@@ -318,13 +470,65 @@ impl Panels {
             PanelData::Q8_0(d) => self.matmul_of(isa, d, x, rows),
             PanelData::Q4K(d) => self.matmul_of(isa, d, x, rows),
             PanelData::Q6K(d) => self.matmul_of(isa, d, x, rows),
+            PanelData::Int(kind, d) => self.matmul_int(isa, *kind, d, x, rows),
+        }
+    }
+
+    /// The integer products ([`crate::cpu::q8`]): the rows quantized once, then each panel's
+    /// blocks of rows on [`q8::IntIsa::for_isa`]'s kernel.
+    fn matmul_int(&self, isa: Isa, kind: IntKind, data: &[u8], x: &[f32], rows: usize) -> Vec<f32> {
+        let (n, k) = (self.n, self.k);
+        let a = q8::quantize_rows(x, rows, k);
+        let ii = q8::IntIsa::for_isa(isa);
+        let mut y = vec![0f32; rows * n];
+        let out = SyncPtr(y.as_mut_ptr());
+        let len = k / QBLOCK * kind.block_bytes();
+        let run = |range: std::ops::Range<usize>| {
+            let y = out.ptr();
+            for p in range {
+                let cols = PANEL.min(n - p * PANEL);
+                let panel = &data[p * len..][..len];
+                let mut r0 = 0;
+                while r0 < rows {
+                    let r = ii.block_rows().min(rows - r0);
+                    let y = y.wrapping_add(r0 * n + p * PANEL);
+                    // SAFETY: the CPU runs `isa` (checked by matmul_on) and so `ii`; the block
+                    // writes y[r0..r0+r, 16p..16p+cols] only, disjoint from every other chunk's
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        q8::block(ii, kind, &a, r0, r, panel, y, n, cols)
+                    };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    {
+                        let _ = (y, panel, cols, &a);
+                    }
+                    r0 += r;
+                }
+            }
+        };
+        self.over_panels(rows, &run);
+        y
+    }
+
+    /// `run` over every panel: on the calling thread for a small product, else in chunks of
+    /// panels (≈ 8 per thread) on the calling thread and [`crate::cpu::helpers`].
+    fn over_panels(&self, rows: usize, run: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+        let panels = self.n.div_ceil(PANEL);
+        if rows * self.n * self.k < INLINE_FMAS {
+            run(0..panels);
+        } else {
+            let chunk = panels
+                .div_ceil(rayon::current_num_threads().max(1) * 8)
+                .max(1);
+            crate::cpu::helpers::for_each_chunk(panels.div_ceil(chunk), &|c| {
+                run(c * chunk..((c + 1) * chunk).min(panels))
+            });
         }
     }
 
     fn matmul_of<E: Stream>(&self, isa: Isa, data: &[E], x: &[f32], rows: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         let mut y = vec![0f32; rows * n];
-        let panels = n.div_ceil(PANEL);
         let out = SyncPtr(y.as_mut_ptr());
         // rows per block: 16 accumulators and a weight vector within AVX-512's 32 registers;
         // 6 × 2 halves and a weight's 2 within AVX2's 16
@@ -359,17 +563,7 @@ impl Panels {
                 }
             }
         };
-        if rows * n * k < INLINE_FMAS {
-            run(0..panels);
-        } else {
-            // chunks of panels, ≈ 8 per thread, on the calling thread and the helpers
-            let chunk = panels
-                .div_ceil(rayon::current_num_threads().max(1) * 8)
-                .max(1);
-            crate::cpu::helpers::for_each_chunk(panels.div_ceil(chunk), &|c| {
-                run(c * chunk..((c + 1) * chunk).min(panels))
-            });
-        }
+        self.over_panels(rows, &run);
         y
     }
 }
@@ -1054,6 +1248,109 @@ mod tests {
                 let x = values(rows * k, 9);
                 let (a, b) = (half.matmul_on(isa, &x, rows), full.matmul_on(isa, &x, rows));
                 assert_eq!(a, b, "{isa:?}: rows {rows}");
+            }
+        }
+    }
+
+    /// The integer products ([`q8`]): the panels hold the loader's values (their rows, for
+    /// embeddings); on every ISA the CPU runs, every block of rows gives the scalar twin's bits
+    /// (and so a row the same bits alone and among others); the outputs are the exact
+    /// products within the 8-bit rows' rounding (half a step of each block's scale per input,
+    /// times Σ |w| of the block) plus f32 rounding; K-quants have no integer layout.
+    #[test]
+    fn integer_panels_equal_their_scalar_twin() {
+        assert!(Panels::pack_integer(&k_quantized(QuantKind::Q4K, 17, 256, 1)).is_none());
+        for kind in [
+            QuantKind::Q4_1,
+            QuantKind::Q8_0,
+            QuantKind::Q4_0,
+            QuantKind::Q5_0,
+        ] {
+            let (n, k) = (37usize, 96usize);
+            let q = quantized(kind, n, k, 9);
+            let p = Panels::pack_integer(&q).unwrap();
+            assert!(p.is_quantized() && p.is_integer());
+            let w: Vec<f32> = (0..n)
+                .flat_map(|r| (0..k).map(move |c| (r, c)))
+                .map(|(r, c)| q.value(r, c))
+                .collect();
+            assert!(
+                p.dense()
+                    .iter()
+                    .zip(&w)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{kind:?}: dense"
+            );
+            let PanelData::Int(ik, data) = &p.data else {
+                panic!("integer panels")
+            };
+            let len = k / QBLOCK * ik.block_bytes();
+            for rows in [1usize, 3, 4, 5, 16, 17, 33] {
+                let mut x = values(rows * k, rows as u32 + 5);
+                x[..QBLOCK].iter_mut().for_each(|v| *v = 0.0); // an all-zero block
+                let a = q8::quantize_rows(&x, rows, k);
+                let mut twin = vec![0f32; rows * n];
+                for pp in 0..n.div_ceil(PANEL) {
+                    let cols = PANEL.min(n - pp * PANEL);
+                    let mut t = vec![0f32; rows * PANEL];
+                    q8::block_scalar(
+                        *ik,
+                        &a,
+                        0,
+                        rows,
+                        &data[pp * len..][..len],
+                        &mut t,
+                        PANEL,
+                        cols,
+                    );
+                    for r in 0..rows {
+                        twin[r * n + pp * PANEL..][..cols].copy_from_slice(&t[r * PANEL..][..cols]);
+                    }
+                }
+                // rows of W (a vocabulary head) keep their blocks: the same columns' bits
+                let ids = [36u32, 0, 17, 16];
+                let sel = p.select_rows(&ids).unwrap();
+                assert!(sel.is_integer() && sel.resident_bytes() == len);
+                for isa in Isa::available() {
+                    let got = p.matmul_on(isa, &x, rows);
+                    assert!(
+                        got.iter()
+                            .zip(&twin)
+                            .all(|(u, v)| u.to_bits() == v.to_bits()),
+                        "{kind:?} on {isa:?}: {rows} rows differ from the twin"
+                    );
+                    let part = sel.matmul_on(isa, &x, rows);
+                    for r in 0..rows {
+                        for (j, &id) in ids.iter().enumerate() {
+                            let (a, b) = (part[r * ids.len() + j], got[r * n + id as usize]);
+                            assert_eq!(a.to_bits(), b.to_bits(), "{kind:?}: row {id}");
+                        }
+                    }
+                }
+                let exact = naive(&x, &w, rows, n, k);
+                for r in 0..rows {
+                    for j in 0..n {
+                        let mut bound = 0f64;
+                        let mut mag = 0f64;
+                        for b in 0..k / QBLOCK {
+                            let xs = &x[r * k + b * QBLOCK..][..QBLOCK];
+                            let ws = &w[j * k + b * QBLOCK..][..QBLOCK];
+                            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                            let wsum: f64 = ws.iter().map(|v| v.abs() as f64).sum();
+                            bound += amax / 254.0 * 1.0001 * wsum;
+                            mag += xs
+                                .iter()
+                                .zip(ws)
+                                .map(|(a, b)| (a * b).abs() as f64)
+                                .sum::<f64>();
+                        }
+                        let err = (twin[r * n + j] as f64 - exact[r * n + j]).abs();
+                        assert!(
+                            err <= bound + 1e-5 * mag + 1e-6,
+                            "{kind:?} [{r}, {j}]: error {err} over the bound {bound}"
+                        );
+                    }
+                }
             }
         }
     }

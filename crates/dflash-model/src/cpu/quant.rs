@@ -193,6 +193,34 @@ impl QuantBlocks {
         Ok(Self { kind, n, k, bytes })
     }
 
+    /// `w` (`n × k` f32, row-major, `k` a multiple of 32) quantized to Q8_0 blocks as
+    /// llama.cpp's reference does: per 32 values `d = max |w| / 127` (stored as f16), `q =
+    /// round(w · (1 / d))` with `d` in f32 (half away from zero; 0 where `d` = 0). Example:
+    /// [127, −63.5, 0.5, 0, …] → d = 1, q = [127, −64, 1, 0, …].
+    pub fn quantize_q8_0(w: &[f32], n: usize, k: usize) -> Self {
+        assert!(
+            k.is_multiple_of(QBLOCK) && w.len() == n * k,
+            "quantize_q8_0: [{n}, {k}]"
+        );
+        let mut bytes = Vec::with_capacity(n * k / QBLOCK * Q8_0_BYTES);
+        for blk in w.chunks_exact(QBLOCK) {
+            let a = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = a / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            bytes.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            bytes.extend(
+                blk.iter()
+                    .map(|&v| (v * inv).round().clamp(-127.0, 127.0) as i8 as u8),
+            );
+        }
+        Self {
+            kind: QuantKind::Q8_0,
+            n,
+            k,
+            bytes,
+        }
+    }
+
     /// The same blocks with their rows reordered: row `i` of the result is row `from[i]`.
     pub fn with_rows(&self, from: &[usize]) -> Self {
         let row = self.k / self.kind.block_weights() * self.kind.block_bytes();
@@ -257,7 +285,8 @@ impl QuantBlocks {
 }
 
 /// Whether GGUF weights are streamed from their blocks on the CPU (`DFLASH_CPU_QUANT=0` keeps
-/// the f32 panels, for comparisons).
+/// the f32 panels, for comparisons; `q8` streams them into integer products,
+/// [`crate::cpu::q8`]; unset or any other value, the exact products).
 pub fn streaming() -> bool {
     std::env::var("DFLASH_CPU_QUANT").map_or(true, |v| v != "0")
 }
@@ -283,6 +312,19 @@ mod tests {
         let q = QuantBlocks::new(QuantKind::Q8_0, 1, 32, b).unwrap();
         assert_eq!(q.value(0, 0), -1.5);
         assert_eq!(q.value(0, 1), 0.0);
+        // quantize_q8_0's example
+        let mut w = vec![0f32; 64];
+        w[..3].copy_from_slice(&[127.0, -63.5, 0.5]);
+        w[32] = -0.25;
+        let q = QuantBlocks::quantize_q8_0(&w, 2, 32);
+        assert_eq!((q.n, q.k, q.bytes.len()), (2, 32, 2 * Q8_0_BYTES));
+        assert_eq!(
+            (0..4).map(|c| q.value(0, c)).collect::<Vec<_>>(),
+            [127.0, -64.0, 1.0, 0.0]
+        );
+        // d = 0.25 / 127 is stored as an f16
+        let d = half::f16::from_f32(0.25 / 127.0).to_f32();
+        assert_eq!(q.value(1, 0), -127.0 * d);
     }
 
     /// Every format's values are candle's dequantization of the same bytes (the loader's

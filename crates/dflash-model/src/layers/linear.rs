@@ -46,12 +46,26 @@ impl Linear {
     /// panels here, at load time (≈ 0.2 s for SmolLM2's 135 M weights on 2 cores), not in the
     /// first forward. (Reading the values cannot fail for a CPU tensor; if it did, the layer
     /// would keep candle's matmul, slower and equal.)
+    /// With `DFLASH_CPU_QUANT=q8` the panels multiply 8-bit rows ([`Panels::pack`]).
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self::packed(weight, bias, crate::cpu::q8::enabled())
+    }
+
+    /// [`Linear::new`] with exact f32 products whatever `DFLASH_CPU_QUANT` says (an LM head:
+    /// its arg-max decides the tokens).
+    pub fn new_exact(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self::packed(weight, bias, false)
+    }
+
+    fn packed(weight: Tensor, bias: Option<Tensor>, integer: bool) -> Self {
         let panels = packable(&weight)
             .then(|| {
                 let (n, k) = weight.dims2().ok()?;
                 let values: Vec<f32> = weight.flatten_all().ok()?.to_vec1().ok()?;
-                Some(Arc::new(Panels::pack(&values, n, k)))
+                Some(Arc::new(match integer {
+                    true => Panels::pack(&values, n, k),
+                    false => Panels::pack_f32(&values, n, k),
+                }))
             })
             .flatten();
         Self {
@@ -65,19 +79,40 @@ impl Linear {
     /// runs the panels' kernels, the panels stream the blocks and `weight` is never called
     /// (the weight is held once, at about the GGUF's size); elsewhere [`Linear::new`] of
     /// `weight()`, its dequantization.
+    /// With `DFLASH_CPU_QUANT=q8` the panels multiply 8-bit rows ([`Panels::pack_quantized`]).
     pub fn from_blocks(
         q: &QuantBlocks,
         bias: Option<Tensor>,
         weight: impl FnOnce() -> anyhow::Result<Tensor>,
     ) -> anyhow::Result<Self> {
+        Self::from_blocks_with(q, bias, weight, crate::cpu::q8::enabled())
+    }
+
+    /// [`Linear::from_blocks`] with exact products whatever `DFLASH_CPU_QUANT` says (an LM
+    /// head).
+    pub fn from_blocks_exact(
+        q: &QuantBlocks,
+        bias: Option<Tensor>,
+        weight: impl FnOnce() -> anyhow::Result<Tensor>,
+    ) -> anyhow::Result<Self> {
+        Self::from_blocks_with(q, bias, weight, false)
+    }
+
+    fn from_blocks_with(
+        q: &QuantBlocks,
+        bias: Option<Tensor>,
+        weight: impl FnOnce() -> anyhow::Result<Tensor>,
+        integer: bool,
+    ) -> anyhow::Result<Self> {
         Ok(if Panels::supported() {
+            let integer = integer.then(|| Panels::pack_integer(q)).flatten();
             Self {
                 weight: None,
                 bias,
-                panels: Some(Arc::new(Panels::pack_quantized(q))),
+                panels: Some(Arc::new(integer.unwrap_or_else(|| Panels::pack_exact(q)))),
             }
         } else {
-            Self::new(weight()?, bias)
+            Self::packed(weight()?, bias, false)
         })
     }
 
@@ -114,23 +149,35 @@ impl Linear {
             Some(b) => Some(b.index_select(&Tensor::new(ids, b.device())?, 0)?),
             None => None,
         };
+        // the rows multiply as this layer's do (integer or exact products)
+        let integer = self.panels.as_ref().is_some_and(|p| p.is_integer());
         match (&self.weight, &self.panels) {
             (Some(w), _) => {
                 let idx = Tensor::new(ids, w.device())?;
-                Ok(Linear::new(w.index_select(&idx, 0)?.contiguous()?, bias))
+                let rows = w.index_select(&idx, 0)?.contiguous()?;
+                Ok(Linear::packed(rows, bias, integer))
             }
             (None, Some(p)) => {
+                if let Some(&id) = ids.iter().find(|&&id| id as usize >= p.out_features()) {
+                    candle_core::bail!("Linear::select_rows: row {id} of {}", p.out_features());
+                }
+                if let Some(sel) = p.select_rows(ids) {
+                    // the same Q8_0 blocks (the head's own values), at their size
+                    return Ok(Linear {
+                        weight: None,
+                        bias,
+                        panels: Some(Arc::new(sel)),
+                    });
+                }
                 let k = p.in_features();
                 let mut w = vec![0f32; ids.len() * k];
                 for (row, &id) in w.chunks_mut(k.max(1)).zip(ids) {
-                    if id as usize >= p.out_features() {
-                        candle_core::bail!("Linear::select_rows: row {id} of {}", p.out_features());
-                    }
                     p.row_into(id as usize, row);
                 }
-                Ok(Linear::new(
+                Ok(Linear::packed(
                     Tensor::from_vec(w, (ids.len(), k), &Device::Cpu)?,
                     bias,
+                    integer,
                 ))
             }
             (None, None) => candle_core::bail!("Linear: neither a weight nor panels"),
@@ -278,6 +325,8 @@ fn product_phase(format: &str) -> tracing::Span {
         "Q8_0" => tracing::info_span!(target: "phase", "proj Q8_0"),
         "Q4_K" => tracing::info_span!(target: "phase", "proj Q4_K"),
         "Q6_K" => tracing::info_span!(target: "phase", "proj Q6_K"),
+        "Q4_1 q8" => tracing::info_span!(target: "phase", "proj Q4_1 q8"),
+        "Q8_0 q8" => tracing::info_span!(target: "phase", "proj Q8_0 q8"),
         _ => tracing::info_span!(target: "phase", "proj tensor"),
     }
 }
@@ -659,7 +708,8 @@ mod tests {
     }
 
     /// A layer that streams quantized panels holds no f32 weight, and still gives it: `weight()`
-    /// (dequantized from the panels), `select_rows` (the same bits as the full layer's columns)
+    /// (dequantized from the panels), `select_rows` (its Q8_0 blocks, the same bits as the full
+    /// layer's columns)
     /// and a tracked input's forward (candle's matmul of the dequantized weight).
     #[test]
     fn a_quantized_layer_holds_its_weight_once() {
@@ -694,13 +744,10 @@ mod tests {
         let x = Tensor::randn(0f32, 1., (3, k), &Device::Cpu).unwrap();
         let full: Vec<Vec<f32>> = l.forward(&x).unwrap().to_vec2().unwrap();
         let ids = [7u32, 0, 19];
-        let part: Vec<Vec<f32>> = l
-            .select_rows(&ids)
-            .unwrap()
-            .forward(&x)
-            .unwrap()
-            .to_vec2()
-            .unwrap();
+        let sel = l.select_rows(&ids).unwrap();
+        // the rows keep their Q8_0 blocks: one panel of 16 columns, 32 + 32 × 16 bytes per block
+        assert!(sel.is_quantized() && sel.weight_bytes_held() == k / 32 * (32 + 32 * 16));
+        let part: Vec<Vec<f32>> = sel.forward(&x).unwrap().to_vec2().unwrap();
         for (fr, pr) in full.iter().zip(&part) {
             for (j, &id) in ids.iter().enumerate() {
                 assert_eq!(fr[id as usize].to_bits(), pr[j].to_bits());

@@ -230,9 +230,11 @@ impl Target {
             embed_name
         };
         let vocab_shape = [config.vocab_size, h];
+        // exact products under `DFLASH_CPU_QUANT=q8` too: 8-bit rows move SmolLM2's last
+        // logits by 6 % and flip its arg-max (tests/gguf_targets.rs)
         let lm_head = match store.quant(head_name, &vocab_shape) {
-            Some(q) => Linear::from_blocks(&q, None, || store.get(head_name, &vocab_shape))?,
-            None => Linear::new(store.get(head_name, &vocab_shape)?, None),
+            Some(q) => Linear::from_blocks_exact(&q, None, || store.get(head_name, &vocab_shape))?,
+            None => Linear::new_exact(store.get(head_name, &vocab_shape)?, None),
         };
         // quantized embeddings are looked up from panels: the tied LM head's, or their own
         let embed_tokens = match (lm_head.panels(), store.quant(embed_name, &vocab_shape)) {
