@@ -55,6 +55,13 @@ impl Mlp {
                 .in_scope(|| crate::ops::silu_mul::silu_mul_stacked(&y, inter))?;
             return self.down_proj.forward(&a);
         }
+        if crate::cpu::swiglu::serves(x) {
+            // inference on the CPU: the gate in one pass on the calling thread
+            let (g, u) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
+            let a = tracing::info_span!(target: "phase", "mlp silu · up")
+                .in_scope(|| crate::cpu::swiglu::silu_mul(&g, &u))?;
+            return self.down_proj.forward(&a);
+        }
         Ok(self.forward_parts(x)?.out)
     }
 
