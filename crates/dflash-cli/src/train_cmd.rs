@@ -302,6 +302,11 @@ pub struct TrainArgs {
     /// are the same either way; only the time changes.
     #[arg(long, default_value_t = 8192)]
     pub feature_cache_mb: usize,
+    /// Append each step's rows (ids, loss mask, packed sequences, anchors, learning rate) to
+    /// this JSON-lines file, for a reference trainer taking the same steps
+    /// (bench/train_reference_run.py).
+    #[arg(long)]
+    pub plan_out: Option<PathBuf>,
     /// Train on this many GPUs of this node, one process (rank) each, the gradients summed
     /// through NCCL (a CUDA build); `grad_accum` rows per step are split evenly over the ranks
     /// of all nodes. 0: one process on --device.
@@ -376,6 +381,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
             None => None,
         },
         feature_cache_bytes: a.feature_cache_mb.saturating_mul(1 << 20),
+        plan_out: a.plan_out.clone(),
     };
     let s = match &rank {
         None => train(&lt, &a.data, &a.out, cfg, &opts)?,

@@ -67,7 +67,7 @@ pub struct TrainSummary {
 
 /// How one invocation runs (not part of the run: they are not in the training config, so a
 /// run split over several invocations is the same run).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct TrainOptions {
     /// Continue the run in `out` from its latest checkpoint, exactly.
     pub resume: bool,
@@ -77,6 +77,11 @@ pub struct TrainOptions {
     /// Device memory for keeping the target's context features between epochs
     /// ([`FeatureCache`]); 0 keeps none (every visit runs the target forward again).
     pub feature_cache_bytes: usize,
+    /// Append each step's training rows to this JSON-lines file (rank 0): per row the step
+    /// (from 1), its index in the step, its learning rate, ids, loss mask, the packed
+    /// sequences' first rows and the anchors drawn — what a reference trainer needs to take
+    /// the same steps (`bench/train_reference_run.py`).
+    pub plan_out: Option<PathBuf>,
 }
 
 impl Default for TrainOptions {
@@ -86,6 +91,7 @@ impl Default for TrainOptions {
             resume: false,
             time_limit: None,
             feature_cache_bytes: 8 << 30,
+            plan_out: None,
         }
     }
 }

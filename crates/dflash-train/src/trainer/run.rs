@@ -64,6 +64,8 @@ pub(super) struct Run<'a> {
     metrics_file: Option<std::fs::File>,
     /// Rank 0's.
     fingerprint: Option<Fingerprint>,
+    /// Rank 0's: each step's rows ([`TrainOptions::plan_out`]).
+    plan_file: Option<std::io::BufWriter<std::fs::File>>,
     pub cache: FeatureCache,
     cache_reported: bool,
     pub latest_checkpoint: Option<PathBuf>,
@@ -183,6 +185,18 @@ impl<'a> Run<'a> {
         } else {
             (None, None)
         };
+        let plan_file = match (&opts.plan_out, lead) {
+            (Some(p), true) => Some(std::io::BufWriter::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(opts.resume)
+                    .write(true)
+                    .truncate(!opts.resume)
+                    .open(p)
+                    .with_context(|| format!("opening the plan file {}", p.display()))?,
+            )),
+            _ => None,
+        };
         let manifest_sha = crate::data::manifest_sha256(data_dir)?;
         let order = permutation(train_rows.len(), cfg.seed, state.epoch);
         Ok(Self {
@@ -205,6 +219,7 @@ impl<'a> Run<'a> {
             metrics_path,
             metrics_file,
             fingerprint,
+            plan_file,
             // one budget: training rows under their index, validation sequences after them
             cache: FeatureCache::new(opts.feature_cache_bytes),
             cache_reported: false,
@@ -213,6 +228,38 @@ impl<'a> Run<'a> {
             tokens_total: 0,
             cfg,
         })
+    }
+
+    /// The step's rows to the plan file ([`TrainOptions::plan_out`]), one JSON line each.
+    /// Example: `{"step":1,"row":0,"lr":0.0006,"ids":[…],"loss_mask":[…],"starts":[0,700],
+    /// "anchors":[3,17,…]}` (two sequences packed in the row, the second from row 700).
+    fn write_plan(&mut self, plan: &[(usize, usize)]) -> Result<()> {
+        use std::io::Write;
+        let lr = self.cfg.lr_at(self.state.steps_done, self.total);
+        let step = self.state.steps_done + 1;
+        let Some(f) = self.plan_file.as_mut() else {
+            return Ok(());
+        };
+        for (j, &(si, epoch)) in plan.iter().enumerate() {
+            let row = &self.train_rows[si];
+            let anchors = anchors::sample(
+                row.anchor_candidates(),
+                self.cfg.num_anchors,
+                anchors::seed_for(self.cfg.seed, epoch, si),
+            );
+            let line = serde_json::json!({
+                "step": step,
+                "row": j,
+                "lr": lr,
+                "ids": row.seq.ids,
+                "loss_mask": row.seq.loss_mask,
+                "starts": row.segs.starts(),
+                "anchors": anchors,
+            });
+            writeln!(f, "{line}")?;
+        }
+        f.flush()?;
+        Ok(())
     }
 
     /// One optimizer step over `grad_accum` rows in the epoch's order: each row's loss and
@@ -231,6 +278,9 @@ impl<'a> Run<'a> {
             }
             plan.push((self.order[self.state.position], self.state.epoch));
             self.state.position += 1;
+        }
+        if self.plan_file.is_some() {
+            self.write_plan(&plan)?;
         }
         let mine = rank_slice(a, self.comm.rank(), self.comm.world())?;
         let mut stats: Vec<f64> = Vec::new();
