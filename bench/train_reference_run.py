@@ -76,38 +76,39 @@ def row_loss(target, drafter, row, gamma, autocast):
     anchors = row["anchors"]
     L = len(ids)
     ends = starts[1:] + [L]
-    seg = torch.zeros(L, dtype=torch.long)
-    pos = torch.zeros(L, dtype=torch.long)
+    # every index tensor on the device: the masks of a 512-anchor row are [8192, 10240] per layer
+    seg = torch.zeros(L, dtype=torch.long, device=dev)
+    pos = torch.zeros(L, dtype=torch.long, device=dev)
     for j, (s, e) in enumerate(zip(starts, ends)):
         seg[s:e] = j
-        pos[s:e] = torch.arange(e - s)
-    a_t = torch.tensor(anchors, dtype=torch.long)
+        pos[s:e] = torch.arange(e - s, device=dev)
+    a_t = torch.tensor(anchors, dtype=torch.long, device=dev)
     with torch.no_grad(), autocast():
         feats = []
         for s, e in zip(starts, ends):
             out = target(torch.tensor([ids[s:e]], device=dev), output_hidden_states=True)
             feats.append(torch.cat([out.hidden_states[i + 1] for i in drafter.target_layer_ids], -1))
         taps = torch.cat(feats, 1)
-        block_ids = torch.full((len(anchors), block), mask_id, dtype=torch.long)
-        block_ids[:, 0] = torch.tensor([ids[a] for a in anchors])
-        noise = target.model.embed_tokens(block_ids.reshape(1, -1).to(dev))
-    r = torch.arange(block)
+        block_ids = torch.full((len(anchors), block), mask_id, dtype=torch.long, device=dev)
+        block_ids[:, 0] = torch.tensor([ids[a] for a in anchors], device=dev)
+        noise = target.model.embed_tokens(block_ids.reshape(1, -1))
+    r = torch.arange(block, device=dev)
     bpos = (pos[a_t][:, None] + r[None, :]).reshape(-1)  # [n]
     n = bpos.shape[0]
-    position_ids = torch.cat([pos, bpos])[None].to(dev)
+    position_ids = torch.cat([pos, bpos])[None]
     qpos = bpos[:, None]
     # context keys: the anchor's own sequence, strictly before the anchor
     qa = a_t.repeat_interleave(block)
-    c = torch.arange(L)[None, :]
-    ctx = (c >= torch.tensor(starts)[seg[qa]][:, None]) & (c < qa[:, None])
+    c = torch.arange(L, device=dev)[None, :]
+    ctx = (c >= torch.tensor(starts, device=dev)[seg[qa]][:, None]) & (c < qa[:, None])
     # block keys: the query's own block
-    qb = torch.arange(n) // block
+    qb = torch.arange(n, device=dev) // block
     own = qb[:, None] == qb[None, :]
     masks = []
     for layer in drafter.layers:
         m = torch.cat([ctx & layer_ok(layer, qpos, pos[None, :]),
                        own & layer_ok(layer, qpos, bpos[None, :])], 1)
-        masks.append(m[None, None].to(dev))
+        masks.append(m[None, None])
     with autocast():
         hidden = noise
         th = drafter.hidden_norm(drafter.fc(taps))
@@ -118,14 +119,14 @@ def row_loss(target, drafter, row, gamma, autocast):
         hidden = drafter.norm(hidden)
         rows = hidden.reshape(len(anchors), block, -1)[:, 1:, :].reshape(-1, hidden.shape[-1])
         logits = drafter.compute_logits(rows, target.lm_head)
-    k = torch.arange(1, block)
+    k = torch.arange(1, block, device=dev)
     p = a_t[:, None] + k[None, :]  # [A, B − 1]
-    end = torch.tensor(ends)[seg[a_t]][:, None]
+    end = torch.tensor(ends, device=dev)[seg[a_t]][:, None]
     inside = p < end
     pc = p.clamp(max=L - 1)
-    lm = torch.tensor(loss_mask, dtype=torch.float32)
-    w = (lm[pc] * inside * torch.exp(-(k - 1).float() / gamma)[None, :]).reshape(-1).to(dev)
-    labels = torch.where(inside, torch.tensor(ids)[pc], 0).reshape(-1).to(dev)
+    lm = torch.tensor(loss_mask, dtype=torch.float32, device=dev)
+    w = (lm[pc] * inside * torch.exp(-(k - 1).float() / gamma)[None, :]).reshape(-1)
+    labels = torch.where(inside, torch.tensor(ids, device=dev)[pc], 0).reshape(-1)
     ce = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
     wsum = w.sum()
     loss = (w * ce).sum() / wsum

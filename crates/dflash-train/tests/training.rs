@@ -264,7 +264,7 @@ fn time_limit_stops_with_a_checkpoint_and_resume_finishes_the_same_run() {
         cfg.clone(),
         &TrainOptions {
             resume: false,
-            ..zero
+            ..zero.clone()
         },
     )
     .unwrap();
