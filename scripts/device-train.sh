@@ -23,6 +23,9 @@
 #   export    the latest checkpoint as a bf16 drafter in $E, the run's records → $OUT
 #   bench     `dflash-rs bench decode` of the drafter $E → $OUT/bench*.md
 #   reference the PyTorch reference (bench/zlab_reference.py: z-lab dflash, transformers) → $OUT
+#   refrun    the PyTorch reference trainer (bench/train_reference_run.py) on the steps `train`
+#             wrote to PLAN_OUT, from INIT_FROM, until UNTIL; its drafter exported as bf16 to
+#             $WORK/ref-export (evaluate it with E=$WORK/ref-export EVAL_DIR=$WORK/eval-ref)
 #   shape     `dflash-rs bench shape` on SHAPES (random weights; no GGUF needed) → $OUT
 #   mfu       `dflash-rs bench train` on the Qwen3-8B and SmolLM2 shapes (random weights) → $OUT
 #   eval      `dflash-rs eval` of $E on EVAL_DATASETS at EVAL_TEMPS, one run after another
@@ -54,7 +57,8 @@
 #   "0 1": without and with), SHAPES (bench/shapes/smollm2-135m.json qwen3-8b), EVAL_LIMIT (32;
 #   EVAL_LIMITS="mt-bench:32 …" per dataset), EVAL_TOKENS (256), EVAL_DATASETS (the four),
 #   EVAL_TEMPS (0 1), EVAL_MODES (ar,dflash,ddtree:8,ddtree:32), EVAL_ARGS (more eval flags, e.g.
-#   --cuda-graphs), EVAL_MIN (200: seconds a run needs to start).
+#   --cuda-graphs), EVAL_MIN (200: seconds a run needs to start), EVAL_DIR ($WORK/eval), PLAN_OUT
+#   (`train --plan-out`: each step's rows and anchors, for `refrun`; needs INIT_FROM).
 # The shipped drafter's commands are in its card (assets/drafters/smollm2-135m-b16/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -198,8 +202,10 @@ train() {
   [ -f "$R/latest" ] && resume=--resume
   if [ "$left" -lt 20 ]; then log "train: skipped, $left s left"; return; fi
   log "train: $resume for at most $left s"
+  local plan=()
+  [ -n "${PLAN_OUT:-}" ] && plan=(--plan-out "$PLAN_OUT")
   train_cmd --out "$R" --config "$WORK/cfg.json" $resume --time-limit "$left" \
-    --feature-cache-mb "${CACHE_MB:-0}" >> "$OUT/train.log" 2>&1
+    --feature-cache-mb "${CACHE_MB:-0}" "${plan[@]}" >> "$OUT/train.log" 2>&1
   log "train: exit $?, $(tail -n 1 "$R/metrics.jsonl" | cut -c1-300)"
 }
 
@@ -236,16 +242,37 @@ reference() {
   timeout 300 python3 bench/zlab_reference.py "$G" "${BENCH_TOKENS:-256}" 2>&1 | grep -v -i warn | tail -5 | tee "$OUT/reference.txt"
 }
 
+refrun() {
+  need_gguf
+  local left=$(( ${UNTIL:-560} - $(elapsed) ))
+  [ -n "${PLAN_OUT:-}" ] && [ -n "${INIT_FROM:-}" ] || { log "refrun: needs PLAN_OUT and INIT_FROM"; return; }
+  if [ -n "${WHEELS:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$WHEELS"/*.whl \
+      && export PYTHONPATH=$WORK/site
+  fi
+  log "refrun: for at most $left s"
+  timeout "$left" python3 bench/train_reference_run.py --target "$G" --init "$INIT_FROM" --plan "$PLAN_OUT" \
+    --config "$R/train_config.json" --out "$WORK/ref" --device "$DEV" --dtype "$TRAIN_DTYPE" \
+    >> "$OUT/refrun.log" 2>&1
+  log "refrun: exit $?, $(tail -n 1 "$WORK/ref/curve.jsonl" 2>/dev/null | cut -c1-200)"
+  if [ -f "$WORK/ref/drafter/model.safetensors" ]; then
+    rm -rf "$WORK/ref-export"
+    $B drafter export --from "$WORK/ref/drafter" --out "$WORK/ref-export" --dtype bf16 >> "$OUT/log.txt" 2>&1
+    tar -C "$WORK" -cJf "$OUT/ref.tar.xz" ref/curve.jsonl ref-export/config.json
+  fi
+}
+
 eval_() {
   # one run after another (several processes on one GPU serialise their kernels), temperatures
   # outer: every dataset at T = 0 first. A run starts only with EVAL_MIN seconds left before UNTIL
   # and stops between items at UNTIL; a run whose report exists is not repeated, so the same
   # command run again works through the rest of the list.
   local lim=${EVAL_LIMIT:-32} tok=${EVAL_TOKENS:-256}
-  mkdir -p "$WORK/eval"
+  local dir=${EVAL_DIR:-$WORK/eval}
+  mkdir -p "$dir"
   for t in ${EVAL_TEMPS:-0 1}; do
     for ds in ${EVAL_DATASETS:-gsm8k humaneval mt-bench math500}; do
-      local o=$WORK/eval/$ds-t$t left
+      local o=$dir/$ds-t$t left
       [ -f "$o/report.json" ] && { log "eval $ds T=$t: done before"; continue; }
       left=$(( ${UNTIL:-560} - $(elapsed) ))
       if [ "$left" -lt "${EVAL_MIN:-200}" ]; then log "eval $ds T=$t: not started, $left s left"; continue; fi
@@ -255,7 +282,7 @@ eval_() {
         --modes "${EVAL_MODES:-ar,dflash,ddtree:8,ddtree:32}" --max-new-tokens "$tok" --temperature "$t" \
         --device "$DEV" --dtype "$TRAIN_DTYPE" ${EVAL_ARGS:-} --out "$o" > "$o.log" 2>&1
       log "eval $ds T=$t: exit $?; $(grep -E 'time limit|τ pooled' "$o.log" | sed 's/  */ /g' | tr '\n' ';')"
-      tar -C "$WORK" -cJf "$OUT/eval.tar.xz" eval
+      tar -C "$dir/.." -cJf "$OUT/$(basename "$dir").tar.xz" "$(basename "$dir")"
     done
   done
 }
@@ -278,6 +305,7 @@ for p in "$@"; do
     savedata) tar -C "$WORK" -cJf "$OUT/data.tar.xz" data && log "savedata: $(du -b "$OUT/data.tar.xz" | cut -f1) bytes" ;;
     bench) bench ;;
     reference) reference ;;
+    refrun) refrun ;;
     shape) for sh in ${SHAPES:-bench/shapes/smollm2-135m.json qwen3-8b}; do
              $B bench shape --shape "$sh" --device "$DEV" --dtype bf16 ${SHAPE_ARGS:-} >> "$OUT/bench-shape.md" 2>&1
              log "bench shape $sh: exit $?"
