@@ -38,6 +38,12 @@ pub struct DeviceArgs {
     /// f32 or bf16.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// How the CPU multiplies GGUF weights: `exact` (f32 multiply-adds: the f32 path's bits) or
+    /// `q8` (each input row quantized to 8 bits per block of 32, integer products as llama.cpp's;
+    /// faster, near the f32 outputs; LM heads stay exact). Default: `DFLASH_CPU_QUANT=q8` in
+    /// the environment, else exact.
+    #[arg(long, value_parser = ["exact", "q8"])]
+    pub cpu_products: Option<String>,
 }
 
 /// `--cuda-graphs` on a CPU: say that the fixed-shape forwards run without graphs (the same
@@ -51,6 +57,9 @@ pub fn note_cuda_graphs(on: bool, device: &candle_core::Device) {
 impl DeviceArgs {
     /// The dtype and the device (opened; phase profiling synchronises it).
     pub fn parse(&self) -> Result<(candle_core::DType, candle_core::Device)> {
+        if let Some(p) = &self.cpu_products {
+            dflash_model::cpu::q8::set(p == "q8");
+        }
         let device = dflash_model::device(&self.device)?;
         dflash_model::profile::sync_on(&device);
         Ok((dflash_model::dtype(&self.dtype)?, device))

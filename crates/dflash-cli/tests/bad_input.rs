@@ -324,3 +324,27 @@ fn cuda_graphs_flag_on_the_cpu_keeps_the_output_and_says_no_graphs() {
     assert_eq!(v["text"], "The capital of France is Paris.");
     assert_eq!(v["equals_ar"], true);
 }
+
+/// `--cpu-products` takes `exact` or `q8` and names them otherwise; with `q8` the France
+/// prompt's greedy answer is still transformers' (the integer products stay near the f32 ones:
+/// crates/dflash-model/tests/gguf_targets.rs).
+#[test]
+fn cpu_products_are_exact_or_q8() {
+    fails_with(
+        &[
+            "--target",
+            "smollm2-135m",
+            "--cpu-products",
+            "q4",
+            "--prompt",
+            "hi",
+        ],
+        "possible values: exact, q8",
+    );
+    let gguf = smollm2();
+    let mut args = vec!["--target", gguf.to_str().unwrap(), "--cpu-products", "q8"];
+    args.extend_from_slice(FRANCE_JSON);
+    let (out, _) = succeeds_json(&args);
+    // transformers' greedy reference for this prompt (tests/fixtures/smollm2.json)
+    assert_eq!(out["text"], "The capital of France is Paris.");
+}

@@ -38,9 +38,26 @@ pub const Q41_BLOCK: usize = 64 + 8 * 32;
 /// Bytes of an integer Q8_0 panel block: 16 f16 scales, 8 groups of 64.
 pub const Q80_BLOCK: usize = 32 + 8 * 64;
 
-/// Whether GGUF weights multiply by 8-bit rows (`DFLASH_CPU_QUANT=q8`) rather than exactly.
+/// The products chosen in-process ([`set`]): 0 none (the environment decides), 1 exact, 2 q8.
+static CHOSEN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Whether weights laid out from now on multiply by 8-bit rows rather than exactly: as [`set`]
+/// chose (the CLI's `--cpu-products`), else `DFLASH_CPU_QUANT=q8`.
 pub fn enabled() -> bool {
-    std::env::var("DFLASH_CPU_QUANT").is_ok_and(|v| v.eq_ignore_ascii_case("q8"))
+    match CHOSEN.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => std::env::var("DFLASH_CPU_QUANT").is_ok_and(|v| v.eq_ignore_ascii_case("q8")),
+    }
+}
+
+/// Choose the integer products (`true`) or the exact ones for the weights loaded from now on,
+/// over `DFLASH_CPU_QUANT`. Weights already laid out keep their panels.
+pub fn set(integer: bool) {
+    CHOSEN.store(
+        if integer { 2 } else { 1 },
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// The two panel kinds of the integer products.
@@ -608,6 +625,19 @@ mod tests {
         let mut q = [0i8; QB];
         quantize_block_scalar(&blocks[200], &mut q);
         assert_eq!(&q[..5], &[127, 0, 2, 2, 0]);
+    }
+
+    /// [`set`] decides over `DFLASH_CPU_QUANT`, either way.
+    #[test]
+    fn the_choice_overrides_the_environment() {
+        // SAFETY: this test's process (nextest runs each test alone) reads no other variable
+        std::env::set_var("DFLASH_CPU_QUANT", "q8");
+        assert!(enabled());
+        set(false);
+        assert!(!enabled());
+        std::env::remove_var("DFLASH_CPU_QUANT");
+        set(true);
+        assert!(enabled());
     }
 
     /// Zero rows give zero scales and products; a non-finite input makes its block's scale
