@@ -8,6 +8,29 @@ use dflash_model::io::loader::load_target;
 use dflash_model::Rows;
 use dflash_testkit::*;
 
+/// The reference's tap prompt through `t` (one prefill, the last row's logits): its taps and
+/// the forward's output.
+fn tap_prompt_forward(
+    t: &dflash_model::Target,
+    meta: &serde_json::Value,
+) -> (Vec<usize>, dflash_model::TargetOutput) {
+    let taps: Vec<usize> = ids(&meta["taps"]).iter().map(|&x| x as usize).collect();
+    let tap_ids = ids(&meta["tap_prompt_ids"]);
+    let pos: Vec<usize> = (0..tap_ids.len()).collect();
+    let mut cache = t.new_cache();
+    let out = t
+        .forward(
+            &tap_ids,
+            &pos,
+            &causal(0, tap_ids.len()),
+            &mut cache,
+            &taps,
+            &Rows::Last,
+        )
+        .unwrap();
+    (taps, out)
+}
+
 fn check_model(name: &str, rel: &str, fetch: &str) {
     let path = asset(rel, fetch);
     let loaded = load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
@@ -25,20 +48,7 @@ fn check_model(name: &str, rel: &str, fetch: &str) {
         );
     }
 
-    let taps: Vec<usize> = ids(&meta["taps"]).iter().map(|&x| x as usize).collect();
-    let tap_ids = ids(&meta["tap_prompt_ids"]);
-    let pos: Vec<usize> = (0..tap_ids.len()).collect();
-    let mut cache = t.new_cache();
-    let out = t
-        .forward(
-            &tap_ids,
-            &pos,
-            &causal(0, tap_ids.len()),
-            &mut cache,
-            &taps,
-            &Rows::Last,
-        )
-        .unwrap();
+    let (taps, out) = tap_prompt_forward(t, &meta);
     let e = rel_err(&out.logits.unwrap().squeeze(0).unwrap(), &r["last_logits"]);
     assert!(e <= 1e-4, "{name}: last logits rel err {e}");
     for (i, tap) in out.taps.iter().enumerate() {
@@ -142,20 +152,7 @@ fn smollm2_with_integer_products_stays_near_transformers() {
     );
     let meta = json(&fixtures().join("smollm2.json"));
     let r = load_ref(&fixtures().join("smollm2.safetensors"));
-    let taps: Vec<usize> = ids(&meta["taps"]).iter().map(|&x| x as usize).collect();
-    let tap_ids = ids(&meta["tap_prompt_ids"]);
-    let pos: Vec<usize> = (0..tap_ids.len()).collect();
-    let mut cache = t.new_cache();
-    let out = t
-        .forward(
-            &tap_ids,
-            &pos,
-            &causal(0, tap_ids.len()),
-            &mut cache,
-            &taps,
-            &Rows::Last,
-        )
-        .unwrap();
+    let (taps, out) = tap_prompt_forward(t, &meta);
     let logits = out.logits.unwrap().squeeze(0).unwrap();
     let e = rel_err(&logits, &r["last_logits"]);
     let argmax = |x: &candle_core::Tensor| {
