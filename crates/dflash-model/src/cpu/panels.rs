@@ -112,9 +112,7 @@ impl Panels {
     /// w[17][1], 0 × 14]`.
     pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
         if q8::enabled() && k.is_multiple_of(QBLOCK) && k > 0 {
-            if let Some(p) = Self::pack_integer(&QuantBlocks::quantize_q8_0(w, n, k)) {
-                return p;
-            }
+            return Self::pack_integer(&QuantBlocks::quantize_q8_0(w, n, k));
         }
         Self::pack_f32(w, n, k)
     }
@@ -158,9 +156,7 @@ impl Panels {
     /// Q5_0) weights are laid out for the integer products instead ([`Self::pack_integer`]).
     pub fn pack_quantized(q: &QuantBlocks) -> Self {
         if q8::enabled() {
-            if let Some(p) = Self::pack_integer(q) {
-                return p;
-            }
+            return Self::pack_integer(q);
         }
         Self::pack_exact(q)
     }
@@ -202,57 +198,72 @@ impl Panels {
         Self { data, n, k }
     }
 
-    /// Q4_1 and Q8_0 (Q4_0, Q5_0) blocks laid out for the integer products ([`crate::cpu::q8`]:
-    /// 4 steps of a column per 32-bit lane); `None` for the K-quants, which keep the exact
-    /// kernels. Panels in parallel; the last panel's padding columns are zeros.
-    pub fn pack_integer(q: &QuantBlocks) -> Option<Self> {
+    /// A GGUF weight's blocks laid out for the integer products ([`crate::cpu::q8`]: 4 steps of
+    /// a column per 32-bit lane): Q4_1, Q8_0 (Q4_0, Q5_0), and the K-quants' sub-blocks (Q4_K's
+    /// 32-step ones with their f32 `d1` and `−m1`, Q6_K's 16-step ones paired in a block with
+    /// their two f32 scales). Panels in parallel; the last panel's padding columns are zeros.
+    pub fn pack_integer(q: &QuantBlocks) -> Self {
         use rayon::prelude::*;
         let kind = match q.kind {
             QuantKind::Q4_1 => IntKind::Nibbles,
             QuantKind::Q8_0 | QuantKind::Q4_0 | QuantKind::Q5_0 => IntKind::Signed,
-            QuantKind::Q4K | QuantKind::Q6K => return None,
+            QuantKind::Q4K => IntKind::NibblesF32,
+            QuantKind::Q6K => IntKind::Signed16,
         };
         let (n, k, per) = (q.n, q.k, kind.block_bytes());
-        let (src_bytes, blocks) = (q.kind.block_bytes(), k / QBLOCK);
+        let (src_bytes, src_weights) = (q.kind.block_bytes(), q.kind.block_weights());
+        let (blocks, src_blocks) = (k / QBLOCK, k / src_weights);
         let mut data = vec![0u8; n.div_ceil(PANEL) * blocks * per];
         data.par_chunks_mut((blocks * per).max(1))
             .enumerate()
             .for_each(|(p, panel)| {
                 for c in 0..PANEL.min(n - p * PANEL) {
                     let row = p * PANEL + c;
-                    for b in 0..blocks {
-                        let src = &q.bytes[(row * blocks + b) * src_bytes..][..src_bytes];
-                        let dst = &mut panel[b * per..][..per];
-                        let mut vals = [0i32; QBLOCK];
-                        if kind == IntKind::Nibbles {
-                            let (_, _, v) = q.kind.affine_block(src)[0];
-                            vals.iter_mut().zip(v).for_each(|(o, v)| *o = v as i32);
-                            kind.put(dst, c, [src[0], src[1]], [src[2], src[3]], &vals);
-                        } else {
-                            let (d, v) = q.kind.signed_block(src);
-                            vals.iter_mut().zip(v).for_each(|(o, v)| *o = v as i32);
-                            kind.put(dst, c, d, [0; 2], &vals);
+                    for sb in 0..src_blocks {
+                        let src = &q.bytes[(row * src_blocks + sb) * src_bytes..][..src_bytes];
+                        // the source block's 32-step blocks: (scales, minimum, values)
+                        let parts: Vec<([f32; 2], f32, [i32; QBLOCK])> = match q.kind {
+                            QuantKind::Q4_1 | QuantKind::Q4K => q
+                                .kind
+                                .affine_block(src)
+                                .into_iter()
+                                .map(|(d, m, v)| ([d, d], m, v.map(|x| x as i32)))
+                                .collect(),
+                            QuantKind::Q6K => QuantKind::q6k_block(src)
+                                .chunks(2)
+                                .map(|h| {
+                                    let mut v = [0i32; QBLOCK];
+                                    for (j, x) in h[0].1.iter().chain(&h[1].1).enumerate() {
+                                        v[j] = *x as i32;
+                                    }
+                                    ([h[0].0, h[1].0], 0.0, v)
+                                })
+                                .collect(),
+                            _ => {
+                                let (d, v) = q.kind.signed_block(src);
+                                let d = half::f16::from_le_bytes(d).to_f32();
+                                vec![([d, d], 0.0, v.map(|x| x as i32))]
+                            }
+                        };
+                        let first = sb * (src_weights / QBLOCK);
+                        for (t, (d, m, v)) in parts.iter().enumerate() {
+                            kind.put(&mut panel[(first + t) * per..][..per], c, *d, *m, v);
                         }
                     }
                 }
-                // padding columns: weight 0 (a Q8_0 panel stores it as 128)
+                // padding columns: weight 0 (a signed panel stores it as 128)
                 for c in PANEL.min(n - p * PANEL)..PANEL {
                     for b in 0..blocks {
-                        kind.put(
-                            &mut panel[b * per..][..per],
-                            c,
-                            [0; 2],
-                            [0; 2],
-                            &[0; QBLOCK],
-                        );
+                        let blk = &mut panel[b * per..][..per];
+                        kind.put(blk, c, [0.0; 2], 0.0, &[0; QBLOCK]);
                     }
                 }
             });
-        Some(Self {
+        Self {
             data: PanelData::Int(kind, data),
             n,
             k,
-        })
+        }
     }
 
     /// The panels of rows `ids` of `W` (a drafter's vocabulary head over a quantized LM head):
@@ -285,8 +296,9 @@ impl Panels {
                         for (step, v) in vals.iter_mut().enumerate() {
                             *v = kind.value(s, sc, step).0;
                         }
-                        let (d, m) = ([s[2 * sc], s[2 * sc + 1]], [s[32 + 2 * sc], s[33 + 2 * sc]]);
-                        kind.put(dst, dc, d, m, &vals);
+                        let ((_, d, m), (_, d_hi, _)) =
+                            (kind.value(s, sc, 0), kind.value(s, sc, 16));
+                        kind.put(dst, dc, [d, d_hi], m, &vals);
                     }
                     _ => {
                         dst[2 * dc..2 * dc + 2].copy_from_slice(&s[2 * sc..2 * sc + 2]);
@@ -361,9 +373,10 @@ impl Panels {
             }),
             PanelData::Int(kind, d) => bytes(d, kind.block_bytes(), QBLOCK, out, &|b, s| {
                 let (q, d, m) = kind.value(b, c, s);
-                match kind {
-                    IntKind::Nibbles => q as f32 * d + m,
-                    IntKind::Signed => q as f32 * d,
+                if kind.nibbles() {
+                    q as f32 * d + m
+                } else {
+                    q as f32 * d
                 }
             }),
         }
@@ -404,8 +417,7 @@ impl Panels {
             PanelData::Q8_0(_) => w / QBLOCK * Q8_0_BYTES, // Q4_0 and Q5_0 too, held as Q8_0
             PanelData::Q4K(_) => w / (QBLOCK * 16) * Q4K_PANEL_BLOCK,
             PanelData::Q6K(_) => w / (16 * 16) * Q6K_PANEL_BLOCK,
-            PanelData::Int(IntKind::Nibbles, _) => w / QBLOCK * Q4_1_BYTES,
-            PanelData::Int(IntKind::Signed, _) => w / QBLOCK * Q8_0_BYTES,
+            PanelData::Int(kind, _) => w / QBLOCK * kind.block_bytes() / PANEL,
         }
     }
 
@@ -421,6 +433,8 @@ impl Panels {
             PanelData::Q6K(_) => "Q6_K",
             PanelData::Int(IntKind::Nibbles, _) => "Q4_1 q8",
             PanelData::Int(IntKind::Signed, _) => "Q8_0 q8",
+            PanelData::Int(IntKind::NibblesF32, _) => "Q4_K q8",
+            PanelData::Int(IntKind::Signed16, _) => "Q6_K q8",
         }
     }
 
@@ -1256,19 +1270,24 @@ mod tests {
     /// embeddings); on every ISA the CPU runs, every block of rows gives the scalar twin's bits
     /// (and so a row the same bits alone and among others); the outputs are the exact
     /// products within the 8-bit rows' rounding (half a step of each block's scale per input,
-    /// times Σ |w| of the block) plus f32 rounding; K-quants have no integer layout.
+    /// times Σ |w| of the block) plus f32 rounding; every GGUF format here (Q4_1, Q8_0, Q4_0,
+    /// Q5_0, Q4_K, Q6_K).
     #[test]
     fn integer_panels_equal_their_scalar_twin() {
-        assert!(Panels::pack_integer(&k_quantized(QuantKind::Q4K, 17, 256, 1)).is_none());
         for kind in [
             QuantKind::Q4_1,
             QuantKind::Q8_0,
             QuantKind::Q4_0,
             QuantKind::Q5_0,
+            QuantKind::Q4K,
+            QuantKind::Q6K,
         ] {
-            let (n, k) = (37usize, 96usize);
-            let q = quantized(kind, n, k, 9);
-            let p = Panels::pack_integer(&q).unwrap();
+            let (n, q) = match kind {
+                QuantKind::Q4K | QuantKind::Q6K => (37usize, k_quantized(kind, 37, 512, 9)),
+                _ => (37, quantized(kind, 37, 96, 9)),
+            };
+            let k = q.k;
+            let p = Panels::pack_integer(&q);
             assert!(p.is_quantized() && p.is_integer());
             let w: Vec<f32> = (0..n)
                 .flat_map(|r| (0..k).map(move |c| (r, c)))

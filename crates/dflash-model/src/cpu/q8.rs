@@ -60,28 +60,51 @@ pub fn set(integer: bool) {
     );
 }
 
-/// The two panel kinds of the integer products.
+/// The panel kinds of the integer products: 4-bit values with a scale and a minimum, or signed
+/// bytes with a scale, per 32-step block (per 16 steps for Q6_K); scales as the GGUF's f16 or
+/// as the loader's f32 products (the K-quants' sub-block scales).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IntKind {
-    /// 4-bit values 0..=15 with an f16 scale and minimum per block (Q4_1).
+    /// Q4_1: 4-bit values 0..=15, an f16 scale and minimum per block.
     Nibbles,
-    /// Signed 8-bit values with an f16 scale per block (Q8_0, and Q4_0, Q5_0 as Q8_0).
+    /// Q4_K: 4-bit values, per 32-step sub-block the f32 `d1` and `−m1`.
+    NibblesF32,
+    /// Q8_0 (and Q4_0, Q5_0 as Q8_0): signed bytes, an f16 scale per block.
     Signed,
+    /// Q6_K: 6-bit signed values as bytes, an f32 scale per 16 steps.
+    Signed16,
 }
 
 impl IntKind {
     pub fn block_bytes(self) -> usize {
-        match self {
-            IntKind::Nibbles => Q41_BLOCK,
-            IntKind::Signed => Q80_BLOCK,
-        }
+        self.scale_bytes() + 8 * self.group_bytes()
     }
 
-    /// Bytes of the block's scales (and minimums) before its values.
+    /// 4-bit values (with a minimum) rather than signed bytes.
+    pub fn nibbles(self) -> bool {
+        matches!(self, IntKind::Nibbles | IntKind::NibblesF32)
+    }
+
+    /// Scales (and minimums) stored as f32 rather than f16.
+    pub fn f32_scales(self) -> bool {
+        matches!(self, IntKind::NibblesF32 | IntKind::Signed16)
+    }
+
+    /// Bytes of the block's scales (and minimums) before its values: 16 columns' f16 or f32
+    /// scales, then their minimums (4-bit kinds) or the second half's scales (Q6_K).
     fn scale_bytes(self) -> usize {
         match self {
             IntKind::Nibbles => 64,
+            IntKind::NibblesF32 | IntKind::Signed16 => 128,
             IntKind::Signed => 32,
+        }
+    }
+
+    fn group_bytes(self) -> usize {
+        if self.nibbles() {
+            32
+        } else {
+            64
         }
     }
 
@@ -89,50 +112,68 @@ impl IntKind {
     /// multiply it (the nibble, or the offset byte minus 128), its scale and its minimum.
     pub fn value(self, blk: &[u8], c: usize, j: usize) -> (i32, f32, f32) {
         let f16 = |at: usize| half::f16::from_le_bytes([blk[at], blk[at + 1]]).to_f32();
+        let f32_at =
+            |at: usize| f32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
         let e = c * 4 + j % 4;
         let vals = &blk[self.scale_bytes() + (j / 4) * self.group_bytes()..];
+        let q = if self.nibbles() {
+            (if e < 32 {
+                vals[e] & 15
+            } else {
+                vals[e - 32] >> 4
+            }) as i32
+        } else {
+            vals[e] as i32 - 128
+        };
+        match self {
+            IntKind::Nibbles => (q, f16(2 * c), f16(32 + 2 * c)),
+            IntKind::NibblesF32 => (q, f32_at(4 * c), f32_at(64 + 4 * c)),
+            IntKind::Signed => (q, f16(2 * c), 0.0),
+            IntKind::Signed16 => (q, f32_at((j / 16) * 64 + 4 * c), 0.0),
+        }
+    }
+
+    /// Writes column `c`'s block into a panel block `dst` (zeroed before the first column): its
+    /// scales `d` (steps 0..16 and 16..32: the same but for Q6_K), minimum `m` (4-bit kinds)
+    /// and 32 values. An f16 kind stores `d` and `m` as f16 (exactly, for values read from
+    /// f16).
+    pub fn put(self, dst: &mut [u8], c: usize, d: [f32; 2], m: f32, vals: &[i32; QB]) {
+        let mut f16 = |at: usize, v: f32| {
+            dst[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
+        };
         match self {
             IntKind::Nibbles => {
-                let v = if e < 32 {
-                    vals[e] & 15
-                } else {
-                    vals[e - 32] >> 4
-                };
-                (v as i32, f16(2 * c), f16(32 + 2 * c))
+                f16(2 * c, d[0]);
+                f16(32 + 2 * c, m);
             }
-            IntKind::Signed => (vals[e] as i32 - 128, f16(2 * c), 0.0),
-        }
-    }
-
-    fn group_bytes(self) -> usize {
-        match self {
-            IntKind::Nibbles => 32,
-            IntKind::Signed => 64,
-        }
-    }
-
-    /// Writes column `c`'s block (scale bytes `d` and `m` as stored, 32 values) into a panel
-    /// block `dst` (zeroed before the first column).
-    pub fn put(self, dst: &mut [u8], c: usize, d: [u8; 2], m: [u8; 2], vals: &[i32; QB]) {
-        dst[2 * c..2 * c + 2].copy_from_slice(&d);
-        if self == IntKind::Nibbles {
-            dst[32 + 2 * c..32 + 2 * c + 2].copy_from_slice(&m);
+            IntKind::Signed => f16(2 * c, d[0]),
+            IntKind::NibblesF32 => {
+                dst[4 * c..4 * c + 4].copy_from_slice(&d[0].to_le_bytes());
+                dst[64 + 4 * c..68 + 4 * c].copy_from_slice(&m.to_le_bytes());
+            }
+            IntKind::Signed16 => {
+                dst[4 * c..4 * c + 4].copy_from_slice(&d[0].to_le_bytes());
+                dst[64 + 4 * c..68 + 4 * c].copy_from_slice(&d[1].to_le_bytes());
+            }
         }
         let (off, gb) = (self.scale_bytes(), self.group_bytes());
         for (j, &v) in vals.iter().enumerate() {
             let e = c * 4 + j % 4;
             let g = &mut dst[off + (j / 4) * gb..][..gb];
-            match self {
-                IntKind::Nibbles if e < 32 => g[e] |= v as u8 & 15,
-                IntKind::Nibbles => g[e - 32] |= (v as u8 & 15) << 4,
-                IntKind::Signed => g[e] = (v + 128) as u8,
+            if !self.nibbles() {
+                g[e] = (v + 128) as u8;
+            } else if e < 32 {
+                g[e] |= v as u8 & 15;
+            } else {
+                g[e - 32] |= (v as u8 & 15) << 4;
             }
         }
     }
 }
 
 /// Input rows quantized by the rule (see the module doc): per row and block, `q` (32 i8), the
-/// scale `d`, the f32 sum `s` of the block's inputs and the integer sum of its `q`.
+/// scale `d`, the f32 sum `s` of the block's inputs, the integer sum of its `q` and of its first
+/// 16 (Q6_K's half-blocks).
 #[derive(Debug, Clone)]
 pub struct Q8Rows {
     pub k: usize,
@@ -140,6 +181,7 @@ pub struct Q8Rows {
     pub d: Vec<f32>,
     pub s: Vec<f32>,
     pub qsum: Vec<i32>,
+    pub qsum_lo: Vec<i32>,
 }
 
 /// `rows × k` inputs (`k` a multiple of 32) quantized block by block (see the module doc),
@@ -159,6 +201,7 @@ pub fn quantize_rows(x: &[f32], rows: usize, k: usize) -> Q8Rows {
         d: vec![0.0; blocks],
         s: vec![0.0; blocks],
         qsum: vec![0; blocks],
+        qsum_lo: vec![0; blocks],
     };
     #[cfg(target_arch = "x86_64")]
     let simd = std::is_x86_feature_detected!("avx2");
@@ -181,6 +224,7 @@ pub fn quantize_rows(x: &[f32], rows: usize, k: usize) -> Q8Rows {
             quantize_block_scalar(xb, qb)
         };
         (out.d[b], out.s[b], out.qsum[b]) = (d, s, qsum);
+        out.qsum_lo[b] = qb[..QB / 2].iter().map(|&v| v as i32).sum();
     }
     out
 }
@@ -320,16 +364,22 @@ pub fn block_scalar(
             for b in 0..nb {
                 let blk = &panel[b * per..][..per];
                 let i = row * nb + b;
-                let mut dot = 0i32;
-                let mut scale = (0.0, 0.0);
+                // the integer sums of the two 16-step halves (one scale each for Q6_K)
+                let mut dot = [0i32; 2];
                 for j in 0..QB {
-                    let (w, dw, mw) = kind.value(blk, c, j);
-                    dot += w * a.q[row * k + b * QB + j] as i32;
-                    scale = (dw, mw);
+                    let (w, _, _) = kind.value(blk, c, j);
+                    dot[j / 16] += w * a.q[row * k + b * QB + j] as i32;
                 }
-                acc = (dot as f32).mul_add(scale.0 * a.d[i], acc);
-                if kind == IntKind::Nibbles {
-                    acc = scale.1.mul_add(a.s[i], acc);
+                let (_, d_lo, m) = kind.value(blk, c, 0);
+                let (_, d_hi, _) = kind.value(blk, c, 16);
+                if kind == IntKind::Signed16 {
+                    acc = (dot[0] as f32).mul_add(d_lo * a.d[i], acc);
+                    acc = (dot[1] as f32).mul_add(d_hi * a.d[i], acc);
+                } else {
+                    acc = ((dot[0] + dot[1]) as f32).mul_add(d_lo * a.d[i], acc);
+                }
+                if kind.nibbles() {
+                    acc = m.mul_add(a.s[i], acc);
                 }
             }
             y[r * ldy + c] = acc;
@@ -404,39 +454,68 @@ mod vnni512 {
                 let at = b * per + AHEAD_BYTES + 64 * line;
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(at) as *const i8);
             }
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i));
-            let nibbles = kind == IntKind::Nibbles;
+            let nibbles = kind.nibbles();
+            let f32s = kind.f32_scales();
+            let halves = kind == IntKind::Signed16;
+            let scales = |at: usize| {
+                if f32s {
+                    _mm512_loadu_ps(base.add(4 * at) as *const f32)
+                } else {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(base.add(2 * at) as *const __m256i))
+                }
+            };
+            // the scales of steps 0..16 and 16..32 (the same but for Q6_K), the minimums
+            let dw = scales(0);
+            let dw_hi = if halves { scales(16) } else { dw };
             let mw = if nibbles {
-                _mm512_cvtph_ps(_mm256_loadu_si256(base.add(32) as *const __m256i))
+                scales(16)
             } else {
                 _mm512_setzero_ps()
             };
+            let vals = base.add(if f32s {
+                128
+            } else if nibbles {
+                64
+            } else {
+                32
+            });
             if nibbles {
                 for (g, wg) in w.iter_mut().enumerate() {
-                    let raw = _mm256_loadu_si256(base.add(64 + 32 * g) as *const __m256i);
+                    let raw = _mm256_loadu_si256(vals.add(32 * g) as *const __m256i);
                     let lo = _mm256_and_si256(raw, nib);
                     let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nib);
                     *wg = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
                 }
             } else {
                 for (g, wg) in w.iter_mut().enumerate() {
-                    *wg = _mm512_loadu_si512(base.add(32 + 64 * g) as *const __m512i);
+                    *wg = _mm512_loadu_si512(vals.add(64 * g) as *const __m512i);
                 }
             }
             for (r, acc) in acc.iter_mut().enumerate() {
                 let row = r0 + r;
                 let i = row * nb + b;
                 let xq = a.q.as_ptr().add(row * k + b * QB) as *const i32;
-                let mut s = _mm512_setzero_si512();
+                // the two halves' integer sums (steps 0..16, 16..32)
+                let mut s = [_mm512_setzero_si512(); 2];
                 for (g, wg) in w.iter().enumerate() {
-                    s = _mm512_dpbusd_epi32(s, *wg, _mm512_set1_epi32(xq.add(g).read_unaligned()));
+                    let x = _mm512_set1_epi32(xq.add(g).read_unaligned());
+                    s[g / 4] = _mm512_dpbusd_epi32(s[g / 4], *wg, x);
                 }
-                if !nibbles {
-                    // the weights are w + 128: Σ (w + 128) q − 128 Σ q
-                    s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * a.qsum[i]));
+                let dx = _mm512_set1_ps(a.d[i]);
+                if halves {
+                    // the weights are w + 128: Σ (w + 128) q − 128 Σ q, per half
+                    let lo = _mm512_sub_epi32(s[0], _mm512_set1_epi32(128 * a.qsum_lo[i]));
+                    let hi =
+                        _mm512_sub_epi32(s[1], _mm512_set1_epi32(128 * (a.qsum[i] - a.qsum_lo[i])));
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(dw, dx), *acc);
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(dw_hi, dx), *acc);
+                } else {
+                    let mut t = _mm512_add_epi32(s[0], s[1]);
+                    if !nibbles {
+                        t = _mm512_sub_epi32(t, _mm512_set1_epi32(128 * a.qsum[i]));
+                    }
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(dw, dx), *acc);
                 }
-                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i]));
-                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, *acc);
                 if nibbles {
                     *acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.s[i]), *acc);
                 }
@@ -482,34 +561,50 @@ mod avx2 {
         // per group and half: the unsigned factor and (Q8_0) the signed weights
         let mut wu = [[_mm256_setzero_si256(); 2]; 8];
         let mut ws = [[_mm256_setzero_si256(); 2]; 8];
-        let nibbles = kind == IntKind::Nibbles;
+        let nibbles = kind.nibbles();
         for b in 0..nb {
             let base = p.add(b * per);
             for line in 0..per.div_ceil(64) {
                 let at = b * per + AHEAD_BYTES + 64 * line;
                 _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(at) as *const i8);
             }
-            let dw = [
-                _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i)),
-                _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i)),
-            ];
+            let f32s = kind.f32_scales();
+            let halves = kind == IntKind::Signed16;
+            // 16 columns' scales from `at` (in values) as two halves of 8
+            let scales = |at: usize| {
+                if f32s {
+                    let p = base.add(4 * at) as *const f32;
+                    [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))]
+                } else {
+                    let p = base.add(2 * at);
+                    [
+                        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                        _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i)),
+                    ]
+                }
+            };
+            let dw = scales(0);
+            let dw_hi = if halves { scales(16) } else { dw };
             let mw = if nibbles {
-                [
-                    _mm256_cvtph_ps(_mm_loadu_si128(base.add(32) as *const __m128i)),
-                    _mm256_cvtph_ps(_mm_loadu_si128(base.add(48) as *const __m128i)),
-                ]
+                scales(16)
             } else {
                 [_mm256_setzero_ps(); 2]
             };
+            let vals = base.add(if f32s {
+                128
+            } else if nibbles {
+                64
+            } else {
+                32
+            });
             for g in 0..8 {
                 if nibbles {
-                    let raw = _mm256_loadu_si256(base.add(64 + 32 * g) as *const __m256i);
+                    let raw = _mm256_loadu_si256(vals.add(32 * g) as *const __m256i);
                     wu[g][0] = _mm256_and_si256(raw, nib);
                     wu[g][1] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nib);
                 } else {
                     for h in 0..2 {
-                        let raw =
-                            _mm256_loadu_si256(base.add(32 + 64 * g + 32 * h) as *const __m256i);
+                        let raw = _mm256_loadu_si256(vals.add(64 * g + 32 * h) as *const __m256i);
                         let w = _mm256_xor_si256(raw, flip);
                         ws[g][h] = w;
                         wu[g][h] = _mm256_abs_epi8(w);
@@ -520,7 +615,8 @@ mod avx2 {
                 let row = r0 + r;
                 let i = row * nb + b;
                 let xq = a.q.as_ptr().add(row * k + b * QB) as *const i32;
-                let mut s = [_mm256_setzero_si256(); 2];
+                // per 16-step half and column half: the integer sums
+                let mut s = [[_mm256_setzero_si256(); 2]; 2];
                 for g in 0..8 {
                     let x = _mm256_set1_epi32(xq.add(g).read_unaligned());
                     for h in 0..2 {
@@ -530,13 +626,20 @@ mod avx2 {
                             _mm256_sign_epi8(x, ws[g][h])
                         };
                         let pairs = _mm256_maddubs_epi16(wu[g][h], xs);
-                        s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(pairs, ones));
+                        s[g / 4][h] = _mm256_add_epi32(s[g / 4][h], _mm256_madd_epi16(pairs, ones));
                     }
                 }
                 let dx = _mm256_set1_ps(a.d[i]);
                 for h in 0..2 {
-                    let scale = _mm256_mul_ps(dw[h], dx);
-                    acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h]), scale, acc[h]);
+                    if halves {
+                        let lo = _mm256_cvtepi32_ps(s[0][h]);
+                        let hi = _mm256_cvtepi32_ps(s[1][h]);
+                        acc[h] = _mm256_fmadd_ps(lo, _mm256_mul_ps(dw[h], dx), acc[h]);
+                        acc[h] = _mm256_fmadd_ps(hi, _mm256_mul_ps(dw_hi[h], dx), acc[h]);
+                    } else {
+                        let t = _mm256_cvtepi32_ps(_mm256_add_epi32(s[0][h], s[1][h]));
+                        acc[h] = _mm256_fmadd_ps(t, _mm256_mul_ps(dw[h], dx), acc[h]);
+                    }
                     if nibbles {
                         acc[h] = _mm256_fmadd_ps(mw[h], _mm256_set1_ps(a.s[i]), acc[h]);
                     }
@@ -573,11 +676,10 @@ mod tests {
         let mut panel = vec![0u8; Q80_BLOCK];
         let mut w = [0i32; QB];
         w[..3].copy_from_slice(&[2, 1, -4]);
-        let d = half::f16::from_f32(0.5).to_le_bytes();
-        IntKind::Signed.put(&mut panel, 0, d, [0; 2], &w);
+        IntKind::Signed.put(&mut panel, 0, [0.5; 2], 0.0, &w);
         // the other 15 columns: all weights 0 (byte 128)
         for c in 1..16 {
-            IntKind::Signed.put(&mut panel, c, [0; 2], [0; 2], &[0; QB]);
+            IntKind::Signed.put(&mut panel, c, [0.0; 2], 0.0, &[0; QB]);
         }
         let mut y = vec![f32::NAN; 16];
         block_scalar(IntKind::Signed, &a, 0, 1, &panel, &mut y, 16, 16);

@@ -105,11 +105,14 @@ impl Linear {
         integer: bool,
     ) -> anyhow::Result<Self> {
         Ok(if Panels::supported() {
-            let integer = integer.then(|| Panels::pack_integer(q)).flatten();
+            let panels = match integer {
+                true => Panels::pack_integer(q),
+                false => Panels::pack_exact(q),
+            };
             Self {
                 weight: None,
                 bias,
-                panels: Some(Arc::new(integer.unwrap_or_else(|| Panels::pack_exact(q)))),
+                panels: Some(Arc::new(panels)),
             }
         } else {
             Self::packed(weight()?, bias, false)
