@@ -1,28 +1,30 @@
-//! Integer products for GGUF weights on the CPU (`DFLASH_CPU_QUANT=q8`): each input row is
-//! quantized to 8 bits per block of 32 values and every block's dot product with a weight
-//! block is summed in integers (AVX-512 VNNI `vpdpbusd`, or AVX2 `vpmaddubsw` + `vpmaddwd`),
-//! as llama.cpp computes its Q4_1 × Q8_1 and Q8_0 × Q8_0 products. A 16-row verify is bound by
-//! multiply-adds ([`crate::cpu::panels`]'s exact f32 kernels need one per weight and row);
-//! one `vpdpbusd` does 64 of them where an f32 FMA does 16.
+//! Integer products for GGUF weights on the CPU (`--cpu-products q8`, `DFLASH_CPU_QUANT=q8`):
+//! each input row is quantized to 8 bits per block of 32 values and every block's dot product
+//! with a weight block is summed in integers (AVX-512 VNNI `vpdpbusd`, or AVX2 `vpmaddubsw` +
+//! `vpmaddwd`), as llama.cpp computes its Q4_1 × Q8_1 and Q8_0 × Q8_0 products. A 16-row verify
+//! is bound by multiply-adds ([`crate::cpu::panels`]'s exact f32 kernels need one per weight
+//! and row); one `vpdpbusd` does 64 of them where an f32 FMA does 16.
 //!
 //! **The rule**, per input row and block `b` of 32 values `x`: `a = max |x|`, `d = a / 127`,
 //! `q = x · (1 / d)` rounded to nearest, ties to even (all 0 when `a` = 0), `s = Σ x` (f32, in
-//! the order of [`quantize_block_scalar`]). Against a weight block of scale `d_w`, values `w` (and minimum `m_w` for Q4_1),
-//! each output adds, in block order, `acc = fma(Σ q·w, d_w · d, acc)` then, for Q4_1,
-//! `acc = fma(m_w, s, acc)`: the integer sum is exact, so every output depends only on its own
-//! row and column — a row gets the same bits alone (an AR step) and among 15 others (a
-//! verify), on either ISA and in the scalar twin ([`block_scalar`]), which is what keeps
-//! speculative decoding's output equal to AR's under this rule. The outputs approximate the
-//! exact f32 products (the activations lose bits, the weights none); Q4_K and Q6_K weights
-//! keep the exact kernels.
+//! the order of [`quantize_block_scalar`]). Against a weight block of scale `d_w`, values `w`
+//! (and minimum `m_w` for the 4-bit kinds), each output adds, in block order,
+//! `acc = fma(Σ q·w, d_w · d, acc)` then, for the 4-bit kinds, `acc = fma(m_w, s, acc)`; Q6_K's
+//! blocks have a scale per 16 steps, and add the two halves' sums in turn. The integer sums are
+//! exact, so every output depends only on its own row and column — a row gets the same bits
+//! alone (an AR step) and among 15 others (a verify), on either ISA and in the scalar twin
+//! ([`block_scalar`]), which is what keeps speculative decoding's output equal to AR's under
+//! this rule. The outputs approximate the exact f32 products (the activations lose bits, the
+//! weights none).
 //!
 //! **The panels.** 16 output columns as in [`crate::cpu::panels`], per block of 32 steps the
-//! columns' f16 scales (and minimums), then 8 groups of 4 steps whose 64 values are ordered
-//! column-major (value `e` = column `e / 4`, step `4g + e % 4`), the 4 bytes one `vpdpbusd`
-//! lane multiplies by a broadcast 4-byte group of the row's `q`. Q4_1: two values per byte
-//! (value `e` in the low nibble of byte `e` for `e < 32`, in the high nibble of byte `e − 32`
-//! after): 320 bytes per 512 weights, as the GGUF. Q8_0 (and Q4_0, Q5_0): one byte per value,
-//! `w + 128`, so that it is unsigned: 544 bytes per 512 weights.
+//! columns' scales (and minimums: [`IntKind`]), then 8 groups of 4 steps whose 64 values are
+//! ordered column-major (value `e` = column `e / 4`, step `4g + e % 4`), the 4 bytes one
+//! `vpdpbusd` lane multiplies by a broadcast 4-byte group of the row's `q`. 4-bit kinds (Q4_1,
+//! Q4_K): two values per byte (value `e` in the low nibble of byte `e` for `e < 32`, in the high
+//! nibble of byte `e − 32` after): 320 bytes per 512 weights for Q4_1, as the GGUF. Signed kinds
+//! (Q8_0, Q4_0, Q5_0, Q6_K): one byte per value, `w + 128`, so that it is unsigned: 544 bytes
+//! per 512 weights for Q8_0.
 //!
 //! Example: x = [0.5, −1.0, 0.25, 0, …] (rest 0) → a = 1, d = 1/127, q = [64, −127, 32, 0, …],
 //! s = −0.25; against a Q8_0 column with d_w = 0.5 and w = [2, 1, −4, …] (rest 0): Σ q·w =
