@@ -94,7 +94,7 @@ impl IntKind {
 
     /// Bytes of the block's scales (and minimums) before its values: 16 columns' f16 or f32
     /// scales, then their minimums (4-bit kinds) or the second half's scales (Q6_K).
-    fn scale_bytes(self) -> usize {
+    pub fn scale_bytes(self) -> usize {
         match self {
             IntKind::Nibbles => 64,
             IntKind::NibblesF32 | IntKind::Signed16 => 128,
@@ -426,9 +426,22 @@ pub unsafe fn block(
 #[cfg(target_arch = "x86_64")]
 const AHEAD_BYTES: usize = 4096;
 
+/// A hint to fetch the panel bytes `AHEAD_BYTES` past block `b` (of `per` bytes): past the end
+/// of the panels it fetches nothing useful and never faults.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn prefetch_block(p: *const u8, b: usize, per: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for line in 0..per.div_ceil(64) {
+        let at = b * per + AHEAD_BYTES + 64 * line;
+        // SAFETY: a prefetch never faults, whatever the address
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(at) as *const i8) };
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod vnni512 {
-    use super::{IntKind, Q8Rows, AHEAD_BYTES, QB};
+    use super::{IntKind, Q8Rows, QB};
     use std::arch::x86_64::*;
 
     /// One `vpdpbusd` lane per column: 4 steps of a column's unsigned weights times a broadcast
@@ -452,10 +465,7 @@ mod vnni512 {
         let mut w = [_mm512_setzero_si512(); 8];
         for b in 0..nb {
             let base = p.add(b * per);
-            for line in 0..per.div_ceil(64) {
-                let at = b * per + AHEAD_BYTES + 64 * line;
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(at) as *const i8);
-            }
+            super::prefetch_block(p, b, per);
             let nibbles = kind.nibbles();
             let f32s = kind.f32_scales();
             let halves = kind == IntKind::Signed16;
@@ -474,13 +484,7 @@ mod vnni512 {
             } else {
                 _mm512_setzero_ps()
             };
-            let vals = base.add(if f32s {
-                128
-            } else if nibbles {
-                64
-            } else {
-                32
-            });
+            let vals = base.add(kind.scale_bytes());
             if nibbles {
                 for (g, wg) in w.iter_mut().enumerate() {
                     let raw = _mm256_loadu_si256(vals.add(32 * g) as *const __m256i);
@@ -536,7 +540,7 @@ mod vnni512 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{IntKind, Q8Rows, AHEAD_BYTES, QB};
+    use super::{IntKind, Q8Rows, QB};
     use std::arch::x86_64::*;
 
     /// Columns 0..8 and 8..16 as two halves. A group's 4-step products by `vpmaddubsw`
@@ -566,10 +570,7 @@ mod avx2 {
         let nibbles = kind.nibbles();
         for b in 0..nb {
             let base = p.add(b * per);
-            for line in 0..per.div_ceil(64) {
-                let at = b * per + AHEAD_BYTES + 64 * line;
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(at) as *const i8);
-            }
+            super::prefetch_block(p, b, per);
             let f32s = kind.f32_scales();
             let halves = kind == IntKind::Signed16;
             // 16 columns' scales from `at` (in values) as two halves of 8
@@ -592,13 +593,7 @@ mod avx2 {
             } else {
                 [_mm256_setzero_ps(); 2]
             };
-            let vals = base.add(if f32s {
-                128
-            } else if nibbles {
-                64
-            } else {
-                32
-            });
+            let vals = base.add(kind.scale_bytes());
             for g in 0..8 {
                 if nibbles {
                     let raw = _mm256_loadu_si256(vals.add(32 * g) as *const __m256i);
