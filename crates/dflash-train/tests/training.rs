@@ -431,3 +431,96 @@ fn a_checkpoint_between_validation_steps_records_its_own_validation() {
     assert_eq!(m.len(), 1);
     assert_eq!(m[0].val_simulated_tau, rec["val_simulated_tau"].as_f64());
 }
+
+/// `TrainOptions::plan_out` (`train --plan-out`, what `bench/train_reference_run.py` replays):
+/// one line per row of every step, in order, each row's packed sequences (the data's own, split
+/// at `starts`), its anchors (as many as asked, sorted, each a training candidate inside its
+/// sequence) and the step's learning rate as the metrics record it; a run stopped and resumed
+/// appends the same lines an uninterrupted run writes.
+#[test]
+fn the_plan_file_holds_each_steps_rows() {
+    let (td, data) = four_sequences("plan", 10, 20);
+    let lt = load(&td, DType::F32);
+    let cfg = TrainConfig {
+        pack_length: Some(48),
+        max_length: 48,
+        grad_accum: 2,
+        num_anchors: 8,
+        max_steps: Some(6),
+        warmup_ratio: 0.5,
+        ..small_config()
+    };
+    let run =
+        |out: &std::path::Path, opts: TrainOptions| train(&lt, &data, out, cfg.clone(), &opts);
+    let whole = tmp("plan-whole");
+    let plan = whole.join("plan.jsonl");
+    let opts = TrainOptions {
+        plan_out: Some(plan.clone()),
+        ..Default::default()
+    };
+    run(&whole, opts).unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&plan)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 6 * 2);
+    let metrics = read_metrics(&whole.join("metrics.jsonl")).unwrap();
+    let seqs: Vec<Vec<u32>> = (0..4).map(|i| sequence(10 + i, 4, 20).ids).collect();
+    let nums = |v: &serde_json::Value| -> Vec<usize> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as usize)
+            .collect()
+    };
+    for (j, l) in lines.iter().enumerate() {
+        let step = j / 2 + 1;
+        assert_eq!(l["step"].as_u64(), Some(step as u64), "line {j}");
+        assert_eq!(l["row"].as_u64(), Some((j % 2) as u64), "line {j}");
+        assert_eq!(l["lr"].as_f64(), Some(metrics[step - 1].lr), "line {j}");
+        let (ids, mask) = (nums(&l["ids"]), nums(&l["loss_mask"]));
+        let (starts, anchors) = (nums(&l["starts"]), nums(&l["anchors"]));
+        assert_eq!(ids.len(), mask.len());
+        assert_eq!(starts[0], 0);
+        let ends: Vec<usize> = starts[1..].iter().copied().chain([ids.len()]).collect();
+        for (&s0, &e) in starts.iter().zip(&ends) {
+            let part: Vec<u32> = ids[s0..e].iter().map(|&x| x as u32).collect();
+            assert!(
+                seqs.contains(&part),
+                "line {j}: a packed sequence not in the data"
+            );
+        }
+        assert_eq!(anchors.len(), 8, "line {j}");
+        assert!(
+            anchors.windows(2).all(|w| w[0] < w[1]),
+            "line {j}: {anchors:?}"
+        );
+        for &a in &anchors {
+            let end = ends.iter().find(|&&e| e > a).unwrap();
+            assert!(
+                a + 1 < *end && mask[a] == 1 && mask[a + 1] == 1,
+                "line {j}: anchor {a}"
+            );
+        }
+    }
+    // stopped after its first step, then resumed: the same lines
+    let split = tmp("plan-split");
+    let split_plan = split.join("plan.jsonl");
+    let first = TrainOptions {
+        plan_out: Some(split_plan.clone()),
+        time_limit: Some(std::time::Duration::ZERO),
+        ..Default::default()
+    };
+    assert_eq!(run(&split, first.clone()).unwrap().steps, 1);
+    let rest = TrainOptions {
+        resume: true,
+        time_limit: None,
+        ..first
+    };
+    run(&split, rest).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&split_plan).unwrap(),
+        std::fs::read_to_string(&plan).unwrap()
+    );
+}

@@ -52,20 +52,37 @@ pub(super) fn permutation(n: usize, seed: u64, epoch: usize) -> Vec<usize> {
     p
 }
 
+/// The anchors training row `si` trains in `epoch`: `num_anchors` of its candidates drawn
+/// with the seed of (run, epoch, row) — the same on every visit, rank and resume, and what
+/// `--plan-out` writes.
+pub fn row_anchors(row: &TrainingRow, cfg: &TrainConfig, epoch: usize, si: usize) -> Vec<usize> {
+    anchors::sample(
+        row.anchor_candidates(),
+        cfg.num_anchors,
+        anchors::seed_for(cfg.seed, epoch, si),
+    )
+}
+
 /// One training row's objective: the clean target forward for its features (or the ones
-/// `cache` kept for `key`), anchors drawn with `anchor_seed`, the block loss. Training goes
-/// through here, validation through the same features and block loss.
+/// `cache` kept for `key`), the block loss at `anchors`. Training goes through here,
+/// validation through the same features and block loss.
 pub fn row_loss(
     td: &TrainableDrafter,
     lt: &LoadedTarget,
     cfg: &TrainConfig,
     row: &TrainingRow,
-    anchor_seed: u64,
+    anchors: &[usize],
     (cache, key): (&mut FeatureCache, usize),
 ) -> Result<LossOutput> {
     let feats = row_features(td, lt, cfg, row, (cache, key))?;
-    let a = anchors::sample(row.anchor_candidates(), cfg.num_anchors, anchor_seed);
-    block_loss(&td.drafter, &lt.target, row, &feats, &a, Objective::of(cfg))
+    block_loss(
+        &td.drafter,
+        &lt.target,
+        row,
+        &feats,
+        anchors,
+        Objective::of(cfg),
+    )
 }
 
 /// A row's target features: the clean target forward, or the ones `cache` kept for `key`.

@@ -16,9 +16,8 @@ use dflash_model::models::drafter_init::{
 
 use super::drafter::{init_weights_from, TrainableDrafter};
 use super::features::FeatureCache;
-use super::rows::{permutation, row_loss, usable_sequences, validate, Validation};
+use super::rows::{permutation, row_anchors, row_loss, usable_sequences, validate, Validation};
 use super::{read_metrics, StepMetrics, TrainOptions};
-use crate::anchors;
 use crate::checkpoint::{
     read_trainer_state, write_drafter_files, write_trainer_state, CheckpointPaths, TrainerState,
     TrainingRecord,
@@ -242,11 +241,7 @@ impl<'a> Run<'a> {
         };
         for (j, &(si, epoch)) in plan.iter().enumerate() {
             let row = &self.train_rows[si];
-            let anchors = anchors::sample(
-                row.anchor_candidates(),
-                self.cfg.num_anchors,
-                anchors::seed_for(self.cfg.seed, epoch, si),
-            );
+            let anchors = row_anchors(row, &self.cfg, epoch, si);
             let line = serde_json::json!({
                 "step": step,
                 "row": j,
@@ -290,12 +285,13 @@ impl<'a> Run<'a> {
             mine.end,
             &mut |j| {
                 let (si, epoch) = plan[j];
+                let row = &self.train_rows[si];
                 let out = row_loss(
                     &self.td,
                     self.lt,
                     &self.cfg,
-                    &self.train_rows[si],
-                    anchors::seed_for(self.cfg.seed, epoch, si),
+                    row,
+                    &row_anchors(row, &self.cfg, epoch, si),
                     (&mut self.cache, si),
                 )?;
                 let l = {
