@@ -1073,6 +1073,24 @@ mod tests {
             .collect()
     }
 
+    /// Asserts that the panels' rows ([`Panels::dense`]) are the loader's values of `q`, bit for
+    /// bit, and returns those values (`[n, k]` row-major).
+    fn dense_is_the_loaders(p: &Panels, q: &QuantBlocks) -> Vec<f32> {
+        let w: Vec<f32> = (0..q.n)
+            .flat_map(|r| (0..q.k).map(move |c| (r, c)))
+            .map(|(r, c)| q.value(r, c))
+            .collect();
+        assert!(
+            p.dense()
+                .iter()
+                .zip(&w)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{:?}: dense",
+            q.kind
+        );
+        w
+    }
+
     /// Random blocks (`d` and `m` of either sign, every 4-bit or 8-bit value).
     fn quantized(kind: QuantKind, n: usize, k: usize, seed: u32) -> QuantBlocks {
         let v = values(n * k / QBLOCK * 3, seed);
@@ -1153,19 +1171,9 @@ mod tests {
             };
             let p = Panels::pack_quantized(&q);
             assert!(p.is_quantized());
-            let w: Vec<f32> = (0..q.n)
-                .flat_map(|r| (0..q.k).map(move |c| (r, c)))
-                .map(|(r, c)| q.value(r, c))
-                .collect();
             // the panels' rows are the loader's values (the embeddings and dense weight of a
             // layer that holds only its quantized panels)
-            assert!(
-                p.dense()
-                    .iter()
-                    .zip(&w)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{kind:?}: dense"
-            );
+            let w = dense_is_the_loaders(&p, &q);
             let f = Panels::pack(&w, q.n, q.k);
             assert!(f
                 .dense()
@@ -1289,17 +1297,7 @@ mod tests {
             let k = q.k;
             let p = Panels::pack_integer(&q);
             assert!(p.is_quantized() && p.is_integer());
-            let w: Vec<f32> = (0..n)
-                .flat_map(|r| (0..k).map(move |c| (r, c)))
-                .map(|(r, c)| q.value(r, c))
-                .collect();
-            assert!(
-                p.dense()
-                    .iter()
-                    .zip(&w)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{kind:?}: dense"
-            );
+            let w = dense_is_the_loaders(&p, &q);
             let PanelData::Int(ik, data) = &p.data else {
                 panic!("integer panels")
             };
