@@ -80,6 +80,24 @@ pub fn attend_rows(
     keys: &KeyRuns,
     scale: f64,
 ) -> Result<Tensor> {
+    match Isa::detect() {
+        Some(isa) => attend_rows_on(isa, q, k, v, keys, scale),
+        None => candle_core::bail!("attend_rows: no vector ISA"),
+    }
+}
+
+/// [`attend_rows`] on the kernels of `isa` (one of [`Isa::available`]).
+pub fn attend_rows_on(
+    isa: Isa,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    keys: &KeyRuns,
+    scale: f64,
+) -> Result<Tensor> {
+    if !Isa::available().contains(&isa) {
+        candle_core::bail!("attend_rows: this CPU does not run {isa:?}");
+    }
     let (_, hq, n, d) = q.dims4()?;
     let (_, hkv, t, dk) = k.dims4()?;
     if !applies(q) || dk != d || v.dims4()? != (1, hkv, t, d) || hkv == 0 || hq % hkv != 0 {
@@ -130,13 +148,12 @@ pub fn attend_rows(
                 }
             })
             .collect();
-        // SAFETY: the ISA checked by `applies`; each pair writes its own d outputs only
+        // SAFETY: the CPU runs `isa` (checked above); each pair writes its own d outputs only
         #[cfg(target_arch = "x86_64")]
         unsafe {
-            match Isa::detect() {
-                Some(Isa::Avx512) => avx512::block(&pairs, &kk, &vv, hk, scale as f32),
-                Some(Isa::Avx2) => avx2::block(&pairs, &kk, &vv, hk, scale as f32),
-                None => unreachable!("applies() needs a vector ISA"),
+            match isa {
+                Isa::Avx512 => avx512::block(&pairs, &kk, &vv, hk, scale as f32),
+                Isa::Avx2 => avx2::block(&pairs, &kk, &vv, hk, scale as f32),
             }
         };
     };
@@ -313,17 +330,17 @@ macro_rules! block_kernel {
                 }
             }
             for (i, a) in acc.iter_mut().enumerate().take(used) {
-                let mut p = 0;
+                // the row's packed keys from `shared` on: packed key `p` of the run `r` that
+                // starts at packed index `at` is column `r.start + p − at`
+                let mut at = 0;
                 for r in row(i).runs {
-                    for j in r.clone() {
-                        if p >= shared {
-                            let (w, vj) = (set1(e[i][p]), v.row(h, j, d).as_ptr());
-                            for (c, x) in a.iter_mut().enumerate() {
-                                *x = fma(w, ld(vj.add(c * W)), *x);
-                            }
+                    for p in shared.max(at)..at + r.len() {
+                        let (w, vj) = (set1(e[i][p]), v.row(h, r.start + p - at, d).as_ptr());
+                        for (c, x) in a.iter_mut().enumerate() {
+                            *x = fma(w, ld(vj.add(c * W)), *x);
                         }
-                        p += 1;
                     }
+                    at += r.len();
                 }
                 let out = row(i).out;
                 for (c, x) in a.iter().enumerate() {
@@ -388,67 +405,84 @@ mod tests {
     }
 
     /// Equals the masked-softmax attention (candle's matmuls) on causal and tree masks, with
-    /// grouped heads and K/V read in place from a longer buffer.
+    /// grouped heads and K/V read in place from a longer buffer, on every ISA the CPU runs:
+    /// head dims of 16 to 128, one row to a 16-row verify over 500 cached keys, tree rows
+    /// whose own keys come after the shared ones.
     #[test]
     fn equals_the_masked_attention() {
-        if Isa::detect().is_none() {
-            return;
-        }
-        for (cache, v) in [
-            (0, causal(0, 5)),
-            (40, causal(40, 1)),
-            (37, causal(37, 16)),
-            (37, tree(37, &[None, None, Some(0), Some(2), Some(1)])),
-        ] {
-            let (n, t) = (v.rows, v.cols);
-            let q = values((1, 6, n, 32), 0.1);
-            let buf = values((1, 2, t + 7, 32), 0.4);
-            let k = buf.narrow(2, 0, t).unwrap();
-            let vv = values((1, 2, t + 7, 32), 0.9).narrow(2, 0, t).unwrap();
-            let want = attend(
-                &q,
-                &k,
-                &vv,
-                &mask_tensor(&v, DType::F32, &Device::Cpu).unwrap(),
-                0.125,
-            )
-            .unwrap();
-            let got = attend_rows(&q, &k, &vv, &KeyRuns::new(&v), 0.125).unwrap();
-            let err = crate::ops::compare::max_abs(&want, &got).unwrap();
-            assert!(err < 2e-6, "cache {cache}: {err}");
+        for isa in Isa::available() {
+            for (cache, v, d) in [
+                (0, causal(0, 5), 32),
+                (40, causal(40, 1), 32),
+                (37, causal(37, 16), 32),
+                (37, tree(37, &[None, None, Some(0), Some(2), Some(1)]), 32),
+                (3, causal(3, 1), 16),
+                (21, causal(21, 9), 48),
+                (500, causal(500, 16), 64),
+                (9, tree(9, &[None, Some(0), Some(0), Some(1)]), 128),
+            ] {
+                let (n, t) = (v.rows, v.cols);
+                let q = values((1, 6, n, d), 0.1);
+                let buf = values((1, 2, t + 7, d), 0.4);
+                let k = buf.narrow(2, 0, t).unwrap();
+                let vv = values((1, 2, t + 7, d), 0.9).narrow(2, 0, t).unwrap();
+                let want = attend(
+                    &q,
+                    &k,
+                    &vv,
+                    &mask_tensor(&v, DType::F32, &Device::Cpu).unwrap(),
+                    0.125,
+                )
+                .unwrap();
+                let got = attend_rows_on(isa, &q, &k, &vv, &KeyRuns::new(&v), 0.125).unwrap();
+                let err = crate::ops::compare::max_abs(&want, &got).unwrap();
+                assert!(err < 2e-6, "{isa:?} cache {cache} d {d}: {err}");
+            }
         }
     }
 
     /// A tree row gets the same bits as the row that sees the same keys contiguously (the AR
-    /// step of the same tokens).
+    /// step of the same tokens), and a verify row among 15 others the bits of that row alone,
+    /// on every ISA.
     #[test]
-    fn a_tree_row_gets_the_ar_rows_bits() {
-        if Isa::detect().is_none() {
-            return;
+    fn a_row_gets_the_ar_rows_bits() {
+        for isa in Isa::available() {
+            // tree over cache 20: node 0 (col 20), sibling 1 (col 21), node 2 child of 0 (col 22)
+            let tv = tree(20, &[None, None, Some(0)]);
+            let k = values((1, 1, 23, 64), 0.2);
+            let v = values((1, 1, 23, 64), 0.7);
+            let q = values((1, 3, 3, 64), 0.3);
+            let got = attend_rows_on(isa, &q, &k, &v, &KeyRuns::new(&tv), 0.125).unwrap();
+            // the AR layout: keys 0..20, node 0, node 2 at columns 0..22
+            let idx =
+                Tensor::new((0u32..21).chain([22]).collect::<Vec<_>>(), &Device::Cpu).unwrap();
+            let (ka, va) = (
+                k.index_select(&idx, 2).unwrap(),
+                v.index_select(&idx, 2).unwrap(),
+            );
+            let qa = q.narrow(2, 2, 1).unwrap();
+            let ar =
+                attend_rows_on(isa, &qa, &ka, &va, &KeyRuns::new(&causal(21, 1)), 0.125).unwrap();
+            // got [1, 3 rows, 3 heads · 64]: row 2 against the AR step's only row
+            let bits = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(bits(got.narrow(1, 2, 1).unwrap()), bits(ar), "{isa:?}");
+            // a 16-row verify over a 100-row cache (3 query heads per K/V head: 48 rows in
+            // two blocks), row 11 against the AR step at column 111
+            let k = values((1, 2, 116, 64), 0.5);
+            let v = values((1, 2, 116, 64), 0.6);
+            let q = values((1, 6, 16, 64), 0.8);
+            let got =
+                attend_rows_on(isa, &q, &k, &v, &KeyRuns::new(&causal(100, 16)), 0.125).unwrap();
+            let ar = attend_rows_on(
+                isa,
+                &q.narrow(2, 11, 1).unwrap(),
+                &k.narrow(2, 0, 112).unwrap(),
+                &v.narrow(2, 0, 112).unwrap(),
+                &KeyRuns::new(&causal(111, 1)),
+                0.125,
+            )
+            .unwrap();
+            assert_eq!(bits(got.narrow(1, 11, 1).unwrap()), bits(ar), "{isa:?}");
         }
-        // tree over cache 20: node 0 (col 20), sibling 1 (col 21), node 2 child of 0 (col 22)
-        let tv = tree(20, &[None, None, Some(0)]);
-        let k = values((1, 1, 23, 64), 0.2);
-        let v = values((1, 1, 23, 64), 0.7);
-        let q = values((1, 3, 3, 64), 0.3);
-        let got = attend_rows(&q, &k, &v, &KeyRuns::new(&tv), 0.125).unwrap();
-        // the AR layout: keys 0..20, node 0, node 2 at columns 0..22
-        let idx = Tensor::new((0u32..21).chain([22]).collect::<Vec<_>>(), &Device::Cpu).unwrap();
-        let (ka, va) = (
-            k.index_select(&idx, 2).unwrap(),
-            v.index_select(&idx, 2).unwrap(),
-        );
-        let qa = q.narrow(2, 2, 1).unwrap();
-        let ar = attend_rows(&qa, &ka, &va, &KeyRuns::new(&causal(21, 1)), 0.125).unwrap();
-        // got [1, 3 rows, 3 heads · 64]: row 2 against the AR step's only row
-        assert_eq!(
-            got.narrow(1, 2, 1)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap(),
-            ar.flatten_all().unwrap().to_vec1::<f32>().unwrap()
-        );
     }
 }
