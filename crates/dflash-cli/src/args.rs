@@ -40,8 +40,8 @@ pub struct DeviceArgs {
     pub dtype: String,
     /// How the CPU multiplies GGUF weights: `exact` (f32 multiply-adds: the f32 path's bits) or
     /// `q8` (each input row quantized to 8 bits per block of 32, integer products as llama.cpp's;
-    /// faster, near the f32 outputs; LM heads stay exact). Default: `DFLASH_CPU_QUANT=q8` in
-    /// the environment, else exact.
+    /// faster, near the f32 outputs; an LM head keeps the exact arg-max). Default:
+    /// `DFLASH_CPU_QUANT=q8` in the environment, else exact.
     #[arg(long, value_parser = ["exact", "q8"])]
     pub cpu_products: Option<String>,
 }

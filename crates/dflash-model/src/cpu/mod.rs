@@ -6,6 +6,7 @@ pub mod panels;
 pub mod q8;
 pub mod quant;
 pub mod row_attention;
+pub mod screen;
 pub mod swiglu;
 pub(crate) mod vexp;
 

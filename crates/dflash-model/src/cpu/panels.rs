@@ -38,6 +38,9 @@ pub struct Panels {
     data: PanelData,
     n: usize,
     k: usize,
+    /// An LM head's column bounds ([`crate::cpu::screen`]): the integer products then keep the
+    /// exact products' arg-max.
+    screen: Option<Vec<f32>>,
 }
 
 /// The panels' values: f32, or their upper halves when every weight is a bf16 value (a
@@ -146,7 +149,12 @@ impl Panels {
         } else {
             PanelData::F32(data)
         };
-        Self { data, n, k }
+        Self {
+            data,
+            n,
+            k,
+            screen: None,
+        }
     }
 
     /// Re-lays a weight's quantized blocks (see [`PanelData`]), panels in parallel; the
@@ -195,7 +203,12 @@ impl Panels {
             QuantKind::Q4K => PanelData::Q4K(data.into_iter().map(Q4Kb).collect()),
             QuantKind::Q6K => PanelData::Q6K(data.into_iter().map(Q6Kb).collect()),
         };
-        Self { data, n, k }
+        Self {
+            data,
+            n,
+            k,
+            screen: None,
+        }
     }
 
     /// A GGUF weight's blocks laid out for the integer products ([`crate::cpu::q8`]: 4 steps of
@@ -263,35 +276,62 @@ impl Panels {
             data: PanelData::Int(kind, data),
             n,
             k,
+            screen: None,
         }
+    }
+
+    /// An LM head's integer products that keep the exact products' arg-max
+    /// ([`crate::cpu::screen`]): [`Self::pack_integer`]'s panels with each column's bound; `None`
+    /// for a kind other than Q8_0, Q4_0 and Q5_0 (or a scale that is not finite).
+    pub fn pack_screened(q: &QuantBlocks) -> Option<Self> {
+        let bounds = crate::cpu::screen::column_bounds(q)?;
+        let mut p = Self::pack_integer(q);
+        p.screen = Some(bounds);
+        Some(p)
+    }
+
+    /// The integer panels' kind and bytes (tests of the kernels' twins).
+    #[cfg(test)]
+    pub(crate) fn int_bytes(&self) -> Option<(IntKind, &[u8])> {
+        match &self.data {
+            PanelData::Int(kind, d) => Some((*kind, d)),
+            _ => None,
+        }
+    }
+
+    /// Whether the integer products keep the exact arg-max ([`Self::pack_screened`]).
+    pub fn is_screened(&self) -> bool {
+        self.screen.is_some()
     }
 
     /// The panels of rows `ids` of `W` (a drafter's vocabulary head over a quantized LM head):
     /// the same blocks, so the same values and products, at the quantized size; `None` for
-    /// layouts other than Q8_0's (the caller dequantizes the rows). Panics if an id is not a
-    /// row (callers check).
+    /// layouts other than Q8_0's (the caller dequantizes the rows). The rows of a screened head
+    /// ([`Self::pack_screened`]) multiply exactly, as every drafter head does. Panics if an id
+    /// is not a row (callers check).
     pub fn select_rows(&self, ids: &[u32]) -> Option<Panels> {
         let (k, nb) = (self.k, self.k / QBLOCK);
-        let per = match &self.data {
-            PanelData::Q8_0(_) => Q8_0_PANEL_BLOCK,
-            PanelData::Int(kind, _) => kind.block_bytes(),
+        let (src, per) = match &self.data {
+            PanelData::Q8_0(d) => (as_bytes(d), Q8_0_PANEL_BLOCK),
+            PanelData::Int(kind, d) => (d.as_slice(), kind.block_bytes()),
             _ => return None,
         };
-        let src = match &self.data {
-            PanelData::Q8_0(d) => as_bytes(d),
-            PanelData::Int(_, d) => d.as_slice(),
-            _ => return None,
+        // integer rows stay integer, but a screened head's become exact Q8_0 panels
+        let int_out = match &self.data {
+            PanelData::Int(kind, _) if self.screen.is_none() => Some(*kind),
+            _ => None,
         };
-        let mut out = vec![0u8; ids.len().div_ceil(PANEL) * nb * per];
+        let out_per = int_out.map_or(Q8_0_PANEL_BLOCK, |kind| kind.block_bytes());
+        let mut out = vec![0u8; ids.len().div_ceil(PANEL) * nb * out_per];
         for (j, &id) in ids.iter().enumerate() {
             let id = id as usize;
             assert!(id < self.n, "Panels::select_rows: row {id} of {}", self.n);
             let (sp, sc, dp, dc) = (id / PANEL, id % PANEL, j / PANEL, j % PANEL);
             for b in 0..nb {
                 let s = &src[(sp * nb + b) * per..][..per];
-                let dst = &mut out[(dp * nb + b) * per..][..per];
-                match &self.data {
-                    PanelData::Int(kind, _) => {
+                let dst = &mut out[(dp * nb + b) * out_per..][..out_per];
+                match (&self.data, int_out) {
+                    (PanelData::Int(kind, _), Some(_)) => {
                         let mut vals = [0i32; QBLOCK];
                         for (step, v) in vals.iter_mut().enumerate() {
                             *v = kind.value(s, sc, step).0;
@@ -299,6 +339,15 @@ impl Panels {
                         let ((_, d, m), (_, d_hi, _)) =
                             (kind.value(s, sc, 0), kind.value(s, sc, 16));
                         kind.put(dst, dc, [d, d_hi], m, &vals);
+                    }
+                    (PanelData::Int(kind, _), None) => {
+                        // a signed block's f16 scale and i8 values in the exact layout
+                        let d = kind.value(s, sc, 0).1;
+                        dst[2 * dc..2 * dc + 2]
+                            .copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+                        for step in 0..QBLOCK {
+                            dst[32 + step * 16 + dc] = kind.value(s, sc, step).0 as i8 as u8;
+                        }
                     }
                     _ => {
                         dst[2 * dc..2 * dc + 2].copy_from_slice(&s[2 * sc..2 * sc + 2]);
@@ -309,14 +358,15 @@ impl Panels {
                 }
             }
         }
-        let data = match &self.data {
-            PanelData::Int(kind, _) => PanelData::Int(*kind, out),
-            _ => PanelData::Q8_0(out.into_iter().map(Q80).collect()),
+        let data = match int_out {
+            Some(kind) => PanelData::Int(kind, out),
+            None => PanelData::Q8_0(out.into_iter().map(Q80).collect()),
         };
         Some(Panels {
             data,
             n: ids.len(),
             k,
+            screen: None,
         })
     }
 
@@ -395,7 +445,7 @@ impl Panels {
 
     /// Bytes the panels hold.
     pub fn resident_bytes(&self) -> usize {
-        match &self.data {
+        (match &self.data {
             PanelData::F32(d) => d.len() * 4,
             PanelData::Bf16(d) => d.len() * 2,
             PanelData::Q4_1(d) => d.len(),
@@ -403,7 +453,7 @@ impl Panels {
             PanelData::Q4K(d) => d.len(),
             PanelData::Q6K(d) => d.len(),
             PanelData::Int(_, d) => d.len(),
-        }
+        }) + self.screen.as_ref().map_or(0, |b| b.len() * 4)
     }
 
     /// Bytes one product reads from the weights (panel padding aside): 4, 2, 0.625 (Q4_1) or
@@ -424,6 +474,9 @@ impl Panels {
     /// The panels' value format: "f32", "bf16", "Q4_1", "Q8_0" (Q4_0 and Q5_0 too), "Q4_K" or
     /// "Q6_K"; "Q4_1 q8" or "Q8_0 q8" for the integer products.
     pub fn format(&self) -> &'static str {
+        if self.screen.is_some() {
+            return "Q8_0 q8 screened";
+        }
         match self.data {
             PanelData::F32(_) => "f32",
             PanelData::Bf16(_) => "bf16",
@@ -521,6 +574,11 @@ impl Panels {
             }
         };
         self.over_panels(rows, &run);
+        if let Some(bounds) = &self.screen {
+            crate::cpu::screen::settle(&mut y, &a, x, bounds, &|c| {
+                (&data[c / PANEL * len..][..len], c % PANEL)
+            });
+        }
         y
     }
 
@@ -1259,6 +1317,7 @@ mod tests {
             ),
             n,
             k,
+            screen: None,
         };
         assert!(!Panels::pack(&[0.5, 0.1], 1, 2).is_bf16());
         let PanelData::Bf16(half_bits) = &Panels::pack(&[0.5], 1, 1).data else {

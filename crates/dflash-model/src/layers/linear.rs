@@ -98,6 +98,27 @@ impl Linear {
         Self::from_blocks_with(q, bias, weight, false)
     }
 
+    /// An LM head from its quantized blocks: [`Linear::from_blocks_exact`], but with
+    /// `DFLASH_CPU_QUANT=q8` a Q8_0 (Q4_0, Q5_0) head multiplies 8-bit rows and recomputes
+    /// exactly the columns that could be a row's arg-max ([`crate::cpu::screen`]): the same
+    /// tokens at T = 0 as the exact products, the other logits within the screen's bound.
+    pub fn from_blocks_head(
+        q: &QuantBlocks,
+        bias: Option<Tensor>,
+        weight: impl FnOnce() -> anyhow::Result<Tensor>,
+    ) -> anyhow::Result<Self> {
+        if crate::cpu::q8::enabled() && Panels::supported() {
+            if let Some(p) = Panels::pack_screened(q) {
+                return Ok(Self {
+                    weight: None,
+                    bias,
+                    panels: Some(Arc::new(p)),
+                });
+            }
+        }
+        Self::from_blocks_exact(q, bias, weight)
+    }
+
     fn from_blocks_with(
         q: &QuantBlocks,
         bias: Option<Tensor>,

@@ -230,10 +230,11 @@ impl Target {
             embed_name
         };
         let vocab_shape = [config.vocab_size, h];
-        // exact products under `DFLASH_CPU_QUANT=q8` too: 8-bit rows move SmolLM2's last
-        // logits by 6 % and flip its arg-max (tests/gguf_targets.rs)
+        // under `DFLASH_CPU_QUANT=q8` the exact products' arg-max: 8-bit rows alone move
+        // SmolLM2's last logits by 6 % and flip it (tests/gguf_targets.rs), so a Q8_0 head
+        // recomputes exactly the columns that could be a row's arg-max (`cpu::screen`)
         let lm_head = match store.quant(head_name, &vocab_shape) {
-            Some(q) => Linear::from_blocks_exact(&q, None, || store.get(head_name, &vocab_shape))?,
+            Some(q) => Linear::from_blocks_head(&q, None, || store.get(head_name, &vocab_shape))?,
             None => Linear::new_exact(store.get(head_name, &vocab_shape)?, None),
         };
         // quantized embeddings are looked up from panels: the tied LM head's, or their own
