@@ -167,6 +167,25 @@ pub fn walk_decoding(
     Some((tokens, rounds))
 }
 
+/// [`walk_decoding`]'s count over rounds that decoding took: the rounds committed `taus` tokens
+/// in turn from the anchor at `start`; the rounds anchored before `end − 1` count, each for the
+/// tokens it committed up to position `end − 1`. With a decoding budget past `end` (so that no
+/// round before it drafted a cut block) this is τ on the same tokens as the walk's. Example:
+/// start 10, end 20, rounds of 4, 1, 6, 3 → (4 + 1 + 4, 3) = (9, 3): the fourth round anchors at
+/// 21, past the response.
+pub fn walk_rounds(start: usize, end: usize, taus: &[usize]) -> (u64, u64) {
+    let (mut a, mut tokens, mut rounds) = (start, 0u64, 0u64);
+    for &t in taus {
+        if a + 1 >= end {
+            break;
+        }
+        tokens += t.min(end - 1 - a) as u64;
+        rounds += 1;
+        a += t;
+    }
+    (tokens, rounds)
+}
+
 /// Per-position acceptance of drafted blocks scored against their labels, as a chain walk
 /// would accept them (training metrics, validation, the doctor): `offered[k-1]` blocks
 /// reached draft k with drafts 1..k-1 all right and a label at k; `reached[k-1]` of them got
@@ -255,6 +274,23 @@ impl AcceptCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn walk_rounds_counts_the_rounds_before_the_end_as_the_walk_does() {
+        assert_eq!(walk_rounds(10, 20, &[4, 1, 6, 3]), (9, 3));
+        // the same response as walk_decoding's example, walked from the decoded rounds
+        let acc = |a: usize| {
+            Some(match a {
+                10 => 3,
+                14 => 0,
+                _ => 7,
+            })
+        };
+        assert_eq!(walk_decoding(10, 20, acc), Some((9, 3)));
+        assert_eq!(walk_rounds(10, 20, &[4, 1, 8]), (9, 3));
+        assert_eq!(walk_rounds(10, 11, &[3]), (0, 0));
+        assert_eq!(walk_rounds(10, 20, &[]), (0, 0));
+    }
 
     fn round(drafted: usize, accepted: usize) -> RoundOutcome {
         RoundOutcome {

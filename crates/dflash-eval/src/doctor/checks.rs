@@ -271,7 +271,7 @@ pub(super) fn simulated_vs_measured_tau(s: &Subject, d: &Drafter) -> Result<Chec
     // walk_decoding), which the harmonic mean of per-anchor τ approximates
     let harmonic = v.counts.simulated_decoding_tau();
     let sim_decoding = v.decoding_tau();
-    let measured = measured_tau(s.lt, d, val)?;
+    let (measured, other_text) = measured_tau(s.lt, d, val)?;
     // a record from before every checkpoint was validated may hold none, and the stored value
     // was validated on the training data's last sequences: it is compared only when `--data`
     // is that data set (its manifest's sha256 is the record's); otherwise only the measured
@@ -294,8 +294,12 @@ pub(super) fn simulated_vs_measured_tau(s: &Subject, d: &Drafter) -> Result<Chec
         NAME,
         agree,
         format!(
-            "stored simulated τ {stored}, simulated now {sim_now:.3} (uniform anchors; as decoding visits them: {sim_decoding:.3} by the walk, {harmonic:.3} as the harmonic mean), measured by decoding {measured:.3} on {} validation sequence(s) (tolerance {:.0}%)",
+            "stored simulated τ {stored}, simulated now {sim_now:.3} (uniform anchors; as decoding visits them: {sim_decoding:.3} by the walk, {harmonic:.3} as the harmonic mean), measured by decoding {measured:.3} on {} validation sequence(s){} (tolerance {:.0}%)",
             val.len(),
+            match other_text {
+                0 => String::new(),
+                k => format!(", {k} of them decoded to another text than stored"),
+            },
             tol * 100.0
         ),
     ))

@@ -66,25 +66,32 @@ pub fn parity_diff(lt: &LoadedTarget, d: &Drafter, ids: &[u32]) -> Result<f32> {
     Ok(worst)
 }
 
-/// τ measured by greedy DFlash decoding of each sequence's unsupervised prefix (its prompt),
-/// for as many tokens as its response had. Rounds cut short by that budget are left out:
-/// the simulated τ describes uncut rounds.
+/// τ measured by greedy DFlash decoding of each sequence's unsupervised prefix (its prompt), on
+/// its response's tokens: decoded for the response's length plus a block (so that no round
+/// within the response drafts a block cut at the budget, which z-lab's loop and this engine do
+/// at a generation's end and training never scores), then walked as the trainer's validation
+/// walks the response ([`dflash_core::stats::walk_rounds`]: the rounds anchored in it, each
+/// counted up to its last token). Returns τ and the sequences whose decoding left their stored
+/// response (another text than the walk scored).
 pub fn measured_tau(
     lt: &LoadedTarget,
     d: &Drafter,
     seqs: &[dflash_train::data::Sequence],
-) -> Result<f64> {
-    let mut rounds = Vec::new();
+) -> Result<(f64, usize)> {
+    let (mut tokens, mut rounds, mut other_text) = (0u64, 0u64, 0usize);
+    let ctx = lt.target.config.max_position_embeddings;
     let mut pb = dflash_train::progress::Progress::new(
         seqs.len(),
         "doctor: decoding",
         "validation sequences",
     );
     for s in seqs {
-        let p = s.prompt_len();
+        let (p, end) = (s.prompt_len(), s.ids.len());
         let req = Request {
             prompt_ids: s.ids[..p].to_vec(),
-            max_new_tokens: (s.ids.len() - p).max(2),
+            max_new_tokens: (end - p + d.block_size - 1)
+                .min(ctx.saturating_sub(p))
+                .max(2),
             sampling: SamplingParams::default(),
             stop_ids: lt.tokenizer.stop_ids.clone(),
             loop_window: 0,
@@ -98,16 +105,13 @@ pub fn measured_tau(
             &req,
             Default::default(),
         )?;
-        pb.inc(
-            1,
-            format!(
-                "τ {:.2}",
-                dflash_core::stats::summarize(&[&g.rounds]).tau_pooled
-            ),
-        );
-        rounds.push(g.rounds);
+        let n = g.new_tokens.len().min(end - p);
+        other_text += usize::from(g.new_tokens[..n] != s.ids[p..p + n]);
+        let taus: Vec<usize> = g.rounds.iter().map(|r| r.tau_round).collect();
+        let (t, r) = dflash_core::stats::walk_rounds(p, end, &taus);
+        (tokens, rounds) = (tokens + t, rounds + r);
+        pb.inc(1, format!("τ {:.2}", t as f64 / r.max(1) as f64));
     }
     pb.finish();
-    let r: Vec<&[dflash_core::stats::RoundOutcome]> = rounds.iter().map(|x| x.as_slice()).collect();
-    Ok(dflash_core::stats::summarize(&r).tau_pooled)
+    Ok((tokens as f64 / rounds.max(1) as f64, other_text))
 }
