@@ -356,20 +356,26 @@ fn the_measured_tau_walks_full_blocks_on_short_responses() {
         .iter()
         .find(|c| c.name == "simulated vs measured τ")
         .unwrap();
-    let number_after = |key: &str| -> f64 {
-        let rest = &sim.detail[sim.detail.find(key).unwrap() + key.len()..];
-        rest.split_whitespace().next().unwrap().parse().unwrap()
-    };
-    let (walked, measured) = (
-        number_after("as decoding visits them: "),
-        number_after("measured by decoding "),
-    );
+    let (walked, measured) = walked_and_measured(&sim.detail);
     eprintln!("{}", sim.detail);
     assert!(
         (walked - measured).abs() <= 1e-3 * measured && !sim.detail.contains("another text"),
         "walked {walked} vs measured {measured}: {}",
         sim.detail
     );
+}
+
+/// The τ of the decoding walk and the τ measured by decoding, from the "simulated vs measured
+/// τ" check's detail.
+fn walked_and_measured(detail: &str) -> (f64, f64) {
+    let number_after = |key: &str| -> f64 {
+        let rest = &detail[detail.find(key).unwrap() + key.len()..];
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    (
+        number_after("as decoding visits them: "),
+        number_after("measured by decoding "),
+    )
 }
 
 fn run_doctor(
@@ -402,14 +408,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         .iter()
         .find(|c| c.name == "simulated vs measured τ")
         .unwrap();
-    let number_after = |key: &str| -> f64 {
-        let rest = &sim.detail[sim.detail.find(key).unwrap() + key.len()..];
-        rest.split_whitespace().next().unwrap().parse().unwrap()
-    };
-    let (walked, measured) = (
-        number_after("as decoding visits them: "),
-        number_after("measured by decoding "),
-    );
+    let (walked, measured) = walked_and_measured(&sim.detail);
     assert!(
         (walked - measured).abs() <= 0.02 * measured,
         "walked {walked} vs measured {measured}: {}",

@@ -1106,7 +1106,7 @@ mod avx2 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn naive(x: &[f32], w: &[f32], rows: usize, n: usize, k: usize) -> Vec<f64> {
@@ -1121,7 +1121,8 @@ mod tests {
         y
     }
 
-    fn values(len: usize, seed: u32) -> Vec<f32> {
+    /// `len` values in [−0.5, 0.5) from a seeded linear congruential stream.
+    pub(crate) fn values(len: usize, seed: u32) -> Vec<f32> {
         let mut s = seed;
         (0..len)
             .map(|_| {

@@ -139,26 +139,23 @@ fn settle_row_on<'p>(
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
-        #[target_feature(enable = "avx512f,fma")]
-        unsafe fn avx512<'p>(
-            yr: &mut [f32],
-            dx: &[f32],
-            xr: &[f32],
-            b: &[f32],
-            p: &(dyn Fn(usize) -> (&'p [u8], usize) + Sync),
-        ) -> usize {
-            settle_row(yr, dx, xr, b, p)
+        /// `settle_row` compiled with the features `$f`.
+        macro_rules! compiled_for {
+            ($name:ident, $f:literal) => {
+                #[target_feature(enable = $f)]
+                unsafe fn $name<'p>(
+                    yr: &mut [f32],
+                    dx: &[f32],
+                    xr: &[f32],
+                    b: &[f32],
+                    p: &(dyn Fn(usize) -> (&'p [u8], usize) + Sync),
+                ) -> usize {
+                    settle_row(yr, dx, xr, b, p)
+                }
+            };
         }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2<'p>(
-            yr: &mut [f32],
-            dx: &[f32],
-            xr: &[f32],
-            b: &[f32],
-            p: &(dyn Fn(usize) -> (&'p [u8], usize) + Sync),
-        ) -> usize {
-            settle_row(yr, dx, xr, b, p)
-        }
+        compiled_for!(avx512, "avx512f,fma");
+        compiled_for!(avx2, "avx2,fma");
         // SAFETY: the CPU runs the ISA detected (an AVX-512F CPU has FMA; `Isa::available`
         // checks it for AVX2)
         match crate::cpu::Isa::detect() {
@@ -243,18 +240,9 @@ fn settle_row<'p>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::panels::tests::values as uniform;
     use crate::cpu::panels::Panels;
     use crate::cpu::Isa;
-
-    fn uniform(len: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        (0..len)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (s >> 8) as f32 / 16_777_216.0 - 0.5
-            })
-            .collect()
-    }
 
     /// A Q8_0 head `[n, k]` of 4 near-copies of each base column (one weight of a copy moved by
     /// a few thousandths): exact logits a hair apart, which 8-bit rows can reorder.
