@@ -157,14 +157,30 @@ pub fn walk_decoding(
     end: usize,
     accepted_at: impl Fn(usize) -> Option<usize>,
 ) -> Option<(u64, u64)> {
+    let (tokens, rounds, whole) = walk(start, end, |a| accepted_at(a).map(|k| 1 + k));
+    whole.then_some((tokens, rounds))
+}
+
+/// The walk both [`walk_decoding`] and [`walk_rounds`] take: a round at anchor `a` commits
+/// `commits(a)` tokens, counted up to position `end − 1`, and the next round anchors where it
+/// ended, while `a + 1 < end`. Returns (tokens, rounds, whether every visited anchor had a
+/// round: `commits` gave `None` nowhere).
+fn walk(
+    start: usize,
+    end: usize,
+    mut commits: impl FnMut(usize) -> Option<usize>,
+) -> (u64, u64, bool) {
     let (mut a, mut tokens, mut rounds) = (start, 0u64, 0u64);
     while a + 1 < end {
-        let t = (1 + accepted_at(a)?).min(end - 1 - a);
+        let Some(t) = commits(a) else {
+            return (tokens, rounds, false);
+        };
+        let t = t.min(end - 1 - a);
         tokens += t as u64;
         rounds += 1;
         a += t;
     }
-    Some((tokens, rounds))
+    (tokens, rounds, true)
 }
 
 /// [`walk_decoding`]'s count over rounds that decoding took: the rounds committed `taus` tokens
@@ -174,15 +190,8 @@ pub fn walk_decoding(
 /// start 10, end 20, rounds of 4, 1, 6, 3 → (4 + 1 + 4, 3) = (9, 3): the fourth round anchors at
 /// 21, past the response.
 pub fn walk_rounds(start: usize, end: usize, taus: &[usize]) -> (u64, u64) {
-    let (mut a, mut tokens, mut rounds) = (start, 0u64, 0u64);
-    for &t in taus {
-        if a + 1 >= end {
-            break;
-        }
-        tokens += t.min(end - 1 - a) as u64;
-        rounds += 1;
-        a += t;
-    }
+    let mut taus = taus.iter();
+    let (tokens, rounds, _) = walk(start, end, |_| taus.next().copied());
     (tokens, rounds)
 }
 

@@ -98,35 +98,28 @@ fn exact_columns<const N: usize>(
 /// Rows `y` (`rows × n` integer logits, rewritten in place) settled as the module doc says:
 /// `a` the rows' quantization, `x` the rows, `bounds` the columns' [`column_bounds`],
 /// `panel(c)` the integer panel of column `c` and its column in it. Rows in parallel (each
-/// row's work is its own). Returns the number of logits recomputed.
+/// row's work is its own).
 pub fn settle<'p>(
     y: &mut [f32],
     a: &Q8Rows,
     x: &[f32],
     bounds: &[f32],
     panel: &(dyn Fn(usize) -> (&'p [u8], usize) + Sync),
-) -> usize {
+) {
     let (n, k) = (bounds.len(), a.k);
     let rows = y.len().checked_div(n).unwrap_or(0);
-    let counts: Vec<std::sync::atomic::AtomicUsize> =
-        (0..rows).map(|_| Default::default()).collect();
     let out = crate::cpu::panels::SyncPtr(y.as_mut_ptr());
     let row = |r: usize| {
         // SAFETY: row r's n logits are this call's alone
         let yr = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(r * n), n) };
         let (dx, xr) = (&a.d[r * (k / QB)..][..k / QB], &x[r * k..][..k]);
-        let c = settle_row_on(yr, dx, xr, bounds, panel);
-        counts[r].store(c, std::sync::atomic::Ordering::Relaxed);
+        settle_row_on(yr, dx, xr, bounds, panel);
     };
     if rows > 1 {
         crate::cpu::helpers::for_each_chunk(rows, &row);
     } else {
         (0..rows).for_each(row);
     }
-    counts
-        .iter()
-        .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
-        .sum()
 }
 
 /// [`settle_row`] compiled for the CPU's vector ISA (its FMAs in instructions, not calls).
@@ -136,7 +129,7 @@ fn settle_row_on<'p>(
     xr: &[f32],
     bounds: &[f32],
     panel: &(dyn Fn(usize) -> (&'p [u8], usize) + Sync),
-) -> usize {
+) {
     #[cfg(target_arch = "x86_64")]
     {
         /// `settle_row` compiled with the features `$f`.
@@ -149,7 +142,7 @@ fn settle_row_on<'p>(
                     xr: &[f32],
                     b: &[f32],
                     p: &(dyn Fn(usize) -> (&'p [u8], usize) + Sync),
-                ) -> usize {
+                ) {
                     settle_row(yr, dx, xr, b, p)
                 }
             };
@@ -176,53 +169,43 @@ fn settle_row<'p>(
     xr: &[f32],
     bounds: &[f32],
     panel: &(dyn Fn(usize) -> (&'p [u8], usize) + Sync),
-) -> usize {
+) {
     let n = yr.len();
-    let f = factor(xr.len());
     let dsum: f32 = dx.iter().sum();
     // column c's bound is fb · bounds[c], with room for the rounding of z̃ ± B
-    let fb = f * dsum * 1.0001;
+    let fb = factor(xr.len()) * dsum * 1.0001;
     let bound = |t: f32, z: f32| fb * t + 1e-6 * z.abs() + f32::MIN_POSITIVE;
+    let (lo, hi) = (
+        |c: usize| yr[c] - bound(bounds[c], yr[c]),
+        |c: usize| yr[c] + bound(bounds[c], yr[c]),
+    );
+    let max = |m: f32, v: f32| if v > m { v } else { m };
     // one pass, 16 columns at a time: the running max of z̃ − B (lane-wise, then per chunk),
     // and the columns whose z̃ + B reaches the running max so far — a superset of those that
     // reach the final one, which only grows (kept below); non-finite values noted
     let (mut lanes, mut floor, mut finite) =
         ([f32::NEG_INFINITY; 16], f32::NEG_INFINITY, dsum.is_finite());
     let mut maybe = Vec::new();
-    let (zs, ts) = (yr.chunks_exact(16), bounds.chunks_exact(16));
-    let tail = (n - n % 16..n).map(|c| (c, yr[c], bounds[c]));
-    for (i, (z, t)) in zs.zip(ts).enumerate() {
+    for (i, (z, t)) in yr.chunks_exact(16).zip(bounds.chunks_exact(16)).enumerate() {
         let (mut reach, mut ok) = (false, true);
         for l in 0..16 {
             let b = bound(t[l], z[l]);
-            let lo = z[l] - b;
-            lanes[l] = if lo > lanes[l] { lo } else { lanes[l] };
+            lanes[l] = max(lanes[l], z[l] - b);
             reach |= z[l] + b >= floor;
             ok &= z[l].is_finite();
         }
         finite &= ok;
         if reach {
-            floor = lanes.iter().fold(floor, |m, &v| if v > m { v } else { m });
-            maybe.extend(
-                (16 * i..16 * i + 16).filter(|&c| yr[c] + bound(bounds[c], yr[c]) >= floor),
-            );
+            floor = lanes.iter().copied().fold(floor, max);
+            maybe.extend((16 * i..16 * i + 16).filter(|&c| hi(c) >= floor));
         }
     }
-    for (_, z, t) in tail.clone() {
-        finite &= z.is_finite();
-        let lo = z - bound(t, z);
-        lanes[0] = if lo > lanes[0] { lo } else { lanes[0] };
-    }
-    let floor = lanes.iter().fold(floor, |m, &v| if v > m { v } else { m });
-    maybe.extend(
-        tail.filter(|&(_, z, t)| z + bound(t, z) >= floor)
-            .map(|(c, _, _)| c),
-    );
+    let tail = n - n % 16..n;
+    finite &= tail.clone().all(|c| yr[c].is_finite());
+    let floor = tail.clone().map(lo).chain(lanes).fold(floor, max);
+    maybe.extend(tail);
     let candidates: Vec<usize> = match finite {
-        true => maybe
-            .into_iter()
-            .filter(|&c| yr[c] + bound(bounds[c], yr[c]) >= floor)
-            .collect(),
+        true => maybe.into_iter().filter(|&c| hi(c) >= floor).collect(),
         false => (0..n).collect(),
     };
     for group in candidates.chunks(8) {
@@ -234,7 +217,6 @@ fn settle_row<'p>(
             yr[c] = v[i];
         }
     }
-    candidates.len()
 }
 
 #[cfg(test)]
