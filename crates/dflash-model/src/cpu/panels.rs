@@ -1121,6 +1121,16 @@ pub(crate) mod tests {
         y
     }
 
+    /// Every GGUF block kind the panels stream.
+    const KINDS: [QuantKind; 6] = [
+        QuantKind::Q4_1,
+        QuantKind::Q8_0,
+        QuantKind::Q4_0,
+        QuantKind::Q5_0,
+        QuantKind::Q4K,
+        QuantKind::Q6K,
+    ];
+
     /// `len` values in [−0.5, 0.5) from a seeded linear congruential stream.
     pub(crate) fn values(len: usize, seed: u32) -> Vec<f32> {
         let mut s = seed;
@@ -1216,14 +1226,7 @@ pub(crate) mod tests {
             }
         };
         assert_eq!(byte, nib(0, 3) | nib(8, 3) << 4);
-        for kind in [
-            QuantKind::Q4_1,
-            QuantKind::Q8_0,
-            QuantKind::Q4_0,
-            QuantKind::Q5_0,
-            QuantKind::Q4K,
-            QuantKind::Q6K,
-        ] {
+        for kind in KINDS {
             let q = match kind {
                 QuantKind::Q4K | QuantKind::Q6K => k_quantized(kind, 37, 512, 5),
                 _ => quantized(kind, 37, 96, 5),
@@ -1342,14 +1345,7 @@ pub(crate) mod tests {
     /// Q5_0, Q4_K, Q6_K).
     #[test]
     fn integer_panels_equal_their_scalar_twin() {
-        for kind in [
-            QuantKind::Q4_1,
-            QuantKind::Q8_0,
-            QuantKind::Q4_0,
-            QuantKind::Q5_0,
-            QuantKind::Q4K,
-            QuantKind::Q6K,
-        ] {
+        for kind in KINDS {
             let (n, q) = match kind {
                 QuantKind::Q4K | QuantKind::Q6K => (37usize, k_quantized(kind, 37, 512, 9)),
                 _ => (37, quantized(kind, 37, 96, 9)),
