@@ -49,16 +49,20 @@ pub struct BenchArgs {
     pub cuda_graphs: bool,
     /// Also write one JSON row per mode to this file, for `docs/bench/` (`shape`, `impl`,
     /// `mode`, `graphs`, `dtype`, `ms_per_token`, `tau_pooled`, the round's `draft_ms`,
-    /// `verify_ms`, `other_ms`, `temperature`, and `equal_to_ar`: the prompts whose tokens
+    /// `verify_ms`, `other_ms`, `temperature`, `acceptance`, and `equal_to_ar`: the prompts whose tokens
     /// equal AR's, at T = 0; `null` at T > 0).
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
     /// The target's sampling rule (greedy by default). At T > 0 each mode's tokens are its own
     /// draws (the `= AR` column compares them only at T = 0) and a round samples where
-    /// `generate`'s does: at a plain temperature on the device (AR and chains), with top-k or
-    /// top-p and in DDTree's sampled trees on the host.
+    /// `generate`'s does: at a plain temperature on the device (AR, chains, and the target's
+    /// draws of a tree under the exact match), with top-k or top-p and in the residual
+    /// rule's sampled DDTree trees on the host.
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// How drafts are accepted at T > 0 (`generate --acceptance`): residual or exact-match.
+    #[arg(long, default_value = "residual")]
+    pub acceptance: dflash_engine::Acceptance,
     #[command(flatten)]
     pub run_on: DeviceArgs,
 }
@@ -142,8 +146,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "greedy".to_string()
     } else {
         format!(
-            "T = {}, top-p {}, top-k {}, seed {}",
-            sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed
+            "T = {}, top-p {}, top-k {}, seed {}, {} acceptance",
+            sampling.temperature, sampling.top_p, sampling.top_k, sampling.seed, a.acceptance
         )
     };
     println!(
@@ -166,6 +170,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     for spec in &specs {
         let opts = DecodeOptions {
             cuda_graphs,
+            acceptance: a.acceptance,
             ..Default::default()
         };
         let d = spec.drafter.map(|i| &drafters[i].drafter);
@@ -232,6 +237,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "verify_ms": per(s.verify_secs),
             "other_ms": per(s.other_secs),
             "temperature": sampling.temperature,
+            "acceptance": a.acceptance,
             "equal_to_ar": equal,
         }));
         dflash_model::profile::print_report(&format!("{} decoding", spec.label));

@@ -36,13 +36,16 @@
 //! also exact, but it accepts less at T ≈ 1.
 //!
 //! **A round on the device.** A chain of a drafter without a selector, greedy or at a plain
-//! temperature (the residual rule, no top-k or top-p), keeps its round on the device: the
-//! drafts (the drafter's arg-max, or its draws) become the verify's token ids there, and the
-//! verify reads back in one transfer the drafts and either the target's token per row or each
-//! draft's verdict and bonus and the last row's draw. At T > 0 such a round
-//! draws its `3n + 1` uniform numbers (n drafts) up front: the same distribution as the host's
-//! walk, another use of the seeded stream (AR at T > 0 draws its one number per token as
-//! before, on the device, walking the vocabulary in token order).
+//! temperature (no top-k or top-p), keeps its round on the device: the drafts (the drafter's
+//! arg-max, or under the residual rule its draws) become the verify's token ids there, and the
+//! verify reads back in one transfer the drafts and either the target's token per row (its
+//! arg-max at T = 0, its draw under the exact match) or each draft's verdict and bonus and the
+//! last row's draw. At T > 0 such a round draws its uniform numbers up front (`3n + 1` for n
+//! drafts under the residual rule, `n + 1` under the exact match): the same distribution as
+//! the host's walk, another use of the seeded stream (AR at T > 0 draws its one number per
+//! token as before, on the device, walking the vocabulary in token order). A DDTree under the
+//! exact match at a plain temperature draws the target's token at every verify row on the
+//! device too (one index per row leaves it); its residual rule's sampled tree is the host's.
 //!
 //! **DFlash2 drafters** propose through their candidate selector ([`dflash_core::selector`]):
 //! the chain is the selector's greedy walk at T = 0 and its sampled walk at T > 0 (the
@@ -81,15 +84,27 @@ enum Sampled {
     Tree(dflash_core::sampled_tree::SampledTree),
 }
 
-/// A chain round kept on the device: its drafts (`[n]` u32, the verify's ids) and, at T > 0,
-/// the drafter's distributions `[n, vocab]` with the round's uniform numbers (`3n + 1`: the
-/// drafts' draws, then the verdicts', then the bonuses', then the last row's draw).
+/// A chain round kept on the device: its drafts (`[n]` u32, the verify's ids) and how the
+/// verify's rows decide them.
 struct DeviceRound {
     drafts: Tensor,
-    sampled: Option<(Tensor, Uniforms)>,
+    judged_by: OnDevice,
     /// The verify's inputs, uploaded before the draft ran (an upload waits for the device's
     /// queue: after the draft, it would wait for the draft).
     staged: StagedVerify,
+}
+
+/// How a round on the device decides its drafts from the verify's rows.
+enum OnDevice {
+    /// T = 0: the target's arg-max of every row.
+    Argmax,
+    /// The exact match at T > 0: the target's own draw at every row (`n + 1` uniform numbers,
+    /// one per row); the walk keeps a draft while it equals the draw of the row before it.
+    Draws(Uniforms),
+    /// The residual rule: the drafter's distributions `[n, vocab]` the drafts were drawn
+    /// from, with the round's uniform numbers (`3n + 1`: the drafts' draws, then the
+    /// verdicts', then the bonuses', then the last row's draw).
+    Judge(Tensor, Uniforms),
 }
 
 /// A verify's inputs built and uploaded ahead of its forward.
@@ -572,12 +587,20 @@ impl<'a> Decoding<'a> {
             // the drafts stay where the logits are; the tree holds placeholders until the
             // verify reads them back with the target's verdicts (one transfer per round)
             let n = logits.dim(0)?;
-            let (drafts, sampled) = if self.sampler.params.is_greedy() {
+            let (drafts, judged_by) = if !self.samples_drafts() {
                 let best = dflash_model::ops::argmax::argmax_rows_kept(&logits)?;
+                // at T > 0 (the exact match) every verify row draws the target's token
+                let judged_by = match self.sampler.params.is_greedy() {
+                    true => OnDevice::Argmax,
+                    false => OnDevice::Draws(Uniforms::new(
+                        &self.sampler.uniforms(n + 1),
+                        &self.target.device,
+                    )?),
+                };
                 // a vocabulary head's columns are its tokens' indices
                 match self.head.as_ref() {
-                    Some(h) => (h.tokens_of(&best)?, None),
-                    None => (best, None),
+                    Some(h) => (h.tokens_of(&best)?, judged_by),
+                    None => (best, judged_by),
                 }
             } else {
                 let u = Uniforms::new(&self.sampler.uniforms(3 * n + 1), &self.target.device)?;
@@ -585,13 +608,13 @@ impl<'a> Decoding<'a> {
                 let drawn = draw_rows(&q, &u, 0)?;
                 // a vocabulary head's columns are ascending token ids: drawn there, then spread
                 match self.head.as_ref() {
-                    Some(h) => (h.tokens_of(&drawn)?, Some((h.spread(&q)?, u))),
-                    None => (drawn, Some((q, u))),
+                    Some(h) => (h.tokens_of(&drawn)?, OnDevice::Judge(h.spread(&q)?, u)),
+                    None => (drawn, OnDevice::Judge(q, u)),
                 }
             };
             self.device_round = Some(DeviceRound {
                 drafts,
-                sampled,
+                judged_by,
                 staged,
             });
             return Ok(DraftTree::chain(anchor, &vec![anchor; n]));
@@ -654,20 +677,20 @@ impl<'a> Decoding<'a> {
     }
 
     /// Whether this round's chain stays on the device: a DFlash chain of a drafter without a
-    /// candidate selector (its walk is the host's), greedy or sampled by the residual rule at
-    /// a plain temperature ([`Decoding::samples_on_device`]).
+    /// candidate selector (its walk is the host's), greedy or at a plain temperature
+    /// ([`Decoding::samples_on_device`]).
     /// Its round reads the device once, after the verify: at T = 0 the drafts and the
-    /// target's arg-max of every row, at T > 0 the drafts, each one's verdict and bonus
-    /// ([`dflash_model::ops::sample_rows`]) and the last row's draw — instead of the drafts
+    /// target's arg-max of every row; at T > 0 under the residual rule the drafts, each one's
+    /// verdict and bonus ([`dflash_model::ops::sample_rows`]) and the last row's draw; under
+    /// the exact match the drafts and the target's draw at every row — instead of the drafts
     /// after the draft and the target's tokens (T = 0) or full rows of logits (T > 0) after
     /// the verify. Example: B = 16 at T > 0 → 15 drafts, 30 verdicts and bonuses and 1 draw,
-    /// 46 indices, leave the device once per round.
+    /// 46 indices, leave the device once per round (31 under the exact match).
     fn round_on_device(&self) -> bool {
         self.one_sync
             && !matches!(self.mode, Mode::Tree { .. })
             && self.drafter.is_some_and(|d| d.selector.is_none())
-            && (self.sampler.params.is_greedy()
-                || (self.acceptance == Acceptance::Residual && self.samples_on_device()))
+            && (self.sampler.params.is_greedy() || self.samples_on_device())
     }
 
     /// Whether draws at T > 0 happen on the device: a plain temperature (no top-k, no top-p:
@@ -742,7 +765,7 @@ impl<'a> Decoding<'a> {
     fn verify_on_device(&mut self, round: DeviceRound) -> Result<TargetOutput> {
         let DeviceRound {
             drafts,
-            sampled,
+            judged_by,
             staged,
         } = round;
         let out = match (staged, self.graphed.as_mut()) {
@@ -761,9 +784,14 @@ impl<'a> Decoding<'a> {
         };
         let logits = out.logits.as_ref().unwrap();
         let n = drafts.dims1()?;
-        let tail = match &sampled {
-            None => dflash_model::ops::argmax::argmax_rows_kept(logits)?,
-            Some((q, u)) => {
+        let tail = match &judged_by {
+            OnDevice::Argmax => dflash_model::ops::argmax::argmax_rows_kept(logits)?,
+            OnDevice::Draws(u) => draw_rows(
+                &temperature_probs(logits, self.sampler.params.temperature)?,
+                u,
+                0,
+            )?,
+            OnDevice::Judge(q, u) => {
                 let p = temperature_probs(logits, self.sampler.params.temperature)?;
                 let verdicts = judge_rows(&p.narrow(0, 0, n)?, q, &drafts, u, n, 2 * n)?;
                 let last = draw_rows(&p.narrow(0, n, 1)?, u, 3 * n)?;
@@ -782,8 +810,8 @@ impl<'a> Decoding<'a> {
         if let Some(read) = self.read_back.take() {
             let n = tree.len() - 1;
             tree.tokens[1..].copy_from_slice(&read[..n]);
-            if self.sampler.params.is_greedy() {
-                // the target's token of every row
+            if !self.samples_drafts() {
+                // the target's token of every row: its arg-max, or its draw (the exact match)
                 return tree.walk(|r| Ok::<u32, anyhow::Error>(read[n + r]));
             }
             // the first rejected draft ends the round with its bonus; else the last row's draw
@@ -799,6 +827,7 @@ impl<'a> Decoding<'a> {
             let p = temperature_probs(logits, self.sampler.params.temperature)?;
             return Ok((vec![], draw_rows(&p, &u, 0)?.to_vec1::<u32>()?[0]));
         }
+        let draws_on_device = self.samples_on_device();
         let sampler = &mut self.sampler;
         match self.sampled.take() {
             Some(Sampled::Chain(qs)) => {
@@ -817,6 +846,14 @@ impl<'a> Decoding<'a> {
             // leaves it, not the rows), by the host's rule
             let best = dflash_model::ops::argmax::argmax_rows(logits)?;
             return tree.walk(|r| Ok::<u32, anyhow::Error>(best[r]));
+        }
+        if draws_on_device {
+            // the exact match at a plain temperature (a DDTree of the top-K, a DFlash2 chain):
+            // the target's draw at every row, on the device; one index per row leaves it
+            let u = Uniforms::new(&sampler.uniforms(tree.len()), &self.target.device)?;
+            let p = temperature_probs(logits, sampler.params.temperature)?;
+            let drawn = draw_rows(&p, &u, 0)?.to_vec1::<u32>()?;
+            return tree.walk(|r| Ok::<u32, anyhow::Error>(drawn[r]));
         }
         tree.walk(|r| Ok::<u32, anyhow::Error>(sampler.sample(&row(logits, r)?)))
     }

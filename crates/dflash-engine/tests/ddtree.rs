@@ -245,3 +245,52 @@ fn tree_sampling_distribution_equals_ar() {
         }
     }
 }
+
+/// DDTree under the exact match at a plain temperature: the tree of the drafter's top-K, then
+/// the target's draw at every verify row on the device (`ops::sample_rows::draw_rows`, here its
+/// CPU twin; one index per row leaves it) walked on the host. 3,000 seeded generations' second
+/// and third new tokens are distributed as AR's on the host's path, at T = 0.02 and T = 0.7.
+#[test]
+fn the_exact_match_tree_draws_on_the_device_as_ar_does() {
+    let t = tiny();
+    let d = quiet(&t);
+    let n = 3000u64;
+    let host = dflash_engine::DecodeOptions {
+        drafts_to_host: true,
+        ..Default::default()
+    };
+    let exact = dflash_engine::DecodeOptions {
+        acceptance: Acceptance::ExactMatch,
+        ..Default::default()
+    };
+    let tree = Mode::Tree {
+        block: 8,
+        budget: 8,
+        top_k: 0,
+    };
+    for temperature in [0.02, 0.7] {
+        let (ar, _, _) = sampled_counts_with(&t, None, Mode::Ar, host, (temperature, 1.0), (0, n));
+        let (dev, _, accepted) = sampled_counts_with(
+            &t,
+            Some(&d),
+            tree,
+            exact,
+            (temperature, 1.0),
+            (6_000_000, n),
+        );
+        if temperature < 0.1 {
+            assert!(
+                accepted > n as usize / 10,
+                "T {temperature}: too few accepted nodes ({accepted})"
+            );
+        }
+        for (pos, (a, b)) in ar.iter().zip(&dev).enumerate() {
+            let pv = chi_square_p(a, b);
+            assert!(
+                pv > 0.01,
+                "T {temperature}: new token {}: the tree's device draws differ from AR: p = {pv}",
+                pos + 1
+            );
+        }
+    }
+}

@@ -344,6 +344,52 @@ fn a_vocabulary_head_samples_on_the_device_as_ar_does() {
     }
 }
 
+/// The exact match at a plain temperature keeps a chain's round on the device too: greedy
+/// drafts, then the target's own draw at every verify row (`ops::sample_rows::draw_rows`, here
+/// its CPU twin), read back once with the drafts. 3,000 seeded generations' second and third
+/// new tokens are distributed as AR's on the host's path, at T = 0.02 (the drafts are mostly
+/// kept: the accept path decides) and T = 0.7 (the draws' bonuses decide most).
+#[test]
+fn the_exact_match_draws_on_the_device_as_ar_does() {
+    let t = tiny();
+    let d = quiet(&t);
+    let n = 3000u64;
+    let host = DecodeOptions {
+        drafts_to_host: true,
+        ..Default::default()
+    };
+    let exact = DecodeOptions {
+        acceptance: Acceptance::ExactMatch,
+        ..Default::default()
+    };
+    let chain = Mode::Chain { block: 8 };
+    for temperature in [0.02, 0.7] {
+        let (ar, _, _) = sampled_counts_with(&t, None, Mode::Ar, host, (temperature, 1.0), (0, n));
+        let (dev, rounds, _) = sampled_counts_with(
+            &t,
+            Some(&d),
+            chain,
+            exact,
+            (temperature, 1.0),
+            (4_000_000, n),
+        );
+        if temperature < 0.1 {
+            assert!(
+                rounds > n as usize / 10,
+                "T {temperature}: too few accepted drafts ({rounds}) to test the accept path"
+            );
+        }
+        for (pos, (a, g)) in ar.iter().zip(&dev).enumerate() {
+            let p = chi_square_p(a, g);
+            assert!(
+                p > 0.01,
+                "T {temperature}: new token {}: the exact match's draws differ from AR: p = {p}",
+                pos + 1
+            );
+        }
+    }
+}
+
 #[test]
 fn chi_square_helper_detects_a_difference() {
     // the test below can fail: a clearly different distribution gives a tiny p-value
