@@ -24,9 +24,13 @@ initial weights (a drafter directory both start from: `dflash-rs drafter new`, t
 Writes OUT/curve.jsonl (per step: loss = Σ_rows loss·Σw / Σ_rows Σw, grad_norm, lr) and the
 final drafter as OUT/drafter (z-lab format: config.json + model.safetensors).
 
+`--time-limit S` stops after the first step that ends S seconds after the start, writing the drafter,
+the optimizer and the steps taken to OUT/state.pt (atomically); run the same command again to
+continue from there (the curve continues; a run continued at any step takes the same steps).
+
 Usage: python3 bench/train_reference_run.py --target DIR_OR_GGUF --init DRAFTER_DIR --plan PLAN
          --config RUN/train_config.json --out OUT [--device cuda] [--dtype f32|bf16]
-         [--steps N]
+         [--steps N] [--time-limit S]
 `--dtype bf16`: f32 master weights under bf16 autocast (as dflash-rs's bf16 runs); f32 on the CPU
 is the exact comparison (`bench/train_reference_check.sh`).
 """
@@ -143,6 +147,8 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: all)")
+    ap.add_argument("--time-limit", type=float, default=0.0,
+                    help="seconds; then save OUT/state.pt and stop (run again to continue)")
     a = ap.parse_args()
     cfg = json.load(open(a.config))
     if cfg.get("loss", "ce") != "ce":
@@ -172,9 +178,30 @@ def main():
         import contextlib
         autocast = contextlib.nullcontext
     os.makedirs(a.out, exist_ok=True)
-    curve = open(os.path.join(a.out, "curve.jsonl"), "w")
+    state_path = os.path.join(a.out, "state.pt")
+    curve_path = os.path.join(a.out, "curve.jsonl")
+    taken = 0
+    if os.path.exists(state_path):
+        st = torch.load(state_path, map_location=dev, weights_only=False)
+        drafter.load_state_dict(st["drafter"])
+        opt.load_state_dict(st["opt"])
+        taken = st["taken"]
+        with open(curve_path) as f:  # the curve as it was when the state was saved
+            kept = f.readlines()[:taken]
+        with open(curve_path, "w") as f:
+            f.writelines(kept)
+        print(f"continuing after {taken} steps ({state_path})", flush=True)
+    curve = open(curve_path, "a" if taken else "w")
     t0 = time.time()
-    for s in order:
+    for i, s in enumerate(order):
+        if i < taken:
+            continue
+        if a.time_limit and time.time() - t0 > a.time_limit:
+            tmp = state_path + ".tmp"
+            torch.save(dict(drafter=drafter.state_dict(), opt=opt.state_dict(), taken=i), tmp)
+            os.replace(tmp, state_path)
+            print(f"time limit: {i} of {len(order)} steps taken; state in {state_path}", flush=True)
+            return
         rows = sorted(steps[s], key=lambda r: r["row"])
         drafter.zero_grad(set_to_none=True)
         num = den = 0.0
@@ -194,6 +221,8 @@ def main():
                   f"{time.time() - t0:.0f} s", flush=True)
     out = os.path.join(a.out, "drafter")
     drafter.save_pretrained(out, safe_serialization=True)
+    if os.path.exists(state_path):
+        os.remove(state_path)
     print(f"wrote {out}")
 
 

@@ -24,8 +24,9 @@
 #   bench     `dflash-rs bench decode` of the drafter $E → $OUT/bench*.md
 #   reference the PyTorch reference (bench/zlab_reference.py: z-lab dflash, transformers) → $OUT
 #   refrun    the PyTorch reference trainer (bench/train_reference_run.py) on the steps `train`
-#             wrote to PLAN_OUT, from INIT_FROM, until UNTIL; its drafter exported as bf16 to
-#             $WORK/ref-export (evaluate it with E=$WORK/ref-export EVAL_DIR=$WORK/eval-ref)
+#             wrote to PLAN_OUT, from INIT_FROM, until UNTIL (continued by the next refrun); its
+#             drafter exported as bf16 to $WORK/ref-export (evaluate it with E=$WORK/ref-export
+#             EVAL_DIR=$WORK/eval-ref)
 #   shape     `dflash-rs bench shape` on SHAPES (random weights; no GGUF needed) → $OUT
 #   mfu       `dflash-rs bench train` on the Qwen3-8B and SmolLM2 shapes (random weights) → $OUT
 #   eval      `dflash-rs eval` of $E on EVAL_DATASETS at EVAL_TEMPS, one run after another
@@ -250,10 +251,15 @@ refrun() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" "$WHEELS"/*.whl \
       && export PYTHONPATH=$WORK/site
   fi
+  if [ -f "$WORK/ref/drafter/model.safetensors" ] && [ ! -f "$WORK/ref/state.pt" ]; then
+    log "refrun: finished before"; return
+  fi
   log "refrun: for at most $left s"
+  # stops cleanly after the step that ends 90 s before the budget (state in $WORK/ref/state.pt,
+  # continued by the next refrun); the timeout is a backstop
   timeout "$left" python3 bench/train_reference_run.py --target "$G" --init "$INIT_FROM" --plan "$PLAN_OUT" \
     --config "$R/train_config.json" --out "$WORK/ref" --device "$DEV" --dtype "$TRAIN_DTYPE" \
-    >> "$OUT/refrun.log" 2>&1
+    --time-limit $(( left > 180 ? left - 90 : left / 2 )) >> "$OUT/refrun.log" 2>&1
   log "refrun: exit $?, $(tail -n 1 "$WORK/ref/curve.jsonl" 2>/dev/null | cut -c1-200)"
   if [ -f "$WORK/ref/drafter/model.safetensors" ]; then
     rm -rf "$WORK/ref-export"
