@@ -344,11 +344,12 @@ fn a_vocabulary_head_samples_on_the_device_as_ar_does() {
     }
 }
 
-/// The exact match at a plain temperature keeps a chain's round on the device too: greedy
-/// drafts, then the target's own draw at every verify row (`ops::sample_rows::draw_rows`, here
-/// its CPU twin), read back once with the drafts. 3,000 seeded generations' second and third
-/// new tokens are distributed as AR's on the host's path, at T = 0.02 (the drafts are mostly
-/// kept: the accept path decides) and T = 0.7 (the draws' bonuses decide most).
+/// The exact match at a plain temperature draws the target's tokens on the device: a chain's
+/// round stays there (greedy drafts, then the target's draw at every verify row, read back once
+/// with the drafts), and a DDTree-8's verify draws one token per row there before its walk
+/// (`ops::sample_rows::draw_rows`, here its CPU twin). 3,000 seeded generations' second and
+/// third new tokens are distributed as AR's on the host's path, for both, at T = 0.02 (the
+/// drafts are mostly kept: the accept path decides) and T = 0.7 (the draws' bonuses decide most).
 #[test]
 fn the_exact_match_draws_on_the_device_as_ar_does() {
     let t = tiny();
@@ -362,30 +363,30 @@ fn the_exact_match_draws_on_the_device_as_ar_does() {
         acceptance: Acceptance::ExactMatch,
         ..Default::default()
     };
-    let chain = Mode::Chain { block: 8 };
+    let tree = Mode::Tree {
+        block: 8,
+        budget: 8,
+        top_k: 0,
+    };
     for temperature in [0.02, 0.7] {
         let (ar, _, _) = sampled_counts_with(&t, None, Mode::Ar, host, (temperature, 1.0), (0, n));
-        let (dev, rounds, _) = sampled_counts_with(
-            &t,
-            Some(&d),
-            chain,
-            exact,
-            (temperature, 1.0),
-            (4_000_000, n),
-        );
-        if temperature < 0.1 {
-            assert!(
-                rounds > n as usize / 10,
-                "T {temperature}: too few accepted drafts ({rounds}) to test the accept path"
-            );
-        }
-        for (pos, (a, g)) in ar.iter().zip(&dev).enumerate() {
-            let p = chi_square_p(a, g);
-            assert!(
-                p > 0.01,
-                "T {temperature}: new token {}: the exact match's draws differ from AR: p = {p}",
-                pos + 1
-            );
+        for (mode, seed0) in [(Mode::Chain { block: 8 }, 4_000_000), (tree, 6_000_000)] {
+            let (dev, _, accepted) =
+                sampled_counts_with(&t, Some(&d), mode, exact, (temperature, 1.0), (seed0, n));
+            if temperature < 0.1 {
+                assert!(
+                    accepted > n as usize / 10,
+                    "{mode:?} at T {temperature}: too few accepted drafts ({accepted}) to test the accept path"
+                );
+            }
+            for (pos, (a, g)) in ar.iter().zip(&dev).enumerate() {
+                let p = chi_square_p(a, g);
+                assert!(
+                    p > 0.01,
+                    "{mode:?} at T {temperature}: new token {}: the device's draws differ from AR: p = {p}",
+                    pos + 1
+                );
+            }
         }
     }
 }
