@@ -70,7 +70,7 @@ use crate::graph_cache::{self, GraphCache, Kept};
 use dflash_model::models::draft_vocab::DraftHead;
 use dflash_model::models::drafter::{BlockAt, Drafter};
 use dflash_model::models::target::ForwardInputs;
-use dflash_model::ops::sample_rows::{draw_rows, judge_rows, temperature_probs, Uniforms};
+use dflash_model::ops::sample_rows::{draw_rows, judge_rows, rule_on_device, rule_probs, Uniforms};
 use dflash_model::ops::top_k::top_k_rows;
 use dflash_model::{KvCache, Rows, Target, TargetOutput};
 
@@ -604,7 +604,7 @@ impl<'a> Decoding<'a> {
                 }
             } else {
                 let u = Uniforms::new(&self.sampler.uniforms(3 * n + 1), &self.target.device)?;
-                let q = temperature_probs(&logits, self.sampler.params.temperature)?;
+                let q = self.probs(&logits)?;
                 let drawn = draw_rows(&q, &u, 0)?;
                 // a vocabulary head's columns are ascending token ids: drawn there, then spread
                 match self.head.as_ref() {
@@ -693,11 +693,19 @@ impl<'a> Decoding<'a> {
             && (self.sampler.params.is_greedy() || self.samples_on_device())
     }
 
-    /// Whether draws at T > 0 happen on the device: a plain temperature (no top-k, no top-p:
-    /// their ranking stays on the host).
+    /// Whether draws at T > 0 happen on the device: a plain temperature, or a top-k of at
+    /// most [`dflash_model::ops::sample_rows::TOP_K_ON_DEVICE`] with or without top-p (top-p
+    /// alone, or a larger top-k, ranks the vocabulary on the host).
     fn samples_on_device(&self) -> bool {
         let p = self.sampler.params;
-        self.one_sync && !p.is_greedy() && p.top_p >= 1.0 && p.top_k == 0
+        self.one_sync && !p.is_greedy() && rule_on_device(p.top_k, p.top_p)
+    }
+
+    /// Each row's distribution under the request's rule, where the logits are
+    /// ([`dflash_model::ops::sample_rows::rule_probs`]).
+    fn probs(&self, logits: &Tensor) -> Result<Tensor> {
+        let p = self.sampler.params;
+        Ok(rule_probs(logits, p.temperature, p.top_k, p.top_p)?)
     }
 
     /// Whether this round's drafts are drawn from the drafter's distribution (speculative
@@ -786,13 +794,9 @@ impl<'a> Decoding<'a> {
         let n = drafts.dims1()?;
         let tail = match &judged_by {
             OnDevice::Argmax => dflash_model::ops::argmax::argmax_rows_kept(logits)?,
-            OnDevice::Draws(u) => draw_rows(
-                &temperature_probs(logits, self.sampler.params.temperature)?,
-                u,
-                0,
-            )?,
+            OnDevice::Draws(u) => draw_rows(&self.probs(logits)?, u, 0)?,
             OnDevice::Judge(q, u) => {
-                let p = temperature_probs(logits, self.sampler.params.temperature)?;
+                let p = self.probs(logits)?;
                 let verdicts = judge_rows(&p.narrow(0, 0, n)?, q, &drafts, u, n, 2 * n)?;
                 let last = draw_rows(&p.narrow(0, n, 1)?, u, 3 * n)?;
                 Tensor::cat(&[&verdicts.flatten_all()?, &last], 0)?
@@ -824,37 +828,36 @@ impl<'a> Decoding<'a> {
         if tree.len() == 1 && self.samples_on_device() {
             // AR (or a round with no room for drafts) at T > 0: one draw on the device
             let u = Uniforms::new(&self.sampler.uniforms(1), &self.target.device)?;
-            let p = temperature_probs(logits, self.sampler.params.temperature)?;
+            let p = self.probs(logits)?;
             return Ok((vec![], draw_rows(&p, &u, 0)?.to_vec1::<u32>()?[0]));
         }
-        let draws_on_device = self.samples_on_device();
-        let sampler = &mut self.sampler;
         match self.sampled.take() {
             Some(Sampled::Chain(qs)) => {
                 // a chain's rows are 0 (the anchor), 1 … n (the drafts)
-                let (kept, bonus) =
-                    sampler.walk_chain(&tree.tokens[1..], &qs, |r| row(logits, r))?;
+                let (kept, bonus) = self
+                    .sampler
+                    .walk_chain(&tree.tokens[1..], &qs, |r| row(logits, r))?;
                 return Ok(((1..=kept).collect(), bonus));
             }
             Some(Sampled::Tree(st)) => {
-                return sampler.walk_sampled_tree(&st, |r| row(logits, r));
+                return self.sampler.walk_sampled_tree(&st, |r| row(logits, r));
             }
             None => {}
         }
-        if sampler.params.is_greedy() {
+        if self.sampler.params.is_greedy() {
             // T = 0: the target's token of every row, picked on the device (one index per row
             // leaves it, not the rows), by the host's rule
             let best = dflash_model::ops::argmax::argmax_rows(logits)?;
             return tree.walk(|r| Ok::<u32, anyhow::Error>(best[r]));
         }
-        if draws_on_device {
-            // the exact match at a plain temperature (a DDTree of the top-K, a DFlash2 chain):
-            // the target's draw at every row, on the device; one index per row leaves it
-            let u = Uniforms::new(&sampler.uniforms(tree.len()), &self.target.device)?;
-            let p = temperature_probs(logits, sampler.params.temperature)?;
-            let drawn = draw_rows(&p, &u, 0)?.to_vec1::<u32>()?;
+        if self.samples_on_device() {
+            // the exact match drawing on the device (a DDTree of the top-K, a DFlash2 chain):
+            // the target's draw at every row there; one index per row leaves it
+            let u = Uniforms::new(&self.sampler.uniforms(tree.len()), &self.target.device)?;
+            let drawn = draw_rows(&self.probs(logits)?, &u, 0)?.to_vec1::<u32>()?;
             return tree.walk(|r| Ok::<u32, anyhow::Error>(drawn[r]));
         }
+        let sampler = &mut self.sampler;
         tree.walk(|r| Ok::<u32, anyhow::Error>(sampler.sample(&row(logits, r)?)))
     }
 

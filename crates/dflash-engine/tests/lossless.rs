@@ -281,7 +281,7 @@ fn a_round_sampled_on_the_device_gives_the_target_distribution() {
             drafts_to_host,
             ..Default::default()
         };
-        sampled_counts_with(&t, Some(&d), mode, opts, (0.7, 1.0), (seed0, n))
+        sampled_counts_with(&t, Some(&d), mode, opts, (0.7, 1.0, 0), (seed0, n))
     };
     let chain = Mode::Chain { block: 8 };
     let (ar, _, _) = counts(Mode::Ar, true, 0);
@@ -325,11 +325,11 @@ fn a_vocabulary_head_samples_on_the_device_as_ar_does() {
         drafts_to_host: true,
         ..Default::default()
     };
-    let (ar, _, _) = sampled_counts_with(&t, None, Mode::Ar, host, (0.7, 1.0), (0, n));
+    let (ar, _, _) = sampled_counts_with(&t, None, Mode::Ar, host, (0.7, 1.0, 0), (0, n));
     let chain = Mode::Chain { block: 8 };
     let opts = DecodeOptions::default();
     let (dev, rounds, _) =
-        sampled_counts_with(&t, Some(&d), chain, opts, (0.7, 1.0), (3_000_000, n));
+        sampled_counts_with(&t, Some(&d), chain, opts, (0.7, 1.0, 0), (3_000_000, n));
     assert!(
         rounds > n as usize / 10,
         "too few accepted drafts ({rounds}) to test the accept path"
@@ -369,10 +369,11 @@ fn the_exact_match_draws_on_the_device_as_ar_does() {
         top_k: 0,
     };
     for temperature in [0.02, 0.7] {
-        let (ar, _, _) = sampled_counts_with(&t, None, Mode::Ar, host, (temperature, 1.0), (0, n));
+        let (ar, _, _) =
+            sampled_counts_with(&t, None, Mode::Ar, host, (temperature, 1.0, 0), (0, n));
         for (mode, seed0) in [(Mode::Chain { block: 8 }, 4_000_000), (tree, 6_000_000)] {
             let (dev, _, accepted) =
-                sampled_counts_with(&t, Some(&d), mode, exact, (temperature, 1.0), (seed0, n));
+                sampled_counts_with(&t, Some(&d), mode, exact, (temperature, 1.0, 0), (seed0, n));
             if temperature < 0.1 {
                 assert!(
                     accepted > n as usize / 10,
@@ -387,6 +388,43 @@ fn the_exact_match_draws_on_the_device_as_ar_does() {
                     pos + 1
                 );
             }
+        }
+    }
+}
+
+/// Top-k (with top-p inside it) samples where the logits are (`ops::sample_rows::rule_probs`,
+/// here on the CPU): a chain's round under the residual rule (the drafts drawn from the
+/// drafter's rule, judged against the target's) and AR's draws. 4,000 seeded generations' second
+/// and third new tokens at T 0.9, top-k 5, top-p 0.8 are distributed as AR's on the host's path
+/// (which ranks and draws each row there), for the chain and for AR on the device's path.
+#[test]
+fn top_k_and_top_p_sample_on_the_device_as_on_the_host() {
+    let t = tiny();
+    let d = quiet(&t);
+    let n = 4000u64;
+    let rule = (0.9, 0.8, 5);
+    let host = DecodeOptions {
+        drafts_to_host: true,
+        ..Default::default()
+    };
+    let dev = DecodeOptions::default();
+    let (ar_host, _, _) = sampled_counts_with(&t, None, Mode::Ar, host, rule, (0, n));
+    let (ar_dev, _, _) = sampled_counts_with(&t, None, Mode::Ar, dev, rule, (7_000_000, n));
+    let chain = Mode::Chain { block: 8 };
+    let (chain_dev, rounds, _) =
+        sampled_counts_with(&t, Some(&d), chain, dev, rule, (8_000_000, n));
+    assert!(
+        rounds > n as usize / 10,
+        "too few accepted drafts ({rounds}) to test the accept path"
+    );
+    for (what, counts) in [("AR", &ar_dev), ("the chain", &chain_dev)] {
+        for (pos, (a, g)) in ar_host.iter().zip(counts).enumerate() {
+            let p = chi_square_p(a, g);
+            assert!(
+                p > 0.01,
+                "{what} on the device's path, new token {}: differs from AR on the host's: p = {p}",
+                pos + 1
+            );
         }
     }
 }

@@ -116,24 +116,24 @@ pub fn sampled_counts(
         acceptance,
         ..Default::default()
     };
-    sampled_counts_with(t, drafter, mode, opts, (temperature, 0.95), (seed0, n))
+    sampled_counts_with(t, drafter, mode, opts, (temperature, 0.95, 0), (seed0, n))
 }
 
-/// [`sampled_counts`] with the loop's options and top-p given (top-p 1: a plain temperature,
-/// which a chain samples on the device).
+/// [`sampled_counts`] with the loop's options and the rule given: (temperature, top-p, top-k);
+/// a plain temperature (top-p 1, top-k 0) or a top-k of at most 64 samples on the device.
 pub fn sampled_counts_with(
     t: &Target,
     drafter: Option<&Drafter>,
     mode: Mode,
     opts: dflash_engine::decode::DecodeOptions,
-    (temperature, top_p): (f64, f64),
+    (temperature, top_p, top_k): (f64, f64, i64),
     (seed0, n): (u64, u64),
 ) -> ([Vec<usize>; 2], usize, usize) {
     let prompt = loop_prompt();
     let mut c = [vec![0usize; 256], vec![0usize; 256]];
     let (mut rounds, mut drafts) = (0, 0);
     for s in 0..n {
-        let sp = SamplingParams::new(temperature, top_p, 0, seed0 + s).unwrap();
+        let sp = SamplingParams::new(temperature, top_p, top_k, seed0 + s).unwrap();
         let d = (mode != Mode::Ar).then_some(drafter).flatten();
         let g = generate(t, d, mode, &req(&prompt, 3, sp, &[]), opts).unwrap();
         rounds += g.rounds.iter().filter(|r| r.accepted > 0).count();

@@ -1130,6 +1130,39 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             });
         }
     }
+    // a top-k (and top-p) rule's probabilities, composed on the device of the top-k kernel,
+    // a gather, f64 sums and prefix sums and a scatter: the CPU's within rounding, the same
+    // tokens kept
+    for (rows, v, k, top_p) in [(48, 3001, 20, 0.9f32), (4, 151_936, 64, 1.0)] {
+        let x = fill(&[rows, v], 17, 8.0)?;
+        let probs = |d: &Device| -> Result<Tensor> {
+            crate::ops::sample_rows::rule_probs(&x.to_device(d)?, 0.8, k, top_p)?
+                .to_device(&Device::Cpu)
+        };
+        let (got, want) = (probs(dev)?, probs(&Device::Cpu)?);
+        push_rows(
+            &mut checks,
+            &[&format!("top-{k} top-p {top_p} probabilities, {v} values")],
+            std::slice::from_ref(&got),
+            std::slice::from_ref(&want),
+            DType::F32,
+            1e-5,
+        )?;
+        let (a, b) = (
+            got.flatten_all()?.to_vec1::<f32>()?,
+            want.flatten_all()?.to_vec1::<f32>()?,
+        );
+        let differ = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| (**x > 0.0) != (**y > 0.0))
+            .count();
+        checks.push(KernelCheck {
+            name: format!("top-{k} top-p {top_p} rows of {v} values, tokens kept that differ"),
+            rel_err: differ as f64 / b.len() as f64,
+            tolerance: 0.0,
+        });
+    }
     // the AdamW kernels round every operation as their CPU twin does
     // (one pass on a GPU), and write the compute copy as a cast rounds (bit for bit)
     for (grads, names) in [

@@ -61,6 +61,62 @@ pub fn temperature_probs(logits: &Tensor, t: f32) -> Result<Tensor> {
         .apply_op1_no_bwd(&TempProbs { t })
 }
 
+/// The largest top-k whose probabilities [`rule_probs`] computes where the logits are; a larger
+/// top-k, or top-p without top-k, is ranked on the host.
+pub const TOP_K_ON_DEVICE: usize = 64;
+
+/// Whether [`rule_probs`] takes this rule: a plain temperature, or a top-k of at most
+/// [`TOP_K_ON_DEVICE`] with or without top-p.
+pub fn rule_on_device(top_k: usize, top_p: f32) -> bool {
+    (top_k == 0 && top_p >= 1.0) || (1..=TOP_K_ON_DEVICE).contains(&top_k)
+}
+
+/// Each row's sampling distribution under the rule (temperature `t`, `top_k`, `top_p`), dense
+/// in token order with 0 where the rule drops a token: [`dflash_core::sampling::dense_probs`]
+/// where the logits are. A plain temperature is [`temperature_probs`]; with top-k the row's
+/// top k in [`dflash_core::tree::top_k_sorted`]'s order (the host's ranking, by
+/// [`crate::ops::top_k::top_k_indices`]), their weights `exp(l / t − max / t)` divided by their
+/// sum (in f64), then top-p keeps the ranks whose mass before them is below `top_p` (the first
+/// always) and renormalises. Only `[n, k]` values are computed besides the scatter into the
+/// dense rows. The sums run in rank order, the host's in token order, so a probability can
+/// differ in its last bit and a top-p boundary within rounding of `top_p` can move by one
+/// token: the same rule, up to rounding.
+/// Example: logits [0, 2, 1, −1], T = 1, top-k 3, top-p 0.7 → [0, .731, .269, 0].
+pub fn rule_probs(logits: &Tensor, t: f32, top_k: usize, top_p: f32) -> Result<Tensor> {
+    if !rule_on_device(top_k, top_p) {
+        candle_core::bail!(
+            "rule_probs: top-k {top_k} with top-p {top_p}: top-k 1 ..= {TOP_K_ON_DEVICE} (or neither) expected"
+        );
+    }
+    if top_k == 0 {
+        return temperature_probs(logits, t);
+    }
+    if !(t > 0.0 && t.is_finite()) {
+        candle_core::bail!("rule_probs: a temperature > 0 expected, got {t}");
+    }
+    let x = logits.to_dtype(DType::F32)?.contiguous()?;
+    let (n, v) = x.dims2()?;
+    let dev = x.device();
+    let idx = crate::ops::top_k::top_k_indices(&x, top_k.min(v))?; // [n, k], best first
+    let t = Tensor::new(t, dev)?;
+    let scaled = x.gather(&idx, 1)?.broadcast_div(&t)?;
+    let w = scaled.broadcast_sub(&scaled.narrow(1, 0, 1)?)?.exp()?;
+    let normalise = |w: &Tensor| -> Result<Tensor> {
+        let sum = w
+            .to_dtype(DType::F64)?
+            .sum_keepdim(1)?
+            .to_dtype(DType::F32)?;
+        w.broadcast_div(&sum)
+    };
+    let mut p = normalise(&w)?;
+    if top_p < 1.0 {
+        let p64 = p.to_dtype(DType::F64)?;
+        let before = (p64.cumsum(1)? - &p64)?.to_dtype(DType::F32)?;
+        p = normalise(&before.lt(top_p as f64)?.where_cond(&p, &p.zeros_like()?)?)?;
+    }
+    Tensor::zeros((n, v), DType::F32, dev)?.scatter(&idx, &p, 1)
+}
+
 /// Row `r` of `w` (`[n, v]` f32 weights, not necessarily normalised) drawn with `u[from + r]`:
 /// `[n]` u32 tokens, left on the device.
 pub fn draw_rows(w: &Tensor, u: &Uniforms, from: usize) -> Result<Tensor> {
@@ -384,6 +440,77 @@ mod tests {
                 assert_eq!(g, &want, "T {t}, row {r}");
             }
         }
+    }
+
+    /// Top-k (with and without top-p) where the logits are: the host's `dense_probs` — the same
+    /// tokens kept, each probability within 2 ulps — on rows with ties at the k-th logit (the
+    /// lower token id kept), one dominant token, a flat row, and a 3-token example; another
+    /// rule is refused by name.
+    #[test]
+    fn rule_probs_are_the_host_rule() {
+        let v = 300;
+        let mut rows: Vec<Vec<f32>> = (0..5u64)
+            .map(|s| {
+                (0..v as u64)
+                    .map(|i| (((i + 5) * (s + 7) * 2654435761 % 997) as f32 / 997.0 - 0.5) * 8.0)
+                    .collect()
+            })
+            .collect();
+        rows[1][42] = 30.0;
+        rows[2] = vec![1.0; v]; // all tied: top-k keeps the lowest ids
+        rows[3][7] = 9.0;
+        rows[3][8] = 9.0; // a tie at the top
+        rows.push({
+            let mut r = vec![-50.0; v];
+            r[..4].copy_from_slice(&[0.0, 2.0, 1.0, -1.0]);
+            r
+        });
+        let refs: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
+        let logits = on_cpu(&refs);
+        for (t, k, top_p) in [
+            (1.0f32, 3, 0.7f32),
+            (0.7, 20, 0.9),
+            (1.3, 64, 1.0),
+            (1.0, 1, 0.5),
+            (0.5, 50, 0.3),
+        ] {
+            let params = dflash_core::sampling::SamplingParams {
+                temperature: t,
+                top_k: k,
+                top_p,
+                ..Default::default()
+            };
+            let got = rule_probs(&logits, t, k, top_p)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            for (r, (g, row)) in got.iter().zip(&rows).enumerate() {
+                let want = dflash_core::sampling::dense_probs(row, &params);
+                for (j, (&a, &b)) in g.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        a > 0.0,
+                        b > 0.0,
+                        "T {t} k {k} p {top_p} row {r} token {j}: {a} vs {b}"
+                    );
+                    assert!(
+                        (a - b).abs() <= 2.0 * f32::EPSILON * b.max(f32::MIN_POSITIVE),
+                        "T {t} k {k} p {top_p} row {r} token {j}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+        // the doc's example: logits [0, 2, 1, −1] (the rest far below), T 1, top-k 3, top-p .7
+        let ex = rule_probs(&logits.narrow(0, 5, 1).unwrap(), 1.0, 3, 0.7).unwrap();
+        let ex = ex.to_vec2::<f32>().unwrap();
+        assert!(
+            (ex[0][1] - 0.731).abs() < 1e-3 && (ex[0][2] - 0.269).abs() < 1e-3,
+            "{:?}",
+            &ex[0][..4]
+        );
+        assert_eq!((ex[0][0], ex[0][3]), (0.0, 0.0));
+        let e = rule_probs(&logits, 1.0, 0, 0.9).unwrap_err().to_string();
+        assert!(e.contains("top-p 0.9"), "{e}");
+        assert!(rule_probs(&logits, 1.0, TOP_K_ON_DEVICE + 1, 1.0).is_err());
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub fn top_k_rows(x: &Tensor, k: usize) -> Result<Vec<Vec<(u32, f32)>>> {
         return Ok(vec![Vec::new(); n]);
     }
     let x = x.to_dtype(DType::F32)?.contiguous()?;
-    let idx = x.apply_op1_no_bwd(&TopK(k))?; // [n, k] u32
+    let idx = top_k_indices(&x, k)?;
     let vals = x.gather(&idx, 1)?.to_vec2::<f32>()?;
     let idx = idx.to_vec2::<u32>()?;
     Ok(idx
@@ -25,6 +25,18 @@ pub fn top_k_rows(x: &Tensor, k: usize) -> Result<Vec<Vec<(u32, f32)>>> {
         .zip(vals)
         .map(|(i, v)| i.into_iter().zip(v).collect())
         .collect())
+}
+
+/// The indices of the top `k` (1 ≤ k ≤ v) of every row of `x` `[rows, v]` (f32), best first:
+/// `[rows, k]` u32, left where `x` is.
+pub fn top_k_indices(x: &Tensor, k: usize) -> Result<Tensor> {
+    let (_, v) = x.dims2()?;
+    if k == 0 || k > v {
+        candle_core::bail!("top_k_indices: k {k} of rows of {v}");
+    }
+    x.to_dtype(DType::F32)?
+        .contiguous()?
+        .apply_op1_no_bwd(&TopK(k))
 }
 
 struct TopK(usize);
