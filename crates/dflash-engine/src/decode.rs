@@ -35,8 +35,10 @@
 //! drafts are greedy (a tree of the top-K) and kept while they equal the target's own sample:
 //! also exact, but it accepts less at T ≈ 1.
 //!
-//! **A round on the device.** A chain of a drafter without a selector, greedy or at a plain
-//! temperature (no top-k or top-p), keeps its round on the device: the drafts (the drafter's
+//! **A round on the device.** A chain of a drafter without a selector, greedy or sampled by a
+//! rule the device ranks (a plain temperature, or a top-k of at most
+//! [`dflash_model::ops::sample_rows::TOP_K_ON_DEVICE`] with or without top-p; top-p alone
+//! ranks the whole vocabulary on the host), keeps its round on the device: the drafts (the drafter's
 //! arg-max, or under the residual rule its draws) become the verify's token ids there, and the
 //! verify reads back in one transfer the drafts and either the target's token per row (its
 //! arg-max at T = 0, its draw under the exact match) or each draft's verdict and bonus and the
@@ -44,8 +46,8 @@
 //! drafts under the residual rule, `n + 1` under the exact match): the same distribution as
 //! the host's walk, another use of the seeded stream (AR at T > 0 draws its one number per
 //! token as before, on the device, walking the vocabulary in token order). A DDTree under the
-//! exact match at a plain temperature draws the target's token at every verify row on the
-//! device too (one index per row leaves it); its residual rule's sampled tree is the host's.
+//! exact match under such a rule draws the target's token at every verify row on the device
+//! too (one index per row leaves it); its residual rule's sampled tree is the host's.
 //!
 //! **DFlash2 drafters** propose through their candidate selector ([`dflash_core::selector`]):
 //! the chain is the selector's greedy walk at T = 0 and its sampled walk at T > 0 (the
@@ -677,7 +679,7 @@ impl<'a> Decoding<'a> {
     }
 
     /// Whether this round's chain stays on the device: a DFlash chain of a drafter without a
-    /// candidate selector (its walk is the host's), greedy or at a plain temperature
+    /// candidate selector (its walk is the host's), greedy or under a rule the device ranks
     /// ([`Decoding::samples_on_device`]).
     /// Its round reads the device once, after the verify: at T = 0 the drafts and the
     /// target's arg-max of every row; at T > 0 under the residual rule the drafts, each one's

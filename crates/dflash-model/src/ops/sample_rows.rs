@@ -4,7 +4,8 @@
 //! [`dflash_core::acceptance`], and each CPU twin calls them:
 //!
 //! - [`temperature_probs`]: each row's softmax of `logits / T` ([`dflash_core::sampling::dense_probs`]
-//!   without top-k or top-p, the normaliser summed in f64);
+//!   without top-k or top-p, the normaliser summed in f64); [`rule_probs`]: the same with a
+//!   top-k of at most [`TOP_K_ON_DEVICE`] and top-p (only the top k ranked);
 //! - [`draw_rows`]: each row's token for one uniform number `u`, walking the weights in token
 //!   order (the first token whose cumulative weight exceeds `u · Σ w`; the last token of
 //!   non-zero weight if rounding leaves `u · Σ w` past the end;
