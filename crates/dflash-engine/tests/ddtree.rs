@@ -228,14 +228,11 @@ fn tree_sampling_distribution_equals_ar() {
                     "T {temperature}, {acceptance}: too few accepted nodes ({accepted})"
                 );
             }
-            for (pos, (a, b)) in ar.iter().zip(&sp).enumerate() {
-                let pv = chi_square_p(a, b);
-                assert!(
-                    pv > 0.01,
-                    "T {temperature}, {acceptance}: new token {} differs from AR: p = {pv}",
-                    pos + 1
-                );
-            }
+            assert_distributed_alike(
+                &ar,
+                &sp,
+                &format!("T {temperature}, {acceptance} against AR"),
+            );
         }
         if temperature > 0.1 {
             assert!(

@@ -291,16 +291,8 @@ fn a_round_sampled_on_the_device_gives_the_target_distribution() {
         rounds > n as usize / 10,
         "too few accepted drafts ({rounds}) to test the accept path"
     );
-    for (pos, ((a, h), g)) in ar.iter().zip(&host).zip(&dev).enumerate() {
-        for (what, other) in [("AR", a), ("the host's chain", h)] {
-            let p = chi_square_p(other, g);
-            assert!(
-                p > 0.01,
-                "new token {}: the device's round differs from {what}: p = {p}",
-                pos + 1
-            );
-        }
-    }
+    assert_distributed_alike(&ar, &dev, "the device's round against AR");
+    assert_distributed_alike(&host, &dev, "the device's round against the host's chain");
 }
 
 /// A drafter with a vocabulary head keeps its T > 0 rounds on the device too: its drafts drawn
@@ -334,14 +326,7 @@ fn a_vocabulary_head_samples_on_the_device_as_ar_does() {
         rounds > n as usize / 10,
         "too few accepted drafts ({rounds}) to test the accept path"
     );
-    for (pos, (a, g)) in ar.iter().zip(&dev).enumerate() {
-        let p = chi_square_p(a, g);
-        assert!(
-            p > 0.01,
-            "new token {}: the head's rounds differ from AR: p = {p}",
-            pos + 1
-        );
-    }
+    assert_distributed_alike(&ar, &dev, "the head's rounds against AR");
 }
 
 /// The exact match at a plain temperature draws the target's tokens on the device: a chain's
@@ -380,14 +365,8 @@ fn the_exact_match_draws_on_the_device_as_ar_does() {
                     "{mode:?} at T {temperature}: too few accepted drafts ({accepted}) to test the accept path"
                 );
             }
-            for (pos, (a, g)) in ar.iter().zip(&dev).enumerate() {
-                let p = chi_square_p(a, g);
-                assert!(
-                    p > 0.01,
-                    "{mode:?} at T {temperature}: new token {}: the device's draws differ from AR: p = {p}",
-                    pos + 1
-                );
-            }
+            let what = format!("{mode:?} at T {temperature}: the device's draws against AR");
+            assert_distributed_alike(&ar, &dev, &what);
         }
     }
 }
@@ -418,14 +397,8 @@ fn top_k_and_top_p_sample_on_the_device_as_on_the_host() {
         "too few accepted drafts ({rounds}) to test the accept path"
     );
     for (what, counts) in [("AR", &ar_dev), ("the chain", &chain_dev)] {
-        for (pos, (a, g)) in ar_host.iter().zip(counts).enumerate() {
-            let p = chi_square_p(a, g);
-            assert!(
-                p > 0.01,
-                "{what} on the device's path, new token {}: differs from AR on the host's: p = {p}",
-                pos + 1
-            );
-        }
+        let what = format!("{what} on the device's path against AR on the host's");
+        assert_distributed_alike(&ar_host, counts, &what);
     }
 }
 
@@ -470,14 +443,11 @@ fn sampling_distribution_equals_ar() {
                     "T {temperature}, {acceptance}: too few accepted drafts ({accepted}) to test the accept path"
                 );
             }
-            for (pos, (a, b)) in ar.iter().zip(&sp).enumerate() {
-                let p = chi_square_p(a, b);
-                assert!(
-                    p > 0.01,
-                    "T {temperature}, {acceptance}: new token {} differs from AR: p = {p}",
-                    pos + 1
-                );
-            }
+            assert_distributed_alike(
+                &ar,
+                &sp,
+                &format!("T {temperature}, {acceptance} against AR"),
+            );
         }
         if temperature > 0.1 {
             assert!(

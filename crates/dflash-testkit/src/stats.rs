@@ -59,6 +59,15 @@ pub fn gamma_q(a: f64, x: f64) -> f64 {
     }
 }
 
+/// Each new token's counts in `got` distributed as in `want`: a two-sample chi-square test per
+/// position, p > 0.01 ([`chi_square_p`]); `what` names the comparison in the panic message.
+pub fn assert_distributed_alike(want: &[Vec<usize>], got: &[Vec<usize>], what: &str) {
+    for (pos, (a, g)) in want.iter().zip(got).enumerate() {
+        let p = chi_square_p(a, g);
+        assert!(p > 0.01, "{what}: new token {} differs: p = {p}", pos + 1);
+    }
+}
+
 /// Two-sample chi-square homogeneity test; categories with < 10 expected pooled into one.
 pub fn chi_square_p(a: &[usize], b: &[usize]) -> f64 {
     let (na, nb) = (
