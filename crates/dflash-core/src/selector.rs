@@ -55,21 +55,10 @@ pub fn walk_greedy(steps: &[SelectorStep]) -> Vec<u32> {
     steps
         .iter()
         .map(|s| {
-            prev = first_max(&s.scores(prev));
+            prev = crate::sampling::argmax(&s.scores(prev)) as usize;
             s.tokens[prev]
         })
         .collect()
-}
-
-/// The index of the first largest value.
-fn first_max(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 /// `softmax(x / t)` in f32 (max subtracted), as z-lab's `_sampling_probs` without filters.

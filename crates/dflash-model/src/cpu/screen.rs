@@ -225,6 +225,7 @@ mod tests {
     use crate::cpu::panels::tests::values as uniform;
     use crate::cpu::panels::Panels;
     use crate::cpu::Isa;
+    use dflash_core::sampling::argmax;
 
     /// A Q8_0 head `[n, k]` of 4 near-copies of each base column (one weight of a copy moved by
     /// a few thousandths): exact logits a hair apart, which 8-bit rows can reorder.
@@ -248,16 +249,6 @@ mod tests {
             }
         }
         x
-    }
-
-    fn argmax(v: &[f32]) -> usize {
-        let mut best = 0;
-        for (i, &x) in v.iter().enumerate() {
-            if x > v[best] {
-                best = i;
-            }
-        }
-        best
     }
 
     /// [`exact_column`] from the integer panels equals the exact kernels' product of every
