@@ -6,7 +6,8 @@
 //! row, and each forward shows it only those ([`dflash_core::visibility::right_aligned`], given
 //! to the forward as each row's key interval: `right_aligned_rows`), at its own positions. Each sequence therefore computes exactly what [`crate::generate`] in
 //! [`crate::Mode::Ar`] computes for it alone (up to float summation order) and samples with its
-//! own seeded [`Sampler`], so at T = 0 the tokens are the same.
+//! own seeded [`Sampler`] by AR's path for its rule (`draw_step`), so the tokens are the same
+//! (at T > 0 up to a draw within rounding of a boundary between two tokens).
 //!
 //! Scheduling is continuous: whenever 1/8 of the slots are free (at the start: all), the next
 //! prompts are prefilled, shortest first, up to 16 per forward in a left-padded batch of their
@@ -22,13 +23,16 @@
 
 use anyhow::{bail, Result};
 
+use candle_core::Tensor;
 use dflash_core::loops::LoopDetector;
-use dflash_core::sampling::Sampler;
+use dflash_core::sampling::{Sampler, SamplingParams};
 use dflash_core::visibility::right_aligned_rows;
 use dflash_model::cuda::graphed::GraphedBatch;
 use dflash_model::{KvCache, Rows, Target};
 
-use crate::decode::check_request;
+use dflash_model::ops::sample_rows::{draw_rows, rule_probs, Uniforms};
+
+use crate::decode::{check_request, draws_on_device, one_sync_env};
 use crate::Request;
 
 /// The key interval of each row of a right-aligned sequence
@@ -370,17 +374,7 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         };
         drop(phase);
         let phase = tracing::info_span!(target: "phase", "sample").entered();
-        let greedy = slot.iter().flatten().all(|l| l.sampler.params.is_greedy());
-        let next: Vec<u32> = if greedy {
-            // argmax on the device (the host's first-max rule): one token per slot comes back
-            dflash_model::ops::argmax::argmax_rows(&logits)?
-        } else {
-            let rows = logits.to_vec2::<f32>()?;
-            slot.iter_mut()
-                .zip(&rows)
-                .map(|(s, row)| s.as_mut().map_or(0, |l| l.sampler.sample(row)))
-                .collect()
-        };
+        let next = draw_step(&logits, slot)?;
         drop(phase);
         for (s, tok) in slot.iter_mut().zip(next) {
             if let Some(mut l) = s.take() {
@@ -394,4 +388,68 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         }
         Ok(false)
     }
+}
+
+/// Each slot's next token from its row of `logits` (`[slots, vocab]`), by the path AR takes
+/// for the slot's rule: the arg-max at T = 0; a draw where the logits are
+/// ([`crate::decode::draws_on_device`]: one uniform number of the slot's stream, the
+/// probabilities of [`rule_probs`] walked by [`draw_rows`]), the slots of one rule drawn
+/// together; otherwise the host's [`Sampler::sample`] on the row. Only tokens leave the device
+/// unless some slot samples on the host. Free slots get 0. Example: 256 slots at T = 1 → one
+/// `[256, vocab]` draw on the device and 256 tokens read back, instead of 256 rows of logits.
+fn draw_step(logits: &Tensor, slot: &mut [Option<Live>]) -> Result<Vec<u32>> {
+    let mut next = vec![0u32; slot.len()];
+    let (mut greedy, mut host) = (Vec::new(), Vec::new());
+    // the slots drawn on the device, by rule (one rule in a regeneration run)
+    let mut rules: Vec<(SamplingParams, Vec<usize>)> = Vec::new();
+    let one_sync = one_sync_env();
+    for (i, l) in slot.iter().enumerate() {
+        let Some(l) = l else { continue };
+        let p = l.sampler.params;
+        if p.is_greedy() {
+            greedy.push(i);
+        } else if one_sync && draws_on_device(&p) {
+            let rule = SamplingParams { seed: 0, ..p };
+            match rules.iter_mut().find(|(r, _)| *r == rule) {
+                Some((_, idx)) => idx.push(i),
+                None => rules.push((rule, vec![i])),
+            }
+        } else {
+            host.push(i);
+        }
+    }
+    if !greedy.is_empty() {
+        // argmax on the device (the host's first-max rule): one token per slot comes back
+        let best = dflash_model::ops::argmax::argmax_rows(logits)?;
+        for i in greedy {
+            next[i] = best[i];
+        }
+    }
+    for (p, idx) in rules {
+        let rows = match idx.len() == slot.len() {
+            true => logits.clone(),
+            false => {
+                let at: Vec<u32> = idx.iter().map(|&i| i as u32).collect();
+                logits.index_select(&Tensor::new(at, logits.device())?, 0)?
+            }
+        };
+        let u: Vec<f32> = idx
+            .iter()
+            .map(|&i| slot[i].as_mut().map_or(0.0, |l| l.sampler.uniforms(1)[0]))
+            .collect();
+        let probs = rule_probs(&rows, p.temperature, p.top_k, p.top_p)?;
+        let drawn = draw_rows(&probs, &Uniforms::new(&u, logits.device())?, 0)?;
+        for (&i, tok) in idx.iter().zip(drawn.to_vec1::<u32>()?) {
+            next[i] = tok;
+        }
+    }
+    if !host.is_empty() {
+        let rows = logits.to_vec2::<f32>()?;
+        for i in host {
+            if let Some(l) = slot[i].as_mut() {
+                next[i] = l.sampler.sample(&rows[i]);
+            }
+        }
+    }
+    Ok(next)
 }

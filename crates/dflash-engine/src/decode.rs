@@ -141,6 +141,22 @@ pub struct Generation {
 }
 
 /// Why a generation cannot start.
+/// Whether rounds read the device once (`DFLASH_ONE_SYNC=0` in the environment: the host's
+/// path, for A/B measurements).
+pub(crate) fn one_sync_env() -> bool {
+    std::env::var("DFLASH_ONE_SYNC").map_or(true, |v| v != "0")
+}
+
+/// Whether a draw under `p` happens where the logits are: T > 0 under a plain temperature or
+/// a top-k of at most [`dflash_model::ops::sample_rows::TOP_K_ON_DEVICE`] (with or without
+/// top-p); such a token is [`draw_rows`]'s walk in token order for one uniform number of the
+/// generation's stream, which AR ([`generate`]) and batched decoding
+/// ([`crate::batched::generate_batched`]) both take. Example: T = 0.7 with top-k 20 → on the
+/// device; top-p 0.9 alone → the host's lazy ranking ([`dflash_core::sampling::Sampler::sample`]).
+pub(crate) fn draws_on_device(p: &SamplingParams) -> bool {
+    !p.is_greedy() && rule_on_device(p.top_k, p.top_p)
+}
+
 pub fn check_request(target: &Target, req: &Request) -> Result<()> {
     if req.prompt_ids.is_empty() {
         bail!("the prompt is empty");
@@ -484,8 +500,7 @@ impl<'a> Decoding<'a> {
             sampled: None,
             device_round: None,
             read_back: None,
-            one_sync: !opts.drafts_to_host
-                && std::env::var("DFLASH_ONE_SYNC").map_or(true, |v| v != "0"),
+            one_sync: !opts.drafts_to_host && one_sync_env(),
             start: req.prompt_ids.len(),
             stopped: req.stop_ids.contains(&first) || looped,
             looped,
@@ -699,8 +714,7 @@ impl<'a> Decoding<'a> {
     /// most [`dflash_model::ops::sample_rows::TOP_K_ON_DEVICE`] with or without top-p (top-p
     /// alone, or a larger top-k, ranks the vocabulary on the host).
     fn samples_on_device(&self) -> bool {
-        let p = self.sampler.params;
-        self.one_sync && !p.is_greedy() && rule_on_device(p.top_k, p.top_p)
+        self.one_sync && draws_on_device(&self.sampler.params)
     }
 
     /// Each row's distribution under the request's rule, where the logits are

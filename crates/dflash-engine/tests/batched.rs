@@ -1,5 +1,6 @@
 //! Batched decoding equals one-at-a-time AR: the same tokens at T = 0 (SmolLM2 and the
-//! tiny Qwen3) and at T > 0 with the same seeds (tiny Qwen3), with fewer slots than requests
+//! tiny Qwen3) and at T > 0 with the same seeds under rules drawn on the host and on the device
+//! (tiny Qwen3), with fewer slots than requests
 //! (continuous refill and cache compaction are exercised), stop tokens and a request that
 //! does not fit the context; the fixed-capacity steps that CUDA graphs replay equal the
 //! growing cache's.
@@ -88,10 +89,14 @@ fn batched_equals_sequential_on_tiny_target_with_sampling() {
     let mut reqs = Vec::new();
     for i in 0..7 {
         let prompt: Vec<u32> = base.iter().skip(i % 3).copied().collect();
-        let sampling = if i % 2 == 0 {
-            SamplingParams::default()
-        } else {
-            SamplingParams::new(0.9, 0.95, 0, 100 + i as u64).unwrap()
+        // greedy; top-p alone (drawn on the host); a plain temperature and top-k with top-p
+        // (drawn on the device, as AR draws them)
+        let seed = 100 + i as u64;
+        let sampling = match i % 4 {
+            0 => SamplingParams::default(),
+            1 => SamplingParams::new(0.9, 0.95, 0, seed).unwrap(),
+            2 => SamplingParams::new(0.8, 1.0, 0, seed).unwrap(),
+            _ => SamplingParams::new(1.0, 0.9, 20, seed).unwrap(),
         };
         reqs.push(req(&prompt, 10 + 7 * i, sampling, &[]));
     }
