@@ -32,7 +32,7 @@ use dflash_model::{KvCache, Rows, Target};
 
 use dflash_model::ops::sample_rows::{draw_rows, rule_probs, Uniforms};
 
-use crate::decode::{check_request, draws_on_device, one_sync_env};
+use crate::decode::{check_request, one_sync_env};
 use crate::Request;
 
 /// The key interval of each row of a right-aligned sequence
@@ -391,11 +391,10 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
 }
 
 /// Each slot's next token from its row of `logits` (`[slots, vocab]`), by the path AR takes
-/// for the slot's rule: the arg-max at T = 0; a draw where the logits are
-/// ([`crate::decode::draws_on_device`]: one uniform number of the slot's stream, the
-/// probabilities of [`rule_probs`] walked by [`draw_rows`]), the slots of one rule drawn
-/// together; otherwise the host's [`Sampler::sample`] on the row. Only tokens leave the device
-/// unless some slot samples on the host. Free slots get 0. Example: 256 slots at T = 1 → one
+/// for the slot's rule: the arg-max at T = 0; at T > 0 a draw where the logits are (one
+/// uniform number of the slot's stream, the probabilities of [`rule_probs`] walked by
+/// [`draw_rows`]), the slots of one rule drawn together; with `DFLASH_ONE_SYNC=0` the host's
+/// [`Sampler::sample`] on the row. Only tokens leave the device on the default path. Free slots get 0. Example: 256 slots at T = 1 → one
 /// `[256, vocab]` draw on the device and 256 tokens read back, instead of 256 rows of logits.
 fn draw_step(logits: &Tensor, slot: &mut [Option<Live>]) -> Result<Vec<u32>> {
     let mut next = vec![0u32; slot.len()];
@@ -408,7 +407,7 @@ fn draw_step(logits: &Tensor, slot: &mut [Option<Live>]) -> Result<Vec<u32>> {
         let p = l.sampler.params;
         if p.is_greedy() {
             greedy.push(i);
-        } else if one_sync && draws_on_device(&p) {
+        } else if one_sync {
             let rule = SamplingParams { seed: 0, ..p };
             match rules.iter_mut().find(|(r, _)| *r == rule) {
                 Some((_, idx)) => idx.push(i),

@@ -35,19 +35,19 @@
 //! drafts are greedy (a tree of the top-K) and kept while they equal the target's own sample:
 //! also exact, but it accepts less at T ≈ 1.
 //!
-//! **A round on the device.** A chain of a drafter without a selector, greedy or sampled by a
-//! rule the device ranks (a plain temperature, or a top-k of at most
-//! [`dflash_model::ops::sample_rows::TOP_K_ON_DEVICE`] with or without top-p; top-p alone
-//! ranks the whole vocabulary on the host), keeps its round on the device: the drafts (the drafter's
+//! **A round on the device.** A chain of a drafter without a selector, greedy or sampled (any
+//! temperature, top-k and top-p: [`dflash_model::ops::sample_rows::rule_probs`]), keeps its
+//! round on the device: the drafts (the drafter's
 //! arg-max, or under the residual rule its draws) become the verify's token ids there, and the
 //! verify reads back in one transfer the drafts and either the target's token per row (its
 //! arg-max at T = 0, its draw under the exact match) or each draft's verdict and bonus and the
 //! last row's draw. At T > 0 such a round draws its uniform numbers up front (`3n + 1` for n
 //! drafts under the residual rule, `n + 1` under the exact match): the same distribution as
 //! the host's walk, another use of the seeded stream (AR at T > 0 draws its one number per
-//! token as before, on the device, walking the vocabulary in token order). A DDTree under the
-//! exact match under such a rule draws the target's token at every verify row on the device
-//! too (one index per row leaves it); its residual rule's sampled tree is the host's.
+//! token as before, on the device, walking the vocabulary in token order; batched decoding
+//! draws the same way). A DDTree under the exact match draws the target's token at every
+//! verify row on the device too (one index per row leaves it); its residual rule's sampled
+//! tree is the host's.
 //!
 //! **DFlash2 drafters** propose through their candidate selector ([`dflash_core::selector`]):
 //! the chain is the selector's greedy walk at T = 0 and its sampled walk at T > 0 (the
@@ -72,7 +72,7 @@ use crate::graph_cache::{self, GraphCache, Kept};
 use dflash_model::models::draft_vocab::DraftHead;
 use dflash_model::models::drafter::{BlockAt, Drafter};
 use dflash_model::models::target::ForwardInputs;
-use dflash_model::ops::sample_rows::{draw_rows, judge_rows, rule_on_device, rule_probs, Uniforms};
+use dflash_model::ops::sample_rows::{draw_rows, judge_rows, rule_probs, Uniforms};
 use dflash_model::ops::top_k::top_k_rows;
 use dflash_model::{KvCache, Rows, Target, TargetOutput};
 
@@ -145,16 +145,6 @@ pub struct Generation {
 /// path, for A/B measurements).
 pub(crate) fn one_sync_env() -> bool {
     std::env::var("DFLASH_ONE_SYNC").map_or(true, |v| v != "0")
-}
-
-/// Whether a draw under `p` happens where the logits are: T > 0 under a plain temperature or
-/// a top-k of at most [`dflash_model::ops::sample_rows::TOP_K_ON_DEVICE`] (with or without
-/// top-p); such a token is [`draw_rows`]'s walk in token order for one uniform number of the
-/// generation's stream, which AR ([`generate`]) and batched decoding
-/// ([`crate::batched::generate_batched`]) both take. Example: T = 0.7 with top-k 20 → on the
-/// device; top-p 0.9 alone → the host's lazy ranking ([`dflash_core::sampling::Sampler::sample`]).
-pub(crate) fn draws_on_device(p: &SamplingParams) -> bool {
-    !p.is_greedy() && rule_on_device(p.top_k, p.top_p)
 }
 
 pub fn check_request(target: &Target, req: &Request) -> Result<()> {
@@ -710,11 +700,10 @@ impl<'a> Decoding<'a> {
             && (self.sampler.params.is_greedy() || self.samples_on_device())
     }
 
-    /// Whether draws at T > 0 happen on the device: a plain temperature, or a top-k of at
-    /// most [`dflash_model::ops::sample_rows::TOP_K_ON_DEVICE`] with or without top-p (top-p
-    /// alone, or a larger top-k, ranks the vocabulary on the host).
+    /// Whether draws at T > 0 happen on the device (every rule does, unless
+    /// `DFLASH_ONE_SYNC=0` asks for the host's path).
     fn samples_on_device(&self) -> bool {
-        self.one_sync && draws_on_device(&self.sampler.params)
+        self.one_sync && !self.sampler.params.is_greedy()
     }
 
     /// Each row's distribution under the request's rule, where the logits are

@@ -371,34 +371,36 @@ fn the_exact_match_draws_on_the_device_as_ar_does() {
     }
 }
 
-/// Top-k (with top-p inside it) samples where the logits are (`ops::sample_rows::rule_probs`,
-/// here on the CPU): a chain's round under the residual rule (the drafts drawn from the
-/// drafter's rule, judged against the target's) and AR's draws. 4,000 seeded generations' second
-/// and third new tokens at T 0.9, top-k 5, top-p 0.8 are distributed as AR's on the host's path
-/// (which ranks and draws each row there), for the chain and for AR on the device's path.
+/// Top-k and top-p sample where the logits are (`ops::sample_rows::rule_probs`, here on the
+/// CPU): a chain's round under the residual rule (the drafts drawn from the drafter's rule,
+/// judged against the target's) and AR's draws. 4,000 seeded generations' second and third new
+/// tokens at T 0.9 under top-k 5 with top-p 0.8 and under top-p 0.7 alone are distributed as
+/// AR's on the host's path (which ranks and draws each row there), for the chain and for AR on
+/// the device's path.
 #[test]
 fn top_k_and_top_p_sample_on_the_device_as_on_the_host() {
     let t = tiny();
     let d = quiet(&t);
     let n = 4000u64;
-    let rule = (0.9, 0.8, 5);
     let host = DecodeOptions {
         drafts_to_host: true,
         ..Default::default()
     };
     let dev = DecodeOptions::default();
-    let (ar_host, _, _) = sampled_counts_with(&t, None, Mode::Ar, host, rule, (0, n));
-    let (ar_dev, _, _) = sampled_counts_with(&t, None, Mode::Ar, dev, rule, (7_000_000, n));
-    let chain = Mode::Chain { block: 8 };
-    let (chain_dev, rounds, _) =
-        sampled_counts_with(&t, Some(&d), chain, dev, rule, (8_000_000, n));
-    assert!(
-        rounds > n as usize / 10,
-        "too few accepted drafts ({rounds}) to test the accept path"
-    );
-    for (what, counts) in [("AR", &ar_dev), ("the chain", &chain_dev)] {
-        let what = format!("{what} on the device's path against AR on the host's");
-        assert_distributed_alike(&ar_host, counts, &what);
+    for rule in [(0.9, 0.8, 5), (0.9, 0.7, 0)] {
+        let (ar_host, _, _) = sampled_counts_with(&t, None, Mode::Ar, host, rule, (0, n));
+        let (ar_dev, _, _) = sampled_counts_with(&t, None, Mode::Ar, dev, rule, (7_000_000, n));
+        let chain = Mode::Chain { block: 8 };
+        let (chain_dev, rounds, _) =
+            sampled_counts_with(&t, Some(&d), chain, dev, rule, (8_000_000, n));
+        assert!(
+            rounds > n as usize / 10,
+            "{rule:?}: too few accepted drafts ({rounds}) to test the accept path"
+        );
+        for (what, counts) in [("AR", &ar_dev), ("the chain", &chain_dev)] {
+            let what = format!("{rule:?}: {what} on the device's path against AR on the host's");
+            assert_distributed_alike(&ar_host, counts, &what);
+        }
     }
 }
 

@@ -1063,6 +1063,110 @@ extern "C" __global__ void top_k_merge_f32(const float* x, const uint32_t* cand,
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// A sampling rule's probabilities with top-k (any k) and top-p, as
+// `dflash_core::sampling::dense_probs`: the ranks (logit descending by the total order, ties by
+// token id ascending) that top-k keeps, renormalised; of those, the ranks whose mass before them
+// is below top-p (the first always), renormalised; 0 elsewhere. No sort: each cut is a boundary
+// key b found by bisection over the 2^32 keys of `total_key` (32 block sums of the row: the
+// smallest b whose count, or mass, strictly above it is below the cut), then the tokens above b
+// kept and, of those at b (equal logits), the first ones by token id. One block per row.
+// Example: logits [0, 2, 1, -1], T = 1, top-p .7 (p = .087 .644 .237 .032): mass above key(1)
+// is .644 < .7, above key(0) .881 → b = key(1); token 2 kept (.644 + 0 · .237 < .7) →
+// [0, .731, .269, 0].
+// ---------------------------------------------------------------------------------------------
+struct CountAbove {
+    const float* x;
+    int v;
+    __device__ double operator()(int m, double* sh) const {
+        double c = 0.0;
+        for (int i = threadIdx.x; i < v; i += blockDim.x) c += total_key(x[i]) > m ? 1.0 : 0.0;
+        return block_sum(c, sh);
+    }
+};
+
+struct MassAbove {
+    const float* x;
+    const float* q;
+    int v;
+    __device__ double operator()(int m, double* sh) const {
+        double a = 0.0;
+        for (int i = threadIdx.x; i < v; i += blockDim.x)
+            if (total_key(x[i]) > m) a += (double)q[i];
+        return block_sum(a, sh);
+    }
+};
+
+// The smallest key m with above(m) < limit (above is nonincreasing in m and 0 at the largest
+// key, limit > 0): every thread gets the same block sums, so the same m.
+template <typename Above>
+__device__ int key_bisect(const Above& above, double limit, double* sh) {
+    long long lo = -2147483648LL, hi = 2147483647LL;
+    while (lo < hi) {
+        long long mid = lo + ((hi - lo) >> 1);
+        if (above((int)mid, sh) < limit) hi = mid; else lo = mid + 1;
+    }
+    return (int)lo;
+}
+
+// o[i] = q[i] for the tokens above key b and the first `j` tokens at b (by token id), else 0.
+// Each thread walks one contiguous chunk, so the ties before it are an exclusive block scan.
+__device__ void keep_prefix(const float* x, const float* q, float* o, int v, int b, double j, double* sh) {
+    int chunk = (v + blockDim.x - 1) / blockDim.x;
+    int lo = min(v, (int)threadIdx.x * chunk), hi = min(v, lo + chunk);
+    double ties = 0.0;
+    for (int i = lo; i < hi; ++i) ties += total_key(x[i]) == b ? 1.0 : 0.0;
+    double total;
+    double before = block_exclusive_f64(ties, sh, &total);
+    for (int i = lo; i < hi; ++i) {
+        int k = total_key(x[i]);
+        bool keep = k > b;
+        if (k == b) { keep = before < j; before += 1.0; }
+        o[i] = keep ? q[i] : 0.f;
+    }
+    __syncthreads();
+}
+
+// p: the rows' temperature probabilities (`temperature_probs_f32` of x); k = 0: no top-k;
+// top_p = 1: no top-p.
+extern "C" __global__ void rule_probs_f32(const float* x, const float* p, float* out, int v, int k, float top_p) {
+    __shared__ double sh[32];
+    __shared__ float shf[32];
+    const float* xr = x + (size_t)blockIdx.x * v;
+    const float* q = p + (size_t)blockIdx.x * v;
+    float* o = out + (size_t)blockIdx.x * v;
+    double mass = 1.0;
+    if (k > 0 && k < v) {
+        CountAbove count{xr, v};
+        int b = key_bisect(count, (double)k, sh);
+        keep_prefix(xr, q, o, v, b, (double)k - count(b, sh), sh);
+        q = o;
+        double m = 0.0;
+        for (int i = threadIdx.x; i < v; i += blockDim.x) m += (double)o[i];
+        mass = block_sum(m, sh);
+    }
+    if (top_p < 1.f) {
+        double limit = (double)top_p * mass;
+        MassAbove above{xr, q, v};
+        int b = key_bisect(above, limit, sh);
+        double a = above(b, sh);
+        float pb = 0.f;  // the tokens at b share one logit, so one probability (0 outside top-k)
+        for (int i = threadIdx.x; i < v; i += blockDim.x)
+            if (total_key(xr[i]) == b) pb = fmaxf(pb, q[i]);
+        pb = block_max(pb, shf);
+        double j = pb > 0.f ? ceil((limit - a) / (double)pb) : (double)v;
+        keep_prefix(xr, q, o, v, b, j, sh);
+        double m = 0.0;
+        for (int i = threadIdx.x; i < v; i += blockDim.x) m += (double)o[i];
+        mass = block_sum(m, sh);
+    } else if (!(k > 0 && k < v)) {
+        for (int i = threadIdx.x; i < v; i += blockDim.x) o[i] = q[i];
+        __syncthreads();
+    }
+    float s = (float)mass;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) o[i] = o[i] / s;
+}
+
 // AdamW, f32 master weights, element-wise with a grid-stride loop. Every operation is rounded
 // as the CPU twin rounds it (`x * mul + add` as two IEEE operations, no fused multiply-add), so
 // the two agree bit for bit. `mv` holds the first moments (n values), then the second.

@@ -1130,10 +1130,14 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             });
         }
     }
-    // a top-k (and top-p) rule's probabilities, composed on the device of the top-k kernel,
-    // a gather, f64 sums and prefix sums and a scatter: the CPU's within rounding, the same
-    // tokens kept
-    for (rows, v, k, top_p) in [(48, 3001, 20, 0.9f32), (4, 151_936, 64, 1.0)] {
+    // a top-k and top-p rule's probabilities (the bisected cuts of `rule_probs_f32`): the
+    // host's rule within rounding, the same tokens kept; top-k alone, top-p alone, both
+    for (rows, v, k, top_p) in [
+        (48, 3001, 20, 0.9f32),
+        (4, 151_936, 64, 1.0),
+        (48, 3001, 0, 0.9),
+        (4, 151_936, 500, 0.95),
+    ] {
         let x = fill(&[rows, v], 17, 8.0)?;
         let probs = |d: &Device| -> Result<Tensor> {
             crate::ops::sample_rows::rule_probs(&x.to_device(d)?, 0.8, k, top_p)?
@@ -1253,7 +1257,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 151);
+        assert_eq!(checks.len(), 155);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -4,8 +4,8 @@
 //! [`dflash_core::acceptance`], and each CPU twin calls them:
 //!
 //! - [`temperature_probs`]: each row's softmax of `logits / T` ([`dflash_core::sampling::dense_probs`]
-//!   without top-k or top-p, the normaliser summed in f64); [`rule_probs`]: the same with a
-//!   top-k of at most [`TOP_K_ON_DEVICE`] and top-p (only the top k ranked);
+//!   without top-k or top-p, the normaliser summed in f64); [`rule_probs`]: the same with any
+//!   top-k and top-p (each cut a boundary found by bisection, no sort);
 //! - [`draw_rows`]: each row's token for one uniform number `u`, walking the weights in token
 //!   order (the first token whose cumulative weight exceeds `u · Σ w`; the last token of
 //!   non-zero weight if rounding leaves `u · Σ w` past the end;
@@ -62,60 +62,34 @@ pub fn temperature_probs(logits: &Tensor, t: f32) -> Result<Tensor> {
         .apply_op1_no_bwd(&TempProbs { t })
 }
 
-/// The largest top-k whose probabilities [`rule_probs`] computes where the logits are; a larger
-/// top-k, or top-p without top-k, is ranked on the host.
-pub const TOP_K_ON_DEVICE: usize = 64;
-
-/// Whether [`rule_probs`] takes this rule: a plain temperature, or a top-k of at most
-/// [`TOP_K_ON_DEVICE`] with or without top-p.
-pub fn rule_on_device(top_k: usize, top_p: f32) -> bool {
-    (top_k == 0 && top_p >= 1.0) || (1..=TOP_K_ON_DEVICE).contains(&top_k)
-}
-
-/// Each row's sampling distribution under the rule (temperature `t`, `top_k`, `top_p`), dense
-/// in token order with 0 where the rule drops a token: [`dflash_core::sampling::dense_probs`]
-/// where the logits are. A plain temperature is [`temperature_probs`]; with top-k the row's
-/// top k in [`dflash_core::tree::top_k_sorted`]'s order (the host's ranking, by
-/// [`crate::ops::top_k::top_k_indices`]), their weights `exp(l / t − max / t)` divided by their
-/// sum (in f64), then top-p keeps the ranks whose mass before them is below `top_p` (the first
-/// always) and renormalises. Only `[n, k]` values are computed besides the scatter into the
-/// dense rows. The sums run in rank order, the host's in token order, so a probability can
-/// differ in its last bit and a top-p boundary within rounding of `top_p` can move by one
-/// token: the same rule, up to rounding.
-/// Example: logits [0, 2, 1, −1], T = 1, top-k 3, top-p 0.7 → [0, .731, .269, 0].
+/// Each row's sampling distribution under the rule (temperature `t`, `top_k`, 0: none,
+/// `top_p`, 1: none), dense in token order with 0 where the rule drops a token:
+/// [`dflash_core::sampling::dense_probs`] where the logits are. A plain temperature is
+/// [`temperature_probs`]; otherwise on a GPU one block per row cuts the temperature
+/// probabilities without sorting: each cut (the top k ranks, then the ranks whose mass before
+/// them is below `top_p`) is a boundary logit found by bisection over the f32 total order, the
+/// tokens above it kept and, of the tokens at it, the first by token id (the host's ranking
+/// breaks ties by the lower id); each cut renormalised by its f64 sum. The sums run in another
+/// order than the host's, so a probability can differ in its last bits and a top-p boundary
+/// within rounding of `top_p` can move by one token: the same rule, up to rounding. The CPU
+/// twin is the host's rule. Example: logits [0, 2, 1, −1], T = 1, top-k 3, top-p 0.7 →
+/// [0, .731, .269, 0].
 pub fn rule_probs(logits: &Tensor, t: f32, top_k: usize, top_p: f32) -> Result<Tensor> {
-    if !rule_on_device(top_k, top_p) {
-        candle_core::bail!(
-            "rule_probs: top-k {top_k} with top-p {top_p}: top-k 1 ..= {TOP_K_ON_DEVICE} (or neither) expected"
-        );
-    }
-    if top_k == 0 {
-        return temperature_probs(logits, t);
-    }
     if !(t > 0.0 && t.is_finite()) {
         candle_core::bail!("rule_probs: a temperature > 0 expected, got {t}");
     }
-    let x = logits.to_dtype(DType::F32)?.contiguous()?;
-    let (n, v) = x.dims2()?;
-    let dev = x.device();
-    let idx = crate::ops::top_k::top_k_indices(&x, top_k.min(v))?; // [n, k], best first
-    let t = Tensor::new(t, dev)?;
-    let scaled = x.gather(&idx, 1)?.broadcast_div(&t)?;
-    let w = scaled.broadcast_sub(&scaled.narrow(1, 0, 1)?)?.exp()?;
-    let normalise = |w: &Tensor| -> Result<Tensor> {
-        let sum = w
-            .to_dtype(DType::F64)?
-            .sum_keepdim(1)?
-            .to_dtype(DType::F32)?;
-        w.broadcast_div(&sum)
-    };
-    let mut p = normalise(&w)?;
-    if top_p < 1.0 {
-        let p64 = p.to_dtype(DType::F64)?;
-        let before = (p64.cumsum(1)? - &p64)?.to_dtype(DType::F32)?;
-        p = normalise(&before.lt(top_p as f64)?.where_cond(&p, &p.zeros_like()?)?)?;
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        candle_core::bail!("rule_probs: top-p in (0, 1] expected, got {top_p}");
     }
-    Tensor::zeros((n, v), DType::F32, dev)?.scatter(&idx, &p, 1)
+    let v = logits.dim(1)?;
+    let top_k = if top_k >= v { 0 } else { top_k };
+    if top_k == 0 && top_p >= 1.0 {
+        return temperature_probs(logits, t);
+    }
+    logits
+        .to_dtype(DType::F32)?
+        .contiguous()?
+        .apply_op1_no_bwd(&RuleProbs { t, top_k, top_p })
 }
 
 /// Row `r` of `w` (`[n, v]` f32 weights, not necessarily normalised) drawn with `u[from + r]`:
@@ -205,6 +179,76 @@ impl CustomOp1 for TempProbs {
             out,
             vi,
             t
+        );
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev),
+            Shape::from((n, v)),
+        ))
+    }
+}
+
+struct RuleProbs {
+    t: f32,
+    top_k: usize,
+    top_p: f32,
+}
+
+impl CustomOp1 for RuleProbs {
+    fn name(&self) -> &'static str {
+        "rule-probs"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (n, v) = l.shape().dims2()?;
+        let x = cpu_slice::<f32>(s, l, "rule_probs input")?;
+        let params = dflash_core::sampling::SamplingParams {
+            temperature: self.t,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: 0,
+        };
+        let out: Vec<f32> = x
+            .chunks(v)
+            .flat_map(|row| dflash_core::sampling::dense_probs(row, &params))
+            .collect();
+        Ok((CpuStorage::F32(out), Shape::from((n, v))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use crate::cuda::ptx::{alloc, launch, rows, view};
+        use candle_core::backend::BackendStorage;
+        let (n, v) = l.shape().dims2()?;
+        let dev = s.device().clone();
+        let x = view::<f32>(s, l, "rule_probs input")?;
+        let p = alloc::<f32>(&dev, n * v)?;
+        let out = alloc::<f32>(&dev, n * v)?;
+        let (vi, t, k, top_p) = (v as i32, self.t, self.top_k as i32, self.top_p);
+        launch!(
+            dev,
+            "temperature_probs",
+            DType::F32,
+            rows(n, 1024),
+            x,
+            p,
+            vi,
+            t
+        );
+        launch!(
+            dev,
+            "rule_probs",
+            DType::F32,
+            rows(n, 1024),
+            x,
+            p,
+            out,
+            vi,
+            k,
+            top_p
         );
         Ok((
             candle_core::CudaStorage::wrap_cuda_slice(out, dev),
@@ -443,10 +487,87 @@ mod tests {
         }
     }
 
-    /// Top-k (with and without top-p) where the logits are: the host's `dense_probs` — the same
-    /// tokens kept, each probability within 2 ulps — on rows with ties at the k-th logit (the
-    /// lower token id kept), one dominant token, a flat row, and a 3-token example; another
-    /// rule is refused by name.
+    /// `rule_probs_f32`'s algorithm, written again on the host (sums in token order instead of
+    /// the block's): the temperature probabilities, then each cut as a boundary key found by
+    /// bisection and the tokens at it kept by id, then renormalised.
+    fn bisected_rule(x: &[f32], t: f32, k: usize, top_p: f32) -> Vec<f32> {
+        let key = |f: f32| {
+            let i = f.to_bits() as i32;
+            i ^ (((i >> 31) as u32) >> 1) as i32
+        };
+        let keys: Vec<i32> = x.iter().map(|&f| key(f)).collect();
+        let v = x.len();
+        let params = dflash_core::sampling::SamplingParams {
+            temperature: t,
+            ..Default::default()
+        };
+        let p = dflash_core::sampling::dense_probs(x, &params);
+        let bisect = |below: &dyn Fn(i32) -> bool| {
+            let (mut lo, mut hi) = (i32::MIN as i64, i32::MAX as i64);
+            while lo < hi {
+                let mid = lo + ((hi - lo) >> 1);
+                if below(mid as i32) {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            lo as i32
+        };
+        let keep_prefix = |q: &[f32], b: i32, j: f64| -> Vec<f32> {
+            let mut before = 0.0;
+            (0..v)
+                .map(|i| {
+                    let keep = match keys[i].cmp(&b) {
+                        std::cmp::Ordering::Greater => true,
+                        std::cmp::Ordering::Equal => {
+                            before += 1.0;
+                            before - 1.0 < j
+                        }
+                        std::cmp::Ordering::Less => false,
+                    };
+                    if keep {
+                        q[i]
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        };
+        let sum = |q: &[f32]| q.iter().map(|&x| x as f64).sum::<f64>();
+        let (mut q, mut mass) = (p.clone(), 1.0);
+        if k > 0 && k < v {
+            let count = |m: i32| keys.iter().filter(|&&c| c > m).count() as f64;
+            let b = bisect(&|m| count(m) < k as f64);
+            q = keep_prefix(&p, b, k as f64 - count(b));
+            mass = sum(&q);
+        }
+        if top_p < 1.0 {
+            let limit = top_p as f64 * mass;
+            let above =
+                |m: i32| -> f64 { (0..v).filter(|&i| keys[i] > m).map(|i| q[i] as f64).sum() };
+            let b = bisect(&|m| above(m) < limit);
+            let a = above(b);
+            let pb = (0..v)
+                .filter(|&i| keys[i] == b)
+                .map(|i| q[i])
+                .fold(0.0f32, f32::max);
+            let j = if pb > 0.0 {
+                ((limit - a) / pb as f64).ceil()
+            } else {
+                v as f64
+            };
+            q = keep_prefix(&q, b, j);
+            mass = sum(&q);
+        }
+        q.iter().map(|&x| x / mass as f32).collect()
+    }
+
+    /// Any top-k and top-p without a sort, as the device computes it ([`bisected_rule`]): the
+    /// host's `dense_probs` — the same tokens kept, each probability within 1e-5 — on rows
+    /// with ties at the k-th logit and at the top-p boundary (the lower token ids kept), one
+    /// dominant token, a flat row, −∞ logits and the doc's example; `rule_probs` on the CPU is
+    /// the host's rule itself, and refuses a bad top-p by name.
     #[test]
     fn rule_probs_are_the_host_rule() {
         let v = 300;
@@ -458,22 +579,38 @@ mod tests {
             })
             .collect();
         rows[1][42] = 30.0;
-        rows[2] = vec![1.0; v]; // all tied: top-k keeps the lowest ids
+        rows[2] = vec![1.0; v]; // all tied: every cut keeps the lowest ids
         rows[3][7] = 9.0;
         rows[3][8] = 9.0; // a tie at the top
+        rows[4][10..20].fill(2.5); // ten tokens tied in the middle of the ranking
         rows.push({
             let mut r = vec![-50.0; v];
             r[..4].copy_from_slice(&[0.0, 2.0, 1.0, -1.0]);
             r
         });
+        rows.push({
+            let mut r = vec![f32::NEG_INFINITY; v];
+            r[3] = 1.0;
+            r[9] = 0.5;
+            r
+        });
         let refs: Vec<&[f32]> = rows.iter().map(|r| r.as_slice()).collect();
         let logits = on_cpu(&refs);
+        // top-p off the flat row's grid of j / k: a cut exactly there is within rounding of
+        // top-p, where the host's f32 running sum and the device's f64 sums may keep one token
+        // more or less (the documented boundary move)
         for (t, k, top_p) in [
             (1.0f32, 3, 0.7f32),
-            (0.7, 20, 0.9),
+            (0.7, 20, 0.905),
             (1.3, 64, 1.0),
             (1.0, 1, 0.5),
-            (0.5, 50, 0.3),
+            (0.5, 50, 0.305),
+            (1.0, 0, 0.9013),
+            (0.8, 0, 0.5017),
+            (1.2, 0, 0.999),
+            (1.0, 200, 1.0),
+            (0.9, 299, 0.95),
+            (1.0, 150, 0.6033),
         ] {
             let params = dflash_core::sampling::SamplingParams {
                 temperature: t,
@@ -481,37 +618,39 @@ mod tests {
                 top_p,
                 ..Default::default()
             };
-            let got = rule_probs(&logits, t, k, top_p)
+            let on_cpu = rule_probs(&logits, t, k, top_p)
                 .unwrap()
                 .to_vec2::<f32>()
                 .unwrap();
-            for (r, (g, row)) in got.iter().zip(&rows).enumerate() {
+            for (r, row) in rows.iter().enumerate() {
                 let want = dflash_core::sampling::dense_probs(row, &params);
-                for (j, (&a, &b)) in g.iter().zip(&want).enumerate() {
+                assert_eq!(on_cpu[r], want, "T {t} k {k} p {top_p} row {r}");
+                let got = bisected_rule(row, t, k, top_p);
+                for (j, (&a, &b)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
                         a > 0.0,
                         b > 0.0,
                         "T {t} k {k} p {top_p} row {r} token {j}: {a} vs {b}"
                     );
+                    // the host renormalises a nucleus by an f32 sum in rank order (≈ n ulps
+                    // over n tokens), the device by an f64 sum
                     assert!(
-                        (a - b).abs() <= 2.0 * f32::EPSILON * b.max(f32::MIN_POSITIVE),
+                        (a - b).abs() <= 1e-5 * b,
                         "T {t} k {k} p {top_p} row {r} token {j}: {a} vs {b}"
                     );
                 }
             }
         }
         // the doc's example: logits [0, 2, 1, −1] (the rest far below), T 1, top-k 3, top-p .7
-        let ex = rule_probs(&logits.narrow(0, 5, 1).unwrap(), 1.0, 3, 0.7).unwrap();
-        let ex = ex.to_vec2::<f32>().unwrap();
+        let ex = bisected_rule(&rows[5], 1.0, 3, 0.7);
         assert!(
-            (ex[0][1] - 0.731).abs() < 1e-3 && (ex[0][2] - 0.269).abs() < 1e-3,
+            (ex[1] - 0.731).abs() < 1e-3 && (ex[2] - 0.269).abs() < 1e-3,
             "{:?}",
-            &ex[0][..4]
+            &ex[..4]
         );
-        assert_eq!((ex[0][0], ex[0][3]), (0.0, 0.0));
-        let e = rule_probs(&logits, 1.0, 0, 0.9).unwrap_err().to_string();
-        assert!(e.contains("top-p 0.9"), "{e}");
-        assert!(rule_probs(&logits, 1.0, TOP_K_ON_DEVICE + 1, 1.0).is_err());
+        assert_eq!((ex[0], ex[3]), (0.0, 0.0));
+        let e = rule_probs(&logits, 1.0, 0, 0.0).unwrap_err().to_string();
+        assert!(e.contains("top-p in (0, 1]"), "{e}");
     }
 
     #[test]
