@@ -59,7 +59,11 @@ pub fn temperature_probs(logits: &Tensor, t: f32) -> Result<Tensor> {
     logits
         .to_dtype(DType::F32)?
         .contiguous()?
-        .apply_op1_no_bwd(&TempProbs { t })
+        .apply_op1_no_bwd(&RuleProbs {
+            t,
+            top_k: 0,
+            top_p: 1.0,
+        })
 }
 
 /// Each row's sampling distribution under the rule (temperature `t`, `top_k`, 0: none,
@@ -134,59 +138,8 @@ pub fn judge_rows(
     )
 }
 
-struct TempProbs {
-    t: f32,
-}
-
-impl CustomOp1 for TempProbs {
-    fn name(&self) -> &'static str {
-        "temperature-probs"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let (n, v) = l.shape().dims2()?;
-        let x = cpu_slice::<f32>(s, l, "temperature_probs input")?;
-        let params = dflash_core::sampling::SamplingParams {
-            temperature: self.t,
-            ..Default::default()
-        };
-        let out: Vec<f32> = x
-            .chunks(v)
-            .flat_map(|row| dflash_core::sampling::dense_probs(row, &params))
-            .collect();
-        Ok((CpuStorage::F32(out), Shape::from((n, v))))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, launch, rows, view};
-        use candle_core::backend::BackendStorage;
-        let (n, v) = l.shape().dims2()?;
-        let dev = s.device().clone();
-        let x = view::<f32>(s, l, "temperature_probs input")?;
-        let out = alloc::<f32>(&dev, n * v)?;
-        let (vi, t) = (v as i32, self.t);
-        launch!(
-            dev,
-            "temperature_probs",
-            DType::F32,
-            rows(n, 1024),
-            x,
-            out,
-            vi,
-            t
-        );
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(out, dev),
-            Shape::from((n, v)),
-        ))
-    }
-}
-
+/// A sampling rule's probabilities: the temperature's, then top-k and top-p where asked (0 and
+/// 1: none).
 struct RuleProbs {
     t: f32,
     top_k: usize,
@@ -198,6 +151,7 @@ impl CustomOp1 for RuleProbs {
         "rule-probs"
     }
 
+    /// The host's rule ([`dflash_core::sampling::dense_probs`]) row by row.
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (n, v) = l.shape().dims2()?;
         let x = cpu_slice::<f32>(s, l, "rule_probs input")?;
@@ -225,9 +179,10 @@ impl CustomOp1 for RuleProbs {
         let (n, v) = l.shape().dims2()?;
         let dev = s.device().clone();
         let x = view::<f32>(s, l, "rule_probs input")?;
-        let p = alloc::<f32>(&dev, n * v)?;
-        let out = alloc::<f32>(&dev, n * v)?;
         let (vi, t, k, top_p) = (v as i32, self.t, self.top_k as i32, self.top_p);
+        let cut = self.top_k > 0 || self.top_p < 1.0;
+        // the temperature's probabilities, then (with a cut) the kept ones renormalised
+        let p = alloc::<f32>(&dev, n * v)?;
         launch!(
             dev,
             "temperature_probs",
@@ -238,18 +193,25 @@ impl CustomOp1 for RuleProbs {
             vi,
             t
         );
-        launch!(
-            dev,
-            "rule_probs",
-            DType::F32,
-            rows(n, 1024),
-            x,
-            p,
-            out,
-            vi,
-            k,
-            top_p
-        );
+        let out = match cut {
+            false => p,
+            true => {
+                let out = alloc::<f32>(&dev, n * v)?;
+                launch!(
+                    dev,
+                    "rule_probs",
+                    DType::F32,
+                    rows(n, 1024),
+                    x,
+                    p,
+                    out,
+                    vi,
+                    k,
+                    top_p
+                );
+                out
+            }
+        };
         Ok((
             candle_core::CudaStorage::wrap_cuda_slice(out, dev),
             Shape::from((n, v)),
