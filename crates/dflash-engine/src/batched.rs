@@ -28,9 +28,8 @@ use dflash_core::loops::LoopDetector;
 use dflash_core::sampling::{Sampler, SamplingParams};
 use dflash_core::visibility::right_aligned_rows;
 use dflash_model::cuda::graphed::GraphedBatch;
-use dflash_model::{KvCache, Rows, Target};
-
 use dflash_model::ops::sample_rows::{draw_rows, rule_probs, Uniforms};
+use dflash_model::{KvCache, Rows, Target};
 
 use crate::decode::{check_request, one_sync_env};
 use crate::Request;
@@ -394,8 +393,9 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
 /// for the slot's rule: the arg-max at T = 0; at T > 0 a draw where the logits are (one
 /// uniform number of the slot's stream, the probabilities of [`rule_probs`] walked by
 /// [`draw_rows`]), the slots of one rule drawn together; with `DFLASH_ONE_SYNC=0` the host's
-/// [`Sampler::sample`] on the row. Only tokens leave the device on the default path. Free slots get 0. Example: 256 slots at T = 1 → one
-/// `[256, vocab]` draw on the device and 256 tokens read back, instead of 256 rows of logits.
+/// [`Sampler::sample`] on the row. Only tokens leave the device on the default path; free
+/// slots get 0. Example: 256 slots at T = 1 → one `[256, vocab]` draw on the device and 256
+/// tokens read back, instead of 256 rows of logits.
 fn draw_step(logits: &Tensor, slot: &mut [Option<Live>]) -> Result<Vec<u32>> {
     let mut next = vec![0u32; slot.len()];
     let (mut greedy, mut host) = (Vec::new(), Vec::new());
