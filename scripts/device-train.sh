@@ -53,7 +53,8 @@
 #   ends at its first repeated window of this many tokens; 0: never), DATA_GRAPHS ("1": batched
 #   steps replayed from a CUDA graph), INIT_FROM (a drafter directory to continue from: same
 #   weights, fresh optimizer), CACHE_MB (device memory for target features kept between epochs,
-#   0: runs with a 30–60 GB cache ran out of device memory, docs/BENCHMARKS.md), BENCH_MODES
+#   0: runs with a 30–60 GB cache ran out of device memory, docs/BENCHMARKS.md), LAYERS (the
+#   drafter's layers from a random init, 5; a shape ablation's knob), BENCH_MODES
 #   (ar,dflash,ddtree:8), BENCH_TOKENS (256), REPEATS (1), GRAPHS ("1": with --cuda-graphs;
 #   "0 1": without and with), SHAPES (bench/shapes/smollm2-135m.json qwen3-8b), EVAL_LIMIT (32;
 #   EVAL_LIMITS="mt-bench:32 …" per dataset), EVAL_TOKENS (256), EVAL_DATASETS (the four),
@@ -155,7 +156,7 @@ config() { # $1 max_steps → the run's training recipe (device and dtype are fl
   [ -n "${LOOP_WINDOW:-}" ] && INIT="$INIT, \"loop_window\": $LOOP_WINDOW"
   local every=$(( n / 8 > 25 ? n / 8 : 25 ))
   cat <<EOF
-{"num_draft_layers": 5, "block_size": 16, "num_anchors": ${ANCHORS:-256}, "max_length": 2048,
+{"num_draft_layers": ${LAYERS:-5}, "block_size": 16, "num_anchors": ${ANCHORS:-256}, "max_length": 2048,
  "lr": 6e-4, "warmup_ratio": 0.04, "grad_accum": ${ACCUM:-4}, "max_steps": $n,
  "save_every": $every, "val_every": $every, "val_sequences": 32, "keep_last": 2,
  "seed": 0, "init_seed": 0$INIT}
