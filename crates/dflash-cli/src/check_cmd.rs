@@ -160,6 +160,17 @@ fn sampled_chain_row(
     ))
 }
 
+/// A row that two runs gave the same tokens: a failure in f32, reported in bf16 (where a
+/// near-tie of the logits may round either way).
+fn equal_row(what: String, same: bool, dtype: &str) -> (String, bool, String) {
+    let detail = if same {
+        "equal"
+    } else {
+        "differs (bf16; reported)"
+    };
+    (what, same || dtype == "bf16", detail.into())
+}
+
 fn drafter_for(lt: &LoadedTarget, dir: &Option<PathBuf>) -> Result<Drafter> {
     match dir {
         Some(d) => Drafter::load_dir(d, &lt.target),
@@ -343,25 +354,15 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                 same_ar &=
                     generate(&lt.target, None, Mode::Ar, r, Default::default())?.new_tokens == *e;
             }
-            rows.push((
+            rows.push(equal_row(
                 format!("batched decoding (3 prompts, 2 slots) = AR on device ({name})"),
-                same_ar || name == "bf16",
-                if same_ar {
-                    "equal"
-                } else {
-                    "differs (bf16; reported)"
-                }
-                .into(),
+                same_ar,
+                name,
             ));
-            rows.push((
+            rows.push(equal_row(
                 format!("batched decoding with CUDA graphs = without ({name})"),
-                graphed == eager || name == "bf16",
-                if graphed == eager {
-                    "equal"
-                } else {
-                    "differs (bf16; reported)"
-                }
-                .into(),
+                graphed == eager,
+                name,
             ));
             // at T > 0 (a plain temperature; top-k 20 with top-p): the same draws where the
             // logits are as AR's, seeded per request
@@ -393,15 +394,10 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                 same_t &=
                     generate(&lt.target, None, Mode::Ar, r, Default::default())?.new_tokens == *d;
             }
-            rows.push((
+            rows.push(equal_row(
                 format!("batched decoding at T > 0 (3 prompts, 2 slots) = AR on device ({name})"),
-                same_t || name == "bf16",
-                if same_t {
-                    "equal"
-                } else {
-                    "differs (bf16; reported)"
-                }
-                .into(),
+                same_t,
+                name,
             ));
         }
         let p = dflash_eval::doctor::parity_diff(lt, &d, &prompt)?;
