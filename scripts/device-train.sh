@@ -51,7 +51,8 @@
 #   unset: one sequence per row), ACCUM (4), LOOP_WINDOW (cut each response after its first
 #   repeated window of this many tokens), DATA_LOOP (the same cut while regenerating: a response
 #   ends at its first repeated window of this many tokens; 0: never), DATA_GRAPHS ("1": batched
-#   steps replayed from a CUDA graph), INIT_FROM (a drafter directory to continue from: same
+#   steps replayed from a CUDA graph), DATA_TEMP (0: greedy responses; 1: sampled, seed 0 — the
+#   lower τ at T = 0, docs/eval/smollm2-135m-b16), DATA_LIMIT (the prompt file's first N), INIT_FROM (a drafter directory to continue from: same
 #   weights, fresh optimizer), CACHE_MB (device memory for target features kept between epochs,
 #   0: runs with a 30–60 GB cache ran out of device memory, docs/BENCHMARKS.md), LAYERS (the
 #   drafter's layers from a random init, 5; a shape ablation's knob), BENCH_MODES
@@ -121,7 +122,8 @@ generate() { # $1 seconds
   [ "${DATA_GRAPHS:-0}" = 1 ] && graphs=--cuda-graphs
   $B data generate --target "$TARGET" --prompts "$PROMPTS" --out "$D" --time-limit "$1" \
     --max-new-tokens "${DATA_TOKENS:-1024}" --batch-size "${BATCH:-128}" --shard-size "${SHARD:-64}" \
-    --loop-window "${DATA_LOOP:-0}" --device "$DEV" --dtype "${DATA_DTYPE:-f32}" $graphs
+    --loop-window "${DATA_LOOP:-0}" --device "$DEV" --dtype "${DATA_DTYPE:-f32}" $graphs \
+    --temperature "${DATA_TEMP:-0}" ${DATA_LIMIT:+--limit "$DATA_LIMIT"}
 }
 
 profile() {
