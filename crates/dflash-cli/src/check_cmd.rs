@@ -171,6 +171,28 @@ fn equal_row(what: String, same: bool, dtype: &str) -> (String, bool, String) {
     (what, same || dtype == "bf16", detail.into())
 }
 
+/// Each request's new tokens from one batched run on 2 slots (its steps replayed from one CUDA
+/// graph with `cuda_graphs`).
+fn batched_tokens(lt: &LoadedTarget, reqs: &[Request], cuda_graphs: bool) -> Result<Vec<Vec<u32>>> {
+    let mut out = vec![Vec::new(); reqs.len()];
+    let opts = dflash_engine::batched::BatchedOptions { cuda_graphs };
+    dflash_engine::batched::generate_batched(&lt.target, reqs, 2, opts, |i, r| {
+        out[i] = r?.new_tokens;
+        Ok(dflash_engine::batched::Flow::Continue)
+    })?;
+    Ok(out)
+}
+
+/// Whether each request's `tokens` are the ones AR gives it alone.
+fn equals_ar(lt: &LoadedTarget, reqs: &[Request], tokens: &[Vec<u32>]) -> Result<bool> {
+    for (r, t) in reqs.iter().zip(tokens) {
+        if generate(&lt.target, None, Mode::Ar, r, Default::default())?.new_tokens != *t {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 fn drafter_for(lt: &LoadedTarget, dir: &Option<PathBuf>) -> Result<Drafter> {
     match dir {
         Some(d) => Drafter::load_dir(d, &lt.target),
@@ -339,21 +361,9 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                     ..req.clone()
                 })
                 .collect();
-            let run = |cuda_graphs: bool| -> Result<Vec<Vec<u32>>> {
-                let mut out = vec![Vec::new(); reqs.len()];
-                let opts = dflash_engine::batched::BatchedOptions { cuda_graphs };
-                dflash_engine::batched::generate_batched(&lt.target, &reqs, 2, opts, |i, r| {
-                    out[i] = r?.new_tokens;
-                    Ok(dflash_engine::batched::Flow::Continue)
-                })?;
-                Ok(out)
-            };
-            let (eager, graphed) = (run(false)?, run(true)?);
-            let mut same_ar = true;
-            for (r, e) in reqs.iter().zip(&eager) {
-                same_ar &=
-                    generate(&lt.target, None, Mode::Ar, r, Default::default())?.new_tokens == *e;
-            }
+            let eager = batched_tokens(lt, &reqs, false)?;
+            let graphed = batched_tokens(lt, &reqs, true)?;
+            let same_ar = equals_ar(lt, &reqs, &eager)?;
             rows.push(equal_row(
                 format!("batched decoding (3 prompts, 2 slots) = AR on device ({name})"),
                 same_ar,
@@ -378,22 +388,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                     ..r.clone()
                 })
                 .collect();
-            let mut drawn = vec![Vec::new(); sampled.len()];
-            dflash_engine::batched::generate_batched(
-                &lt.target,
-                &sampled,
-                2,
-                Default::default(),
-                |i, r| {
-                    drawn[i] = r?.new_tokens;
-                    Ok(dflash_engine::batched::Flow::Continue)
-                },
-            )?;
-            let mut same_t = true;
-            for (r, d) in sampled.iter().zip(&drawn) {
-                same_t &=
-                    generate(&lt.target, None, Mode::Ar, r, Default::default())?.new_tokens == *d;
-            }
+            let same_t = equals_ar(lt, &sampled, &batched_tokens(lt, &sampled, false)?)?;
             rows.push(equal_row(
                 format!("batched decoding at T > 0 (3 prompts, 2 slots) = AR on device ({name})"),
                 same_t,
