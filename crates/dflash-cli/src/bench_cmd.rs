@@ -55,10 +55,9 @@ pub struct BenchArgs {
     pub json: Option<std::path::PathBuf>,
     /// The target's sampling rule (greedy by default). At T > 0 each mode's tokens are its own
     /// draws (the `= AR` column compares them only at T = 0) and a round samples where
-    /// `generate`'s does: on the device at a plain temperature or a top-k of at most 64 (with
-    /// or without top-p) for AR, chains and the target's draws of a tree under the exact
-    /// match; with top-p alone, a larger top-k and in the residual rule's sampled DDTree trees
-    /// on the host.
+    /// `generate`'s does: on the device under every rule for AR, chains and the target's draws
+    /// of a tree under the exact match; in the residual rule's sampled DDTree trees on the
+    /// host.
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// How drafts are accepted at T > 0 (`generate --acceptance`): residual or exact-match.

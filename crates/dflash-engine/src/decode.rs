@@ -140,13 +140,13 @@ pub struct Generation {
     pub stopped_by_loop: bool,
 }
 
-/// Why a generation cannot start.
 /// Whether rounds read the device once (`DFLASH_ONE_SYNC=0` in the environment: the host's
 /// path, for A/B measurements).
 pub(crate) fn one_sync_env() -> bool {
     std::env::var("DFLASH_ONE_SYNC").map_or(true, |v| v != "0")
 }
 
+/// Why a generation cannot start.
 pub fn check_request(target: &Target, req: &Request) -> Result<()> {
     if req.prompt_ids.is_empty() {
         bail!("the prompt is empty");
@@ -684,8 +684,8 @@ impl<'a> Decoding<'a> {
     }
 
     /// Whether this round's chain stays on the device: a DFlash chain of a drafter without a
-    /// candidate selector (its walk is the host's), greedy or under a rule the device ranks
-    /// ([`Decoding::samples_on_device`]).
+    /// candidate selector (its walk is the host's), greedy or sampled, unless
+    /// `DFLASH_ONE_SYNC=0` asks for the host's path.
     /// Its round reads the device once, after the verify: at T = 0 the drafts and the
     /// target's arg-max of every row; at T > 0 under the residual rule the drafts, each one's
     /// verdict and bonus ([`dflash_model::ops::sample_rows`]) and the last row's draw; under
@@ -697,7 +697,6 @@ impl<'a> Decoding<'a> {
         self.one_sync
             && !matches!(self.mode, Mode::Tree { .. })
             && self.drafter.is_some_and(|d| d.selector.is_none())
-            && (self.sampler.params.is_greedy() || self.samples_on_device())
     }
 
     /// Whether draws at T > 0 happen on the device (every rule does, unless

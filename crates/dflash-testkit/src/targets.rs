@@ -120,7 +120,7 @@ pub fn sampled_counts(
 }
 
 /// [`sampled_counts`] with the loop's options and the rule given: (temperature, top-p, top-k);
-/// a plain temperature (top-p 1, top-k 0) or a top-k of at most 64 samples on the device.
+/// every rule samples on the device unless `opts.drafts_to_host` asks for the host's path.
 pub fn sampled_counts_with(
     t: &Target,
     drafter: Option<&Drafter>,
