@@ -51,17 +51,6 @@ pub enum NodeVerdict {
     Reject { bonus: u32 },
 }
 
-/// `q` in token order with the tokens in `drawn` at weight 0.
-fn left<'a>(q: &'a [f32], drawn: &'a [u32]) -> impl Iterator<Item = f32> + 'a {
-    q.iter().enumerate().map(move |(t, &x)| {
-        if x > 0.0 && !drawn.contains(&(t as u32)) {
-            x
-        } else {
-            0.0
-        }
-    })
-}
-
 /// Zero `x[i]` and renormalise `x` in place (left as is when nothing remains).
 fn remove_and_renormalise(x: &mut [f32], i: usize) {
     x[i] = 0.0;
@@ -100,26 +89,115 @@ pub fn judge_node(
     }
 }
 
-impl Sampler {
-    /// `k` tokens drawn one after another from `q` without replacement (each from what is left,
-    /// renormalised); fewer when `q` has fewer tokens of non-zero mass.
-    /// Each draw walks `q` in token order with the tokens drawn so far at weight 0: no copy
-    /// of the vocabulary, the same sums and picks as over the tokens left.
-    pub fn draw_without_replacement(&mut self, q: &[f32], k: usize) -> Vec<u32> {
-        let held = q.iter().filter(|&&x| x > 0.0).count();
-        let mut out: Vec<u32> = Vec::with_capacity(k.min(held));
-        while out.len() < k.min(held) {
-            let total: f64 = left(q, &out).map(|x| x as f64).sum();
-            let t = crate::acceptance::pick(left(q, &out), total, self.uniform());
-            out.push(t);
+/// `k` tokens drawn one after another from `q` without replacement (each from what is left,
+/// renormalised), each with the next of `uniform`; fewer when `q` has fewer tokens of non-zero
+/// mass. Each draw walks the held tokens in token order with the ones drawn so far at weight 0:
+/// the same sums and picks as over the tokens left, over the held tokens only (a vocabulary
+/// head's q holds its subset). Example: q = [.5, 0, .5], k = 3, uniforms .7, .2 → token 2,
+/// then token 0 (what is left is [.5, 0, 0]).
+pub fn draws_without_replacement(
+    q: &[f32],
+    k: usize,
+    mut uniform: impl FnMut() -> f32,
+) -> Vec<u32> {
+    let held: Vec<u32> = (0..q.len() as u32)
+        .filter(|&t| q[t as usize] > 0.0)
+        .collect();
+    let mut w: Vec<f32> = held.iter().map(|&t| q[t as usize]).collect();
+    let mut out: Vec<u32> = Vec::with_capacity(k.min(held.len()));
+    while out.len() < k.min(held.len()) {
+        let total: f64 = w.iter().map(|&x| x as f64).sum();
+        let j = crate::acceptance::pick(w.iter().copied(), total, uniform()) as usize;
+        out.push(held[j]);
+        w[j] = 0.0;
+    }
+    out
+}
+
+/// The sampled tree's shape below `anchor`: DDTree's best-first tree of at most `budget` nodes
+/// over each depth's top-K of its draft distribution (`tops[d]`, (token, q) best first, as
+/// [`top_k_sorted`] gives them; tokens of zero mass are not ranked), each node's token standing
+/// for its rank at its depth; and how many draws each depth needs (its highest rank + 1).
+/// [`place_draws`] then gives each node its draw. Example: tops [[(4, .6), (9, .3)], [(2, .9)]],
+/// budget 3 → nodes of ranks 0 and 1 at depth 1 and rank 0 at depth 2 below the first; draws
+/// needed [2, 1].
+pub fn sampled_shape(
+    anchor: u32,
+    tops: &[Vec<(u32, f32)>],
+    budget: usize,
+) -> (DraftTree, Vec<usize>) {
+    // only the tokens q holds rank (ties in token order; a vocabulary head's q holds its
+    // subset alone), ranked by q itself (ln is increasing) and only the top-K's logs taken
+    let ranked: Vec<Vec<(u32, f32)>> = tops
+        .iter()
+        .map(|top| {
+            top.iter()
+                .filter(|&&(_, x)| x > 0.0)
+                .enumerate()
+                .map(|(r, &(_, x))| (r as u32, x.ln()))
+                .collect()
+        })
+        .collect();
+    let tree = DraftTree::build(anchor, &ranked, budget);
+    let mut needed = vec![0usize; tops.len()];
+    for i in 1..tree.len() {
+        let d = tree.depths[i] - 1;
+        needed[d] = needed[d].max(tree.tokens[i] as usize + 1);
+    }
+    (tree, needed)
+}
+
+/// Each node of a [`sampled_shape`] gets its depth's draw of its rank: the node of rank r at
+/// depth d the r-th of `draws[d − 1]` (a depth's draws in draw order, at least as many as the
+/// shape needs there).
+pub fn place_draws(tree: &mut DraftTree, draws: &[Vec<u32>]) {
+    for i in 1..tree.len() {
+        tree.tokens[i] = draws[tree.depths[i] - 1][tree.tokens[i] as usize];
+    }
+}
+
+/// The walk down a sampled tree by [`judge_node`] at every node reached: `q_at(d)` is the
+/// draft distribution of depth d + 1 (the children of a node at depth d were drawn from it),
+/// `p_at(row)` the target's distribution at a tree row (the request's rule on its verify row;
+/// called once per visited row, in order), `uniform` one number per judged child and one for
+/// the bonus. At a leaf the bonus is drawn from the leaf's `p`. Returns the accepted path (tree
+/// rows, root excluded) and the bonus. One implementation for the host's walk and the
+/// device's walk's CPU twin.
+pub fn walk_judged<'q, E>(
+    tree: &DraftTree,
+    q_at: impl Fn(usize) -> &'q [f32],
+    mut p_at: impl FnMut(usize) -> Result<Vec<f32>, E>,
+    mut uniform: impl FnMut() -> f32,
+) -> Result<(Vec<usize>, u32), E> {
+    let (mut cur, mut path) = (0, Vec::new());
+    loop {
+        let children: Vec<usize> = tree.children(cur).collect();
+        let p = p_at(cur)?;
+        if children.is_empty() {
+            let total: f64 = p.iter().map(|&v| v as f64).sum();
+            return Ok((path, crate::acceptance::pick_weighted(&p, total, uniform())));
         }
-        out
+        let tokens: Vec<u32> = children.iter().map(|&c| tree.tokens[c]).collect();
+        match judge_node(&p, q_at(tree.depths[cur]), &tokens, &mut uniform) {
+            NodeVerdict::Accept(k) => {
+                cur = children[k];
+                path.push(cur);
+            }
+            NodeVerdict::Reject { bonus } => return Ok((path, bonus)),
+        }
+    }
+}
+
+impl Sampler {
+    /// [`draws_without_replacement`] with this generation's stream.
+    pub fn draw_without_replacement(&mut self, q: &[f32], k: usize) -> Vec<u32> {
+        draws_without_replacement(q, k, || self.uniform())
     }
 
     /// The sampled DDTree of at most `budget` nodes below `anchor`, from the drafter's
     /// distribution of each depth (`qs[d]` for depth d + 1, dense over the vocabulary, under
     /// the request's rule: [`Sampler::draft_distribution`]); the shape from the top `top_k` of
-    /// each depth's `q`.
+    /// each depth's `q` ([`sampled_shape`]), then each depth's draws.
     pub fn sampled_tree(
         &mut self,
         anchor: u32,
@@ -127,63 +205,32 @@ impl Sampler {
         budget: usize,
         top_k: usize,
     ) -> SampledTree {
-        // the shape, with each node's token standing for its rank: only the tokens q holds
-        // rank (ties in token order; a vocabulary head's q holds its subset alone), ranked by q
-        // itself (ln is increasing) and only the top-K's logs taken
-        let ranked: Vec<Vec<(u32, f32)>> = qs
-            .iter()
-            .map(|q| {
-                top_k_sorted(q, top_k)
-                    .into_iter()
-                    .filter(|&(_, x)| x > 0.0)
-                    .enumerate()
-                    .map(|(r, (_, x))| (r as u32, x.ln()))
-                    .collect()
-            })
-            .collect();
-        let mut tree = DraftTree::build(anchor, &ranked, budget);
-        let mut ranks_at = vec![0usize; qs.len()];
-        for i in 1..tree.len() {
-            let d = tree.depths[i] - 1;
-            ranks_at[d] = ranks_at[d].max(tree.tokens[i] as usize + 1);
-        }
+        let tops: Vec<Vec<(u32, f32)>> = qs.iter().map(|q| top_k_sorted(q, top_k)).collect();
+        let (mut tree, needed) = sampled_shape(anchor, &tops, budget);
         let draws: Vec<Vec<u32>> = qs
             .iter()
-            .zip(&ranks_at)
+            .zip(&needed)
             .map(|(q, &n)| self.draw_without_replacement(q, n))
             .collect();
-        for i in 1..tree.len() {
-            tree.tokens[i] = draws[tree.depths[i] - 1][tree.tokens[i] as usize];
-        }
+        place_draws(&mut tree, &draws);
         SampledTree { tree, qs }
     }
 
-    /// Walk a sampled tree with the target's logits of each verify row (`logits_at(row)`),
-    /// by [`judge_node`] at every node reached. Returns the accepted path (tree rows, root
-    /// excluded) and the bonus.
+    /// Walk a sampled tree with the target's logits of each verify row (`logits_at(row)`):
+    /// [`walk_judged`] with each visited row's distribution under the request's rule and this
+    /// generation's stream.
     pub fn walk_sampled_tree<E>(
         &mut self,
         st: &SampledTree,
         mut logits_at: impl FnMut(usize) -> Result<Vec<f32>, E>,
     ) -> Result<(Vec<usize>, u32), E> {
-        let t = &st.tree;
-        let (mut cur, mut path) = (0, Vec::new());
-        loop {
-            let children: Vec<usize> = t.children(cur).collect();
-            let logits = logits_at(cur)?;
-            if children.is_empty() {
-                return Ok((path, self.sample(&logits)));
-            }
-            let p = dense_probs(&logits, &self.params);
-            let tokens: Vec<u32> = children.iter().map(|&c| t.tokens[c]).collect();
-            match judge_node(&p, &st.qs[t.depths[cur]], &tokens, || self.uniform()) {
-                NodeVerdict::Accept(k) => {
-                    cur = children[k];
-                    path.push(cur);
-                }
-                NodeVerdict::Reject { bonus } => return Ok((path, bonus)),
-            }
-        }
+        let params = self.params;
+        walk_judged(
+            &st.tree,
+            |d| &st.qs[d],
+            |r| Ok(dense_probs(&logits_at(r)?, &params)),
+            || self.uniform(),
+        )
     }
 }
 

@@ -46,8 +46,10 @@
 //! the host's walk, another use of the seeded stream (AR at T > 0 draws its one number per
 //! token as before, on the device, walking the vocabulary in token order; batched decoding
 //! draws the same way). A DDTree under the exact match draws the target's token at every
-//! verify row on the device too (one index per row leaves it); its residual rule's sampled
-//! tree is the host's.
+//! verify row on the device too (one index per row leaves it); under the residual rule its
+//! sampled tree is drawn and walked there ([`dflash_model::ops::sampled_tree`]): K values per
+//! depth (the shape) and a few draws per depth leave the device after the draft, the path and
+//! the bonus after the verify.
 //!
 //! **DFlash2 drafters** propose through their candidate selector ([`dflash_core::selector`]):
 //! the chain is the selector's greedy walk at T = 0 and its sampled walk at T > 0 (the
@@ -61,6 +63,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use candle_core::Tensor;
 use dflash_core::loops::LoopDetector;
+use dflash_core::sampled_tree::{place_draws, sampled_shape};
 use dflash_core::sampling::{Sampler, SamplingParams};
 use dflash_core::selector;
 use dflash_core::stats::RoundOutcome;
@@ -73,6 +76,7 @@ use dflash_model::models::draft_vocab::DraftHead;
 use dflash_model::models::drafter::{BlockAt, Drafter};
 use dflash_model::models::target::ForwardInputs;
 use dflash_model::ops::sample_rows::{draw_rows, judge_rows, rule_probs, Uniforms};
+use dflash_model::ops::sampled_tree::{draw_distinct, walk_sampled_tree};
 use dflash_model::ops::top_k::top_k_rows;
 use dflash_model::{KvCache, Rows, Target, TargetOutput};
 
@@ -84,6 +88,9 @@ enum Sampled {
     Chain(Vec<Vec<f32>>),
     /// A tree with its per-depth distributions.
     Tree(dflash_core::sampled_tree::SampledTree),
+    /// A tree drawn where the logits are: each depth's draft distribution (`[depths, vocab]`,
+    /// there) and the round's uniform numbers (the draws', then the walk's from `from`).
+    TreeOnDevice { q: Tensor, u: Uniforms, from: usize },
 }
 
 /// A chain round kept on the device: its drafts (`[n]` u32, the verify's ids) and how the
@@ -627,6 +634,9 @@ impl<'a> Decoding<'a> {
             return Ok(DraftTree::chain(anchor, &vec![anchor; n]));
         }
         if self.samples_drafts() {
+            if let (Mode::Tree { budget, top_k, .. }, true) = (self.mode, self.one_sync) {
+                return self.sampled_tree_on_device(anchor, &logits, budget, top_k);
+            }
             let qs = self.draft_distributions(&logits)?;
             return Ok(match self.mode {
                 Mode::Tree { budget, top_k, .. } => {
@@ -659,6 +669,35 @@ impl<'a> Decoding<'a> {
                 DraftTree::chain(anchor, &chain)
             }
         })
+    }
+
+    /// A DDTree's sampled round where the logits are ([`dflash_model::ops::sampled_tree`]):
+    /// the drafter's distributions under the rule (a vocabulary head's spread over the
+    /// vocabulary), the shape from each depth's top-K (K values per depth read back), then the
+    /// draws the shape needs (a few tokens per depth read back); the distributions stay there
+    /// for the walk. Example: budget 4, a shape of two nodes at depth 1 and one each at depths
+    /// 2 and 3 → 3 × 2 draws made, 4 used, 6 + 5 uniform numbers drawn up front.
+    fn sampled_tree_on_device(
+        &mut self,
+        anchor: u32,
+        logits: &Tensor,
+        budget: usize,
+        top_k: usize,
+    ) -> Result<DraftTree> {
+        let q = self.probs(logits)?;
+        let q = match self.head.as_ref() {
+            Some(h) => h.spread(&q)?,
+            None => q,
+        };
+        let k = if top_k == 0 { budget } else { top_k };
+        let (mut tree, needed) = sampled_shape(anchor, &top_k_rows(&q, k)?, budget);
+        let needed: Vec<usize> = needed.into_iter().take_while(|&n| n > 0).collect();
+        let draws = needed.len() * needed.iter().copied().max().unwrap_or(0);
+        let u = self.sampler.uniforms(draws + tree.len());
+        let u = Uniforms::new(&u, &self.target.device)?;
+        place_draws(&mut tree, &draw_distinct(&q, &u, 0, &needed)?);
+        self.sampled = Some(Sampled::TreeOnDevice { q, u, from: draws });
+        Ok(tree)
     }
 
     /// The drafter's distribution at each drafted position under the request's rule, dense
@@ -845,6 +884,10 @@ impl<'a> Decoding<'a> {
             }
             Some(Sampled::Tree(st)) => {
                 return self.sampler.walk_sampled_tree(&st, |r| row(logits, r));
+            }
+            Some(Sampled::TreeOnDevice { q, u, from }) => {
+                let params = &self.sampler.params;
+                return Ok(walk_sampled_tree(logits, params, &q, tree, &u, from)?);
             }
             None => {}
         }

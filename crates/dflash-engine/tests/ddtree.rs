@@ -242,3 +242,52 @@ fn tree_sampling_distribution_equals_ar() {
         }
     }
 }
+
+/// The residual rule's sampled tree drawn and walked where the logits are
+/// (`ops::sampled_tree`, here its CPU twins: the default) and on the host's path
+/// (`drafts_to_host`) gives AR's distribution: DDTree-8's second and third new tokens over
+/// 3,000 seeded generations at T 0.7, on the host's path at T 0.7, on the device's under top-k 5
+/// with top-p 0.8 at T 0.9, and with a vocabulary head (its distributions spread over the
+/// vocabulary there) at T 0.7; each run accepts nodes.
+#[test]
+fn the_sampled_tree_on_the_device_gives_the_target_distribution() {
+    use dflash_engine::decode::DecodeOptions;
+    let t = tiny();
+    let d = quiet(&t);
+    let mut headed = quiet(&t);
+    let keep = loop_prompt();
+    headed.draft_vocab = Some(dflash_model::models::draft_vocab::DraftVocab {
+        token_ids: (0..256u32)
+            .filter(|x| x % 3 != 0 || keep.contains(x))
+            .collect(),
+        source: "every token not a multiple of 3, and the loop prompt's".into(),
+        coverage: None,
+    });
+    let n = 3000u64;
+    let tree = Mode::Tree {
+        block: 8,
+        budget: 8,
+        top_k: 0,
+    };
+    let host = DecodeOptions {
+        drafts_to_host: true,
+        ..Default::default()
+    };
+    let dev = DecodeOptions::default();
+    let cases = [
+        ("the device's path", &d, dev, (0.7, 1.0, 0), 7_000_000),
+        ("the host's path", &d, host, (0.7, 1.0, 0), 8_000_000),
+        ("top-k 5, top-p 0.8", &d, dev, (0.9, 0.8, 5), 9_000_000),
+        ("a vocabulary head", &headed, dev, (0.7, 1.0, 0), 10_000_000),
+    ];
+    for (what, drafter, opts, rule, seed0) in cases {
+        let (ar, _, _) = sampled_counts_with(&t, None, Mode::Ar, host, rule, (0, n));
+        let (sp, _, accepted) =
+            sampled_counts_with(&t, Some(drafter), tree, opts, rule, (seed0, n));
+        assert!(
+            accepted > n as usize / 10,
+            "{what}: too few accepted nodes ({accepted}) to test the accept path"
+        );
+        assert_distributed_alike(&ar, &sp, &format!("{what} against AR"));
+    }
+}

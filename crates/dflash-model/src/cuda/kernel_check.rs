@@ -564,6 +564,44 @@ fn sampling(dev: &Device, rows: usize, v: usize) -> Result<Vec<Tensor>> {
         .collect()
 }
 
+/// [`crate::ops::sampled_tree`] on `dev`: 8 draws from each of 6 depths' distributions (T =
+/// 0.8, rows of `v` values), and 4 walks (path length, bonus, path) down the tree of budget 12
+/// shaped by their top 8 and given the CPU's draws (the same tree on both devices): two with
+/// random target rows (rejections, residuals), two with each row equal to its children's draft
+/// distribution (every first child kept), each with its own uniform numbers.
+fn sampled_tree(dev: &Device, v: usize) -> Result<(Vec<u32>, Vec<u32>)> {
+    use crate::ops::sample_rows::{temperature_probs, Uniforms};
+    use crate::ops::sampled_tree::{draw_distinct_rows, walk_tree_rows, TreeTable};
+    use dflash_core::sampled_tree::{place_draws, sampled_shape};
+    let (depths, k, budget) = (6, 8, 12);
+    let q = temperature_probs(&fill(&[depths, v], 19, 8.0)?, 0.8)?;
+    let u: Vec<f32> = (0..depths * k + 4 * (budget + 1))
+        .map(|i| (i as f32 * 0.618_034 + 0.3).fract())
+        .collect();
+    let (ud, uc) = (Uniforms::new(&u, dev)?, Uniforms::new(&u, &Device::Cpu)?);
+    let draws = draw_distinct_rows(&q.to_device(dev)?, &ud, 0, k)?.to_device(&Device::Cpu)?;
+    let (mut tree, _) = sampled_shape(0, &crate::ops::top_k::top_k_rows(&q, k)?, budget);
+    place_draws(
+        &mut tree,
+        &draw_distinct_rows(&q, &uc, 0, k)?.to_vec2::<u32>()?,
+    );
+    let n = tree.len();
+    let random = temperature_probs(&fill(&[n, v], 23, 8.0)?, 0.8)?;
+    let at: Vec<u32> = tree
+        .depths
+        .iter()
+        .map(|&d| d.min(depths - 1) as u32)
+        .collect();
+    let same = q.index_select(&Tensor::new(at, &Device::Cpu)?, 0)?;
+    let (table, qd) = (TreeTable::new(&tree, dev)?, q.to_device(dev)?);
+    let mut walks = Vec::new();
+    for (w, p) in [&random, &random, &same, &same].into_iter().enumerate() {
+        let out = walk_tree_rows(&p.to_device(dev)?, &qd, &table, &ud, depths * k + w * n)?;
+        walks.extend(out.to_vec1::<u32>()?);
+    }
+    Ok((draws.flatten_all()?.to_vec1::<u32>()?, walks))
+}
+
 /// A training linear `[1, 300, 96] · [80, 96]ᵀ` with both inputs tracked (on a GPU one node
 /// with a written backward, on the CPU candle's autograd): the output, `dx` and `dW` on the CPU.
 fn linear_grads(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
@@ -1130,6 +1168,21 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             });
         }
     }
+    // a sampled tree's draws without replacement and its walks (`ops::sampled_tree`): the
+    // same draws, the same paths and bonuses
+    for v in [3001, 151_936] {
+        let (got, want) = (sampled_tree(dev, v)?, sampled_tree(&Device::Cpu, v)?);
+        for (what, a, b) in [("draws", &got.0, &want.0), ("walks", &got.1, &want.1)] {
+            let differ = a.iter().zip(b).filter(|(x, y)| x != y).count();
+            checks.push(KernelCheck {
+                name: format!(
+                    "sampled tree {what}, rows of {v} values (F32), fraction that differ"
+                ),
+                rel_err: differ as f64 / b.len() as f64,
+                tolerance: 0.0,
+            });
+        }
+    }
     // a top-k and top-p rule's probabilities (the bisected cuts of `rule_probs_f32`): the
     // host's rule within rounding, the same tokens kept; top-k alone, top-p alone, both
     for (rows, v, k, top_p) in [
@@ -1257,7 +1310,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 155);
+        assert_eq!(checks.len(), 159);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -15,7 +15,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::layers::linear::Linear;
@@ -115,8 +115,12 @@ impl DraftHead {
     /// Example: ids [1, 3], row [.4, .6], vocab 4 → [.4, .6, 0] gathered at [2, 0, 2, 1] →
     /// [0, .4, 0, .6].
     pub fn spread(&self, rows: &Tensor) -> Result<Tensor> {
-        let zero = Tensor::zeros((rows.dim(0)?, 1), rows.dtype(), rows.device())?;
-        Ok(Tensor::cat(&[rows, &zero], 1)?.index_select(&self.col_of_token, 1)?)
+        match rows.device().is_cpu() {
+            // on the host a scatter of each row's columns (the same values): candle's
+            // column-wise gather walks element by element
+            true => scatter_columns(rows, &self.ids, self.col_of_token.dim(0)?),
+            false => gather_columns(rows, &self.col_of_token),
+        }
     }
 
     /// Logits `[.., subset]` of normalised hidden states, in the compute dtype (as
@@ -124,6 +128,31 @@ impl DraftHead {
     pub fn logits(&self, target: &Target, hidden: &Tensor) -> Result<Tensor> {
         target.logits_with(&self.head, hidden)
     }
+}
+
+/// [`DraftHead::spread`] as a gather: `col_of_token[t]` is token t's column (`cols` for a token
+/// outside the subset, read from an appended zero column).
+fn gather_columns(rows: &Tensor, col_of_token: &Tensor) -> Result<Tensor> {
+    let zero = Tensor::zeros((rows.dim(0)?, 1), rows.dtype(), rows.device())?;
+    Ok(Tensor::cat(&[rows, &zero], 1)?.index_select(col_of_token, 1)?)
+}
+
+/// [`DraftHead::spread`] as a scatter on the host: column j of each row to token `ids[j]` of
+/// `vocab`.
+fn scatter_columns(rows: &Tensor, ids: &[u32], vocab: usize) -> Result<Tensor> {
+    let n = rows.dim(0)?;
+    let mut out = vec![0f32; n * vocab];
+    for (r, row) in rows
+        .to_dtype(DType::F32)?
+        .to_vec2::<f32>()?
+        .iter()
+        .enumerate()
+    {
+        for (&t, &x) in ids.iter().zip(row) {
+            out[r * vocab + t as usize] = x;
+        }
+    }
+    Ok(Tensor::from_vec(out, (n, vocab), rows.device())?.to_dtype(rows.dtype())?)
 }
 
 #[cfg(test)]
@@ -146,5 +175,34 @@ mod tests {
         assert!(e.contains("unique"), "{e}");
         let e = v(vec![2, 10]).validate(10).unwrap_err().to_string();
         assert!(e.contains("token 10") && e.contains("10 tokens"), "{e}");
+    }
+
+    /// The host's scatter and the device's gather spread a subset's rows alike: the doc's
+    /// example, and 3 rows of a 37-token subset of 100 tokens.
+    #[test]
+    fn scatter_and_gather_spread_alike() {
+        let dev = candle_core::Device::Cpu;
+        let spread = |rows: &Tensor, ids: &[u32], vocab: usize| {
+            let mut col = vec![ids.len() as u32; vocab];
+            for (j, &t) in ids.iter().enumerate() {
+                col[t as usize] = j as u32;
+            }
+            let col = Tensor::new(col, &dev).unwrap();
+            let g = gather_columns(rows, &col)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            let s = scatter_columns(rows, ids, vocab)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            assert_eq!(g, s);
+            s
+        };
+        let rows = Tensor::new(&[[0.4f32, 0.6]], &dev).unwrap();
+        assert_eq!(spread(&rows, &[1, 3], 4), vec![vec![0.0, 0.4, 0.0, 0.6]]);
+        let ids: Vec<u32> = (0..100).filter(|t| t % 3 == 1 || t % 7 == 0).collect();
+        let rows = Tensor::rand(0f32, 1.0, (3, ids.len()), &dev).unwrap();
+        spread(&rows, &ids, 100);
     }
 }

@@ -3,7 +3,7 @@
 //! block attention, the target's interval softmax, the decode layer's fused kernels (the
 //! per-head norms, RoPE and cache writes, the residual add with its RMSNorm, the masked
 //! softmax, one-row products, indexed cache writes), sampling at T > 0 on the device (probabilities,
-//! draws, speculative verdicts), and the comparison every parity check
+//! draws, speculative verdicts, a sampled tree's draws and walk), and the comparison every parity check
 //! uses.
 
 /// Whether the environment turns a fused kernel off (`VAR=0`), read once per process: every
@@ -38,6 +38,7 @@ pub mod prefill_attention;
 pub mod qkv_rope;
 pub mod rms_norm_grad;
 pub mod sample_rows;
+pub mod sampled_tree;
 pub mod scatter_rows;
 pub mod silu_mul;
 pub mod softmax;

@@ -41,12 +41,17 @@ impl Uniforms {
         )?))
     }
 
-    fn get(&self, i: usize) -> f32 {
+    pub(crate) fn get(&self, i: usize) -> f32 {
         f32::from_bits(self.0.host[i])
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.0.host.len()
+    }
+
+    #[cfg(feature = "cuda")]
+    pub(crate) fn table(&self) -> &KernelTable {
+        &self.0
     }
 }
 
