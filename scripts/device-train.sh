@@ -54,7 +54,8 @@
 #   steps replayed from a CUDA graph), DATA_TEMP (0: greedy responses; 1: sampled, seed 0 — the
 #   lower τ at T = 0, docs/eval/smollm2-135m-b16), DATA_LIMIT (the prompt file's first N), INIT_FROM (a drafter directory to continue from: same
 #   weights, fresh optimizer), CACHE_MB (device memory for target features kept between epochs,
-#   0: runs with a 30–60 GB cache ran out of device memory, docs/BENCHMARKS.md), LAYERS (the
+#   0: runs with a 30–60 GB cache ran out of device memory, docs/BENCHMARKS.md), LR (6e-4) and
+#   WARMUP (0.04: the share of the steps warming up to LR; a continuation's knobs), LAYERS (the
 #   drafter's layers from a random init, 5; a shape ablation's knob), BENCH_MODES
 #   (ar,dflash,ddtree:8), BENCH_TOKENS (256), REPEATS (1), GRAPHS ("1": with --cuda-graphs;
 #   "0 1": without and with), SHAPES (bench/shapes/smollm2-135m.json qwen3-8b), EVAL_LIMIT (32;
@@ -159,7 +160,7 @@ config() { # $1 max_steps → the run's training recipe (device and dtype are fl
   local every=$(( n / 8 > 25 ? n / 8 : 25 ))
   cat <<EOF
 {"num_draft_layers": ${LAYERS:-5}, "block_size": 16, "num_anchors": ${ANCHORS:-256}, "max_length": 2048,
- "lr": 6e-4, "warmup_ratio": 0.04, "grad_accum": ${ACCUM:-4}, "max_steps": $n,
+ "lr": ${LR:-6e-4}, "warmup_ratio": ${WARMUP:-0.04}, "grad_accum": ${ACCUM:-4}, "max_steps": $n,
  "save_every": $every, "val_every": $every, "val_sequences": 32, "keep_last": 2,
  "seed": 0, "init_seed": 0$INIT}
 EOF
