@@ -121,40 +121,53 @@ fn kept_graphs_row(
     ))
 }
 
-/// A DFlash chain at T = 1 (seed 7) in f32 on the device and on the CPU: the same tokens, with
-/// the drafter as given and with a draft vocabulary (every other token and the prompt's). Both
-/// keep their rounds on their device ([`dflash_model::ops::sample_rows`] and its CPU twins)
-/// and draw the same uniform numbers; only a draw within rounding of a boundary between two
-/// tokens could differ.
-fn sampled_chain_row(
+/// A DFlash chain (`tree` false) or a DDTree-8 at T = 1 (seed 7) in f32 on the device and on
+/// the CPU: the same tokens, with the drafter as given and with a draft vocabulary (every other
+/// token and the prompt's). Both keep their rounds on their device — the chain's draws and
+/// verdicts ([`dflash_model::ops::sample_rows`]), the tree's draws and walk
+/// ([`dflash_model::ops::sampled_tree`]), and their CPU twins — and draw the same uniform
+/// numbers; only a draw within rounding of a boundary between two tokens could differ.
+fn sampled_row(
     gpu: &LoadedTarget,
     cpu: &LoadedTarget,
     drafter_dir: &Option<PathBuf>,
     req: &Request,
+    tree: bool,
 ) -> Result<(String, bool, String)> {
     let req = Request {
         sampling: SamplingParams::new(1.0, 1.0, 0, 7)?,
         ..req.clone()
     };
-    let (mut same, mut tokens, mut rounds) = (true, 0, 0);
+    let (mut same, mut tokens, mut rounds, mut name) = (true, 0, 0, String::new());
     for head in [false, true] {
-        let run = |lt: &LoadedTarget| -> Result<Generation> {
+        let run = |lt: &LoadedTarget| -> Result<(Generation, Mode)> {
             let mut d = drafter_for(lt, drafter_dir)?;
             if head {
                 d.draft_vocab = Some(check_vocab(lt, &req));
             }
-            let mode = Mode::Chain {
-                block: d.block_size,
+            let mode = match tree {
+                false => Mode::Chain {
+                    block: d.block_size,
+                },
+                true => Mode::Tree {
+                    block: d.block_size,
+                    budget: 8,
+                    top_k: 0,
+                },
             };
-            generate(&lt.target, Some(&d), mode, &req, Default::default())
+            Ok((
+                generate(&lt.target, Some(&d), mode, &req, Default::default())?,
+                mode,
+            ))
         };
-        let (g, c) = (run(gpu)?, run(cpu)?);
+        let ((g, mode), (c, _)) = (run(gpu)?, run(cpu)?);
         same &= g.new_tokens == c.new_tokens;
         tokens += g.new_tokens.len();
         rounds += g.rounds.len();
+        name = mode.name();
     }
     Ok((
-        "dflash at T = 1 on device = on CPU (f32, same seed)".into(),
+        format!("{name} at T = 1 on device = on CPU (f32, same seed)"),
         same,
         format!("{tokens} tokens in {rounds} rounds, with and without a draft vocabulary"),
     ))
@@ -283,7 +296,8 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
                 ar.new_tokens == ar_cpu.new_tokens,
                 format!("{} tokens", ar.new_tokens.len()),
             ));
-            rows.push(sampled_chain_row(lt, &cpu, &a.drafter, &req)?);
+            rows.push(sampled_row(lt, &cpu, &a.drafter, &req, false)?);
+            rows.push(sampled_row(lt, &cpu, &a.drafter, &req, true)?);
         }
         let d = drafter_for(lt, &a.drafter)?;
         // each mode plain (speculative ones = AR), then with its verify forwards replayed

@@ -32,6 +32,8 @@ fn check_device_on_the_cpu_passes_every_row() {
     for row in [
         "| f32 logits and taps vs CPU | pass |",
         "| AR on device = AR on CPU (T=0) | pass |",
+        "| dflash at T = 1 on device = on CPU (f32, same seed) | pass |",
+        "| ddtree:8 at T = 1 on device = on CPU (f32, same seed) | pass |",
         "| dflash = AR on device (f32) | pass |",
         "| ddtree:8 = AR on device (f32) | pass |",
         "| ddtree:8 with CUDA graphs = without (f32) | pass |",
