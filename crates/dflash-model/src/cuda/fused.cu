@@ -1161,8 +1161,9 @@ extern "C" __global__ void top_k_merge_f32(const float* x, const uint32_t* cand,
 // `dflash_core::sampling::dense_probs`: the ranks (logit descending by the total order, ties by
 // token id ascending) that top-k keeps, renormalised; of those, the ranks whose mass before them
 // is below top-p (the first always), renormalised; 0 elsewhere. No sort: each cut is a boundary
-// key b found by bisection over the 2^32 keys of `total_key` (32 block sums of the row: the
-// smallest b whose count, or mass, strictly above it is below the cut), then the tokens above b
+// key b found by a 16-way search over the 2^32 keys of `total_key` (`key_search`: 8 or 9 reads
+// of the row, each 15 block sums; the smallest b whose count, or mass, strictly above it is
+// below the cut), then the tokens above b
 // kept and, of those at b (equal logits), the first ones by token id. One block per row.
 // Example: logits [0, 2, 1, -1], T = 1, top-p .7 (p = .087 .644 .237 .032): mass above key(1)
 // is .644 < .7, above key(0) .881 → b = key(1); token 2 kept (.644 + 0 · .237 < .7) →
@@ -1217,14 +1218,66 @@ struct MassAbove {
     __device__ double operator()(int m, double* sh) const { return block_sum(stride_sum(v, KeyMass{x, q, m}), sh); }
 };
 
-// The smallest key m with above(m) < limit (above is nonincreasing in m and 0 at the largest
-// key, limit > 0): every thread gets the same block sums, so the same m.
+// The smallest key m with above(m) < limit by bisection (`DFLASH_RULE_SEARCH=0`, the A/B's
+// reference: 32 dependent block sums of the row).
 template <typename Above>
 __device__ int key_bisect(const Above& above, double limit, double* sh) {
     long long lo = -2147483648LL, hi = 2147483647LL;
     while (lo < hi) {
         long long mid = lo + ((hi - lo) >> 1);
         if (above((int)mid, sh) < limit) hi = mid; else lo = mid + 1;
+    }
+    return (int)lo;
+}
+
+// Fifteen block sums at once (`sh` holds 32 · 15 values): each warp's by shuffles, then the
+// warps' in one fixed order, so every thread gets the same sums.
+__device__ void block_sum15(double (&a)[15], double* sh) {
+#pragma unroll
+    for (int j = 0; j < 15; ++j)
+        for (int o = 16; o > 0; o >>= 1) a[j] += __shfl_xor_sync(0xffffffff, a[j], o);
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (l == 0)
+        for (int j = 0; j < 15; ++j) sh[w * 15 + j] = a[j];
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 15; ++j) {
+        double x = l < nw ? sh[l * 15 + j] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+        a[j] = x;
+    }
+}
+
+// The smallest key m with above(m) < limit, where above(m) sums w(i) over the tokens whose key
+// is above m (w = 1 without `q`: a count; w = q[i]: a mass; nonincreasing in m and 0 at the
+// largest key, limit > 0), by a 16-way search: each pass sums above at the 15 keys
+// lo + ⌊d·j/16⌋ (d = hi − lo, j = 1 … 15) in one read of the row and keeps the sub-range that
+// holds the answer — 8 or 9 dependent passes over the row instead of a bisection's 32. Every
+// thread gets the same block sums, so the same m. `sh` holds 32 · 15 values.
+__device__ int key_search(const float* x, const float* q, int v, double limit, double* sh) {
+    long long lo = -2147483648LL, hi = 2147483647LL;
+    while (lo < hi) {
+        long long d = hi - lo;
+        int t[15];
+        double a[15];
+#pragma unroll
+        for (int j = 0; j < 15; ++j) {
+            t[j] = (int)(lo + d * (j + 1) / 16);
+            a[j] = 0.0;
+        }
+        for (int i = threadIdx.x; i < v; i += blockDim.x) {
+            int key = total_key(x[i]);
+            double w = q ? (double)q[i] : 1.0;
+#pragma unroll
+            for (int j = 0; j < 15; ++j) a[j] += key > t[j] ? w : 0.0;
+        }
+        block_sum15(a, sh);
+        int first = 15;
+        for (int j = 14; j >= 0; --j)
+            if (a[j] < limit) first = j;
+        if (first < 15) hi = t[first];
+        if (first > 0) lo = (long long)t[first - 1] + 1;
     }
     return (int)lo;
 }
@@ -1248,9 +1301,11 @@ __device__ void keep_prefix(const float* x, const float* q, float* o, int v, int
 }
 
 // p: the rows' temperature probabilities (`temperature_probs_f32` of x); k = 0: no top-k;
-// top_p = 1: no top-p.
-extern "C" __global__ void rule_probs_f32(const float* x, const float* p, float* out, int v, int k, float top_p) {
+// top_p = 1: no top-p; `bisect`: the cuts by bisection instead of the 16-way search.
+extern "C" __global__ void rule_probs_f32(const float* x, const float* p, float* out, int v, int k, float top_p,
+                                          int bisect) {
     __shared__ double sh[32];
+    __shared__ double sh15[32 * 15];
     __shared__ float shf[32];
     const float* xr = x + (size_t)blockIdx.x * v;
     const float* q = p + (size_t)blockIdx.x * v;
@@ -1258,7 +1313,7 @@ extern "C" __global__ void rule_probs_f32(const float* x, const float* p, float*
     double mass = 1.0;
     if (k > 0 && k < v) {
         CountAbove count{xr, v};
-        int b = key_bisect(count, (double)k, sh);
+        int b = bisect ? key_bisect(count, (double)k, sh) : key_search(xr, nullptr, v, (double)k, sh15);
         keep_prefix(xr, q, o, v, b, (double)k - count(b, sh), sh);
         q = o;
         mass = block_sum(stride_sum(v, Plain{o}), sh);
@@ -1266,7 +1321,7 @@ extern "C" __global__ void rule_probs_f32(const float* x, const float* p, float*
     if (top_p < 1.f) {
         double limit = (double)top_p * mass;
         MassAbove above{xr, q, v};
-        int b = key_bisect(above, limit, sh);
+        int b = bisect ? key_bisect(above, limit, sh) : key_search(xr, q, v, limit, sh15);
         double a = above(b, sh);
         float pb = 0.f;  // the tokens at b share one logit, so one probability (0 outside top-k)
         for (int i = threadIdx.x; i < v; i += blockDim.x)

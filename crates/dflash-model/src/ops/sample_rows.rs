@@ -5,7 +5,7 @@
 //!
 //! - [`temperature_probs`]: each row's softmax of `logits / T` ([`dflash_core::sampling::dense_probs`]
 //!   without top-k or top-p, the normaliser summed in f64); [`rule_probs`]: the same with any
-//!   top-k and top-p (each cut a boundary found by bisection, no sort);
+//!   top-k and top-p (each cut a boundary found by a 16-way search, no sort);
 //! - [`draw_rows`]: each row's token for one uniform number `u`, walking the weights in token
 //!   order (the first token whose cumulative weight exceeds `u · Σ w`; the last token of
 //!   non-zero weight if rounding leaves `u · Σ w` past the end;
@@ -76,9 +76,10 @@ pub fn temperature_probs(logits: &Tensor, t: f32) -> Result<Tensor> {
 /// [`dflash_core::sampling::dense_probs`] where the logits are. A plain temperature is
 /// [`temperature_probs`]; otherwise on a GPU one block per row cuts the temperature
 /// probabilities without sorting: each cut (the top k ranks, then the ranks whose mass before
-/// them is below `top_p`) is a boundary logit found by bisection over the f32 total order, the
-/// tokens above it kept and, of the tokens at it, the first by token id (the host's ranking
-/// breaks ties by the lower id); each cut renormalised by its f64 sum. The sums run in another
+/// them is below `top_p`) is a boundary logit found by a 16-way search over the f32 total
+/// order (8 or 9 reads of the row), the tokens above it kept and, of the tokens at it, the
+/// first by token id (the host's ranking breaks ties by the lower id); each cut renormalised
+/// by its f64 sum. The sums run in another
 /// order than the host's, so a probability can differ in its last bits and a top-p boundary
 /// within rounding of `top_p` can move by one token: the same rule, up to rounding. The CPU
 /// twin is the host's rule. Example: logits [0, 2, 1, −1], T = 1, top-k 3, top-p 0.7 →
@@ -185,6 +186,8 @@ impl CustomOp1 for RuleProbs {
         let dev = s.device().clone();
         let x = view::<f32>(s, l, "rule_probs input")?;
         let (vi, t, k, top_p) = (v as i32, self.t, self.top_k as i32, self.top_p);
+        // `DFLASH_RULE_SEARCH=0`: the cuts by bisection (32 reads of the row; the A/B's reference)
+        let bisect = crate::ops::switched_off!("DFLASH_RULE_SEARCH") as i32;
         let cut = self.top_k > 0 || self.top_p < 1.0;
         // the temperature's probabilities, then (with a cut) the kept ones renormalised
         let p = alloc::<f32>(&dev, n * v)?;
@@ -212,7 +215,8 @@ impl CustomOp1 for RuleProbs {
                     out,
                     vi,
                     k,
-                    top_p
+                    top_p,
+                    bisect
                 );
                 out
             }
@@ -456,8 +460,8 @@ mod tests {
 
     /// `rule_probs_f32`'s algorithm, written again on the host (sums in token order instead of
     /// the block's): the temperature probabilities, then each cut as a boundary key found by
-    /// bisection and the tokens at it kept by id, then renormalised.
-    fn bisected_rule(x: &[f32], t: f32, k: usize, top_p: f32) -> Vec<f32> {
+    /// the 16-way search of `key_search` and the tokens at it kept by id, then renormalised.
+    fn searched_rule(x: &[f32], t: f32, k: usize, top_p: f32) -> Vec<f32> {
         let key = |f: f32| {
             let i = f.to_bits() as i32;
             i ^ (((i >> 31) as u32) >> 1) as i32
@@ -469,14 +473,19 @@ mod tests {
             ..Default::default()
         };
         let p = dflash_core::sampling::dense_probs(x, &params);
-        let bisect = |below: &dyn Fn(i32) -> bool| {
+        // `key_search`: 15 keys per pass, the sub-range that holds the answer kept
+        let search = |below: &dyn Fn(i32) -> bool| {
             let (mut lo, mut hi) = (i32::MIN as i64, i32::MAX as i64);
             while lo < hi {
-                let mid = lo + ((hi - lo) >> 1);
-                if below(mid as i32) {
-                    hi = mid;
-                } else {
-                    lo = mid + 1;
+                let t: Vec<i64> = (1..16).map(|j| lo + (hi - lo) * j / 16).collect();
+                match t.iter().position(|&m| below(m as i32)) {
+                    Some(f) => {
+                        hi = t[f];
+                        if f > 0 {
+                            lo = t[f - 1] + 1;
+                        }
+                    }
+                    None => lo = t[14] + 1,
                 }
             }
             lo as i32
@@ -505,7 +514,7 @@ mod tests {
         let (mut q, mut mass) = (p.clone(), 1.0);
         if k > 0 && k < v {
             let count = |m: i32| keys.iter().filter(|&&c| c > m).count() as f64;
-            let b = bisect(&|m| count(m) < k as f64);
+            let b = search(&|m| count(m) < k as f64);
             q = keep_prefix(&p, b, k as f64 - count(b));
             mass = sum(&q);
         }
@@ -513,7 +522,7 @@ mod tests {
             let limit = top_p as f64 * mass;
             let above =
                 |m: i32| -> f64 { (0..v).filter(|&i| keys[i] > m).map(|i| q[i] as f64).sum() };
-            let b = bisect(&|m| above(m) < limit);
+            let b = search(&|m| above(m) < limit);
             let a = above(b);
             let pb = (0..v)
                 .filter(|&i| keys[i] == b)
@@ -530,7 +539,7 @@ mod tests {
         q.iter().map(|&x| x / mass as f32).collect()
     }
 
-    /// Any top-k and top-p without a sort, as the device computes it ([`bisected_rule`]): the
+    /// Any top-k and top-p without a sort, as the device computes it ([`searched_rule`]): the
     /// host's `dense_probs` — the same tokens kept, each probability within 1e-5 — on rows
     /// with ties at the k-th logit and at the top-p boundary (the lower token ids kept), one
     /// dominant token, a flat row, −∞ logits and the doc's example; `rule_probs` on the CPU is
@@ -592,7 +601,7 @@ mod tests {
             for (r, row) in rows.iter().enumerate() {
                 let want = dflash_core::sampling::dense_probs(row, &params);
                 assert_eq!(on_cpu[r], want, "T {t} k {k} p {top_p} row {r}");
-                let got = bisected_rule(row, t, k, top_p);
+                let got = searched_rule(row, t, k, top_p);
                 for (j, (&a, &b)) in got.iter().zip(&want).enumerate() {
                     assert_eq!(
                         a > 0.0,
@@ -609,7 +618,7 @@ mod tests {
             }
         }
         // the doc's example: logits [0, 2, 1, −1] (the rest far below), T 1, top-k 3, top-p .7
-        let ex = bisected_rule(&rows[5], 1.0, 3, 0.7);
+        let ex = searched_rule(&rows[5], 1.0, 3, 0.7);
         assert!(
             (ex[1] - 0.731).abs() < 1e-3 && (ex[2] - 0.269).abs() < 1e-3,
             "{:?}",
