@@ -46,6 +46,30 @@ pub struct DeviceArgs {
     pub cpu_products: Option<String>,
 }
 
+/// How a drafter multiplies on the CPU (its products are chosen apart from the target's).
+#[derive(Args, Debug, Clone)]
+pub struct DraftProducts {
+    /// How the CPU multiplies the drafter's weights: `q8` (8-bit rows against Q8_0 blocks of
+    /// its weights, integer products: a round's draft ≈ 1.5× cheaper) or `exact` (f32
+    /// multiply-adds). The drafter only proposes, so its products can move τ but never the
+    /// output, which is the target's either way. On a GPU the drafter runs as the target does.
+    #[arg(long, value_parser = ["exact", "q8"], default_value = "q8")]
+    pub draft_products: String,
+}
+
+impl DraftProducts {
+    /// The drafter in `dir` for `target`, its CPU weights laid out for these products.
+    pub fn load(
+        &self,
+        dir: &std::path::Path,
+        target: &dflash_model::Target,
+    ) -> Result<dflash_model::models::drafter::Drafter> {
+        dflash_model::cpu::q8::with_choice(self.draft_products == "q8", || {
+            dflash_model::models::drafter::Drafter::load_dir(dir, target)
+        })
+    }
+}
+
 /// `--cuda-graphs` on a CPU: say that the fixed-shape forwards run without graphs (the same
 /// tokens, no speed-up).
 pub fn note_cuda_graphs(on: bool, device: &candle_core::Device) {

@@ -55,9 +55,8 @@ pub struct BenchArgs {
     pub json: Option<std::path::PathBuf>,
     /// The target's sampling rule (greedy by default). At T > 0 each mode's tokens are its own
     /// draws (the `= AR` column compares them only at T = 0) and a round samples where
-    /// `generate`'s does: on the device under every rule for AR, chains and the target's draws
-    /// of a tree under the exact match; in the residual rule's sampled DDTree trees on the
-    /// host.
+    /// `generate`'s does: on the device under every rule, for AR, chains, the target's draws of
+    /// a tree under the exact match and the residual rule's sampled DDTree trees.
     #[command(flatten)]
     pub sampling: SamplingArgs,
     /// How drafts are accepted at T > 0 (`generate --acceptance`): residual or exact-match.
@@ -65,6 +64,8 @@ pub struct BenchArgs {
     pub acceptance: dflash_engine::Acceptance,
     #[command(flatten)]
     pub run_on: DeviceArgs,
+    #[command(flatten)]
+    pub draft: crate::args::DraftProducts,
 }
 
 const PROMPTS: &[&str] = &[
@@ -88,9 +89,12 @@ fn subject(a: &BenchArgs, dtype: DType, dev: &candle_core::Device) -> Result<Sub
     let Some(shape) = &a.shape else {
         let lt = load_target(&a.target, dtype, dev)?;
         eprintln!("{lt}");
+        let q8 = a.draft.draft_products == "q8";
         let drafter = match &a.drafter {
-            Some(d) => Drafter::load_dir(d, &lt.target)?,
-            None => dflash_model::models::drafter_init::random_drafter(&lt, 5, 16, None, 0)?,
+            Some(d) => a.draft.load(d, &lt.target)?,
+            None => dflash_model::cpu::q8::with_choice(q8, || {
+                dflash_model::models::drafter_init::random_drafter(&lt, 5, 16, None, 0)
+            })?,
         };
         let prompts = PROMPTS
             .iter()
@@ -109,9 +113,11 @@ fn subject(a: &BenchArgs, dtype: DType, dev: &candle_core::Device) -> Result<Sub
     let cfg = shape_config(shape)?;
     let (target, dcfg) = random_target(shape, &cfg, dtype, dev, 5, 16)?;
     let drafter = match &a.drafter {
-        Some(d) => Drafter::load_dir(d, &target)?,
-        None => Drafter::load(dcfg, &TensorStore::random(dtype, dev, 1)?, &target)
-            .context("a random drafter for the shape")?,
+        Some(d) => a.draft.load(d, &target)?,
+        None => dflash_model::cpu::q8::with_choice(a.draft.draft_products == "q8", || {
+            Drafter::load(dcfg, &TensorStore::random(dtype, dev, 1)?, &target)
+        })
+        .context("a random drafter for the shape")?,
     };
     let n = a.prompt_tokens;
     let ids = bench_tokens(n * PROMPTS.len(), target.vocab_size());

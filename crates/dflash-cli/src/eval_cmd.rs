@@ -11,7 +11,6 @@ use dflash_eval::doctor::{doctor, Status, Tolerances};
 use dflash_eval::harness::{mode_specs, run, EvalDrafter, EvalOptions};
 use dflash_eval::report::{lossless_check, mode_reports, write, Report};
 use dflash_model::io::loader::{dflash_home, load_target};
-use dflash_model::models::drafter::Drafter;
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
@@ -59,6 +58,8 @@ pub struct EvalArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub run_on: DeviceArgs,
+    #[command(flatten)]
+    pub draft: crate::args::DraftProducts,
 }
 
 pub fn run_eval(a: EvalArgs) -> Result<()> {
@@ -87,7 +88,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         };
         drafters.push(EvalDrafter {
             label,
-            drafter: Drafter::load_dir(&dir, &lt.target)?,
+            drafter: a.draft.load(&dir, &lt.target)?,
         });
     }
     let specs = mode_specs(&a.modes, &drafters, a.block_size)?;

@@ -9,7 +9,6 @@ use clap::Args;
 use dflash_core::stats::summarize;
 use dflash_engine::{generate, Acceptance, DecodeOptions, Mode, ModeName, Request};
 use dflash_model::io::loader::load_target;
-use dflash_model::models::drafter::Drafter;
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -57,6 +56,8 @@ pub struct GenerateArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub run_on: DeviceArgs,
+    #[command(flatten)]
+    pub draft: crate::args::DraftProducts,
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
@@ -89,7 +90,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     eprintln!("{loaded}");
     let drafter = match &drafter_dir {
         Some(dir) if mode.is_speculative() => {
-            let d = Drafter::load_dir(dir, &loaded.target)?;
+            let d = a.draft.load(dir, &loaded.target)?;
             eprintln!(
                 "loaded drafter {}: {} layers, block {}, taps {:?}, mask token {}",
                 dir.display(),

@@ -62,6 +62,18 @@ pub fn set(integer: bool) {
     );
 }
 
+/// `f()` with the weights it lays out multiplied by 8-bit rows (`integer`) or exactly, then the
+/// choice as it was (a drafter's products chosen apart from its target's). Example:
+/// `with_choice(true, || Drafter::load_dir(dir, &target))` gives the drafter Q8_0 panels
+/// beside an exact target.
+pub fn with_choice<T>(integer: bool, f: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::Ordering::Relaxed;
+    let before = CHOSEN.swap(if integer { 2 } else { 1 }, Relaxed);
+    let out = f();
+    CHOSEN.store(before, Relaxed);
+    out
+}
+
 /// The panel kinds of the integer products: 4-bit values with a scale and a minimum, or signed
 /// bytes with a scale, per 32-step block (per 16 steps for Q6_K); scales as the GGUF's f16 or
 /// as the loader's f32 products (the K-quants' sub-block scales).
@@ -726,7 +738,7 @@ mod tests {
         assert_eq!(&q[..5], &[127, 0, 2, 2, 0]);
     }
 
-    /// [`set`] decides over `DFLASH_CPU_QUANT`, either way.
+    /// [`set`] decides over `DFLASH_CPU_QUANT`, either way; [`with_choice`] for its call only.
     #[test]
     fn the_choice_overrides_the_environment() {
         // SAFETY: this test's process (nextest runs each test alone) reads no other variable
@@ -737,6 +749,12 @@ mod tests {
         std::env::remove_var("DFLASH_CPU_QUANT");
         set(true);
         assert!(enabled());
+        // a scoped choice, then the one before it
+        assert!(!with_choice(false, enabled));
+        assert!(enabled());
+        set(false);
+        assert!(with_choice(true, enabled));
+        assert!(!enabled());
     }
 
     /// Zero rows give zero scales and products; a non-finite input makes its block's scale
