@@ -50,7 +50,7 @@ pub struct DeviceArgs {
 #[derive(Args, Debug, Clone)]
 pub struct DraftProducts {
     /// How the CPU multiplies the drafter's weights: `q8` (8-bit rows against Q8_0 blocks of
-    /// its weights, integer products: a round's draft ≈ 1.5× cheaper) or `exact` (f32
+    /// its weights, integer products: a round's draft ≈ 30 % cheaper) or `exact` (f32
     /// multiply-adds). The drafter only proposes, so its products can move τ but never the
     /// output, which is the target's either way. On a GPU the drafter runs as the target does.
     #[arg(long, value_parser = ["exact", "q8"], default_value = "q8")]
