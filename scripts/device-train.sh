@@ -32,13 +32,14 @@
 #   eval      `dflash-rs eval` of $E on EVAL_DATASETS at EVAL_TEMPS, one run after another
 #
 # Paths (environment):
-#   DFLASH_HOME  asset cache (~/.cache/dflash-rs); the target is its smollm2-135m alias
+#   DFLASH_HOME  asset cache (~/.cache/dflash-rs); TARGET the alias of the target's GGUF:
+#                smollm2-135m (default) or qwen2.5-coder-0.5b (its drafter: LAYERS=3 fits 100 MB)
 #   B            the CUDA binary (target/cuda/release/dflash-rs, from scripts/cuda-build.sh)
 #   WORK         data, run, export and probes ($DFLASH_HOME/device-train); OUT: logs ($WORK/out)
 #   PROMPTS      the prompt file for `data` ($WORK/prompts.jsonl; docs/GPU.md has the command)
 #   DATA_TAR     shards to restore (assets/data/smollm2-135m-regen-1024.tar.xz)
-#   E            the drafter to bench and evaluate ($WORK/export when it exists, else the bundled
-#                assets/drafters/smollm2-135m-b16)
+#   E            the drafter to bench and evaluate ($WORK/export when it exists or the target is
+#                not SmolLM2, else the bundled assets/drafters/smollm2-135m-b16)
 #   Optional, for machines that receive files instead of fetching them: STAGE (a directory of
 #   the GGUF's parts, part00 part01 …, concatenated by setup), BIN_XZ (an xz-compressed binary,
 #   unpacked to B), DATASETS_TAR (a tar.xz of $DFLASH_HOME/datasets/…), PROMPTS_XZ (PROMPTS,
@@ -69,8 +70,15 @@ cd "$(dirname "$0")/.."
 T0=$(date +%s)
 export DFLASH_HOME=${DFLASH_HOME:-$HOME/.cache/dflash-rs}
 TARGET=${TARGET:-smollm2-135m}
-G=$DFLASH_HOME/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf
-G_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+case $TARGET in
+  smollm2-135m)
+    G=$DFLASH_HOME/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf ASSET=smollm2
+    G_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 ;;
+  qwen2.5-coder-0.5b)
+    G=$DFLASH_HOME/models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf ASSET=qwen2.5-coder
+    G_SHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32 ;;
+  *) echo "TARGET must be smollm2-135m or qwen2.5-coder-0.5b, got '$TARGET'" >&2; exit 2 ;;
+esac
 B=${B:-target/cuda/release/dflash-rs}
 WORK=${WORK:-$DFLASH_HOME/device-train}
 OUT=${OUT:-$WORK/out}; mkdir -p "$OUT" "$WORK"
@@ -80,7 +88,7 @@ TRAIN_DTYPE=${TRAIN_DTYPE:-bf16}
 D=$WORK/data
 R=$WORK/run
 if [ -z "${E:-}" ]; then
-  if [ -f "$WORK/export/model.safetensors" ]; then E=$WORK/export; else E=assets/drafters/smollm2-135m-b16; fi
+  if [ -f "$WORK/export/model.safetensors" ] || [ "$TARGET" != smollm2-135m ]; then E=$WORK/export; else E=assets/drafters/smollm2-135m-b16; fi
 fi
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/log.txt"; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -95,7 +103,7 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 need_gguf() {
   if [ ! -f "$G" ]; then
     mkdir -p "$(dirname "$G")"
-    if [ -n "${STAGE:-}" ]; then cat "$STAGE"/part* > "$G"; else scripts/fetch-assets.sh smollm2 >&2; fi
+    if [ -n "${STAGE:-}" ]; then cat "$STAGE"/part* > "$G"; else scripts/fetch-assets.sh "$ASSET" >&2; fi
   fi
   echo "$G_SHA  $G" | sha256sum -c --quiet || { log "GGUF checksum failed: $G"; exit 1; }
 }
@@ -287,7 +295,7 @@ eval_() {
       left=$(( ${UNTIL:-560} - $(elapsed) ))
       if [ "$left" -lt "${EVAL_MIN:-200}" ]; then log "eval $ds T=$t: not started, $left s left"; continue; fi
       local l=$lim; [[ " ${EVAL_LIMITS:-} " == *" $ds:"* ]] && l=$(sed -E "s/.* $ds:([0-9]+) .*/\1/" <<< " $EVAL_LIMITS ")
-      timeout "$left" $B eval --target "$TARGET" --dataset "$ds" --limit "$l" --drafter "smollm2-135m-b16=$E" \
+      timeout "$left" $B eval --target "$TARGET" --dataset "$ds" --limit "$l" --drafter "$TARGET-b16=$E" \
         --time-limit $(( left - 20 )) \
         --modes "${EVAL_MODES:-ar,dflash,ddtree:8,ddtree:32}" --max-new-tokens "$tok" --temperature "$t" \
         --device "$DEV" --dtype "$TRAIN_DTYPE" ${EVAL_ARGS:-} --out "$o" > "$o.log" 2>&1
