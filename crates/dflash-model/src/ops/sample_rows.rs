@@ -49,6 +49,15 @@ impl Uniforms {
         self.0.host.len()
     }
 
+    /// The numbers from `from` on, one per call (a CPU twin's `uniform`).
+    pub(crate) fn stream_from(&self, from: usize) -> impl FnMut() -> f32 + '_ {
+        let mut i = from;
+        move || {
+            i += 1;
+            self.get(i - 1)
+        }
+    }
+
     #[cfg(feature = "cuda")]
     pub(crate) fn table(&self) -> &KernelTable {
         &self.0

@@ -73,13 +73,7 @@ pub fn draw_distinct(
             .iter()
             .zip(counts)
             .enumerate()
-            .map(|(r, (row, &c))| {
-                let mut j = from + r * k;
-                draws_without_replacement(row, c, || {
-                    j += 1;
-                    u.get(j - 1)
-                })
-            })
+            .map(|(r, (row, &c))| draws_without_replacement(row, c, u.stream_from(from + r * k)))
             .collect());
     }
     let mut all = draw_distinct_rows(&q, u, from, k)?.to_vec2::<u32>()?;
@@ -212,7 +206,6 @@ pub fn walk_sampled_tree(
             candle_core::bail!("walk_sampled_tree: uniforms {from}.. of {}", u.len());
         }
         let qs = q.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?;
-        let mut i = from;
         return walk_judged(
             tree,
             |d| &qs[d],
@@ -220,10 +213,7 @@ pub fn walk_sampled_tree(
                 let row = logits.get(r)?.to_dtype(candle_core::DType::F32)?;
                 Ok::<_, candle_core::Error>(dense_probs(&row.to_vec1::<f32>()?, params))
             },
-            || {
-                i += 1;
-                u.get(i - 1)
-            },
+            u.stream_from(from),
         );
     }
     let p = rule_probs(logits, params.temperature, params.top_k, params.top_p)?;
@@ -248,11 +238,8 @@ impl CustomOp1 for DrawDistinct<'_> {
         let q = cpu_slice::<f32>(s, l, "draw_distinct_rows weights")?;
         let mut out = Vec::with_capacity(n * self.k);
         for (r, row) in q.chunks(v).enumerate() {
-            let mut j = self.from + r * self.k;
-            let mut drawn = draws_without_replacement(row, self.k, || {
-                j += 1;
-                self.u.get(j - 1)
-            });
+            let mut drawn =
+                draws_without_replacement(row, self.k, self.u.stream_from(self.from + r * self.k));
             drawn.resize(self.k, 0);
             out.extend(drawn);
         }
@@ -321,15 +308,11 @@ impl CustomOp2 for WalkTree<'_> {
         let p = cpu_slice::<f32>(sp, lp, "walk_tree_rows p")?;
         let q = cpu_slice::<f32>(sq, lq, "walk_tree_rows q")?;
         let tree = self.tree.tree()?;
-        let mut i = self.from;
         let (path, bonus) = walk_judged(
             &tree,
             |d| &q[d * v..(d + 1) * v],
             |r| Ok::<_, candle_core::Error>(p[r * v..(r + 1) * v].to_vec()),
-            || {
-                i += 1;
-                self.u.get(i - 1)
-            },
+            self.u.stream_from(self.from),
         )?;
         let mut out = vec![0u32; n + 2];
         out[0] = path.len() as u32;
