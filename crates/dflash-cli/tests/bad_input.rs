@@ -328,6 +328,44 @@ fn cuda_graphs_flag_on_the_cpu_keeps_the_output_and_says_no_graphs() {
 /// `--cpu-products` takes `exact` or `q8` and names them otherwise; with `q8` the France
 /// prompt's greedy answer is still transformers' (the integer products stay near the f32 ones:
 /// crates/dflash-model/tests/gguf_targets.rs).
+/// `--draft-products` takes exact or q8 (another value is refused by name); the drafter's
+/// products move its drafts at most, never the output: DDTree-4 with the bundled drafter gives
+/// AR's tokens (transformers' answer) with either, and says so (`--compare-ar`).
+#[test]
+fn draft_products_are_exact_or_q8_and_keep_the_output() {
+    fails_with(
+        &[
+            "--target",
+            "smollm2-135m",
+            "--draft-products",
+            "q4",
+            "--prompt",
+            "hi",
+        ],
+        "possible values: exact, q8",
+    );
+    let gguf = smollm2();
+    let drafter =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/drafters/smollm2-135m-b16");
+    for products in ["exact", "q8"] {
+        let mut args = vec![
+            "--target",
+            gguf.to_str().unwrap(),
+            "--drafter",
+            drafter.to_str().unwrap(),
+            "--mode",
+            "ddtree:4",
+            "--compare-ar",
+            "--draft-products",
+            products,
+        ];
+        args.extend_from_slice(FRANCE_JSON);
+        let (out, _) = succeeds_json(&args);
+        assert_eq!(out["text"], "The capital of France is Paris.", "{products}");
+        assert_eq!(out["equals_ar"], true, "{products}");
+    }
+}
+
 #[test]
 fn cpu_products_are_exact_or_q8() {
     fails_with(
