@@ -255,14 +255,7 @@ fn the_sampled_tree_on_the_device_gives_the_target_distribution() {
     let t = tiny();
     let d = quiet(&t);
     let mut headed = quiet(&t);
-    let keep = loop_prompt();
-    headed.draft_vocab = Some(dflash_model::models::draft_vocab::DraftVocab {
-        token_ids: (0..256u32)
-            .filter(|x| x % 3 != 0 || keep.contains(x))
-            .collect(),
-        source: "every token not a multiple of 3, and the loop prompt's".into(),
-        coverage: None,
-    });
+    headed.draft_vocab = Some(loop_prompt_head());
     let n = 3000u64;
     let tree = Mode::Tree {
         block: 8,

@@ -304,14 +304,7 @@ fn a_round_sampled_on_the_device_gives_the_target_distribution() {
 fn a_vocabulary_head_samples_on_the_device_as_ar_does() {
     let t = tiny();
     let mut d = quiet(&t);
-    let keep = loop_prompt();
-    d.draft_vocab = Some(dflash_model::models::draft_vocab::DraftVocab {
-        token_ids: (0..256u32)
-            .filter(|x| x % 3 != 0 || keep.contains(x))
-            .collect(),
-        source: "every token not a multiple of 3, and the loop prompt's".into(),
-        coverage: None,
-    });
+    d.draft_vocab = Some(loop_prompt_head());
     let n = 4000u64;
     let host = DecodeOptions {
         drafts_to_host: true,

@@ -16,7 +16,7 @@ pub use paths::{asset, fixtures, smollm2_gguf, tmp};
 pub use refs::{assert_finite_difference, ids, json, load_ref, max_abs, rel_err};
 pub use stats::{assert_distributed_alike, chi_square_p, gamma_q};
 pub use targets::{
-    decode, fresh_block, greedy, load, loop_prompt, prefill_taps, quiet, replay_zlab_generation,
-    req, sampled_counts, sampled_counts_with, signal_drafter, smollm2, tiny, tiny_prompt,
-    tiny_target_dir,
+    decode, fresh_block, greedy, load, loop_prompt, loop_prompt_head, prefill_taps, quiet,
+    replay_zlab_generation, req, sampled_counts, sampled_counts_with, signal_drafter, smollm2,
+    tiny, tiny_prompt, tiny_target_dir,
 };

@@ -51,6 +51,19 @@ pub fn loop_prompt() -> Vec<u32> {
     [tiny_prompt(), vec![210, 213, 107, 175, 174, 175, 62, 74]].concat()
 }
 
+/// A draft vocabulary of two thirds of the tiny target's 256 tokens: every token not a multiple
+/// of 3, and every token of [`loop_prompt`] (so its loop can be drafted).
+pub fn loop_prompt_head() -> dflash_model::models::draft_vocab::DraftVocab {
+    let keep = loop_prompt();
+    dflash_model::models::draft_vocab::DraftVocab {
+        token_ids: (0..256u32)
+            .filter(|x| x % 3 != 0 || keep.contains(x))
+            .collect(),
+        source: "every token not a multiple of 3, and the loop prompt's".into(),
+        coverage: None,
+    }
+}
+
 /// SmolLM2-135M-Instruct from the asset cache (f32, CPU).
 pub fn smollm2() -> LoadedTarget {
     load(&smollm2_gguf(), DType::F32)
