@@ -5,7 +5,7 @@
 //!
 //! - [`temperature_probs`]: each row's softmax of `logits / T` ([`dflash_core::sampling::dense_probs`]
 //!   without top-k or top-p, the normaliser summed in f64); [`rule_probs`]: the same with any
-//!   top-k and top-p (each cut a boundary found by a 16-way search, no sort);
+//!   top-k and top-p (each cut a boundary found by bisection or a 16-way search, no sort);
 //! - [`draw_rows`]: each row's token for one uniform number `u`, walking the weights in token
 //!   order (the first token whose cumulative weight exceeds `u · Σ w`; the last token of
 //!   non-zero weight if rounding leaves `u · Σ w` past the end;
@@ -85,8 +85,8 @@ pub fn temperature_probs(logits: &Tensor, t: f32) -> Result<Tensor> {
 /// [`dflash_core::sampling::dense_probs`] where the logits are. A plain temperature is
 /// [`temperature_probs`]; otherwise on a GPU one block per row cuts the temperature
 /// probabilities without sorting: each cut (the top k ranks, then the ranks whose mass before
-/// them is below `top_p`) is a boundary logit found by a 16-way search over the f32 total
-/// order (8 or 9 reads of the row), the tokens above it kept and, of the tokens at it, the
+/// them is below `top_p`) is a boundary logit found over the f32 total order (by bisection;
+/// top-p alone by a 16-way search: 8 or 9 reads of the row), the tokens above it kept and, of the tokens at it, the
 /// first by token id (the host's ranking breaks ties by the lower id); each cut renormalised
 /// by its f64 sum. The sums run in another
 /// order than the host's, so a probability can differ in its last bits and a top-p boundary
@@ -195,7 +195,8 @@ impl CustomOp1 for RuleProbs {
         let dev = s.device().clone();
         let x = view::<f32>(s, l, "rule_probs input")?;
         let (vi, t, k, top_p) = (v as i32, self.t, self.top_k as i32, self.top_p);
-        // `DFLASH_RULE_SEARCH=0`: the cuts by bisection (32 reads of the row; the A/B's reference)
+        // `DFLASH_RULE_SEARCH=0`: top-p alone by bisection too (32 reads of the row; the A/B's
+        // reference)
         let bisect = crate::ops::switched_off!("DFLASH_RULE_SEARCH") as i32;
         let cut = self.top_k > 0 || self.top_p < 1.0;
         // the temperature's probabilities, then (with a cut) the kept ones renormalised
@@ -218,7 +219,7 @@ impl CustomOp1 for RuleProbs {
                     dev,
                     "rule_probs",
                     DType::F32,
-                    rows(n, 1024),
+                    rows(n, 512),
                     x,
                     p,
                     out,
@@ -468,8 +469,9 @@ mod tests {
     }
 
     /// `rule_probs_f32`'s algorithm, written again on the host (sums in token order instead of
-    /// the block's): the temperature probabilities, then each cut as a boundary key found by
-    /// the 16-way search of `key_search` and the tokens at it kept by id, then renormalised.
+    /// the block's): the temperature probabilities, then each cut as a boundary key (by
+    /// bisection; top-p alone by the 16-way search of `key_search`) and the tokens at it kept
+    /// by id, then renormalised.
     fn searched_rule(x: &[f32], t: f32, k: usize, top_p: f32) -> Vec<f32> {
         let key = |f: f32| {
             let i = f.to_bits() as i32;
@@ -482,7 +484,20 @@ mod tests {
             ..Default::default()
         };
         let p = dflash_core::sampling::dense_probs(x, &params);
-        // `key_search`: 15 keys per pass, the sub-range that holds the answer kept
+        // the top-k cut: `key_bisect`
+        let bisect = |below: &dyn Fn(i32) -> bool| {
+            let (mut lo, mut hi) = (i32::MIN as i64, i32::MAX as i64);
+            while lo < hi {
+                let mid = lo + ((hi - lo) >> 1);
+                if below(mid as i32) {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            lo as i32
+        };
+        // the top-p cut: `key_search`, 15 keys per pass, the sub-range that holds the answer kept
         let search = |below: &dyn Fn(i32) -> bool| {
             let (mut lo, mut hi) = (i32::MIN as i64, i32::MAX as i64);
             while lo < hi {
@@ -523,7 +538,7 @@ mod tests {
         let (mut q, mut mass) = (p.clone(), 1.0);
         if k > 0 && k < v {
             let count = |m: i32| keys.iter().filter(|&&c| c > m).count() as f64;
-            let b = search(&|m| count(m) < k as f64);
+            let b = bisect(&|m| count(m) < k as f64);
             q = keep_prefix(&p, b, k as f64 - count(b));
             mass = sum(&q);
         }
@@ -531,7 +546,11 @@ mod tests {
             let limit = top_p as f64 * mass;
             let above =
                 |m: i32| -> f64 { (0..v).filter(|&i| keys[i] > m).map(|i| q[i] as f64).sum() };
-            let b = search(&|m| above(m) < limit);
+            // top-p alone by the search, after a top-k cut by bisection (the kernel's choice)
+            let b = match k > 0 && k < v {
+                true => bisect(&|m| above(m) < limit),
+                false => search(&|m| above(m) < limit),
+            };
             let a = above(b);
             let pb = (0..v)
                 .filter(|&i| keys[i] == b)
