@@ -22,6 +22,10 @@ use std::ops::Range;
 
 use crate::segments::Segments;
 
+/// The columns past a row's interval that [`Visibility::row_window`] describes by bits: a tree
+/// of up to 65 nodes (the root always in the interval) fits.
+pub const WINDOW: usize = 64;
+
 /// A boolean visibility matrix, row-major `[rows, cols]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Visibility {
@@ -61,6 +65,27 @@ impl Visibility {
         };
         let hi = lo + row[lo..].iter().take_while(|&&v| v).count();
         row[hi..].iter().all(|&v| !v).then_some(lo..hi)
+    }
+    /// Row `r`'s visible columns as one interval `lo..hi` (its first run; `0..0` when it sees
+    /// none) and a window of the [`WINDOW`] columns from `hi` (bit `i` = column `hi + i`), or
+    /// `None` when a visible column lies past the window. The tree kernels take a tree's verify
+    /// row this way: the committed cache and the first ancestors as the interval, the other
+    /// ancestors as bits. Example: tree(5, [None, Some(0), Some(0), Some(2)]) row 3 (column 8,
+    /// parent at 7 under the root at 5) → `(0..6, 0b110)`; a causal row → `(0..hi, 0)`.
+    pub fn row_window(&self, r: usize) -> Option<(Range<usize>, u64)> {
+        let row = &self.data[r * self.cols..(r + 1) * self.cols];
+        let Some(lo) = row.iter().position(|&v| v) else {
+            return Some((0..0, 0));
+        };
+        let hi = lo + row[lo..].iter().take_while(|&&v| v).count();
+        let mut bits = 0u64;
+        for (i, _) in row[hi..].iter().enumerate().filter(|(_, &v)| v) {
+            if i >= WINDOW {
+                return None;
+            }
+            bits |= 1 << i;
+        }
+        Some((lo..hi, bits))
     }
     /// Row `r`'s visible columns as maximal runs, in column order. Example: a tree node at
     /// depth 2 over cache 5 whose parent sits at column 5 and itself at 7 (a sibling of the
@@ -503,6 +528,33 @@ mod tests {
             Visibility::new(1, 4).row_runs(0),
             Vec::<Range<usize>>::new()
         );
+    }
+
+    /// Every row of a tree's verify (padded too) is its interval and window, and the window
+    /// gives back exactly the row's visible columns; a column past the window has none.
+    #[test]
+    fn row_windows_give_back_the_rows() {
+        let v = tree(5, &[None, Some(0), Some(0), Some(2)]);
+        assert_eq!(v.row_window(3), Some((0..6, 0b110)));
+        assert_eq!(v.row_window(0), Some((0..6, 0)));
+        assert_eq!(causal(3, 2).row_window(1), Some((0..5, 0)));
+        assert_eq!(Visibility::new(1, 4).row_window(0), Some((0..0, 0)));
+        // a chain under the root's second child (column 7): row 64 sees 0..6 (cache, root) and
+        // columns 7..=69, bits 1..=63; row 65 sees column 70, past the window
+        let mut parents = vec![None, Some(0), Some(0)];
+        parents.extend((3..66).map(|i| Some(i - 1)));
+        let deep = tree(5, &parents);
+        assert_eq!(deep.row_window(64).map(|w| w.1.leading_zeros()), Some(0));
+        assert_eq!(deep.row_window(65), None, "column 70 is past the window");
+        let padded = pad_rows(&tree(2, &[None, Some(0), None]), 2, 6);
+        for r in 0..padded.rows {
+            let (iv, bits) = padded.row_window(r).unwrap();
+            for c in 0..padded.cols {
+                let seen = iv.contains(&c)
+                    || (c >= iv.end && c - iv.end < WINDOW && bits >> (c - iv.end) & 1 == 1);
+                assert_eq!(seen, padded.get(r, c), "row {r} column {c}");
+            }
+        }
     }
 
     #[test]

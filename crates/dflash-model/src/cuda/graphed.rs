@@ -238,6 +238,15 @@ impl GraphedForward {
                 .forward_prepared(&fresh, cache, taps, &Rows::All)?
                 .one_sequence();
         }
+        if let Some(slot) = self.slots.get(&n) {
+            if slot.inputs.mask_kind() != fresh.mask_kind() {
+                // e.g. a tree that does not fit the captured tree kernel's windows
+                self.eager_calls += 1;
+                return target
+                    .forward_prepared(&fresh, cache, taps, &Rows::All)?
+                    .one_sequence();
+            }
+        }
         if let Some(slot) = self.slots.get_mut(&n) {
             if slot.taps != taps {
                 bail!(

@@ -216,6 +216,66 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     Ok(outs)
 }
 
+/// The tree kernel ([`crate::ops::interval_attention::fused_tree`], bf16 on a GPU) or its twin
+/// (the matmuls around the interval softmax over the same windows) on the CPU, as f32 on the
+/// CPU; trees of `dflash_core::visibility::tree` with node `i`'s parent `(i − 1) / 2`, except
+/// the last case: (1) Qwen3-8B's heads (32 / 8 of 128), a DDTree-8 verify (9 rows, 36 per K/V
+/// head: 4 warps) after 500 cached rows over a 509-column view of a 600-row buffer; (2)
+/// SmolLM2's heads (9 / 3 of 64), a 20-node tree padded to 33 rows
+/// (`dflash_core::visibility::pad_rows`: 99 rows per K/V head, 8 warps) after 300 rows, over
+/// the 1,000 columns of a fixed-capacity cache; (3) 2 / 2 heads of 128, a chain of 63 nodes
+/// under the root's second child (65 rows, 8 warps; the deepest row's window ends at bit 63)
+/// after 40 rows; (4) Qwen2.5-Coder-0.5B's heads (14 / 2 of 64), a one-row AR step after 77
+/// rows (7 rows per K/V head, an empty window).
+fn tree_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    use crate::ops::interval_attention::{fused_tree, serves_tree};
+    use dflash_core::visibility::{pad_rows, tree};
+    let mut outs = Vec::new();
+    for (case, shape) in [
+        (1, 32, 8, 128, 9, 509, 600),
+        (1, 9, 3, 64, 33, 333, 1000),
+        (1, 2, 2, 128, 65, 105, 128),
+        (1, 14, 2, 64, 1, 78, 96),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (n, t, cap) = (shape.4, shape.5, shape.6);
+        let cache = t - n;
+        let heap = |m: usize| -> Vec<Option<usize>> {
+            (0..m).map(|i| i.checked_sub(1).map(|p| p / 2)).collect()
+        };
+        let vis = match case {
+            1 => pad_rows(&tree(cache, &heap(20)), cache, n),
+            2 => {
+                let mut parents = vec![None, Some(0), Some(0)];
+                parents.extend((3..n).map(|i| Some(i - 1)));
+                tree(cache, &parents)
+            }
+            _ => tree(cache, &heap(n)),
+        };
+        // case 2 reads the cache's whole capacity; the others their view of t columns
+        let cols = if case == 1 { cap } else { t };
+        let (q, k, v) = attention_inputs(
+            dev,
+            dtype,
+            (1, shape.1, shape.2, shape.3, n, cols, cap),
+            110 + 3 * case as u64,
+        )?;
+        let iv = RowIntervals::tree_widened(&vis, cols, dev)?
+            .ok_or_else(|| candle_core::Error::Msg(format!("tree case {case} fits no windows")))?;
+        let o = if dev.is_cpu() {
+            crate::layers::attention::attend_intervals_unfused(&q, &k, &v, &iv, 0.125)?
+        } else if serves_tree(&q, &k, &v) {
+            fused_tree(&q, &k, &v, &iv, 0.125)?
+        } else {
+            candle_core::bail!("tree attention case {case} is not served by its kernel");
+        };
+        outs.push(o.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+    }
+    Ok(outs)
+}
+
 /// The drafter's training attention ([`crate::ops::train_attention`]'s kernels, bf16 on a GPU)
 /// or its twin ([`attend_blocks`], the windowed matmuls, on the CPU), as f32 on the CPU: the
 /// output and the gradients of `Σ out · w` for q, K and V (`[out, dq, dk, dv]` per case). (1)
@@ -838,6 +898,16 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         ];
         push_rows(&mut checks, &names, &got, &want, dtype, tol)?;
     }
+    // the tree kernel (bf16 only) against the matmuls around the interval softmax's windows
+    let want = tree_attention_rows(&Device::Cpu, DType::F32)?;
+    let got = tree_attention_rows(dev, DType::BF16)?;
+    let names = [
+        "tree attention, Qwen3-8B's DDTree-8 verify (36 rows per K/V head)",
+        "tree attention, SmolLM2's 20-node tree padded to 33 rows, a fixed capacity (8 warps)",
+        "tree attention, 65 rows, the window's last bit (8 warps)",
+        "tree attention, an AR step of 7 heads per K/V head",
+    ];
+    push_rows(&mut checks, &names, &got, &want, DType::BF16, 3e-2)?;
     // the prefill attention (bf16 only) against the matmuls around the interval softmax
     let want = prefill_attention_rows(&Device::Cpu, DType::F32)?;
     let got = prefill_attention_rows(dev, DType::BF16)?;
@@ -1310,7 +1380,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 159);
+        assert_eq!(checks.len(), 163);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -10,13 +10,18 @@
 //   them), so a K/V tile feeds every grouped head, and one split of the keys: one split writes
 //   the normalised output, several write (acc, m, l) to `part` in interval_attn's layout for
 //   interval_attn_merge.
+// - verify_tree_attn_*_w4 / _w8: verify_attn for a tree's verify (DDTree): each row sees its
+//   interval [lo, hi) and the columns hi + i whose bit i is set in its 64-bit window (its
+//   ancestors past the interval, `dflash_core::visibility::Visibility::row_window`), four words
+//   per row; 4 warps for up to 64 virtual rows, 8 for up to 128. The twin is the interval
+//   softmax over the same words on the CPU.
 // - train_attn_fwd_*: the drafter's training attention (`crate::ops::train_attention`, whose twin
 //   is `crate::ops::block_attention::attend_blocks`): as prefill_attn, but each row sees two
 //   intervals (its context keys and its own block's), walked as two spans of tiles, and the
 //   row's log-sum-exp (base 2, the scale folded in) is written to `part` for the backward
 //   (`train_attn.cuh`).
 //
-// A block of 4 warps (each 16 of its 64 rows) walks the union of its rows' intervals (its split
+// A block of 4 warps (each 16 of its 64 rows; 8 warps and 128 rows in verify_tree_attn_*_w8) walks the union of its rows' intervals (its split
 // of it) in tiles of BC keys, double-buffered in shared memory by cp.async. Per tile a warp
 // computes S = Q·Kᵀ (16 × BC) with mma.sync m16n8k16 (bf16 in, f32 accumulate), hides the keys
 // outside each row's interval, updates its rows' online softmax (base 2, the scale folded in)
@@ -78,7 +83,8 @@ __device__ __forceinline__ void warp_span(uint32_t la, uint32_t ha, uint32_t lb,
 }
 
 // TRAIN (VERIFY false): four interval words per row (two intervals) and the log-sum-exp out.
-template <int D, int BC, bool VERIFY, bool TRAIN = false>
+// TREE (VERIFY true): four words per row, an interval and a window of 64 columns from its end.
+template <int D, int BC, bool VERIFY, bool TRAIN = false, bool TREE = false>
 __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                          const uint32_t* iv, __nv_bfloat16* out, float* part, int hq, int hkv,
                          int n, long long hs, float scale) {
@@ -90,7 +96,7 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
     __shared__ __align__(16) __nv_bfloat16 ks[2 * BC * LD];
     __shared__ __align__(16) __nv_bfloat16 vs[2 * BC * LD];
     __shared__ uint32_t span[4];
-    constexpr int IW = TRAIN ? 4 : 2;  // interval words per row
+    constexpr int IW = TRAIN || TREE ? 4 : 2;  // interval words per row
     const int g = hq / hkv;
     const int s = VERIFY ? blockIdx.x / hkv : blockIdx.z;
     const int h = VERIFY ? blockIdx.x % hkv : blockIdx.y / g;
@@ -103,6 +109,7 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
     auto row = [&](int r) { return VERIFY ? r % n : r; };
     // row ra's and rb's intervals: [lo, hi) and (TRAIN) [lo2, hi2)
     uint32_t lo_a = 0, hi_a = 0, lo_b = 0, hi_b = 0, lo2_a = 0, hi2_a = 0, lo2_b = 0, hi2_b = 0;
+    uint64_t bits_a = 0, bits_b = 0;  // TREE: the windows past hi_a, hi_b
     if (ra < R) {
         const uint32_t* p = iv + IW * ((size_t)s * n + row(ra));
         lo_a = p[0];
@@ -111,6 +118,7 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
             lo2_a = p[2];
             hi2_a = p[3];
         }
+        if constexpr (TREE) bits_a = (uint64_t)p[2] | (uint64_t)p[3] << 32;
     }
     if (rb < R) {
         const uint32_t* p = iv + IW * ((size_t)s * n + row(rb));
@@ -120,6 +128,7 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
             lo2_b = p[2];
             hi2_b = p[3];
         }
+        if constexpr (TREE) bits_b = (uint64_t)p[2] | (uint64_t)p[3] << 32;
     }
     // the union of the block's non-empty intervals, and of this warp's (per interval)
     if (threadIdx.x == 0) {
@@ -128,7 +137,14 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
     }
     __syncthreads();
     uint32_t wlo, whi, wlo2 = 0, whi2 = 0;
-    warp_span(lo_a, hi_a, lo_b, hi_b, wlo, whi, span);
+    if constexpr (TREE) {
+        // a row's keys lie in [lo, hi) ∪ [hi, hi + the window's highest bit + 1)
+        const uint32_t ea = bits_a ? hi_a + 64 - __clzll((long long)bits_a) : hi_a;
+        const uint32_t eb = bits_b ? hi_b + 64 - __clzll((long long)bits_b) : hi_b;
+        warp_span(lo_a < hi_a ? lo_a : hi_a, ea, lo_b < hi_b ? lo_b : hi_b, eb, wlo, whi, span);
+    } else {
+        warp_span(lo_a, hi_a, lo_b, hi_b, wlo, whi, span);
+    }
     if constexpr (TRAIN) warp_span(lo2_a, hi2_a, lo2_b, hi2_b, wlo2, whi2, span + 2);
     __syncthreads();
     // this block's keys: the union [lo, hi) of its rows' intervals, or its split's whole tiles
@@ -218,6 +234,10 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
                     bool vis = c < 2 ? (key >= lo_a && key < hi_a) : (key >= lo_b && key < hi_b);
                     if constexpr (TRAIN)
                         vis = vis || (c < 2 ? (key >= lo2_a && key < hi2_a) : (key >= lo2_b && key < hi2_b));
+                    if constexpr (TREE) {
+                        const uint32_t off = key - (c < 2 ? hi_a : hi_b);  // wraps below hi
+                        vis = vis || (off < 64u && (((c < 2 ? bits_a : bits_b) >> off) & 1ull));
+                    }
                     sc[j][c] = vis ? sc[j][c] * sl2 : NEG_INF;
                 }
                 mx_a = fmaxf(mx_a, fmaxf(sc[j][0], sc[j][1]));
@@ -355,3 +375,16 @@ __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const _
     }
 MMA_ATTN(64, 64)
 MMA_ATTN(128, 32)
+
+// verify_tree_attn_d{D}_w{W}_bf16: the tree's verify with W warps (16 rows each) per block
+#define TREE_ATTN(D, BC, W)                                                                        \
+    extern "C" __global__ void __launch_bounds__(32 * W) verify_tree_attn_d##D##_w##W##_bf16(       \
+        const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                    \
+        const uint32_t* iv, __nv_bfloat16* out, float* part, int hq, int hkv, int n,               \
+        long long hs, float scale) {                                                               \
+        mma_attn<D, BC, true, false, true>(q, k, v, iv, out, part, hq, hkv, n, hs, scale);         \
+    }
+TREE_ATTN(64, 64, 4)
+TREE_ATTN(64, 64, 8)
+TREE_ATTN(128, 32, 4)
+TREE_ATTN(128, 32, 8)

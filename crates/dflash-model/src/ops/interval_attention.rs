@@ -24,6 +24,16 @@
 //!   block per (sequence, K/V head, group of up to 16 of the rows that share the K/V head,
 //!   split), K/V staged in shared memory as f32 tile by tile, scalar dot products.
 //!
+//! A tree's verify (DDTree) has rows that see an interval and a window of 64 columns past it
+//! ([`RowIntervals::tree_widened`]): in bf16 with more than 4 and at most [`MAX_TREE_ROWS`] query
+//! rows per K/V head, `verify_tree_attn_*` ([`fused_tree`]), the verify kernel reading four
+//! words per row, where [`tree_switched_on`] (`DFLASH_TREE_ATTENTION=1`: the kernel has not yet
+//! run on a GPU; `check device`'s tree rows compare it with its twin); otherwise these take the
+//! additive mask's path.
+//! Example: Qwen3-8B's DDTree-8 verify after 512 cached rows: 9 rows × 4 query heads = 36 rows
+//! per K/V head, the node at depth 2 under the root's second child seeing columns 0..513 and
+//! the bits of columns 514 and 515.
+//!
 //! Its op also launches the prefill kernel (more rows per K/V head, bf16:
 //! [`crate::ops::prefill_attention`], which decides when).
 //!
@@ -37,6 +47,9 @@ use crate::ops::interval_softmax::RowIntervals;
 
 /// The most query rows per K/V head the kernel takes (four groups of 16, each group a block).
 pub const MAX_ROWS: usize = 64;
+
+/// The most query rows per K/V head the tree kernel takes (eight warps of 16 rows).
+pub const MAX_TREE_ROWS: usize = 128;
 
 /// Whether the environment turns the fused kernels off (`DFLASH_FUSED_ATTENTION=0`; read once:
 /// this runs at every attention layer of every forward).
@@ -78,6 +91,45 @@ pub(crate) fn rows_per_kv_head(q: &Tensor, k: &Tensor, v: &Tensor) -> Option<usi
     fits.then_some(hq / hkv * n)
 }
 
+/// Whether a target's layers hand a tree's verify to the tree kernel: `DFLASH_TREE_ATTENTION=1`
+/// (off by default until `check device` has passed its rows on a GPU), and neither
+/// `DFLASH_VERIFY_ATTENTION=0` nor `DFLASH_FUSED_ATTENTION=0` (read once).
+pub fn tree_switched_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DFLASH_TREE_ATTENTION").as_deref() == Ok("1"))
+        && !switched_off()
+        && !crate::ops::switched_off!("DFLASH_VERIFY_ATTENTION")
+}
+
+/// Whether the tree kernel can take this attention: [`rows_per_kv_head`] more than 4 and at
+/// most [`MAX_TREE_ROWS`], bf16. Example: SmolLM2's DDTree-16 verify (17 rows × 3 heads = 51)
+/// and Qwen3-8B's DDTree-24 (25 × 4 = 100) can; an AR step (4 rows per K/V head) cannot.
+pub fn serves_tree(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+    q.dtype() == DType::BF16
+        && rows_per_kv_head(q, k, v).is_some_and(|r| r > 4 && r <= MAX_TREE_ROWS)
+}
+
+/// [`fused`] for a tree's verify: `iv` from [`RowIntervals::tree_widened`] (each row an
+/// interval and a window), as [`crate::layers::attention::attend_intervals_unfused`] computes
+/// it over the same rows. Only where [`serves_tree`].
+pub fn fused_tree(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    iv: &RowIntervals,
+    scale: f64,
+) -> Result<Tensor> {
+    apply(
+        q,
+        k,
+        v,
+        iv,
+        iv.window && serves_tree(q, k, v),
+        "fused tree attention",
+        &Op { iv, scale },
+    )
+}
+
 /// `q: [b, hq, n, d]`, `k, v: [b, hkv, t, d]` (a cache's view, read in place), one key
 /// interval per query row (`iv`: `b` sequences × `n` rows over `t` columns) → `[b, n, hq · d]`,
 /// as [`crate::layers::attention::attend_intervals`] computes it. Only where [`serves`].
@@ -87,7 +139,7 @@ pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, iv: &RowIntervals, scale: f64) 
         k,
         v,
         iv,
-        serves(q, k, v),
+        serves(q, k, v) && !iv.window,
         "fused interval attention",
         &Op { iv, scale },
     )
@@ -198,7 +250,21 @@ impl candle_core::CustomOp3 for Op<'_> {
         let hs = kl.stride()[1];
         let rows = hq / hkv * n;
         let blocks = b * hkv;
-        let (name, splits, cfg) = if rows > MAX_ROWS {
+        let (name, splits, cfg) = if self.iv.window {
+            // a tree's verify (`verify_tree_attn_*`): the verify kernel's blocks, 4 or 8 warps
+            let Some(splits) = verify_splits(qs.dtype(), blocks, rows, t, d) else {
+                candle_core::bail!(
+                    "the tree kernel takes bf16 verifies of more than 4 rows per K/V head"
+                );
+            };
+            let warps = if rows <= MAX_ROWS { 4 } else { 8 };
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, splits as u32, 1),
+                block_dim: (32 * warps, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (format!("verify_tree_attn_d{d}_w{warps}"), splits, cfg)
+        } else if rows > MAX_ROWS {
             // many rows (`crate::ops::prefill_attention`, bf16 only: `prefill_attn_*`): a block
             // per (64-row tile, query head, sequence), no splits.
             // Example: Qwen3-8B's 2,048-row features: 32 tiles × 32 heads.

@@ -19,14 +19,20 @@ use dflash_core::visibility::Visibility;
 
 use crate::ops::kernel_io::{cpu_slice, KernelTable};
 
-/// The visible keys of each query row of `b` sequences × `n` rows: `[lo, hi)` per row.
+/// The visible keys of each query row of `b` sequences × `n` rows: `[lo, hi)` per row, and
+/// for a tree's verify ([`RowIntervals::tree_widened`]) a window of the
+/// [`dflash_core::visibility::WINDOW`] columns from `hi` (bit `i` = column `hi + i`: the
+/// ancestors past the interval), from [`Visibility::row_window`].
 #[derive(Debug, Clone)]
 pub struct RowIntervals {
+    /// Per row `[lo, hi]`, or `[lo, hi, window bits 0..32, bits 32..64]` when `window`.
     pub(crate) table: KernelTable,
     pub b: usize,
     pub n: usize,
     /// Key columns of the masks they came from.
     pub cols: usize,
+    /// Whether each row has a window past its interval (four words per row).
+    pub window: bool,
 }
 
 impl RowIntervals {
@@ -71,6 +77,35 @@ impl RowIntervals {
         Self::new(host, masks.len(), n, cols, device).map(Some)
     }
 
+    /// The rows of one visibility matrix as intervals with windows ([`Visibility::row_window`])
+    /// over `cols ≥` its columns, or `None` when a row sees a column past its window: a tree's
+    /// verify for the tree kernel ([`crate::ops::interval_attention::fused_tree`]).
+    /// Example: tree(5, [None, Some(0), Some(0), Some(2)]) → rows 0..6 / 0, 0..7 / 0, 0..6 /
+    /// 0b10, 0..6 / 0b110.
+    pub fn tree_widened(mask: &Visibility, cols: usize, device: &Device) -> Result<Option<Self>> {
+        if mask.cols > cols {
+            candle_core::bail!(
+                "a mask of {} columns cannot be widened to {cols}",
+                mask.cols
+            );
+        }
+        let mut host = Vec::with_capacity(mask.rows * 4);
+        for r in 0..mask.rows {
+            let Some((iv, bits)) = mask.row_window(r) else {
+                return Ok(None);
+            };
+            host.extend([
+                iv.start as u32,
+                iv.end as u32,
+                bits as u32,
+                (bits >> 32) as u32,
+            ]);
+        }
+        let mut t = Self::new(host, 1, mask.rows, cols, device)?;
+        t.window = true;
+        Ok(Some(t))
+    }
+
     /// The intervals of `b` sequences × `n` rows given directly (`rows[s · n + r]`, e.g. from
     /// [`dflash_core::visibility::right_aligned_rows`]), over `cols` key columns.
     pub fn from_rows(
@@ -99,13 +134,14 @@ impl RowIntervals {
             b,
             n,
             cols,
+            window: false,
         })
     }
 
     /// Copy these intervals into `dst`'s buffers in place (the same shape): a captured
     /// forward's inputs for the next replay.
     pub fn write_into(&self, dst: &mut RowIntervals) -> Result<()> {
-        if (self.b, self.n, self.cols) != (dst.b, dst.n, dst.cols) {
+        if (self.b, self.n, self.cols, self.window) != (dst.b, dst.n, dst.cols, dst.window) {
             candle_core::bail!(
                 "intervals of {} × {} rows over {} keys cannot be written into {} × {} over {}",
                 self.b,
@@ -119,10 +155,38 @@ impl RowIntervals {
         self.table.write_into(&mut dst.table)
     }
 
-    /// Row `r` of sequence `s`.
+    /// Words per row in the kernels' table: 2, or 4 with a window.
+    pub fn words(&self) -> usize {
+        if self.window {
+            4
+        } else {
+            2
+        }
+    }
+
+    /// Row `r` of sequence `s`: its interval.
     pub fn get(&self, s: usize, r: usize) -> Range<usize> {
-        let h = &self.table.host[2 * (s * self.n + r)..];
+        let h = &self.table.host[self.words() * (s * self.n + r)..];
         h[0] as usize..h[1] as usize
+    }
+
+    /// Row `r` of sequence `s`: its window's bits (0 without a window).
+    pub fn bits(&self, s: usize, r: usize) -> u64 {
+        if !self.window {
+            return 0;
+        }
+        let h = &self.table.host[4 * (s * self.n + r)..];
+        h[2] as u64 | (h[3] as u64) << 32
+    }
+
+    /// Row `r` of sequence `s`: every visible column, in order. Example: the docs' tree row 3
+    /// → `[0, 1, 2, 3, 4, 5, 7, 8]`.
+    pub fn columns(&self, s: usize, r: usize) -> Vec<usize> {
+        let iv = self.get(s, r);
+        let bits = self.bits(s, r);
+        let end = iv.end;
+        iv.chain((0..64).filter(|i| bits >> i & 1 == 1).map(|i| end + i))
+            .collect()
     }
 }
 
@@ -167,6 +231,20 @@ fn rows<T: WithDType>(
             // SAFETY: row `row` of p (t values) belongs to this chunk alone; p outlives the call
             let y = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(row * t), t) };
             let x = &s[row * t..(row + 1) * t];
+            if iv.window {
+                let cols = iv.columns(row / rows_per_seq, row % iv.n);
+                let xs: Vec<T> = cols.iter().map(|&c| x[c]).collect();
+                let mut ys = vec![T::zero(); cols.len()];
+                if T::DTYPE == DType::F64 {
+                    softmax_into::<f64, T>(&xs, &mut ys, scale);
+                } else {
+                    softmax_into::<f32, T>(&xs, &mut ys, scale);
+                }
+                for (&c, yv) in cols.iter().zip(ys) {
+                    y[c] = yv;
+                }
+                continue;
+            }
             if T::DTYPE == DType::F64 {
                 softmax_into::<f64, T>(&x[keys.clone()], &mut y[keys], scale);
             } else {
@@ -243,6 +321,9 @@ impl CustomOp1 for Op<'_> {
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         use crate::cuda::ptx::{alloc, launch, rows, view};
+        if self.iv.window {
+            candle_core::bail!("interval softmax: a tree's windows are the tree kernel's (fused_tree) or the CPU's");
+        }
         let dims = l.shape().dims();
         let (t, rows_per_seq) = (dims[3] as i32, (dims[1] * dims[2]) as i32);
         let n_rows = dims[0] * dims[1] * dims[2];
@@ -362,6 +443,67 @@ mod tests {
         .reshape((b, hkv, g * n, t))
         .unwrap();
         assert!(crate::ops::compare::max_abs(&got, &want).unwrap() < 1e-6);
+    }
+
+    /// A tree's verify (a padded DDTree-style tree, widened to a fixed capacity) through its
+    /// windows: the docs' example row, and equal to the additive mask of the same visibility and
+    /// softmax (the tree kernel's twin); a row past its window gives no windows.
+    #[test]
+    fn tree_windows_equal_the_additive_mask_and_softmax() {
+        use dflash_core::visibility::pad_rows;
+        let docs = tree(5, &[None, Some(0), Some(0), Some(2)]);
+        let w = RowIntervals::tree_widened(&docs, 9, &Device::Cpu)
+            .unwrap()
+            .unwrap();
+        assert_eq!((w.get(0, 3), w.bits(0, 3)), (0..6, 0b110));
+        assert_eq!(w.columns(0, 3), vec![0, 1, 2, 3, 4, 5, 7, 8]);
+        assert_eq!((w.get(0, 1), w.bits(0, 1), w.words()), (0..7, 0, 4));
+        let cache = 6;
+        let parents: Vec<Option<usize>> = (0..9)
+            .map(|i: usize| i.checked_sub(1).map(|p| p / 3))
+            .collect();
+        let vis = pad_rows(&tree(cache, &parents), cache, 12);
+        let cols = 24; // a fixed capacity past the 18 columns
+        let iv = RowIntervals::tree_widened(&vis, cols, &Device::Cpu)
+            .unwrap()
+            .unwrap();
+        let (hkv, g, n) = (2, 3, 12);
+        let s = Tensor::arange(0f32, (hkv * g * n * cols) as f32, &Device::Cpu)
+            .unwrap()
+            .affine(0.37, 0.0)
+            .unwrap()
+            .sin()
+            .unwrap()
+            .reshape((1, hkv, g * n, cols))
+            .unwrap();
+        let got = interval_softmax(&s, &iv, 0.7).unwrap();
+        let mask = crate::layers::attention::mask_tensor_cols(&vis, cols, DType::F32, &Device::Cpu)
+            .unwrap();
+        let want = candle_nn::ops::softmax_last_dim(
+            &(s * 0.7)
+                .unwrap()
+                .reshape((1, hkv, g, n, cols))
+                .unwrap()
+                .broadcast_add(&mask)
+                .unwrap(),
+        )
+        .unwrap()
+        .reshape((1, hkv, g * n, cols))
+        .unwrap();
+        assert!(crate::ops::compare::max_abs(&got, &want).unwrap() < 1e-6);
+        // 70 nodes in a chain: the last rows see past their windows
+        let chain: Vec<Option<usize>> = (0..70).map(|i: usize| i.checked_sub(1)).collect();
+        let mut v = tree(0, &chain);
+        v.set(69, 0, false); // row 69 sees 1..=69: its first run ends at 70, nothing past
+        assert!(RowIntervals::tree_widened(&v, 70, &Device::Cpu)
+            .unwrap()
+            .is_some());
+        v.set(69, 1, false); // now 2..=69 with column 0 hidden: still one run
+        v.set(69, 5, false); // 2..5 and 6..=69: column 69 is 64 past the first run's end
+        assert!(RowIntervals::tree_widened(&v, 70, &Device::Cpu)
+            .unwrap()
+            .is_none());
+        assert!(RowIntervals::tree_widened(&docs, 8, &Device::Cpu).is_err());
     }
 
     /// Intervals given directly: the same table as from the visibilities, and a wrong count or

@@ -51,7 +51,7 @@ pub fn fused(q: &Tensor, k: &Tensor, v: &Tensor, iv: &RowIntervals, scale: f64) 
         k,
         v,
         iv,
-        serves(q, k, v),
+        serves(q, k, v) && !iv.window,
         "prefill attention",
         &Op { iv, scale },
     )

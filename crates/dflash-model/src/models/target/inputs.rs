@@ -60,6 +60,12 @@ impl ForwardInputs {
         matches!(self.mask, AttnMask::Intervals(_))
     }
 
+    /// The kind of attention rule these inputs carry (a captured forward replays only inputs
+    /// of its own kind).
+    pub fn mask_kind(&self) -> &'static str {
+        self.mask.kind()
+    }
+
     /// Each new row's linear-attention parent (hybrid targets; `None` otherwise).
     pub fn linear_parents(&self) -> Option<&[Option<usize>]> {
         self.gdn.as_ref().map(|g| g.parents.as_slice())
@@ -111,7 +117,20 @@ impl ForwardInputs {
         match (&self.mask, &mut dst.mask) {
             (AttnMask::Additive(s), AttnMask::Additive(d)) => d.slice_set(s, 0, 0)?,
             (AttnMask::Intervals(s), AttnMask::Intervals(d)) => s.write_into(d)?,
-            _ => bail!("write_into: an additive mask and intervals"),
+            (
+                AttnMask::Tree {
+                    additive: sa,
+                    iv: si,
+                },
+                AttnMask::Tree {
+                    additive: da,
+                    iv: di,
+                },
+            ) => {
+                da.slice_set(sa, 0, 0)?;
+                si.write_into(di)?;
+            }
+            (s, d) => bail!("write_into: {} into {}", s.kind(), d.kind()),
         }
         match (&self.gdn, &mut dst.gdn) {
             (Some(src), Some(d)) => src.write_into(d)?,
@@ -128,6 +147,24 @@ impl ForwardInputs {
 pub(super) enum AttnMask {
     Additive(Tensor),
     Intervals(RowIntervals),
+    /// A tree's verify of one sequence on a CUDA device in bf16: each row's interval and window
+    /// for the tree kernel ([`crate::ops::interval_attention::fused_tree`]) where it serves,
+    /// the additive mask elsewhere (the same rows).
+    Tree {
+        additive: Tensor,
+        iv: RowIntervals,
+    },
+}
+
+impl AttnMask {
+    /// The variant's name, for messages and for matching a captured forward's.
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            AttnMask::Additive(_) => "an additive mask",
+            AttnMask::Intervals(_) => "key intervals",
+            AttnMask::Tree { .. } => "a tree's windows",
+        }
+    }
 }
 
 /// Which keys each query row of a forward sees: the mask, and each row's key runs where
@@ -186,8 +223,9 @@ impl Target {
     /// [`Target::prepare`] of one sequence in the fixed layout (`cap` rows) with each row's
     /// interval of keys instead of the additive mask `[n, cap]` when every row sees one
     /// interval (AR steps and chain verifies: the interval attention reads only those rows,
-    /// whatever `cap`); a tree's verify keeps the additive mask
-    /// ([`ForwardInputs::has_intervals`] says which).
+    /// whatever `cap`); a tree's verify takes the tree kernel's windows beside the additive mask
+    /// on a CUDA device in bf16, the additive mask elsewhere ([`ForwardInputs::has_intervals`]
+    /// and [`ForwardInputs::mask_kind`] say which).
     /// Example: cache 40, a 16-row chain, cap 1,024 → rows see keys 0..41 … 0..56, no mask.
     pub fn prepare_fixed_intervals(
         &self,
@@ -248,22 +286,38 @@ impl Target {
         };
         // in the attention scores' dtype: no cast per layer (−1 kernel per layer)
         let cd = crate::layers::norm::compute_dtype(self.dtype);
+        // one sequence's rows that are not one interval each (a tree's verify), or every
+        // forward of a fixed layout without intervals (a captured tree's verify keeps one kind
+        // of mask whatever the tree's shape): the tree kernel's windows where it can run (a CUDA
+        // device, bf16) and every row fits its window, beside the additive mask
+        let tree = |one: &Visibility, cols: usize| -> Result<AttnMask> {
+            let additive = mask_tensor_cols(one, cols, cd, &self.device)?;
+            let windows = match self.device.is_cuda() && self.dtype == candle_core::DType::BF16 {
+                true => RowIntervals::tree_widened(one, cols, &self.device)?,
+                false => None,
+            };
+            Ok(match windows {
+                Some(iv) => AttnMask::Tree { additive, iv },
+                None => AttnMask::Additive(additive),
+            })
+        };
         let mask = match (mask_cols, masks) {
             (Some(cols), [one]) => match fixed_intervals {
                 true => match RowIntervals::widened(masks, cols, &self.device)? {
                     Some(iv) => AttnMask::Intervals(iv),
-                    None => AttnMask::Additive(mask_tensor_cols(one, cols, cd, &self.device)?),
+                    None => tree(one, cols)?,
                 },
-                false => AttnMask::Additive(mask_tensor_cols(one, cols, cd, &self.device)?),
+                false => tree(one, cols)?,
             },
             // several sequences (batched decoding): one interval per row, over all `cols`
             (Some(cols), _) => match RowIntervals::widened(masks, cols, &self.device)? {
                 Some(iv) => AttnMask::Intervals(iv),
                 None => bail!("a batched fixed-shape forward needs one interval of keys per row"),
             },
-            (None, _) => match RowIntervals::from_visibilities(masks, &self.device)? {
-                Some(iv) => AttnMask::Intervals(iv),
-                None => AttnMask::Additive(mask_tensors(masks, cd, &self.device)?),
+            (None, _) => match (RowIntervals::from_visibilities(masks, &self.device)?, masks) {
+                (Some(iv), _) => AttnMask::Intervals(iv),
+                (None, [one]) => tree(one, one.cols)?,
+                (None, _) => AttnMask::Additive(mask_tensors(masks, cd, &self.device)?),
             },
         };
         // f32 CPU inference of a few rows: each row over its own keys (bit-identical rows

@@ -15,6 +15,7 @@ use crate::layers::mlp::Mlp;
 use crate::layers::norm::RmsNorm;
 use crate::layers::rope::RopeTables;
 use crate::ops::add_norm::add_rms_norm;
+use crate::ops::interval_attention;
 use crate::ops::qkv_rope;
 
 #[derive(Debug, Clone)]
@@ -123,6 +124,14 @@ impl Attention {
             (Some(r), _) if row_attention::applies(&q) => attend_rows(&q, &k, &v, r, scale)?,
             (_, AttnMask::Intervals(iv)) => attend_intervals(&q, &k, &v, iv, scale)?,
             (_, AttnMask::Additive(m)) => attend(&q, &k, &v, m, scale)?,
+            (_, AttnMask::Tree { additive, iv }) => {
+                match interval_attention::tree_switched_on()
+                    && interval_attention::serves_tree(&q, &k, &v)
+                {
+                    true => interval_attention::fused_tree(&q, &k, &v, iv, scale)?,
+                    false => attend(&q, &k, &v, additive, scale)?,
+                }
+            }
         };
         let o = match gate {
             Some(g) => (o * candle_nn::ops::sigmoid(&g)?)?,
