@@ -27,9 +27,8 @@
 //! A tree's verify (DDTree) has rows that see an interval and a window of 64 columns past it
 //! ([`RowIntervals::tree_widened`]): in bf16 with more than 4 and at most [`MAX_TREE_ROWS`] query
 //! rows per K/V head, `verify_tree_attn_*` ([`fused_tree`]), the verify kernel reading four
-//! words per row, where [`tree_switched_on`] (`DFLASH_TREE_ATTENTION=1`: the kernel has not yet
-//! run on a GPU; `check device`'s tree rows compare it with its twin); otherwise these take the
-//! additive mask's path.
+//! words per row, unless `DFLASH_TREE_ATTENTION=0` ([`tree_switched_on`]) hands these back to
+//! the additive mask's path.
 //! Example: Qwen3-8B's DDTree-8 verify after 512 cached rows: 9 rows × 4 query heads = 36 rows
 //! per K/V head, the node at depth 2 under the root's second child seeing columns 0..513 and
 //! the bits of columns 514 and 515.
@@ -91,13 +90,12 @@ pub(crate) fn rows_per_kv_head(q: &Tensor, k: &Tensor, v: &Tensor) -> Option<usi
     fits.then_some(hq / hkv * n)
 }
 
-/// Whether a target's layers hand a tree's verify to the tree kernel: `DFLASH_TREE_ATTENTION=1`
-/// (off by default until `check device` has passed its rows on a GPU), and neither
-/// `DFLASH_VERIFY_ATTENTION=0` nor `DFLASH_FUSED_ATTENTION=0` (read once).
+/// Whether a target's layers hand a tree's verify to the tree kernel: unless
+/// `DFLASH_TREE_ATTENTION=0`, `DFLASH_VERIFY_ATTENTION=0` or `DFLASH_FUSED_ATTENTION=0` (read
+/// once).
 pub fn tree_switched_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("DFLASH_TREE_ATTENTION").as_deref() == Ok("1"))
-        && !switched_off()
+    !switched_off()
+        && !crate::ops::switched_off!("DFLASH_TREE_ATTENTION")
         && !crate::ops::switched_off!("DFLASH_VERIFY_ATTENTION")
 }
 
