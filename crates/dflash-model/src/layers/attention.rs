@@ -77,7 +77,8 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor, scale: f64) -> 
 
 /// [`attend`] with one interval of keys per query row (`iv`, from the same visibility rule):
 /// on a GPU where they serve, one kernel ([`crate::ops::interval_attention`] for a few rows per
-/// sequence, [`crate::ops::prefill_attention`] for many); else the two
+/// sequence, [`crate::ops::prefill_attention`] for many, the tree kernel for a tree's windows);
+/// else the two
 /// matmuls and one fused pass ([`crate::ops::interval_softmax`]) instead of scale, cast, mask
 /// add, softmax and cast. The fused softmax has no backward: inputs that carry a graph
 /// (never the target's) are refused.
@@ -90,6 +91,14 @@ pub fn attend_intervals(
 ) -> Result<Tensor> {
     if q.track_op() || k.track_op() || v.track_op() {
         candle_core::bail!("attend_intervals has no backward: attend with a mask for gradients");
+    }
+    if iv.window {
+        // a tree's verify: the tree kernel where it serves, else the twin (the CPU's path; on a
+        // GPU the interval softmax refuses windows by name)
+        if crate::ops::interval_attention::serves_tree(q, k, v) {
+            return crate::ops::interval_attention::fused_tree(q, k, v, iv, scale);
+        }
+        return attend_intervals_unfused(q, k, v, iv, scale);
     }
     if crate::ops::interval_attention::serves(q, k, v) {
         return crate::ops::interval_attention::fused(q, k, v, iv, scale);
@@ -174,6 +183,41 @@ mod tests {
             vec![vec![0.0, 0.0, ninf], vec![0.0, 0.0, 0.0]]
         );
         assert!(mask_tensor_cols(&v, 2, DType::F32, &Device::Cpu).is_err());
+    }
+
+    /// A tree's verify through its rows' windows (`attend_intervals`, the tree kernel's twin on
+    /// the CPU) equals the attention through its additive mask, grouped heads, over a fixed
+    /// capacity's extra columns.
+    #[test]
+    fn a_trees_windows_attend_as_its_additive_mask() {
+        use crate::ops::interval_softmax::RowIntervals;
+        let dev = Device::Cpu;
+        let (cache, cols) = (7, 20);
+        let parents = [None, Some(0), Some(0), Some(1), Some(2), Some(2), Some(4)];
+        let vis = dflash_core::visibility::tree(cache, &parents);
+        let iv = RowIntervals::tree_widened(&vis, cols, &dev)
+            .unwrap()
+            .unwrap();
+        let wave = |n: usize, a: f64| {
+            Tensor::arange(0f32, n as f32, &dev)
+                .unwrap()
+                .affine(a, 0.1)
+                .unwrap()
+                .sin()
+                .unwrap()
+        };
+        let (hq, hkv, n, d) = (6, 2, parents.len(), 8);
+        let q = wave(hq * n * d, 0.31).reshape((1, hq, n, d)).unwrap();
+        let k = wave(hkv * cols * d, 0.17)
+            .reshape((1, hkv, cols, d))
+            .unwrap();
+        let v = wave(hkv * cols * d, 0.23)
+            .reshape((1, hkv, cols, d))
+            .unwrap();
+        let got = attend_intervals(&q, &k, &v, &iv, 0.35).unwrap();
+        let mask = mask_tensor_cols(&vis, cols, DType::F32, &dev).unwrap();
+        let want = attend(&q, &k, &v, &mask, 0.35).unwrap();
+        assert!(crate::ops::compare::max_abs(&got, &want).unwrap() < 1e-6);
     }
 
     /// A cache's narrowed K/V are read in place and give the same attention as a contiguous
