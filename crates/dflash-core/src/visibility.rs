@@ -26,6 +26,13 @@ use crate::segments::Segments;
 /// of up to 65 nodes (the root always in the interval) fits.
 pub const WINDOW: usize = 64;
 
+/// Whether a row given as [`Visibility::row_window`]'s interval `iv` and window `bits` sees
+/// column `c`: `c` in `iv`, or `c = iv.end + i` with bit `i` set. Example: `(0..6, 0b110)` sees
+/// columns 0–5, 7 and 8.
+pub fn window_sees(iv: &Range<usize>, bits: u64, c: usize) -> bool {
+    iv.contains(&c) || (c >= iv.end && c - iv.end < WINDOW && bits >> (c - iv.end) & 1 == 1)
+}
+
 /// A boolean visibility matrix, row-major `[rows, cols]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Visibility {
@@ -550,9 +557,11 @@ mod tests {
         for r in 0..padded.rows {
             let (iv, bits) = padded.row_window(r).unwrap();
             for c in 0..padded.cols {
-                let seen = iv.contains(&c)
-                    || (c >= iv.end && c - iv.end < WINDOW && bits >> (c - iv.end) & 1 == 1);
-                assert_eq!(seen, padded.get(r, c), "row {r} column {c}");
+                assert_eq!(
+                    window_sees(&iv, bits, c),
+                    padded.get(r, c),
+                    "row {r} column {c}"
+                );
             }
         }
     }

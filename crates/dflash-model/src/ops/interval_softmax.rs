@@ -182,10 +182,9 @@ impl RowIntervals {
     /// Row `r` of sequence `s`: every visible column, in order. Example: the docs' tree row 3
     /// → `[0, 1, 2, 3, 4, 5, 7, 8]`.
     pub fn columns(&self, s: usize, r: usize) -> Vec<usize> {
-        let iv = self.get(s, r);
-        let bits = self.bits(s, r);
-        let end = iv.end;
-        iv.chain((0..64).filter(|i| bits >> i & 1 == 1).map(|i| end + i))
+        let (iv, bits) = (self.get(s, r), self.bits(s, r));
+        (iv.start..iv.end + dflash_core::visibility::WINDOW)
+            .filter(|&c| dflash_core::visibility::window_sees(&iv, bits, c))
             .collect()
     }
 }
