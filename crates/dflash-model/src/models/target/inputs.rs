@@ -289,10 +289,13 @@ impl Target {
         // one sequence's rows that are not one interval each (a tree's verify), or every
         // forward of a fixed layout without intervals (a captured tree's verify keeps one kind
         // of mask whatever the tree's shape): the tree kernel's windows where it can run (a CUDA
-        // device, bf16) and every row fits its window, beside the additive mask
-        let tree = |one: &Visibility, cols: usize| -> Result<AttnMask> {
+        // device, bf16, not switched off) and every row fits its window, beside the additive mask
+        let tree_mask = |one: &Visibility, cols: usize| -> Result<AttnMask> {
             let additive = mask_tensor_cols(one, cols, cd, &self.device)?;
-            let windows = match self.device.is_cuda() && self.dtype == candle_core::DType::BF16 {
+            let kernel = self.device.is_cuda()
+                && self.dtype == candle_core::DType::BF16
+                && crate::ops::interval_attention::tree_switched_on();
+            let windows = match kernel {
                 true => RowIntervals::tree_widened(one, cols, &self.device)?,
                 false => None,
             };
@@ -305,9 +308,9 @@ impl Target {
             (Some(cols), [one]) => match fixed_intervals {
                 true => match RowIntervals::widened(masks, cols, &self.device)? {
                     Some(iv) => AttnMask::Intervals(iv),
-                    None => tree(one, cols)?,
+                    None => tree_mask(one, cols)?,
                 },
-                false => tree(one, cols)?,
+                false => tree_mask(one, cols)?,
             },
             // several sequences (batched decoding): one interval per row, over all `cols`
             (Some(cols), _) => match RowIntervals::widened(masks, cols, &self.device)? {
@@ -316,7 +319,7 @@ impl Target {
             },
             (None, _) => match (RowIntervals::from_visibilities(masks, &self.device)?, masks) {
                 (Some(iv), _) => AttnMask::Intervals(iv),
-                (None, [one]) => tree(one, one.cols)?,
+                (None, [one]) => tree_mask(one, one.cols)?,
                 (None, _) => AttnMask::Additive(mask_tensors(masks, cd, &self.device)?),
             },
         };
