@@ -281,14 +281,15 @@ fn tree_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// output and the gradients of `Σ out · w` for q, K and V (`[out, dq, dk, dv]` per case). (1)
 /// SmolLM2's heads (9 / 3 of 64), two packed sequences (180 + 140), 9 anchors out of order, the
 /// full rule; (2) Qwen3's heads in small (8 / 2 of 128), sequences of 300 and 212, 20 anchors, a
-/// sliding window of 90 keys (five row tiles, thirteen key tiles, the last part-filled).
-/// With `DFLASH_TRAIN_ATTENTION=0` a GPU runs the twin.
+/// sliding window of 90 keys (five row tiles, thirteen key tiles, the last part-filled); (3)
+/// Qwen2.5-Coder-0.5B's heads (14 / 2 of 64: 7 query heads per K/V head), sequences of 230 and
+/// 160, 12 anchors. With `DFLASH_TRAIN_ATTENTION=0` a GPU runs the twin.
 fn train_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::ops::train_attention::{attend, serves, switched_off, TrainIntervals};
     let mut outs = Vec::new();
     // (heads, K/V heads, head dim), segment lengths, anchors, sliding window
     type Case = ((usize, usize, usize), Vec<usize>, Vec<usize>, Option<usize>);
-    let cases: [Case; 2] = [
+    let cases: [Case; 3] = [
         (
             (9, 3, 64),
             vec![180, 140],
@@ -300,6 +301,12 @@ fn train_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
             vec![300, 212],
             (0..20).map(|i| (i * 97 + 11) % 510).collect(),
             Some(90),
+        ),
+        (
+            (14, 2, 64),
+            vec![230, 160],
+            (0..12).map(|i| (i * 61 + 5) % 389).collect(),
+            None,
         ),
     ];
     for (case, ((hq, hkv, d), lens, anchors, window)) in cases.into_iter().enumerate() {
@@ -358,7 +365,8 @@ fn train_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// after 30 cache rows, sequence s left-padded by 17·s keys and the first 5 rows of sequence 2
 /// seeing nothing (SmolLM2's 9 / 3 heads of 64: tiles of 64 keys; empty rows give zeros); (3) a
 /// packed training row of 200 tokens in two segments (0..90, 90..200), each row seeing its own
-/// segment up to itself (4 / 2 heads of 128).
+/// segment up to itself (4 / 2 heads of 128); (4) one sequence's causal prefill of 150 rows with
+/// Qwen2.5-Coder-0.5B's heads (14 / 2 of 64: 7 query heads per K/V head).
 fn prefill_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::ops::prefill_attention::{serves, switched_off};
     use std::ops::Range;
@@ -367,6 +375,7 @@ fn prefill_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
         (1, 32, 8, 128, 300, 300, 320),
         (3, 9, 3, 64, 70, 100, 100),
         (1, 4, 2, 128, 200, 200, 200),
+        (1, 14, 2, 64, 150, 150, 160),
     ]
     .into_iter()
     .enumerate()
@@ -380,6 +389,7 @@ fn prefill_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
                     0 => 0..r + 1,
                     1 if s == 2 && r < 5 => 0..0,
                     1 => 17 * s..t - n + r + 1,
+                    3 => 0..r + 1,
                     _ => (if r < 90 { 0 } else { 90 })..r + 1,
                 }
             })
@@ -409,7 +419,7 @@ fn prefill_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// the block) and queries from the block's 16, with their own RoPE rows, through the index;
 /// (4) a batched prefill: 2 sequences appending 13 rows each after 5 (Qwen3's heads in small,
 /// normed: two warps per row, 4 rows per block, the last block part-filled), one table per
-/// sequence.
+/// sequence; (5) the draft block of (3) with Qwen2.5-Coder-0.5B's heads (14 / 2 of 64).
 fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::cache::kv_cache::KvCache;
     use crate::layers::norm::RmsNorm;
@@ -417,13 +427,15 @@ fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::ops::qkv_rope::{apply, serves, Heads, Projections, Rows, Tables};
     let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
     let mut outs = Vec::new();
-    for case in 0..4 {
+    for case in 0..5 {
         let (b, hq, hkv, d, n, len) = match case {
             0 => (1, 4, 2, 128, 16, 20),
             1 => (3, 9, 3, 64, 1, 5),
             2 => (1, 4, 2, 128, 32, 20),
-            _ => (2, 4, 2, 128, 13, 5),
+            3 => (2, 4, 2, 128, 13, 5),
+            _ => (1, 14, 2, 64, 32, 20),
         };
+        let block = matches!(case, 2 | 4);
         let heads = Heads {
             q: hq,
             kv: hkv,
@@ -451,8 +463,8 @@ fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
         let (q, k, v, norms, index, cap);
         // case 2 (the drafter's block): queries from the last 16 of the 32 new rows, rotated
         // at those rows' positions
-        let qtables = (case == 2).then(|| tables.narrow(16, 16)).transpose()?;
-        if case == 2 {
+        let qtables = block.then(|| tables.narrow(16, 16)).transpose()?;
+        if block {
             let x = |w, rows, s| on(fill(&[b, rows, w * d], s, 2.0)?);
             (q, k, v) = (
                 x(hq, 16, seed + 4)?,
@@ -915,6 +927,7 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         "prefill attention, causal prefill of 300 rows, head dim 128",
         "prefill attention, 3 sequences of 70 rows, left-padded, head dim 64",
         "prefill attention, a packed row of two segments",
+        "prefill attention, causal prefill of 150 rows, 7 heads per K/V head",
     ];
     push_rows(&mut checks, &names, &got, &want, DType::BF16, 3e-2)?;
     // the training attention's kernels (bf16 only) against the windowed matmuls
@@ -924,6 +937,7 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
     for case in [
         "SmolLM2's heads, two sequences",
         "head dim 128, a sliding window",
+        "7 heads per K/V head",
     ] {
         for part in ["out", "dq", "dk", "dv"] {
             names.push(format!("training attention kernels {part}, {case}"));
@@ -1163,6 +1177,9 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
                 "QKV: q, normed, rotated (2 sequences appending 13 rows each)",
                 "QKV: K cache (2 sequences appending 13 rows each)",
                 "QKV: V cache (2 sequences appending 13 rows each)",
+                "QKV: q of a draft block, 7 heads per K/V head of 64",
+                "QKV: K cache (a draft block, 7 heads per K/V head of 64)",
+                "QKV: V cache (a draft block, 7 heads per K/V head of 64)",
             ],
             &got,
             &want,
@@ -1380,7 +1397,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 163);
+        assert_eq!(checks.len(), 174);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {
