@@ -378,12 +378,29 @@ fn walked_and_measured(detail: &str) -> (f64, f64) {
     )
 }
 
+/// "N of M greedy draft tokens equal" → (N, M).
+fn greedy_counts(detail: &str) -> (usize, usize) {
+    let head = &detail[..detail.find(" greedy draft tokens equal").unwrap()];
+    let words: Vec<&str> = head.split_whitespace().collect();
+    let n = words.len();
+    (words[n - 3].parse().unwrap(), words[n - 1].parse().unwrap())
+}
+
 fn run_doctor(
     target: &Path,
     drafter: &Path,
     data: Option<&Path>,
 ) -> dflash_eval::doctor::DoctorReport {
-    let lt = load_target(target.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
+    run_doctor_in(DType::F32, target, drafter, data)
+}
+
+fn run_doctor_in(
+    dtype: DType,
+    target: &Path,
+    drafter: &Path,
+    data: Option<&Path>,
+) -> dflash_eval::doctor::DoctorReport {
+    let lt = load_target(target.to_str().unwrap(), dtype, &Device::Cpu).unwrap();
     doctor(&lt, drafter, data, &Tolerances::default()).unwrap()
 }
 
@@ -414,6 +431,33 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         "walked {walked} vs measured {measured}: {}",
         sim.detail
     );
+
+    // in f32 the two drafter paths agree within 1e-4 and on every greedy draft token; in
+    // bf16 they round differently (the logits differ by more than 1e-4), and the check asks
+    // for the greedy draft tokens instead
+    let parity = |r: &dflash_eval::doctor::DoctorReport| {
+        r.checks
+            .iter()
+            .find(|c| c.name == "train/infer parity")
+            .unwrap()
+            .clone()
+    };
+    let f32_parity = parity(&ok);
+    assert!(
+        f32_parity.detail.contains("≤ 1e-4")
+            && f32_parity.detail.contains("greedy draft tokens equal"),
+        "{f32_parity:?}"
+    );
+    let (same, all) = greedy_counts(&f32_parity.detail);
+    assert_eq!(same, all, "{f32_parity:?}");
+    let bf16 = parity(&run_doctor_in(DType::BF16, &target, &drafter, None));
+    assert!(!bf16.failed(), "{bf16:?}");
+    assert!(
+        bf16.detail.contains("≥ 90% in BF16") && bf16.detail.contains("(reported)"),
+        "{bf16:?}"
+    );
+    let (same, all) = greedy_counts(&bf16.detail);
+    assert!(all > 0 && same * 10 >= all * 9, "{bf16:?}");
 
     // (a) one tapped layer's weights perturbed
     let bad_target = copied(&target, "doc-target-perturbed");
