@@ -226,7 +226,9 @@ fn interval_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// the 1,000 columns of a fixed-capacity cache; (3) 2 / 2 heads of 128, a chain of 63 nodes
 /// under the root's second child (65 rows, 8 warps; the deepest row's window ends at bit 63)
 /// after 40 rows; (4) Qwen2.5-Coder-0.5B's heads (14 / 2 of 64), a one-row AR step after 77
-/// rows (7 rows per K/V head, an empty window).
+/// rows (7 rows per K/V head, an empty window); (5) the same heads' 16-row chain verify after
+/// 300 rows (112 rows per K/V head, 8 warps, every window empty: the rows
+/// `Target::prepare` hands to this kernel past the verify kernel's 64).
 fn tree_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::ops::interval_attention::{fused_tree, serves_tree};
     use dflash_core::visibility::{pad_rows, tree};
@@ -236,6 +238,7 @@ fn tree_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
         (1, 9, 3, 64, 33, 333, 1000),
         (1, 2, 2, 128, 65, 105, 128),
         (1, 14, 2, 64, 1, 78, 96),
+        (1, 14, 2, 64, 16, 316, 320),
     ]
     .into_iter()
     .enumerate()
@@ -252,6 +255,7 @@ fn tree_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
                 parents.extend((3..n).map(|i| Some(i - 1)));
                 tree(cache, &parents)
             }
+            4 => causal(cache, n),
             _ => tree(cache, &heap(n)),
         };
         // case 2 reads the cache's whole capacity; the others their view of t columns
@@ -918,6 +922,7 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
         "tree attention, SmolLM2's 20-node tree padded to 33 rows, a fixed capacity (8 warps)",
         "tree attention, 65 rows, the window's last bit (8 warps)",
         "tree attention, an AR step of 7 heads per K/V head",
+        "tree attention, a 16-row chain verify of 7 heads per K/V head (8 warps, empty windows)",
     ];
     push_rows(&mut checks, &names, &got, &want, DType::BF16, 3e-2)?;
     // the prefill attention (bf16 only) against the matmuls around the interval softmax
@@ -1397,7 +1402,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 174);
+        assert_eq!(checks.len(), 175);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

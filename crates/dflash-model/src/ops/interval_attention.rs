@@ -28,7 +28,9 @@
 //! ([`RowIntervals::tree_widened`]): in bf16 with more than 4 and at most [`MAX_TREE_ROWS`] query
 //! rows per K/V head, `verify_tree_attn_*` ([`fused_tree`]), the verify kernel reading four
 //! words per row, unless `DFLASH_TREE_ATTENTION=0` ([`tree_switched_on`]) hands these back to
-//! the additive mask's path.
+//! the additive mask's path. One sequence's rows of one interval each that are more than the
+//! verify kernel's 64 per K/V head and at most 128 ([`eight_warp_rows`]: Qwen2.5-Coder's 16-row
+//! verifies) take the same kernel with empty windows.
 //! Example: Qwen3-8B's DDTree-8 verify after 512 cached rows: 9 rows × 4 query heads = 36 rows
 //! per K/V head, the node at depth 2 under the root's second child seeing columns 0..513 and
 //! the bits of columns 514 and 515.
@@ -88,6 +90,20 @@ pub(crate) fn rows_per_kv_head(q: &Tensor, k: &Tensor, v: &Tensor) -> Option<usi
         && ks[2] == d
         && (b == 1 || ks[0] == ks[1] * hkv);
     fits.then_some(hq / hkv * n)
+}
+
+/// Whether `n` rows of `hq / hkv` query heads per K/V head of `d`, each row one interval of
+/// keys, are the tree kernel's with empty windows (8 warps): more rows per K/V head than the
+/// verify kernel's 4 warps take ([`MAX_ROWS`]), at most [`MAX_TREE_ROWS`], head dim 64 or 128.
+/// The prefill kernel would take them in row tiles of 64, one block per tile and K/V head,
+/// none split over the keys.
+/// Example: Qwen2.5-Coder-0.5B's 16-row verify (14 / 2 heads of 64) → 112 rows: true;
+/// SmolLM2's (9 / 3) → 48: false (the verify kernel's).
+pub fn eight_warp_rows(hq: usize, hkv: usize, d: usize, n: usize) -> bool {
+    hkv > 0
+        && hq.is_multiple_of(hkv)
+        && matches!(d, 64 | 128)
+        && (MAX_ROWS + 1..=MAX_TREE_ROWS).contains(&(hq / hkv * n))
 }
 
 /// Whether a target's layers hand a tree's verify to the tree kernel: unless
@@ -372,7 +388,7 @@ impl candle_core::CustomOp3 for Op<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode_heads, verify_splits};
+    use super::{decode_heads, eight_warp_rows, verify_splits};
 
     /// Several sequences of one query row with up to 8 heads per K/V head take the decode
     /// kernel, built for 2, 4 or 8 heads; a single sequence, several rows (a verify) or more
@@ -388,6 +404,22 @@ mod tests {
         assert_eq!(decode_heads(1, 1, 4), None); // a single sequence's AR step
         assert_eq!(decode_heads(256, 2, 4), None);
         assert_eq!(decode_heads(1, 16, 48), None); // SmolLM2's 16-row verify
+    }
+
+    /// Rows per K/V head in 65..=128 go to the tree kernel's 8 warps: Qwen2.5-Coder-0.5B's
+    /// 16-row verify (112) and -1.5B's (12 / 2 of 128: 96), not SmolLM2's (48), Qwen3-8B's
+    /// (64), an AR step, 19 rows of 7 heads (133) or head dim 80.
+    #[test]
+    fn eight_warp_rows_are_the_verify_kernels_next_64() {
+        assert!(eight_warp_rows(14, 2, 64, 16));
+        assert!(eight_warp_rows(12, 2, 128, 16));
+        assert!(eight_warp_rows(14, 2, 64, 10)); // 70
+        assert!(!eight_warp_rows(9, 3, 64, 16));
+        assert!(!eight_warp_rows(32, 8, 128, 16));
+        assert!(!eight_warp_rows(14, 2, 64, 1));
+        assert!(!eight_warp_rows(14, 2, 64, 19));
+        assert!(!eight_warp_rows(14, 2, 80, 16));
+        assert!(!eight_warp_rows(14, 0, 64, 16));
     }
 
     /// A verify in bf16 takes whole key tiles per split, about 128 blocks, none empty; f32 and

@@ -323,6 +323,15 @@ impl Target {
                 (None, _) => AttnMask::Additive(mask_tensors(masks, cd, &self.device)?),
             },
         };
+        let mask = match mask {
+            AttnMask::Intervals(iv) if !iv.window && self.eight_warps(b, n) => {
+                match RowIntervals::tree_widened(&masks[0], iv.cols, &self.device)? {
+                    Some(wide) => AttnMask::Intervals(wide),
+                    None => AttnMask::Intervals(iv),
+                }
+            }
+            m => m,
+        };
         // f32 CPU inference of a few rows: each row over its own keys (bit-identical rows
         // whatever the other rows, e.g. a tree's verify row and the AR step of the same tokens)
         let runs = match masks {
@@ -428,6 +437,23 @@ impl Target {
             Mixer::GatedDeltaNet(g) => Some(g.dims.kernel),
             Mixer::Attention(_) => None,
         })
+    }
+
+    /// Whether one sequence's `n` rows, each seeing one interval of keys, go to the tree
+    /// kernel's 8 warps with empty windows
+    /// ([`crate::ops::interval_attention::eight_warp_rows`]): in bf16 on CUDA, the tree kernel
+    /// switched on.
+    fn eight_warps(&self, b: usize, n: usize) -> bool {
+        b == 1
+            && self.device.is_cuda()
+            && self.dtype == candle_core::DType::BF16
+            && crate::ops::interval_attention::eight_warp_rows(
+                self.config.num_attention_heads,
+                self.config.num_kv_heads(),
+                self.config.head_dim(),
+                n,
+            )
+            && crate::ops::interval_attention::tree_switched_on()
     }
 
     /// The fixed layout's write index `[b, hkv, n, head_dim]`: the cache row of each new K/V
