@@ -304,33 +304,35 @@ impl Target {
                 None => AttnMask::Additive(additive),
             })
         };
+        // one interval of keys per row over `cols`, or `None`; one sequence's 65–128 rows per
+        // K/V head carry empty windows, for the tree kernel's 8 warps (`eight_warps`)
+        let intervals = |cols: usize| -> Result<Option<RowIntervals>> {
+            let one_each = |m: &Visibility| (0..m.rows).all(|r| m.row_interval(r).is_some());
+            Ok(match masks {
+                [one] if self.eight_warps(b, n) && one_each(one) => {
+                    RowIntervals::tree_widened(one, cols, &self.device)?
+                }
+                _ => RowIntervals::widened(masks, cols, &self.device)?,
+            })
+        };
         let mask = match (mask_cols, masks) {
             (Some(cols), [one]) => match fixed_intervals {
-                true => match RowIntervals::widened(masks, cols, &self.device)? {
+                true => match intervals(cols)? {
                     Some(iv) => AttnMask::Intervals(iv),
                     None => tree_mask(one, cols)?,
                 },
                 false => tree_mask(one, cols)?,
             },
             // several sequences (batched decoding): one interval per row, over all `cols`
-            (Some(cols), _) => match RowIntervals::widened(masks, cols, &self.device)? {
+            (Some(cols), _) => match intervals(cols)? {
                 Some(iv) => AttnMask::Intervals(iv),
                 None => bail!("a batched fixed-shape forward needs one interval of keys per row"),
             },
-            (None, _) => match (RowIntervals::from_visibilities(masks, &self.device)?, masks) {
+            (None, _) => match (intervals(masks.first().map_or(0, |m| m.cols))?, masks) {
                 (Some(iv), _) => AttnMask::Intervals(iv),
                 (None, [one]) => tree_mask(one, one.cols)?,
                 (None, _) => AttnMask::Additive(mask_tensors(masks, cd, &self.device)?),
             },
-        };
-        let mask = match mask {
-            AttnMask::Intervals(iv) if !iv.window && self.eight_warps(b, n) => {
-                match RowIntervals::tree_widened(&masks[0], iv.cols, &self.device)? {
-                    Some(wide) => AttnMask::Intervals(wide),
-                    None => AttnMask::Intervals(iv),
-                }
-            }
-            m => m,
         };
         // f32 CPU inference of a few rows: each row over its own keys (bit-identical rows
         // whatever the other rows, e.g. a tree's verify row and the AR step of the same tokens)
