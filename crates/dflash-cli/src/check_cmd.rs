@@ -410,7 +410,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
             ));
         }
         let p = dflash_eval::doctor::parity_diff(lt, &d, &prompt)?;
-        let agree = format!("{} of {} greedy drafts equal", p.same_argmax, p.positions);
+        let agree = p.agreement_text();
         if name == "f32" {
             rows.push((
                 format!("train/infer parity ({name})"),

@@ -229,10 +229,7 @@ pub(super) fn train_infer_parity(s: &Subject, d: &Drafter) -> Result<Check> {
         s.lt.tokenizer
             .encode(dflash_train::fingerprint::CANARY_PROMPTS[0], false)?;
     let p = parity_diff(s.lt, d, &ids)?;
-    let agree = format!(
-        "{} of {} greedy draft tokens equal",
-        p.same_argmax, p.positions
-    );
+    let agree = p.agreement_text();
     Ok(if s.lt.target.dtype == candle_core::DType::F32 {
         Check::new(
             "train/infer parity",

@@ -44,6 +44,14 @@ impl Parity {
     pub fn agreement(&self) -> f64 {
         self.same_argmax as f64 / self.positions.max(1) as f64
     }
+
+    /// "N of M greedy draft tokens equal", as the doctor and `check device` print it.
+    pub fn agreement_text(&self) -> String {
+        format!(
+            "{} of {} greedy draft tokens equal",
+            self.same_argmax, self.positions
+        )
+    }
 }
 
 /// [`Parity`] of the two drafter paths on `ids`, at three anchors (0, len/3, len/2).
