@@ -377,8 +377,8 @@ impl KvCache {
     }
 
     /// Keep only `rows` (ascending or not), in that order (tree compaction). Rows already in
-    /// place (the leading `rows[i] == i`) are not touched: only the rest is gathered and written
-    /// after them, one gather and one write per K and V of each layer, the index uploaded once.
+    /// place (the leading `rows[i] == i`) are not touched: only the rest moves, after them
+    /// ([`crate::ops::keep_rows`]: on a GPU one launch for every layer's K and V).
     /// Example: len 14 after a 4-node tree verify at row 10, rows `[0..10, 10, 12]` → row 12
     /// moves to 11, rows 0..11 stay where they are, len 12.
     pub fn keep_rows(&mut self, rows: &[usize]) -> Result<()> {
@@ -401,23 +401,13 @@ impl KvCache {
             .take_while(|(i, &r)| *i == r)
             .count();
         let moved: Vec<u32> = rows[fixed..].iter().map(|&r| r as u32).collect();
-        let mut idx: Option<Tensor> = None;
-        for s in self.layers.iter_mut().flatten() {
-            if moved.is_empty() {
-                break;
-            }
-            let idx = match &idx {
-                Some(i) => i.clone(),
-                None => idx
-                    .insert(Tensor::from_vec(moved.clone(), moved.len(), s.k.device())?)
-                    .clone(),
-            };
-            // the buffers are contiguous `[b, h, rows, d]`: the gather reads only `moved`
-            let k = s.k.index_select(&idx, 2)?;
-            let v = s.v.index_select(&idx, 2)?;
-            s.k.slice_set(&k, 2, fixed)?;
-            s.v.slice_set(&v, 2, fixed)?;
-        }
+        let buffers: Vec<&Tensor> = self
+            .layers
+            .iter()
+            .flatten()
+            .flat_map(|s| [&s.k, &s.v])
+            .collect();
+        crate::ops::keep_rows::keep_rows(&buffers, fixed, &moved)?;
         self.len = rows.len();
         self.pending = 0;
         Ok(())

@@ -1163,6 +1163,30 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
             tol,
         )?;
     }
+    // a tree's path moved down in six K/V buffers at once against the gather: rows 0..20
+    // stay, then row 20 ← 21, 21 ← 22 (each read before the next move writes it), 22 ← 26
+    let moves = |dev: &Device, dtype: DType| -> Result<Vec<Tensor>> {
+        let buffers = (0..6)
+            .map(|p| fill(&[1, 3, 40, 64], 60 + p, 1.0)?.to_dtype(dtype)?.to_device(dev))
+            .collect::<Result<Vec<_>>>()?;
+        crate::ops::keep_rows::keep_rows(&buffers.iter().collect::<Vec<_>>(), 20, &[21, 22, 26])?;
+        Ok(vec![Tensor::cat(&buffers, 0)?
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?])
+    };
+    let want = moves(&Device::Cpu, DType::F32)?;
+    for dtype in [DType::F32, DType::BF16] {
+        let got = moves(dev, dtype)?;
+        let tol = if dtype == DType::F32 { 0.0 } else { 1e-2 };
+        push_rows(
+            &mut checks,
+            &["a tree's path moved in six K/V buffers"],
+            &got,
+            &want,
+            dtype,
+            tol,
+        )?;
+    }
     // the attention's per-head norms, RoPE and cache writes in one kernel against the ops
     let want = qkv_rope_rows(&Device::Cpu, DType::F32)?;
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
@@ -1402,7 +1426,7 @@ mod tests {
     #[test]
     fn the_cpu_agrees_with_itself() {
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 175);
+        assert_eq!(checks.len(), 177);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -30,6 +30,7 @@ pub mod gdn_recurrence;
 pub mod gemv;
 pub mod interval_attention;
 pub mod interval_softmax;
+pub mod keep_rows;
 pub(crate) mod kernel_io;
 pub mod log_softmax;
 pub mod masked_softmax;
