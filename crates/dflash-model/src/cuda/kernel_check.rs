@@ -1167,7 +1167,11 @@ pub fn compare_with_cpu(dev: &Device) -> Result<Vec<KernelCheck>> {
     // stay, then row 20 ← 21, 21 ← 22 (each read before the next move writes it), 22 ← 26
     let moves = |dev: &Device, dtype: DType| -> Result<Vec<Tensor>> {
         let buffers = (0..6)
-            .map(|p| fill(&[1, 3, 40, 64], 60 + p, 1.0)?.to_dtype(dtype)?.to_device(dev))
+            .map(|p| {
+                fill(&[1, 3, 40, 64], 60 + p, 1.0)?
+                    .to_dtype(dtype)?
+                    .to_device(dev)
+            })
             .collect::<Result<Vec<_>>>()?;
         crate::ops::keep_rows::keep_rows(&buffers.iter().collect::<Vec<_>>(), 20, &[21, 22, 26])?;
         Ok(vec![Tensor::cat(&buffers, 0)?

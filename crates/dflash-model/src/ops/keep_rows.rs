@@ -19,7 +19,10 @@ use candle_core::{Result, Tensor};
 /// `moved[j] >= fixed + j`. Example: fixed 10, [11, 12] → yes (row 10 ← 11, row 11 ← 12);
 /// [12, 11] → no (not ascending); [5, 12] → no (row 5 is before `fixed`). The gather takes those.
 pub fn in_order(fixed: usize, moved: &[u32]) -> bool {
-    moved.iter().enumerate().all(|(j, &r)| r as usize >= fixed + j)
+    moved
+        .iter()
+        .enumerate()
+        .all(|(j, &r)| r as usize >= fixed + j)
         && moved.windows(2).all(|w| w[0] < w[1])
 }
 
@@ -61,9 +64,14 @@ fn kernel_serves(buffers: &[&Tensor], fixed: usize, moved: &[u32]) -> Result<boo
     Ok(first.device().is_cuda()
         && same
         && first.rank() == 4
-        && matches!(first.dtype(), candle_core::DType::F32 | candle_core::DType::BF16)
+        && matches!(
+            first.dtype(),
+            candle_core::DType::F32 | candle_core::DType::BF16
+        )
         && in_order(fixed, moved)
-        && moved.last().is_some_and(|&r| (r as usize) < first.dim(2).unwrap_or(0))
+        && moved
+            .last()
+            .is_some_and(|&r| (r as usize) < first.dim(2).unwrap_or(0))
         && !crate::ops::switched_off!("DFLASH_KEEP_ROWS_KERNEL"))
 }
 
@@ -151,7 +159,10 @@ mod tests {
         let (a, b) = (make(0)?, make(1)?);
         keep_rows(&[&a, &b], 2, &[3, 5])?;
         let rows = b.get(0)?.get(1)?.to_vec2::<f32>()?;
-        assert_eq!(rows[..4], [[100., 101.], [110., 111.], [130., 131.], [150., 151.]]);
+        assert_eq!(
+            rows[..4],
+            [[100., 101.], [110., 111.], [130., 131.], [150., 151.]]
+        );
         assert_eq!(a.get(0)?.get(0)?.to_vec2::<f32>()?[3], [50., 51.]);
         Ok(())
     }
