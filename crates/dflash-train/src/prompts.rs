@@ -131,13 +131,16 @@ fn sharegpt_record(rec: &Value, turns: Turns) -> Vec<Prompt> {
     out
 }
 
-/// A JSONL file: each line has `prompt` (a string) or `messages` (chat format); lines with
-/// an `input` in chat format (the evals registry) count as `messages`. A malformed line is an
-/// error, unless `lenient` (the evals registry has some), where it is skipped.
-pub fn jsonl(path: &Path, cap: Option<usize>, lenient: bool) -> Result<Vec<Prompt>> {
-    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+/// Each non-empty line of a JSONL file, parsed, to `f` with its 1-based number, until `f`
+/// returns `Ok(false)`. A malformed line is an error naming it, unless `lenient` (skipped).
+/// Example: lines `{"a": 1}`, ``, `{"a": 2}` → `f(1, {"a": 1})`, then `f(3, {"a": 2})`.
+fn json_lines(
+    path: &Path,
+    lenient: bool,
+    mut f: impl FnMut(usize, Value) -> Result<bool>,
+) -> Result<()> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line?;
         if line.trim().is_empty() {
             continue;
@@ -147,6 +150,19 @@ pub fn jsonl(path: &Path, cap: Option<usize>, lenient: bool) -> Result<Vec<Promp
             Err(_) if lenient => continue,
             Err(e) => bail!("{} line {}: {e}", path.display(), i + 1),
         };
+        if !f(i + 1, v)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// A JSONL file: each line has `prompt` (a string) or `messages` (chat format); lines with
+/// an `input` in chat format (the evals registry) count as `messages`. A malformed line is an
+/// error, unless `lenient` (the evals registry has some), where it is skipped.
+pub fn jsonl(path: &Path, cap: Option<usize>, lenient: bool) -> Result<Vec<Prompt>> {
+    let mut out = Vec::new();
+    json_lines(path, lenient, |_, v| {
         let p = if let Some(s) = v.get("prompt").and_then(|p| p.as_str()) {
             Some(user(s.to_string()))
         } else {
@@ -170,10 +186,8 @@ pub fn jsonl(path: &Path, cap: Option<usize>, lenient: bool) -> Result<Vec<Promp
         if let Some(p) = p {
             out.push(p);
         }
-        if cap.is_some_and(|c| out.len() >= c) {
-            break;
-        }
-    }
+        Ok(cap.is_none_or(|c| out.len() < c))
+    })?;
     Ok(out)
 }
 
@@ -182,24 +196,19 @@ pub fn jsonl(path: &Path, cap: Option<usize>, lenient: bool) -> Result<Vec<Promp
 /// Example: `{"index": 1, "domain1": "Academic & Engineering", "query": "Write an outline …"}`
 /// → the prompt [user "Write an outline …"].
 pub fn writingbench(path: &Path) -> Result<Vec<Prompt>> {
-    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut out = Vec::new();
-    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: Value = serde_json::from_str(&line)
-            .with_context(|| format!("{} line {}", path.display(), i + 1))?;
+    json_lines(path, false, |n, v| {
         match v.get("query").and_then(|q| q.as_str()) {
-            Some(q) => out.push(user(q.to_string())),
+            Some(q) => {
+                out.push(user(q.to_string()));
+                Ok(true)
+            }
             None => bail!(
-                "{} line {}: no string \"query\" (a WritingBench file has one per line)",
-                path.display(),
-                i + 1
+                "{} line {n}: no string \"query\" (a WritingBench file has one per line)",
+                path.display()
             ),
         }
-    }
+    })?;
     Ok(out)
 }
 
