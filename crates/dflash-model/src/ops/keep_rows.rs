@@ -35,7 +35,7 @@ pub fn keep_rows(buffers: &[&Tensor], fixed: usize, moved: &[u32]) -> Result<()>
         return Ok(());
     }
     #[cfg(feature = "cuda")]
-    if kernel_serves(buffers, fixed, moved)? {
+    if kernel_serves(buffers, fixed, moved) {
         return cuda::launch(buffers, fixed, moved);
     }
     gather(buffers, fixed, moved)
@@ -52,9 +52,9 @@ pub fn gather(buffers: &[&Tensor], fixed: usize, moved: &[u32]) -> Result<()> {
 }
 
 /// The kernel takes the moves: a CUDA device, f32 or bf16, every buffer contiguous `[b, h, cap,
-/// d]` of one shape and dtype, the moves [`in_order`], not switched off.
+/// d]` of one shape and dtype, the moves [`in_order`] and inside the buffers, not switched off.
 #[cfg(feature = "cuda")]
-fn kernel_serves(buffers: &[&Tensor], fixed: usize, moved: &[u32]) -> Result<bool> {
+fn kernel_serves(buffers: &[&Tensor], fixed: usize, moved: &[u32]) -> bool {
     let first = buffers[0];
     let same = buffers.iter().all(|b| {
         b.device().same_device(first.device())
@@ -62,7 +62,7 @@ fn kernel_serves(buffers: &[&Tensor], fixed: usize, moved: &[u32]) -> Result<boo
             && b.dtype() == first.dtype()
             && b.is_contiguous()
     });
-    Ok(first.device().is_cuda()
+    first.device().is_cuda()
         && same
         && first.rank() == 4
         && matches!(
@@ -72,8 +72,8 @@ fn kernel_serves(buffers: &[&Tensor], fixed: usize, moved: &[u32]) -> Result<boo
         && in_order(fixed, moved)
         && moved
             .last()
-            .is_some_and(|&r| (r as usize) < first.dim(2).unwrap_or(0))
-        && !crate::ops::switched_off!("DFLASH_KEEP_ROWS_KERNEL"))
+            .is_some_and(|&r| (r as usize) < first.dims()[2])
+        && !crate::ops::switched_off!("DFLASH_KEEP_ROWS_KERNEL")
 }
 
 #[cfg(feature = "cuda")]
