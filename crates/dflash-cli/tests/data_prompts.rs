@@ -1,0 +1,102 @@
+//! `dflash-rs data prompts`: a prompt quoting an evaluation item is counted, and dropped with
+//! `--drop-eval-overlap`; `fields:` sources and their errors. Uses the pinned evaluation sets
+//! in the asset cache (scripts/fetch-assets.sh datasets).
+
+use dflash_testkit::tmp;
+use std::process::Command;
+
+fn data_prompts(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dflash-rs"))
+        .args(["data", "prompts"])
+        .args(args)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!err.contains("panicked"), "{err}");
+    (out.status.success(), err)
+}
+
+fn lines(p: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_prompt_quoting_a_gsm8k_item_is_counted_and_dropped_on_request() {
+    let d = tmp("data-prompts-overlap");
+    // GSM8K's first test question (the pinned test.jsonl), reworded around a 13-word run of it
+    let src = d.join("problems.jsonl");
+    std::fs::write(
+        &src,
+        concat!(
+            "{\"q\": \"Homework: Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning. Solve it.\"}\n",
+            "{\"q\": \"Ducks lay eggs. How many eggs does a duck lay per week?\"}\n",
+        ),
+    )
+    .unwrap();
+    let spec = format!("fields:q:{}", src.display());
+    let out = d.join("kept.jsonl");
+    let (ok, err) = data_prompts(&["--prompts", &spec, "--out", out.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("1 of 2 prompts quote an evaluation item (13 words): kept"),
+        "{err}"
+    );
+    assert_eq!(lines(&out).len(), 2);
+    let out = d.join("dropped.jsonl");
+    let (ok, err) = data_prompts(&[
+        "--prompts",
+        &spec,
+        "--drop-eval-overlap",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let kept = lines(&out);
+    assert_eq!(kept.len(), 1, "{err}");
+    assert_eq!(
+        kept[0]["messages"][0]["content"],
+        "Ducks lay eggs. How many eggs does a duck lay per week?"
+    );
+}
+
+#[test]
+fn fields_sources_name_what_is_wrong() {
+    let d = tmp("data-prompts-fields");
+    let src = d.join("p.jsonl");
+    std::fs::write(&src, "{\"q\": \"a\"}\n{\"r\": \"b\"}\n").unwrap();
+    let out = d.join("o.jsonl");
+    let o = out.to_str().unwrap();
+    let (ok, err) = data_prompts(&[
+        "--prompts",
+        &format!("fields:q:{}", src.display()),
+        "--out",
+        o,
+    ]);
+    assert!(
+        !ok && err.contains("record 2: no string field 'q'"),
+        "{err}"
+    );
+    let (ok, err) = data_prompts(&["--prompts", "fields:q", "--out", o]);
+    assert!(!ok && err.contains("expected fields:SPEC:PATH"), "{err}");
+    let (ok, err) = data_prompts(&["--prompts", "fields:q:/nonexistent/p.jsonl", "--out", o]);
+    assert!(!ok && err.contains("does not exist"), "{err}");
+    // an evaluation file is refused by its name, as for every source
+    let ev = d.join("gsm8k").join("test.jsonl");
+    std::fs::create_dir_all(ev.parent().unwrap()).unwrap();
+    std::fs::write(&ev, "{\"question\": \"x\"}\n").unwrap();
+    let (ok, err) = data_prompts(&[
+        "--prompts",
+        &format!("fields:question:{}", ev.display()),
+        "--out",
+        o,
+    ]);
+    assert!(
+        !ok && err.contains("refusing to train on an evaluation set (GSM8K test)"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
