@@ -9,8 +9,10 @@
 //! three for breakfast every morning and bakes muffins …" has the 13-word run `janet s ducks lay
 //! 16 eggs per day she eats three for breakfast`; a prompt "JANET'S ducks lay 16 eggs per
 //! day — she eats three for breakfast!" contains it and overlaps; a prompt with only its first
-//! 12 words does not. Items shorter than 13 words are not matched (a short MATH problem's
-//! words are common phrases) and are counted in [`Overlap::short_items`].
+//! 12 words does not. A run needs 7 words with a letter ([`MIN_LETTER_WORDS`]): a 0/1 grid in
+//! a HumanEval problem and an array in a registry prompt are not a quote. Items with no such
+//! run (shorter than 13 words: a short MATH problem's words are common phrases) are not matched
+//! and are counted in [`Overlap::short_items`].
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashSet;
@@ -38,10 +40,22 @@ fn words(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// One key per window of [`NGRAM`] words (a hash of the words in order).
+/// Words of a run that must hold a letter: runs of numbers (a 0/1 grid, a table of values)
+/// quote no one.
+pub const MIN_LETTER_WORDS: usize = 7;
+
+/// One key per window of [`NGRAM`] words (a hash of the words in order), for the windows with
+/// at least [`MIN_LETTER_WORDS`] words holding a letter. Example: `1 0 1 0 1 1 0 0 1 1 1 0 1`
+/// gives no key; `janet s ducks lay 16 eggs per day she eats three for breakfast` one.
 fn runs(text: &str) -> Vec<u64> {
     let w = words(text);
     w.windows(NGRAM)
+        .filter(|win| {
+            win.iter()
+                .filter(|x| x.chars().any(char::is_alphabetic))
+                .count()
+                >= MIN_LETTER_WORDS
+        })
         .map(|win| {
             let mut h = DefaultHasher::new();
             win.hash(&mut h);
@@ -93,6 +107,24 @@ mod tests {
         // the short item is not matched, even verbatim
         assert!(!o.hits("Compute 7 + 5."));
         assert!(!o.hits(""));
+    }
+
+    #[test]
+    fn runs_of_numbers_quote_no_one() {
+        // HumanEval/115's grid and a prompt's 0/1 array share 13 "words" of digits
+        let item = "You are given a rectangular grid of wells, and each row represents a single \
+                    well: grid = [[0,0,1,0,0,1,0,0,1,1,1,1,0,1]]";
+        let o = Overlap::new([item]);
+        assert_eq!((o.items, o.short_items), (1, 0));
+        assert!(!o.hits("Array: [0,0,1,0,0,1,0,0,1,1,1,1,0,1,1,0]"));
+        assert!(o.hits(
+            "You are given a rectangular grid of wells and each row represents a single well."
+        ));
+        // digits alone give no run
+        assert_eq!(
+            Overlap::new(["0 1 0 1 0 1 0 1 0 1 0 1 0 1 0 1"]).short_items,
+            1
+        );
     }
 
     #[test]
