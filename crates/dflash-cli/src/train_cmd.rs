@@ -83,6 +83,12 @@ pub struct PromptsArgs {
     /// resumes on the output), then the new mix without the prompts it already has.
     #[arg(long)]
     pub extend: Option<PathBuf>,
+    /// Wrap each prompt's last user turn in this text, where `{prompt}` stands for the turn (e.g.
+    /// "{prompt}\nWrite the solution in Python."): once for all sources, or once per --prompts,
+    /// in the same order (`{prompt}` alone leaves a source as it is). Applied after --max-chars
+    /// and --limit.
+    #[arg(long)]
+    pub template: Vec<String>,
     /// Drop every prompt that shares a run of 13 words with an item of GSM8K, HumanEval,
     /// MT-Bench or MATH-500 (all four must be in the asset cache). Without it such prompts are
     /// counted and kept.
@@ -100,6 +106,23 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
             "{} --limit values for {} --prompts sources: give one for all, or one per source",
             a.limit.len(),
             a.prompts.len()
+        );
+    }
+    if a.template.len() > 1 && a.template.len() != a.prompts.len() {
+        anyhow::bail!(
+            "{} --template values for {} --prompts sources: give one for all, or one per source",
+            a.template.len(),
+            a.prompts.len()
+        );
+    }
+    if let Some(t) = a
+        .template
+        .iter()
+        .find(|t| !t.contains(prompts::TEMPLATE_SLOT))
+    {
+        anyhow::bail!(
+            "--template {t:?} has no {} for the prompt's text",
+            prompts::TEMPLATE_SLOT
         );
     }
     let (items, missing) = dflash_eval::datasets::item_texts(&dflash_home())?;
@@ -145,6 +168,9 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
         }
         if let Some(&l) = a.limit.get(k).or(a.limit.first()) {
             ps.truncate(l);
+        }
+        if let Some(t) = a.template.get(k).or(a.template.first()) {
+            ps.iter_mut().for_each(|p| prompts::apply_template(p, t));
         }
         eprintln!("{src}: {} of {n0} prompts", ps.len());
         all.extend(ps);

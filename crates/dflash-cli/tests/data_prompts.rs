@@ -100,3 +100,65 @@ fn fields_sources_name_what_is_wrong() {
     );
     assert!(!out.exists());
 }
+
+#[test]
+fn templates_wrap_each_source_and_a_template_without_its_slot_is_refused() {
+    let d = tmp("data-prompts-template");
+    let src = d.join("p.jsonl");
+    std::fs::write(
+        &src,
+        "{\"q\": \"Reverse a list.\"}\n{\"q\": \"Sort a list.\"}\n",
+    )
+    .unwrap();
+    let spec = format!("fields:q:{}", src.display());
+    let out = d.join("o.jsonl");
+    let o = out.to_str().unwrap();
+    // the same source twice: as it is, and wrapped
+    let (ok, err) = data_prompts(&[
+        "--prompts",
+        &spec,
+        "--prompts",
+        &spec,
+        "--template",
+        "{prompt}",
+        "--template",
+        "{prompt}\nWrite the solution in Python.",
+        "--out",
+        o,
+    ]);
+    assert!(ok, "{err}");
+    let mut texts: Vec<String> = lines(&out)
+        .iter()
+        .map(|v| v["messages"][0]["content"].as_str().unwrap().to_string())
+        .collect();
+    texts.sort();
+    assert_eq!(
+        texts,
+        [
+            "Reverse a list.",
+            "Reverse a list.\nWrite the solution in Python.",
+            "Sort a list.",
+            "Sort a list.\nWrite the solution in Python."
+        ]
+    );
+    let (ok, err) = data_prompts(&["--prompts", &spec, "--template", "Solve it.", "--out", o]);
+    assert!(!ok && err.contains("has no {prompt}"), "{err}");
+    let (ok, err) = data_prompts(&[
+        "--prompts",
+        &spec,
+        "--prompts",
+        &spec,
+        "--prompts",
+        &spec,
+        "--template",
+        "{prompt}",
+        "--template",
+        "{prompt}!",
+        "--out",
+        o,
+    ]);
+    assert!(
+        !ok && err.contains("2 --template values for 3 --prompts sources"),
+        "{err}"
+    );
+}

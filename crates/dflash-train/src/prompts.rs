@@ -43,6 +43,18 @@ pub(crate) fn user(content: String) -> Prompt {
     }
 }
 
+/// Where a template (`data prompts --template`) puts the prompt's text.
+pub const TEMPLATE_SLOT: &str = "{prompt}";
+
+/// The last user turn of `p` wrapped in `template`, every [`TEMPLATE_SLOT`] replaced by the
+/// turn. Example: "Reverse a list." with "{prompt}\nWrite the solution in Python." → "Reverse a
+/// list.\nWrite the solution in Python."; a prompt without a user turn is left as it is.
+pub fn apply_template(p: &mut Prompt, template: &str) {
+    if let Some(m) = p.messages.iter_mut().rev().find(|m| m.role == "user") {
+        m.content = template.replace(TEMPLATE_SLOT, &m.content);
+    }
+}
+
 /// Which human turns of a ShareGPT record become prompts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Turns {
@@ -343,6 +355,40 @@ mod tests {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, text).unwrap();
         p
+    }
+
+    #[test]
+    fn a_template_wraps_the_last_user_turn_only() {
+        let mut p = Prompt {
+            messages: vec![
+                ChatMessage {
+                    role: "user".into(),
+                    content: "first".into(),
+                },
+                ChatMessage {
+                    role: "assistant".into(),
+                    content: "answer".into(),
+                },
+                ChatMessage {
+                    role: "user".into(),
+                    content: "Reverse a list.".into(),
+                },
+            ],
+        };
+        apply_template(&mut p, "{prompt}\nWrite the solution in Python.");
+        let c: Vec<&str> = p.messages.iter().map(|m| m.content.as_str()).collect();
+        assert_eq!(
+            c,
+            [
+                "first",
+                "answer",
+                "Reverse a list.\nWrite the solution in Python."
+            ]
+        );
+        // the slot alone leaves it as it is
+        let mut q = user("x".into());
+        apply_template(&mut q, "{prompt}");
+        assert_eq!(q, user("x".into()));
     }
 
     #[test]
