@@ -63,40 +63,33 @@ fn a_prompt_quoting_a_gsm8k_item_is_counted_and_dropped_on_request() {
     );
 }
 
+/// `data prompts --prompts SOURCE --out OUT` must fail naming `needle`.
+fn source_fails(source: &str, out: &std::path::Path, needle: &str) {
+    let (ok, err) = data_prompts(&["--prompts", source, "--out", out.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains(needle),
+        "{needle:?} for {source}: {err}"
+    );
+}
+
 #[test]
 fn fields_sources_name_what_is_wrong() {
     let d = tmp("data-prompts-fields");
     let src = d.join("p.jsonl");
     std::fs::write(&src, "{\"q\": \"a\"}\n{\"r\": \"b\"}\n").unwrap();
     let out = d.join("o.jsonl");
-    let o = out.to_str().unwrap();
-    let (ok, err) = data_prompts(&[
-        "--prompts",
-        &format!("fields:q:{}", src.display()),
-        "--out",
-        o,
-    ]);
-    assert!(
-        !ok && err.contains("record 2: no string field 'q'"),
-        "{err}"
-    );
-    let (ok, err) = data_prompts(&["--prompts", "fields:q", "--out", o]);
-    assert!(!ok && err.contains("expected fields:SPEC:PATH"), "{err}");
-    let (ok, err) = data_prompts(&["--prompts", "fields:q:/nonexistent/p.jsonl", "--out", o]);
-    assert!(!ok && err.contains("does not exist"), "{err}");
+    let spec = |f: &str, p: &std::path::Path| format!("fields:{f}:{}", p.display());
+    source_fails(&spec("q", &src), &out, "record 2: no string field 'q'");
+    source_fails("fields:q", &out, "expected fields:SPEC:PATH");
+    source_fails("fields:q:/nonexistent/p.jsonl", &out, "does not exist");
     // an evaluation file is refused by its name, as for every source
     let ev = d.join("gsm8k").join("test.jsonl");
     std::fs::create_dir_all(ev.parent().unwrap()).unwrap();
     std::fs::write(&ev, "{\"question\": \"x\"}\n").unwrap();
-    let (ok, err) = data_prompts(&[
-        "--prompts",
-        &format!("fields:question:{}", ev.display()),
-        "--out",
-        o,
-    ]);
-    assert!(
-        !ok && err.contains("refusing to train on an evaluation set (GSM8K test)"),
-        "{err}"
+    source_fails(
+        &spec("question", &ev),
+        &out,
+        "refusing to train on an evaluation set (GSM8K test)",
     );
     assert!(!out.exists());
 }

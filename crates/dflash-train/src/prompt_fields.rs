@@ -53,13 +53,7 @@ fn records(path: &Path) -> Result<Vec<Value>> {
         // JSONL: more than one value
         Err(_) => {}
     }
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| format!("{} line {}", path.display(), i + 1))
-        })
-        .collect()
+    crate::data::parse_jsonl(&text, path)
 }
 
 /// The files a PATH names: itself, or a directory's `.json` files in name order.

@@ -33,6 +33,20 @@ pub fn is_evaluation_file(p: &Path) -> Option<&'static str> {
     }
 }
 
+/// An error naming the first of `files` that is an evaluation set ([`is_evaluation_file`]).
+fn refuse_evaluation_files(files: &[PathBuf]) -> Result<()> {
+    match files
+        .iter()
+        .find_map(|f| is_evaluation_file(f).map(|n| (n, f)))
+    {
+        Some((name, f)) => bail!(
+            "refusing to train on an evaluation set ({name}): {}",
+            f.display()
+        ),
+        None => Ok(()),
+    }
+}
+
 /// A one-turn prompt: the user's `content`.
 pub(crate) fn user(content: String) -> Prompt {
     Prompt {
@@ -284,14 +298,7 @@ pub fn load(source: &str, cap_per_file: usize) -> Result<Vec<Prompt>> {
     } else {
         files.push(path.clone());
     }
-    for f in &files {
-        if let Some(name) = is_evaluation_file(f) {
-            bail!(
-                "refusing to train on an evaluation set ({name}): {}",
-                f.display()
-            );
-        }
-    }
+    refuse_evaluation_files(&files)?;
     let mut prompts = Vec::new();
     for f in &files {
         let is_json = f.extension().is_some_and(|x| x == "json");
@@ -327,14 +334,7 @@ fn load_fields(spec: &str, path: &Path) -> Result<Vec<Prompt>> {
         bail!("prompt source {} does not exist", path.display());
     }
     let files = crate::prompt_fields::files(path)?;
-    for f in &files {
-        if let Some(name) = is_evaluation_file(f) {
-            bail!(
-                "refusing to train on an evaluation set ({name}): {}",
-                f.display()
-            );
-        }
-    }
+    refuse_evaluation_files(&files)?;
     let mut out = Vec::new();
     for f in &files {
         out.extend(crate::prompt_fields::read(spec, f)?);
