@@ -24,20 +24,28 @@ fn lines(p: &std::path::Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// A JSONL of `{"q": …}` records, one per text, in `d`; returns its `fields:q:PATH` source.
+fn q_source(d: &std::path::Path, texts: &[&str]) -> String {
+    let src = d.join("q.jsonl");
+    let lines: String = texts
+        .iter()
+        .map(|t| serde_json::json!({ "q": t }).to_string() + "\n")
+        .collect();
+    std::fs::write(&src, lines).unwrap();
+    format!("fields:q:{}", src.display())
+}
+
 #[test]
 fn a_prompt_quoting_a_gsm8k_item_is_counted_and_dropped_on_request() {
     let d = tmp("data-prompts-overlap");
     // GSM8K's first test question (the pinned test.jsonl), reworded around a 13-word run of it
-    let src = d.join("problems.jsonl");
-    std::fs::write(
-        &src,
-        concat!(
-            "{\"q\": \"Homework: Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning. Solve it.\"}\n",
-            "{\"q\": \"Ducks lay eggs. How many eggs does a duck lay per week?\"}\n",
-        ),
-    )
-    .unwrap();
-    let spec = format!("fields:q:{}", src.display());
+    let spec = q_source(
+        &d,
+        &[
+            "Homework: Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning. Solve it.",
+            "Ducks lay eggs. How many eggs does a duck lay per week?",
+        ],
+    );
     let out = d.join("kept.jsonl");
     let (ok, err) = data_prompts(&["--prompts", &spec, "--out", out.to_str().unwrap()]);
     assert!(ok, "{err}");
@@ -97,13 +105,7 @@ fn fields_sources_name_what_is_wrong() {
 #[test]
 fn templates_wrap_each_source_and_a_template_without_its_slot_is_refused() {
     let d = tmp("data-prompts-template");
-    let src = d.join("p.jsonl");
-    std::fs::write(
-        &src,
-        "{\"q\": \"Reverse a list.\"}\n{\"q\": \"Sort a list.\"}\n",
-    )
-    .unwrap();
-    let spec = format!("fields:q:{}", src.display());
+    let spec = q_source(&d, &["Reverse a list.", "Sort a list."]);
     let out = d.join("o.jsonl");
     let o = out.to_str().unwrap();
     // the same source twice: as it is, and wrapped
