@@ -86,6 +86,18 @@ impl LossOutput {
 
     /// [`LossOutput::backward`] of `loss / n` (gradient accumulation over `n` rows).
     pub fn backward_over(&self, n: f64) -> Result<GradStore> {
+        self.backward_each_over(n, &mut |_, _| Ok(()))
+    }
+
+    /// [`LossOutput::backward_over`], calling `done(i, store)` once drafter layer `i`'s
+    /// weights hold their gradients, last layer first ([`Tape::backward_each`]), while the
+    /// layers below still run theirs. Without a taped forward (candle's autograd) every
+    /// gradient arrives at once and `done` is not called.
+    pub fn backward_each_over(
+        &self,
+        n: f64,
+        done: &mut dyn FnMut(usize, &GradStore) -> Result<()>,
+    ) -> Result<GradStore> {
         let loss = if n == 1.0 {
             self.loss.clone()
         } else {
@@ -95,10 +107,18 @@ impl LossOutput {
         if let Some(t) = &self.tape {
             let _p = tracing::info_span!(target: "phase", "drafter backward").entered();
             if let Some(d) = g.remove(&t.hidden) {
-                t.backward(&d, &mut g)?;
+                t.backward_each(&d, &mut g, &mut |i, g| {
+                    done(i, g).map_err(|e| candle_core::Error::Msg(format!("{e:#}")))
+                })?;
             }
         }
         Ok(g)
+    }
+
+    /// Whether [`LossOutput::backward_each_over`] reports layers as they finish (a taped
+    /// forward).
+    pub fn reports_layers(&self) -> bool {
+        self.tape.is_some()
     }
 }
 

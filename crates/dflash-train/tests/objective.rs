@@ -359,3 +359,73 @@ fn tape_matches_autograd(
     }
     compared
 }
+
+/// The written backward reports each drafter layer as soon as its weights' gradients are final
+/// (what the ranks start their sums on): the last layer first, before any layer below it has a
+/// gradient, each layer's gradients then as the whole backward leaves them.
+#[test]
+fn the_written_backward_reports_each_layer_when_it_is_done() {
+    let (lt, td) = setup(DType::F32);
+    let layers = td.drafter.config.num_hidden_layers;
+    assert!(layers >= 2, "the test drafter has {layers} layer(s)");
+    let s = TrainingRow::single(sequence(1, 6, 20));
+    let f = target_features(&lt.target, &td.drafter.target_layer_ids, &s, false).unwrap();
+    let out = block_loss(
+        &td.drafter,
+        &lt.target,
+        &s,
+        &f,
+        &[6, 9, 14],
+        obj(LossKind::Ce),
+    )
+    .unwrap();
+    assert!(out.reports_layers());
+    let of_layer = |l: usize| {
+        td.params
+            .iter()
+            .filter(move |(n, _)| n.starts_with(&format!("layers.{l}.")))
+    };
+    let mut seen = Vec::new();
+    let g = out
+        .backward_each_over(2.0, &mut |l, g| {
+            for below in 0..l {
+                for (n, p) in of_layer(below) {
+                    assert!(
+                        g.get(p.as_tensor()).is_none(),
+                        "{n} before layer {l} was done"
+                    );
+                }
+            }
+            let snap: Vec<Vec<f32>> = of_layer(l)
+                .map(|(_, p)| g.get(p.as_tensor()).unwrap().flatten_all()?.to_vec1())
+                .collect::<candle_core::Result<_>>()?;
+            seen.push((l, snap));
+            Ok(())
+        })
+        .unwrap();
+    let order: Vec<usize> = seen.iter().map(|(l, _)| *l).collect();
+    assert_eq!(order, (0..layers).rev().collect::<Vec<_>>());
+    for (l, snap) in seen {
+        let end: Vec<Vec<f32>> = of_layer(l)
+            .map(|(_, p)| {
+                g.get(p.as_tensor())
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            !end.is_empty() && snap == end,
+            "layer {l}'s gradients changed after it reported"
+        );
+    }
+    // the same gradients as the plain backward of loss / 2
+    let plain = out.backward_over(2.0).unwrap();
+    for (n, p) in &td.params {
+        let a = plain.get(p.as_tensor()).unwrap();
+        let b = g.get(p.as_tensor()).unwrap();
+        assert_eq!(max_abs(a, b).unwrap(), 0.0, "{n}");
+    }
+}

@@ -1,7 +1,8 @@
 //! Data-parallel training on CPU ranks (threads of one process, `ThreadGroup`): with the same
 //! global batch (`grad_accum` rows per step), 2 and 4 ranks write the run one rank writes, bit
 //! for bit at f32 — weights, optimizer state and loss curve — including a run stopped on 2 ranks
-//! and resumed on 4.
+//! and resumed on 4 — with the gradients summed over the ranks layer by layer during the
+//! backward.
 
 use std::path::Path;
 
@@ -21,9 +22,11 @@ fn data(name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     tiny_data(name, &seqs)
 }
 
+/// Two drafter layers: the ranks sum their gradients in three buckets (layer 1, layer 0, the
+/// rest), started during the backward.
 fn config() -> TrainConfig {
     TrainConfig {
-        num_draft_layers: 1,
+        num_draft_layers: 2,
         block_size: 4,
         intermediate_size: Some(128),
         mask_token_id: Some(255),

@@ -32,6 +32,13 @@ pub trait Collective: Sync {
     /// The element-wise sum of every rank's `t` (same shape and dtype on every rank), taken
     /// as [`halving_sum`] over the ranks.
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor>;
+    /// [`Collective::all_reduce_sum`] started, its sum read by [`PendingSum::wait`]. On GPUs
+    /// (NCCL) the sum runs on a stream of its own, beside whatever kernels are enqueued after
+    /// this call (the trainer's backward of the layers below); by default it is taken at once.
+    /// Every rank starts the same sums in the same order.
+    fn start_all_reduce(&self, t: &Tensor) -> Result<PendingSum> {
+        Ok(PendingSum::ready(self.all_reduce_sum(t)?))
+    }
     /// Every rank's `v` (of the same length on every rank), concatenated in rank order.
     fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>>;
     /// Wait until every rank got here.
@@ -40,6 +47,42 @@ pub trait Collective: Sync {
     /// them, so that a world of one exercises NCCL).
     fn is_single(&self) -> bool {
         false
+    }
+}
+
+/// A sum over the ranks under way ([`Collective::start_all_reduce`]). Dropped unread, it
+/// still waits for the sum's end (the buffers it reads and writes must outlive it).
+pub struct PendingSum {
+    finish: Option<Box<dyn FnOnce() -> Result<Tensor>>>,
+}
+
+impl PendingSum {
+    /// A sum already taken.
+    pub fn ready(t: Tensor) -> Self {
+        Self::deferred(move || Ok(t))
+    }
+
+    /// A sum that `finish` completes (waiting for the device where it runs).
+    pub fn deferred(finish: impl FnOnce() -> Result<Tensor> + 'static) -> Self {
+        Self {
+            finish: Some(Box::new(finish)),
+        }
+    }
+
+    /// The sum, once it is done.
+    pub fn wait(mut self) -> Result<Tensor> {
+        match self.finish.take() {
+            Some(f) => f(),
+            None => bail!("a pending sum was read twice"),
+        }
+    }
+}
+
+impl Drop for PendingSum {
+    fn drop(&mut self) {
+        if let Some(f) = self.finish.take() {
+            let _ = f();
+        }
     }
 }
 

@@ -1,19 +1,29 @@
 //! Ranks on GPUs through NCCL (one process per GPU): the [`Collective`] the trainer sums its
 //! gradients through when `train --gpus N` launches it. The sum is NCCL's (ring or tree, its
 //! choice): N GPU ranks equal one rank up to rounding, not bit for bit as the CPU ranks do.
+//!
+//! The collectives run on a stream of their own (the comm stream), ordered after the device's
+//! stream by an event: a sum started while the backward is still being enqueued runs beside
+//! the backward's later kernels, and the device's stream waits for the sum only where the sum
+//! is read ([`PendingSum::wait`]). The buffers are the device stream's (allocated and freed
+//! there), held by the pending sum until that wait.
+
+use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail, Result};
 use candle_core::backend::BackendStorage;
+use candle_core::cuda::cudarc::driver::{CudaEvent, CudaStream};
 use candle_core::cuda::cudarc::nccl::safe::{Comm, Id, ReduceOp};
 use candle_core::{CudaStorage, CustomOp1, DType, Device, Layout, Shape, Tensor};
 
-use super::Collective;
+use super::{Collective, PendingSum};
 
-/// One rank of an NCCL group, on this process's GPU (the device's own stream, so the
-/// collectives are ordered with the kernels around them).
+/// One rank of an NCCL group, on this process's GPU; its collectives on their own stream.
 pub struct NcclRank {
     comm: Comm,
     device: candle_core::CudaDevice,
+    /// the stream `comm` runs on (forked from the device's)
+    stream: Arc<CudaStream>,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as one thread at a time
@@ -34,8 +44,9 @@ impl NcclRank {
         let Device::Cuda(dev) = device else {
             bail!("NCCL ranks need a CUDA device, not {device:?}");
         };
+        let stream = dev.cuda_stream().fork()?;
         let comm = Comm::from_rank(
-            dev.cuda_stream(),
+            stream.clone(),
             rank,
             world,
             Id::uninit(id.map(|b| b as std::ffi::c_char)),
@@ -44,6 +55,7 @@ impl NcclRank {
         Ok(Self {
             comm,
             device: dev.clone(),
+            stream,
         })
     }
 }
@@ -56,16 +68,38 @@ impl Collective for NcclRank {
         self.comm.world_size()
     }
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
-        Ok(t.contiguous()?.apply_op1_no_bwd(&AllReduce(&self.comm))?)
+        self.start_all_reduce(t)?.wait()
+    }
+    fn start_all_reduce(&self, t: &Tensor) -> Result<PendingSum> {
+        let src = t.contiguous()?;
+        let done = Mutex::new(None);
+        let sum = src.apply_op1_no_bwd(&AllReduce {
+            comm: &self.comm,
+            stream: &self.stream,
+            done: &done,
+        })?;
+        let done: CudaEvent = done
+            .into_inner()
+            .map_err(|_| anyhow!("NCCL all-reduce: its event was poisoned"))?
+            .ok_or_else(|| anyhow!("NCCL all-reduce: no event recorded"))?;
+        let device = self.device.cuda_stream();
+        Ok(PendingSum::deferred(move || {
+            // the device's stream reads the sum (and may reuse the source's memory) only
+            // after the comm stream is done with both
+            device.wait(&done)?;
+            drop(src);
+            Ok(sum)
+        }))
     }
     fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>> {
-        let stream = self.device.cuda_stream();
-        let send = stream.clone_htod(v)?;
-        let mut recv = stream.alloc_zeros::<f64>(v.len() * self.world())?;
+        // host values only: the copies and the gather on the comm stream, which the copy back
+        // synchronises
+        let send = self.stream.clone_htod(v)?;
+        let mut recv = self.stream.alloc_zeros::<f64>(v.len() * self.world())?;
         self.comm
             .all_gather(&send, &mut recv)
             .map_err(|e| anyhow!("NCCL all-gather: {e:?}"))?;
-        Ok(stream.clone_dtoh(&recv)?)
+        Ok(self.stream.clone_dtoh(&recv)?)
     }
     fn barrier(&self) -> Result<()> {
         self.all_gather(&[0.0])?;
@@ -73,8 +107,14 @@ impl Collective for NcclRank {
     }
 }
 
-/// The element-wise sum over the ranks, into a fresh tensor.
-struct AllReduce<'a>(&'a Comm);
+/// The element-wise sum over the ranks, into a fresh tensor of the device's stream, taken on
+/// the comm stream after the device stream's work so far; the event that ends it goes to
+/// `done`.
+struct AllReduce<'a> {
+    comm: &'a Comm,
+    stream: &'a Arc<CudaStream>,
+    done: &'a Mutex<Option<CudaEvent>>,
+}
 
 impl AllReduce<'_> {
     /// The sum over the ranks of `s`'s values (layout `l`), into a fresh buffer.
@@ -91,9 +131,19 @@ impl AllReduce<'_> {
             .as_cuda_slice::<T>()?
             .slice(l.start_offset()..l.start_offset() + n);
         let mut dst = dev.alloc_zeros::<T>(n)?;
-        self.0
+        let msg = |e: String| candle_core::Error::Msg(format!("NCCL all-reduce: {e}"));
+        // the source written and the destination zeroed on the device's stream first
+        self.stream
+            .join(&dev.cuda_stream())
+            .map_err(|e| msg(format!("{e:?}")))?;
+        self.comm
             .all_reduce(&src, &mut dst, &ReduceOp::Sum)
-            .map_err(|e| candle_core::Error::Msg(format!("NCCL all-reduce: {e:?}")))?;
+            .map_err(|e| msg(format!("{e:?}")))?;
+        let ev = self
+            .stream
+            .record_event(None)
+            .map_err(|e| msg(format!("{e:?}")))?;
+        *self.done.lock().map_err(|_| msg("poisoned".into()))? = Some(ev);
         Ok(CudaStorage::wrap_cuda_slice(dst, dev))
     }
 }

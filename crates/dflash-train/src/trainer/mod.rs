@@ -11,6 +11,7 @@
 
 mod drafter;
 mod features;
+mod grads;
 mod rows;
 mod run;
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Tensor, Var};
+use candle_core::{DType, Tensor};
 use dflash_core::config::DrafterConfig;
 use dflash_core::stats::AcceptCounts;
 use dflash_model::io::atomic::{replace_dir, write_file};
@@ -16,6 +16,7 @@ use dflash_model::models::drafter_init::{
 
 use super::drafter::{init_weights_from, TrainableDrafter};
 use super::features::FeatureCache;
+use super::grads::{add_grads, fold_path, path_to_last, GradBuckets};
 use super::rows::{permutation, row_anchors, row_loss, usable_sequences, validate, Validation};
 use super::{read_metrics, StepMetrics, TrainOptions};
 use crate::checkpoint::{
@@ -26,6 +27,7 @@ use crate::collective::{halving_sum, rank_slice, Collective};
 use crate::config::TrainConfig;
 use crate::data::{read_sequences, Manifest, Sequence};
 use crate::fingerprint::{fingerprint, Fingerprint};
+use crate::loss::LossOutput;
 use crate::optim::AdamW;
 use crate::pack::{pack, TrainingRow};
 
@@ -280,49 +282,15 @@ impl<'a> Run<'a> {
         let mine = rank_slice(a, self.comm.rank(), self.comm.world())?;
         let mut stats: Vec<f64> = Vec::new();
         let positions = self.cfg.block_size - 1;
-        let local = halving_sum(
-            mine.start,
-            mine.end,
-            &mut |j| {
-                let (si, epoch) = plan[j];
-                let row = &self.train_rows[si];
-                let out = row_loss(
-                    &self.td,
-                    self.lt,
-                    &self.cfg,
-                    row,
-                    &row_anchors(row, &self.cfg, epoch, si),
-                    (&mut self.cache, si),
-                )?;
-                let l = {
-                    let _p = tracing::info_span!(target: "phase", "loss to host").entered();
-                    out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?
-                };
-                if !l.is_finite() {
-                    bail!(
-                        "loss is {l} at step {}: stopping; the last good checkpoint is {}",
-                        self.state.steps_done + 1,
-                        self.latest_checkpoint
-                            .as_ref()
-                            .map(|p| p.display().to_string())
-                            .unwrap_or_else(|| "none (no checkpoint yet)".into())
-                    );
-                }
-                let g = {
-                    let _p = tracing::info_span!(target: "phase", "backward").entered();
-                    out.backward_over(a as f64)?
-                };
-                stats.extend(row_stats(l, out.weight_sum, &out.counts, positions));
-                Ok(self.td.grads_of(&g))
-            },
-            &add_grads,
-        );
-        let local = agreed(self.comm, local)?;
         let grads = if self.comm.is_single() {
-            local
+            halving_sum(
+                mine.start,
+                mine.end,
+                &mut |j| self.row_grads(&plan, j, &mut stats),
+                &add_grads,
+            )?
         } else {
-            let _p = tracing::info_span!(target: "phase", "all-reduce grads").entered();
-            all_reduce_grads(self.comm, &self.td.params, local)?
+            self.ranks_grads(&plan, mine, &mut stats)?
         };
         // the rows' numbers from every rank, merged in the step's row order
         let all = self.comm.all_gather(&stats)?;
@@ -372,6 +340,89 @@ impl<'a> Run<'a> {
             counts,
             supervised,
         })
+    }
+
+    /// Row `j` of the step's `plan`: its loss on the drafter (a non-finite loss stops the run,
+    /// naming the last good checkpoint) and the loss as a number.
+    fn row_forward(&mut self, plan: &[(usize, usize)], j: usize) -> Result<(LossOutput, f64)> {
+        let (si, epoch) = plan[j];
+        let row = &self.train_rows[si];
+        let out = row_loss(
+            &self.td,
+            self.lt,
+            &self.cfg,
+            row,
+            &row_anchors(row, &self.cfg, epoch, si),
+            (&mut self.cache, si),
+        )?;
+        let l = {
+            let _p = tracing::info_span!(target: "phase", "loss to host").entered();
+            out.loss.to_dtype(DType::F64)?.to_scalar::<f64>()?
+        };
+        if !l.is_finite() {
+            bail!(
+                "loss is {l} at step {}: stopping; the last good checkpoint is {}",
+                self.state.steps_done + 1,
+                self.latest_checkpoint
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "none (no checkpoint yet)".into())
+            );
+        }
+        Ok((out, l))
+    }
+
+    /// Row `j`'s gradients of `loss / grad_accum`, its numbers appended to `stats`.
+    fn row_grads(
+        &mut self,
+        plan: &[(usize, usize)],
+        j: usize,
+        stats: &mut Vec<f64>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let (out, l) = self.row_forward(plan, j)?;
+        let g = {
+            let _p = tracing::info_span!(target: "phase", "backward").entered();
+            out.backward_over(self.cfg.grad_accum as f64)?
+        };
+        let positions = self.cfg.block_size - 1;
+        stats.extend(row_stats(l, out.weight_sum, &out.counts, positions));
+        Ok(self.td.grads_of(&g))
+    }
+
+    /// This rank's rows `mine` summed (the halving tree) and over the ranks, bucket by bucket
+    /// ([`GradBuckets`]): the rows before the last as the tree's left subtrees, then the last
+    /// row's backward, which starts each layer's sum over the ranks as soon as that layer's
+    /// gradients are done. Every rank first agrees that its rows so far went well, so that no
+    /// rank waits in a sum a failed rank never starts.
+    fn ranks_grads(
+        &mut self,
+        plan: &[(usize, usize)],
+        mine: std::ops::Range<usize>,
+        stats: &mut Vec<f64>,
+    ) -> Result<Vec<Option<Tensor>>> {
+        let before = (|| {
+            let (left, last) = path_to_last(mine.start, mine.end, &mut |lo, hi| {
+                halving_sum(lo, hi, &mut |j| self.row_grads(plan, j, stats), &add_grads)
+            })?;
+            let (out, l) = self.row_forward(plan, last)?;
+            Ok((left, out, l))
+        })();
+        let (left, out, l) = agreed(self.comm, before)?;
+        let positions = self.cfg.block_size - 1;
+        stats.extend(row_stats(l, out.weight_sum, &out.counts, positions));
+        let td = &self.td;
+        let comm = self.comm;
+        let mut buckets = GradBuckets::new(&td.params, td.config.num_hidden_layers);
+        let g = {
+            let _p = tracing::info_span!(target: "phase", "backward").entered();
+            out.backward_each_over(self.cfg.grad_accum as f64, &mut |layer, g| {
+                let leaf = td.grads_of(g);
+                buckets.layer_done(layer, comm, &mut |i| fold_path(&left, i, leaf[i].clone()))
+            })?
+        };
+        let _p = tracing::info_span!(target: "phase", "all-reduce grads").entered();
+        let leaf = td.grads_of(&g);
+        buckets.finish(comm, &mut |i| fold_path(&left, i, leaf[i].clone()))
     }
 
     /// Rank 0: the rank that validates and writes metrics, checkpoints and curves.
@@ -577,62 +628,6 @@ fn open_metrics(path: &Path, resumed_at: Option<usize>) -> Result<std::fs::File>
     }
     write_file(path, kept.as_bytes())?;
     Ok(std::fs::OpenOptions::new().append(true).open(path)?)
-}
-
-/// `a + b`, in f32 when either is bf16 (a sum of the compute copies' gradients over a step's
-/// rows is taken at the masters' precision; f32 and f64 sums stay as they are).
-fn add_wide(a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
-    let wide = |t: &Tensor| {
-        if t.dtype() == DType::BF16 {
-            t.to_dtype(DType::F32)
-        } else {
-            Ok(t.clone())
-        }
-    };
-    wide(a)? + wide(b)?
-}
-
-/// The parameters' gradients summed element-wise (a missing one is `None`; bf16 ones in f32).
-fn add_grads(a: Vec<Option<Tensor>>, b: Vec<Option<Tensor>>) -> Result<Vec<Option<Tensor>>> {
-    a.into_iter()
-        .zip(b)
-        .map(|(x, y)| {
-            Ok(match (x, y) {
-                (Some(x), Some(y)) => Some(add_wide(&x, &y)?),
-                (x, None) => x,
-                (None, y) => y,
-            })
-        })
-        .collect()
-}
-
-/// Every rank's gradients summed over the ranks, in one flat bucket (a missing gradient
-/// counts as zeros).
-fn all_reduce_grads(
-    comm: &dyn Collective,
-    params: &[(String, Var)],
-    grads: Vec<Option<Tensor>>,
-) -> Result<Vec<Option<Tensor>>> {
-    let flat = grads
-        .iter()
-        .zip(params)
-        .map(|(g, (_, p))| match g {
-            // summed over the ranks at the masters' precision
-            Some(g) => g.to_dtype(p.dtype())?.flatten_all(),
-            None => Tensor::zeros(p.elem_count(), p.dtype(), p.device()),
-        })
-        .collect::<candle_core::Result<Vec<_>>>()?;
-    let sum = comm.all_reduce_sum(&Tensor::cat(&flat, 0)?)?;
-    let mut off = 0;
-    params
-        .iter()
-        .map(|(_, p)| {
-            let n = p.elem_count();
-            let g = sum.narrow(0, off, n)?.reshape(p.shape())?;
-            off += n;
-            Ok(Some(g))
-        })
-        .collect()
 }
 
 /// `r` when every rank's `r` is `Ok`; otherwise every rank stops (the failed rank with its own

@@ -318,6 +318,20 @@ impl Tape {
     /// weight's gradient into `store`, keyed by the drafter's own tensors (added to what is
     /// there).
     pub fn backward(&self, d_hidden: &Tensor, store: &mut GradStore) -> Result<()> {
+        self.backward_each(d_hidden, store, &mut |_, _| Ok(()))
+    }
+
+    /// [`Tape::backward`], calling `done(i, store)` as soon as layer `i`'s weights hold their
+    /// gradients, before the layers below it run: the last layer first. The final norm's
+    /// gradient is in the store from the first call; `fc`'s and `hidden_norm`'s only once this
+    /// returns. Example: 5 layers call `done` with 4, 3, 2, 1, 0 — a trainer starts summing
+    /// layer 4's gradients over its ranks while layers 3..0 run their backward.
+    pub fn backward_each(
+        &self,
+        d_hidden: &Tensor,
+        store: &mut GradStore,
+        done: &mut dyn FnMut(usize, &GradStore) -> Result<()>,
+    ) -> Result<()> {
         let mut sink = Sink { store };
         let rec = &self.rec;
         let m = self.m;
@@ -327,7 +341,7 @@ impl Tape {
             .ok_or_else(|| candle_core::Error::Msg("taped backward: no forward recorded".into()))?;
         let mut dx = sink.norm(&self.norm, x_last, &d_hidden.detach())?;
         let mut d_ctx: Option<Tensor> = None;
-        for (layer, t) in self.layers.iter().zip(&rec.layers).rev() {
+        for (i, (layer, t)) in self.layers.iter().zip(&rec.layers).enumerate().rev() {
             let a = &layer.self_attn;
             // MLP: x2 = x1 + post(down(silu(gate(y)) · up(y))), y = pre(mn) (DFlash2's convs;
             // else y = mn and no post)
@@ -380,6 +394,7 @@ impl Tape {
                 });
             }
             dx = (d_x1 + sink.norm(&layer.input_layernorm, &t.x, &d_hn)?)?;
+            done(i, sink.store)?;
         }
         // the block embedding is the target's (frozen): nothing further on the block stream
         if let (Some((taps, fc_out)), Some(d_ctx)) = (&rec.ctx, d_ctx) {
