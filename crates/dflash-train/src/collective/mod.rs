@@ -50,22 +50,35 @@ pub trait Collective: Sync {
     }
 }
 
-/// A sum over the ranks under way ([`Collective::start_all_reduce`]). Dropped unread, it
-/// still waits for the sum's end (the buffers it reads and writes must outlive it).
+/// A sum over the ranks under way ([`Collective::start_all_reduce`]). A device's sum dropped
+/// unread still waits for its end (the buffers it reads and writes must outlive it).
 pub struct PendingSum {
     finish: Option<Box<dyn FnOnce() -> Result<Tensor>>>,
+    /// run `finish` when dropped unread
+    on_drop: bool,
 }
 
 impl PendingSum {
     /// A sum already taken.
     pub fn ready(t: Tensor) -> Self {
-        Self::deferred(move || Ok(t))
+        Self::when_read(move || Ok(t))
     }
 
-    /// A sum that `finish` completes (waiting for the device where it runs).
+    /// A sum that `finish` completes, also when the pending sum is dropped unread (a device's:
+    /// `nccl::NcclRank`).
     pub fn deferred(finish: impl FnOnce() -> Result<Tensor> + 'static) -> Self {
         Self {
             finish: Some(Box::new(finish)),
+            on_drop: true,
+        }
+    }
+
+    /// A sum that `finish` completes only when it is read (a [`ThreadGroup`]'s: dropped by a
+    /// failing rank, it must not wait for the others).
+    pub fn when_read(finish: impl FnOnce() -> Result<Tensor> + 'static) -> Self {
+        Self {
+            finish: Some(Box::new(finish)),
+            on_drop: false,
         }
     }
 
@@ -80,7 +93,7 @@ impl PendingSum {
 
 impl Drop for PendingSum {
     fn drop(&mut self) {
-        if let Some(f) = self.finish.take() {
+        if let Some(f) = self.finish.take().filter(|_| self.on_drop) {
             let _ = f();
         }
     }
@@ -110,21 +123,26 @@ impl Collective for Single {
     }
 }
 
-/// What one exchange of a [`ThreadGroup`] holds: one slot per rank.
+/// What one exchange of a [`ThreadGroup`] holds: one slot per rank; the sums started and not
+/// yet read, by their number in the order every rank starts them.
 #[derive(Default)]
 struct Slots {
-    tensors: Vec<Option<Tensor>>,
     values: Vec<Vec<f64>>,
+    sums: std::collections::HashMap<u64, Vec<Option<Tensor>>>,
 }
 
 /// N ranks as threads of one process, exchanging through shared slots: each rank deposits
 /// its value, waits for all, computes the same reduction from all slots, and waits again
-/// before the slots are reused.
+/// before the slots are reused. A sum is deposited when it starts and taken when it is read
+/// ([`PendingSum::wait`]), as NCCL's run beside the backward: a rank may start its next
+/// buckets before another rank has started the first.
 pub struct ThreadGroup {
     rank: usize,
     world: usize,
     barrier: Arc<Barrier>,
     slots: Arc<Mutex<Slots>>,
+    /// this rank's sums started so far
+    started: std::sync::atomic::AtomicU64,
 }
 
 impl ThreadGroup {
@@ -132,8 +150,8 @@ impl ThreadGroup {
     pub fn new(world: usize) -> Vec<ThreadGroup> {
         let barrier = Arc::new(Barrier::new(world));
         let slots = Arc::new(Mutex::new(Slots {
-            tensors: vec![None; world],
             values: vec![Vec::new(); world],
+            sums: Default::default(),
         }));
         (0..world)
             .map(|rank| ThreadGroup {
@@ -141,15 +159,20 @@ impl ThreadGroup {
                 world,
                 barrier: barrier.clone(),
                 slots: slots.clone(),
+                started: Default::default(),
             })
             .collect()
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Slots>> {
-        self.slots
-            .lock()
-            .map_err(|_| anyhow::anyhow!("rank {}: another rank panicked", self.rank))
+        lock_slots(&self.slots, self.rank)
     }
+}
+
+fn lock_slots(slots: &Mutex<Slots>, rank: usize) -> Result<std::sync::MutexGuard<'_, Slots>> {
+    slots
+        .lock()
+        .map_err(|_| anyhow::anyhow!("rank {rank}: another rank panicked"))
 }
 
 impl Collective for ThreadGroup {
@@ -160,16 +183,37 @@ impl Collective for ThreadGroup {
         self.world
     }
     fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
-        self.lock()?.tensors[self.rank] = Some(t.clone());
-        self.barrier.wait();
-        let all: Vec<Tensor> = self.lock()?.tensors.iter().flatten().cloned().collect();
-        self.barrier.wait();
-        if all.len() != self.world {
-            bail!("rank {}: a rank gave no tensor to the sum", self.rank);
-        }
-        halving_sum(0, all.len(), &mut |i| Ok(all[i].clone()), &|a, b| {
-            Ok((a + b)?)
-        })
+        self.start_all_reduce(t)?.wait()
+    }
+    fn start_all_reduce(&self, t: &Tensor) -> Result<PendingSum> {
+        let n = self
+            .started
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (rank, world) = (self.rank, self.world);
+        self.lock()?
+            .sums
+            .entry(n)
+            .or_insert_with(|| vec![None; world])[rank] = Some(t.clone());
+        let (slots, barrier) = (self.slots.clone(), self.barrier.clone());
+        Ok(PendingSum::when_read(move || {
+            // every rank started sum n before reading it: after this barrier all are in
+            barrier.wait();
+            let all: Vec<Tensor> = lock_slots(&slots, rank)?
+                .sums
+                .get(&n)
+                .map(|v| v.iter().flatten().cloned().collect())
+                .unwrap_or_default();
+            barrier.wait();
+            if rank == 0 {
+                lock_slots(&slots, rank)?.sums.remove(&n);
+            }
+            if all.len() != world {
+                bail!("rank {rank}: a rank gave no tensor to sum {n}");
+            }
+            halving_sum(0, all.len(), &mut |i| Ok(all[i].clone()), &|a, b| {
+                Ok((a + b)?)
+            })
+        }))
     }
     fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>> {
         self.lock()?.values[self.rank] = v.to_vec();
@@ -256,6 +300,44 @@ mod tests {
     fn uneven_slices_are_refused_by_name() {
         let e = rank_slice(6, 0, 4).unwrap_err().to_string();
         assert!(e.contains("grad_accum 6") && e.contains("4 ranks"), "{e}");
+    }
+
+    /// Sums started one after another are read later, in the same order: a rank starts its
+    /// second sum before the slowest rank has started the first.
+    #[test]
+    fn thread_ranks_read_started_sums_later() {
+        let group = ThreadGroup::new(3);
+        let out: Vec<(Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
+            let hs: Vec<_> = group
+                .iter()
+                .map(|g| {
+                    s.spawn(move || {
+                        let r = g.rank() as f32;
+                        if g.rank() == 2 {
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                        }
+                        let dev = &candle_core::Device::Cpu;
+                        let a = g
+                            .start_all_reduce(&Tensor::new(&[r], dev).unwrap())
+                            .unwrap();
+                        let b = g
+                            .start_all_reduce(&Tensor::new(&[r, 100.0 * r], dev).unwrap())
+                            .unwrap();
+                        let a = a.wait().unwrap().to_vec1::<f32>().unwrap();
+                        let b = b.wait().unwrap().to_vec1::<f32>().unwrap();
+                        (a, b)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (a, b) in out {
+            assert_eq!((a, b), (vec![3.0], vec![3.0, 300.0]));
+        }
+        assert!(
+            group[0].lock().unwrap().sums.is_empty(),
+            "sums read are dropped"
+        );
     }
 
     #[test]
