@@ -76,8 +76,14 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 Some(d)
             }
             None => bail!(
-                "--mode {mode} needs --drafter DIR (no drafter ships for target '{}')",
-                a.target
+                "--mode {mode} needs --drafter DIR: no drafter for target '{}' in {} (a drafter \
+                 directory copied to the first of these is found from anywhere)",
+                a.target,
+                dflash_model::io::loader::bundled_drafter_places(&a.target)
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" or ")
             ),
         },
     };

@@ -8,15 +8,16 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_dflash-rs"))
 }
 /// Run `generate` with `args`; it must fail with a message containing `needle`.
-fn fails_with(args: &[&str], needle: &str) {
+fn fails_with(args: &[&str], needle: &str) -> String {
     let out = bin().arg("generate").args(args).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "expected failure for {args:?}");
     assert!(
         err.contains(needle),
         "expected {needle:?} in stderr for {args:?}, got:\n{err}"
     );
     assert!(!err.contains("panicked"), "panic for {args:?}:\n{err}");
+    err
 }
 /// A chat prompt whose greedy answer transformers computed (tests/fixtures/smollm2.json), 8
 /// tokens, JSON out.
@@ -288,8 +289,8 @@ fn speculative_generate_uses_the_bundled_drafter_and_compares_with_ar() {
     assert_eq!(v["text"], "The capital of France is Paris.");
     assert_eq!(v["equals_ar"], true);
     assert!(v["speedup_vs_ar"].as_f64().unwrap() > 0.0);
-    // a target without a shipped drafter needs --drafter, and says so
-    fails_with(
+    // a target without a shipped drafter needs --drafter, and says so and where it looked
+    let err = fails_with(
         &[
             "--target",
             "qwen2.5-coder-0.5b",
@@ -299,6 +300,11 @@ fn speculative_generate_uses_the_bundled_drafter_and_compares_with_ar() {
             "x",
         ],
         "needs --drafter",
+    );
+    assert!(
+        err.contains("drafters/qwen2.5-coder-0.5b-b16 or ")
+            && err.contains("assets/drafters/qwen2.5-coder-0.5b-b16"),
+        "{err}"
     );
 }
 

@@ -51,12 +51,19 @@ pub fn dflash_home() -> PathBuf {
 /// repository's `assets/drafters/<alias>-b16` (a build from a clone). Example:
 /// `bundled_drafter("smollm2-135m")` → `…/assets/drafters/smollm2-135m-b16`.
 pub fn bundled_drafter(alias: &str) -> Option<PathBuf> {
+    bundled_drafter_places(alias)
+        .into_iter()
+        .find(|d| d.join("config.json").is_file() && d.join("model.safetensors").is_file())
+}
+
+/// Where [`bundled_drafter`] looks, in order (for a message when it finds none).
+pub fn bundled_drafter_places(alias: &str) -> Vec<PathBuf> {
     let name = format!("{alias}-b16");
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/drafters");
     [dflash_home().join("drafters"), repo]
         .into_iter()
         .map(|d| d.join(&name))
-        .find(|d| d.join("config.json").is_file() && d.join("model.safetensors").is_file())
+        .collect()
 }
 
 /// An alias or a path → the path to load.
