@@ -114,12 +114,6 @@ impl LossOutput {
         }
         Ok(g)
     }
-
-    /// Whether [`LossOutput::backward_each_over`] reports layers as they finish (a taped
-    /// forward).
-    pub fn reports_layers(&self) -> bool {
-        self.tape.is_some()
-    }
 }
 
 /// Labels and weights of every trained row, in block order; a label past the end of the

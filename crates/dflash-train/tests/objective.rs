@@ -379,7 +379,7 @@ fn the_written_backward_reports_each_layer_when_it_is_done() {
         obj(LossKind::Ce),
     )
     .unwrap();
-    assert!(out.reports_layers());
+    assert!(out.tape.is_some(), "the drafter trains taped");
     let of_layer = |l: usize| {
         td.params
             .iter()

@@ -100,17 +100,13 @@ impl TrainableDrafter {
     /// Each parameter's gradient in `g` (in `params` order): the compute copy's when there is
     /// one (bf16 on a GPU), else the master's.
     pub fn grads_of(&self, g: &candle_core::backprop::GradStore) -> Vec<Option<Tensor>> {
-        if self.compute.is_empty() {
-            self.params
-                .iter()
-                .map(|(_, p)| g.get(p.as_tensor()).cloned())
-                .collect()
-        } else {
-            self.compute
-                .iter()
-                .map(|c| g.get(c.as_tensor()).cloned())
-                .collect()
-        }
+        (0..self.params.len()).map(|i| self.grad_of(g, i)).collect()
+    }
+
+    /// Parameter `i`'s gradient in `g` (as [`TrainableDrafter::grads_of`]).
+    pub fn grad_of(&self, g: &candle_core::backprop::GradStore, i: usize) -> Option<Tensor> {
+        let v = self.compute.get(i).unwrap_or(&self.params[i].1);
+        g.get(v.as_tensor()).cloned()
     }
 
     /// Every weight, trained and frozen.

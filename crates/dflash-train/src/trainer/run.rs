@@ -343,8 +343,13 @@ impl<'a> Run<'a> {
     }
 
     /// Row `j` of the step's `plan`: its loss on the drafter (a non-finite loss stops the run,
-    /// naming the last good checkpoint) and the loss as a number.
-    fn row_forward(&mut self, plan: &[(usize, usize)], j: usize) -> Result<(LossOutput, f64)> {
+    /// naming the last good checkpoint), its numbers appended to `stats`.
+    fn row_forward(
+        &mut self,
+        plan: &[(usize, usize)],
+        j: usize,
+        stats: &mut Vec<f64>,
+    ) -> Result<LossOutput> {
         let (si, epoch) = plan[j];
         let row = &self.train_rows[si];
         let out = row_loss(
@@ -369,7 +374,9 @@ impl<'a> Run<'a> {
                     .unwrap_or_else(|| "none (no checkpoint yet)".into())
             );
         }
-        Ok((out, l))
+        let positions = self.cfg.block_size - 1;
+        stats.extend(row_stats(l, out.weight_sum, &out.counts, positions));
+        Ok(out)
     }
 
     /// Row `j`'s gradients of `loss / grad_accum`, its numbers appended to `stats`.
@@ -379,13 +386,11 @@ impl<'a> Run<'a> {
         j: usize,
         stats: &mut Vec<f64>,
     ) -> Result<Vec<Option<Tensor>>> {
-        let (out, l) = self.row_forward(plan, j)?;
+        let out = self.row_forward(plan, j, stats)?;
         let g = {
             let _p = tracing::info_span!(target: "phase", "backward").entered();
             out.backward_over(self.cfg.grad_accum as f64)?
         };
-        let positions = self.cfg.block_size - 1;
-        stats.extend(row_stats(l, out.weight_sum, &out.counts, positions));
         Ok(self.td.grads_of(&g))
     }
 
@@ -404,25 +409,21 @@ impl<'a> Run<'a> {
             let (left, last) = path_to_last(mine.start, mine.end, &mut |lo, hi| {
                 halving_sum(lo, hi, &mut |j| self.row_grads(plan, j, stats), &add_grads)
             })?;
-            let (out, l) = self.row_forward(plan, last)?;
-            Ok((left, out, l))
+            let out = self.row_forward(plan, last, stats)?;
+            Ok((left, out))
         })();
-        let (left, out, l) = agreed(self.comm, before)?;
-        let positions = self.cfg.block_size - 1;
-        stats.extend(row_stats(l, out.weight_sum, &out.counts, positions));
+        let (left, out) = agreed(self.comm, before)?;
         let td = &self.td;
         let comm = self.comm;
         let mut buckets = GradBuckets::new(&td.params, td.config.num_hidden_layers);
         let g = {
             let _p = tracing::info_span!(target: "phase", "backward").entered();
             out.backward_each_over(self.cfg.grad_accum as f64, &mut |layer, g| {
-                let leaf = td.grads_of(g);
-                buckets.layer_done(layer, comm, &mut |i| fold_path(&left, i, leaf[i].clone()))
+                buckets.layer_done(layer, comm, &mut |i| fold_path(&left, i, td.grad_of(g, i)))
             })?
         };
         let _p = tracing::info_span!(target: "phase", "all-reduce grads").entered();
-        let leaf = td.grads_of(&g);
-        buckets.finish(comm, &mut |i| fold_path(&left, i, leaf[i].clone()))
+        buckets.finish(comm, &mut |i| fold_path(&left, i, td.grad_of(&g, i)))
     }
 
     /// Rank 0: the rank that validates and writes metrics, checkpoints and curves.
