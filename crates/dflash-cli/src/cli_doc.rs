@@ -40,7 +40,7 @@ mod tests {
         let mut root = crate::Cli::command();
         root.build();
         let doc = super::markdown(&root);
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/CLI.md");
+        let path = dflash_testkit::repo_root().join("docs/CLI.md");
         if std::env::var_os("DFLASH_BLESS").is_some() {
             std::fs::write(&path, &doc).unwrap();
             return;

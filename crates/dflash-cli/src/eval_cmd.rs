@@ -159,18 +159,28 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     eprintln!("wrote {}/report.json, report.md and plots", a.out.display());
     let divs = &report.lossless.divergences;
     let ties = divs.iter().filter(|d| d.near_tie).count();
-    if report.lossless.checked && ties < divs.len() {
+    let after = divs.iter().filter(|d| d.follows_earlier_turn).count();
+    let faults = divs.iter().filter(|d| !d.explained()).count();
+    if report.lossless.checked && faults > 0 {
         let rounding = matches!(report.dtype.as_str(), "bf16" | "f16");
+        let mut besides = Vec::new();
+        if ties > 0 {
+            besides.push(format!(
+                "{ties} at near-ties of the {} logits",
+                report.dtype
+            ));
+        }
+        if after > 0 {
+            besides.push(format!(
+                "{after} in turns continuing an earlier turn's divergence"
+            ));
+        }
         bail!(
-            "{} mode(s) diverged from AR at T = 0 (see report.md){}{}",
-            divs.len() - ties,
-            if ties > 0 {
-                format!(
-                    ", besides {ties} at near-ties of the {} logits",
-                    report.dtype
-                )
-            } else {
+            "{faults} mode(s) diverged from AR at T = 0 (see report.md){}{}",
+            if besides.is_empty() {
                 String::new()
+            } else {
+                format!(", besides {}", besides.join(" and "))
             },
             if rounding {
                 format!(

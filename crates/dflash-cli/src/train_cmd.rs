@@ -90,8 +90,8 @@ pub struct PromptsArgs {
     #[arg(long)]
     pub template: Vec<String>,
     /// Drop every prompt that shares a run of 13 words with an item of GSM8K, HumanEval,
-    /// MT-Bench or MATH-500 (all four must be in the asset cache). Without it such prompts are
-    /// counted and kept.
+    /// MT-Bench or MATH-500, or whose words are exactly a shorter item's (all four sets must be
+    /// in the asset cache). Without it such prompts are counted and kept.
     #[arg(long)]
     pub drop_eval_overlap: bool,
     #[arg(long)]
@@ -147,9 +147,9 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
                 let hits = ps.iter().filter(|p| quotes(p)).count();
                 if a.drop_eval_overlap {
                     ps.retain(|p| !quotes(p));
-                    eprintln!("{src}: {hits} of {n0} prompts quote an evaluation item (13 words): dropped");
+                    eprintln!("{src}: {hits} of {n0} prompts quote an evaluation item: dropped");
                 } else {
-                    eprintln!("{src}: {hits} of {n0} prompts quote an evaluation item (13 words): kept (--drop-eval-overlap drops them)");
+                    eprintln!("{src}: {hits} of {n0} prompts quote an evaluation item: kept (--drop-eval-overlap drops them)");
                 }
             }
             None => eprintln!(

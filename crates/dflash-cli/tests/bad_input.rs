@@ -216,8 +216,7 @@ fn drafter_that_does_not_fit() {
 #[test]
 fn bad_draft_vocabulary() {
     let t = smollm2();
-    let bundled =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/drafters/smollm2-135m-b16");
+    let bundled = dflash_testkit::repo_root().join("assets/drafters/smollm2-135m-b16");
     let d = tmpdir("vocab");
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(bundled.join(f), d.join(f)).unwrap();
@@ -351,8 +350,7 @@ fn draft_products_are_exact_or_q8_and_keep_the_output() {
         "possible values: exact, q8",
     );
     let gguf = smollm2();
-    let drafter =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/drafters/smollm2-135m-b16");
+    let drafter = dflash_testkit::repo_root().join("assets/drafters/smollm2-135m-b16");
     for products in ["exact", "q8"] {
         let mut args = vec![
             "--target",

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    dflash_testkit::repo_root()
 }
 
 /// Every file under `dir` whose name ends with `ext`.

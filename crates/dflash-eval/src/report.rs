@@ -44,6 +44,20 @@ pub struct Divergence {
     /// ([`near_tie`]): the wide verify and the one-row AR step round differently, so such a
     /// divergence is reported, not an error.
     pub near_tie: bool,
+    /// The turn's conversation so far already differs from AR's: an earlier turn of the item
+    /// diverged and this one continues the mode's own answer, so its tokens are not AR's to
+    /// compare (reported, not an error; the earlier turn's divergence carries the verdict).
+    /// Example: MT-Bench item 81 left AR's text in turn 0 at a near-tie; turn 1's prompt holds
+    /// that other answer, and its first difference (new token 19) follows from it.
+    pub follows_earlier_turn: bool,
+}
+
+impl Divergence {
+    /// Whether the divergence is explained without a fault: a near-tie of the logits, or a
+    /// turn that continues an earlier turn's divergence.
+    pub fn explained(&self) -> bool {
+        self.near_tie || self.follows_earlier_turn
+    }
 }
 
 /// Whether a top-2 gap of `gap` at a top logit of `top` is within the rounding of `dtype`'s
@@ -147,7 +161,19 @@ pub fn lossless_check(lt: &LoadedTarget, runs: &[Run], greedy: bool) -> Result<L
         else {
             continue;
         };
-        if r.prompt_tokens != ar.prompt_tokens || r.tokens != ar.tokens {
+        // a prompt that differs from AR's is excused only after an earlier turn of the same
+        // item and mode left AR's text (a first turn's prompt must be AR's)
+        let earlier_diverged = runs.iter().any(|e| {
+            e.mode == r.mode
+                && e.item == r.item
+                && e.turn < r.turn
+                && runs.iter().any(|a| {
+                    a.mode == "ar" && a.item == e.item && a.turn == e.turn && a.tokens != e.tokens
+                })
+        });
+        let prompt_differs = r.prompt_ids != ar.prompt_ids;
+        let follows_earlier_turn = prompt_differs && earlier_diverged;
+        if prompt_differs || r.tokens != ar.tokens {
             let p = r
                 .tokens
                 .iter()
@@ -162,11 +188,13 @@ pub fn lossless_check(lt: &LoadedTarget, runs: &[Run], greedy: bool) -> Result<L
                 top2_gap: f32::NAN,
                 top_logit: f32::NAN,
                 near_tie: false,
+                follows_earlier_turn,
             });
         }
     }
-    // the target's top-2 logit gap at each divergence, given AR's own prefix
-    for d in divs.iter_mut() {
+    // the target's top-2 logit gap at each divergence, given AR's own prefix (a turn that
+    // continues an earlier divergence has another prefix: no gap of AR's explains it)
+    for d in divs.iter_mut().filter(|d| !d.follows_earlier_turn) {
         let ar = runs
             .iter()
             .find(|a| a.mode == "ar" && a.item == d.item && a.turn == d.turn)
@@ -424,22 +452,46 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
         match (&report.lossless.checked, report.lossless.divergences.len()) {
             (false, _) => "not checked (T > 0)".to_string(),
             (true, 0) => "all modes equal AR".to_string(),
-            (true, n) => match report.lossless.divergences.iter().filter(|d| d.near_tie).count() {
-                0 => format!("{n} divergence(s)"),
-                t => format!("{n} divergence(s), {t} of them at near-ties of the {} logits (reported, not errors)", report.dtype),
-            },
+            (true, n) => {
+                let divs = &report.lossless.divergences;
+                let ties = divs.iter().filter(|d| d.near_tie).count();
+                let after = divs.iter().filter(|d| d.follows_earlier_turn).count();
+                let mut parts = Vec::new();
+                if ties > 0 {
+                    parts.push(format!(
+                        "{ties} at near-ties of the {} logits",
+                        report.dtype
+                    ));
+                }
+                if after > 0 {
+                    parts.push(format!(
+                        "{after} in turns continuing an earlier turn's divergence"
+                    ));
+                }
+                match parts.is_empty() {
+                    true => format!("{n} divergence(s)"),
+                    false => format!(
+                        "{n} divergence(s), {} (reported, not errors)",
+                        parts.join(", ")
+                    ),
+                }
+            }
         }
     );
     for d in &report.lossless.divergences {
         let _ = writeln!(
             md,
-            "- {} on {} turn {}: first difference at new token {}, target top-2 gap {:.2e}{}",
+            "- {} on {} turn {}: first difference at new token {}{}",
             d.mode,
             d.item,
             d.turn,
             d.position,
-            d.top2_gap,
-            if d.near_tie { " (a near-tie)" } else { "" }
+            match (d.follows_earlier_turn, d.near_tie) {
+                (true, _) =>
+                    " (the conversation already differs: an earlier turn diverged)".to_string(),
+                (false, true) => format!(", target top-2 gap {:.2e} (a near-tie)", d.top2_gap),
+                (false, false) => format!(", target top-2 gap {:.2e}", d.top2_gap),
+            }
         );
     }
     let _ = writeln!(

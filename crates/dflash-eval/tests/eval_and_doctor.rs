@@ -112,6 +112,54 @@ fn reports_are_consistent_and_lossless_on_every_dataset() {
     }
 }
 
+/// A multi-turn item whose first turn left AR's text: the second turn continues the mode's own
+/// answer, so its difference is marked as following the first (not a fault), while the first
+/// turn's (f32: no near-tie) stays a fault.
+#[test]
+fn a_turn_after_a_divergence_is_not_compared_with_ar() {
+    let lt = smollm2();
+    let drafters = vec![EvalDrafter {
+        label: "a".into(),
+        drafter: random_drafter(&lt, 1),
+    }];
+    let specs = mode_specs(&ModeName::parse_list("ar,dflash").unwrap(), &drafters, None).unwrap();
+    let items = datasets::load("mt-bench", &dflash_home(), Some(1)).unwrap();
+    let opts = EvalOptions {
+        sampling: SamplingParams::default(),
+        max_new_tokens: 6,
+        time_limit: None,
+        warmup_tokens: 0,
+        decode: Default::default(),
+    };
+    let mut runs = run(&lt, &drafters, &specs, &items, &opts).unwrap();
+    assert!(lossless_check(&lt, &runs, true)
+        .unwrap()
+        .divergences
+        .is_empty());
+    // the chain's first answer differs from AR's in its last token, and its second turn's
+    // prompt holds that answer
+    for r in runs.iter_mut().filter(|r| r.mode != "ar") {
+        match r.turn {
+            0 => *r.tokens.last_mut().unwrap() += 1,
+            _ => r.prompt_ids.insert(r.prompt_ids.len() / 2, 42),
+        }
+    }
+    let divs = lossless_check(&lt, &runs, true).unwrap().divergences;
+    assert_eq!(divs.len(), 2, "{divs:?}");
+    let first = divs.iter().find(|d| d.turn == 0).unwrap();
+    assert!(!first.follows_earlier_turn && !first.near_tie && !first.explained());
+    assert!(first.top2_gap.is_finite());
+    let second = divs.iter().find(|d| d.turn == 1).unwrap();
+    assert!(second.follows_earlier_turn && second.explained());
+    // without the first turn's divergence, a second prompt unlike AR's is a fault
+    for r in runs.iter_mut().filter(|r| r.mode != "ar" && r.turn == 0) {
+        *r.tokens.last_mut().unwrap() -= 1;
+    }
+    let divs = lossless_check(&lt, &runs, true).unwrap().divergences;
+    assert_eq!(divs.len(), 1, "{divs:?}");
+    assert!(divs[0].turn == 1 && !divs[0].explained());
+}
+
 #[test]
 fn two_drafters_side_by_side() {
     let lt = smollm2();
@@ -162,7 +210,7 @@ fn two_drafters_side_by_side() {
 #[test]
 fn top2_gap_in_f32_and_bf16() {
     use dflash_eval::report::top2_gap;
-    let fix = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3-tiny");
+    let fix = dflash_testkit::fixtures().join("qwen3-tiny");
     let prefix = [3u32, 17, 42, 5, 99];
     for dtype in [DType::F32, DType::BF16] {
         let lt = load_target(fix.to_str().unwrap(), dtype, &Device::Cpu).unwrap();
@@ -209,7 +257,7 @@ fn with_record(from: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value
 
 /// A copy of the tiny Qwen3 fixture (the doctor's checks read its files), loaded in f32.
 fn tiny_target(name: &str) -> (PathBuf, LoadedTarget) {
-    let fix = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/qwen3-tiny");
+    let fix = dflash_testkit::fixtures().join("qwen3-tiny");
     let target = copied(&fix, &format!("{name}-target"));
     let lt = load_target(target.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
     (target, lt)
@@ -319,8 +367,7 @@ fn trained_pair(name: &str) -> (PathBuf, PathBuf, PathBuf) {
 #[test]
 fn the_measured_tau_walks_full_blocks_on_short_responses() {
     let lt = dflash_testkit::smollm2();
-    let drafter =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../assets/drafters/smollm2-135m-b16");
+    let drafter = dflash_testkit::repo_root().join("assets/drafters/smollm2-135m-b16");
     let prompts: Vec<Prompt> = [
         "Name a color.",
         "Say hello.",

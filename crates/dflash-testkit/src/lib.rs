@@ -12,7 +12,7 @@ mod stats;
 mod targets;
 
 pub use data::{four_sequences, sequence, tiny_data, write_data};
-pub use paths::{asset, fixtures, smollm2_gguf, tmp};
+pub use paths::{asset, fixtures, repo_root, smollm2_gguf, tmp};
 pub use refs::{assert_finite_difference, ids, json, load_ref, max_abs, rel_err};
 pub use stats::{assert_distributed_alike, chi_square_p, gamma_q};
 pub use targets::{

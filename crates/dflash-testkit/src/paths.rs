@@ -2,9 +2,20 @@
 
 use std::path::PathBuf;
 
+/// The root of the checkout under test: `CARGO_MANIFEST_DIR/../..`, read when the test runs
+/// (cargo and nextest set it for the test process), not when it was compiled: a build
+/// directory shared by several clones may hold a test binary compiled in another one. Example:
+/// a test of `~/dflash-rs/crates/dflash-eval` → `~/dflash-rs/crates/dflash-eval/../..`.
+pub fn repo_root() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+        .join("../..")
+}
+
 /// `tests/fixtures/` of the repository (what `tests/reference/` wrote).
 pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    repo_root().join("tests/fixtures")
 }
 
 /// An empty temporary folder of this process for `name` (removed and made again). The first

@@ -173,8 +173,7 @@ mod tests {
     /// an attention-only target records no linear attention.
     #[test]
     fn kernel_family_of_a_hybrid_and_an_attention_only_target() {
-        let fixtures =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+        let fixtures = dflash_testkit::fixtures();
         let hybrid = load_target(
             fixtures.join("qwen35-tiny").to_str().unwrap(),
             DType::F32,

@@ -10,9 +10,12 @@
 //! 16 eggs per day she eats three for breakfast`; a prompt "JANET'S ducks lay 16 eggs per
 //! day — she eats three for breakfast!" contains it and overlaps; a prompt with only its first
 //! 12 words does not. A run needs 7 words with a letter ([`MIN_LETTER_WORDS`]): a 0/1 grid in
-//! a HumanEval problem and an array in a registry prompt are not a quote. Items with no such
-//! run (shorter than 13 words: a short MATH problem's words are common phrases) are not matched
-//! and are counted in [`Overlap::short_items`].
+//! a HumanEval problem and an array in a registry prompt are not a quote. An item with no such
+//! run (shorter than 13 words: a short MATH problem) matches a text whose words are exactly its
+//! own: the MATH-500 item "How many positive whole-number divisors does 196 have?" (9 words)
+//! matches the same problem copied from MATH's test set, whatever its spacing and punctuation,
+//! and no longer text (its words are common phrases); such items are counted in
+//! [`Overlap::short_items`].
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashSet;
@@ -26,9 +29,11 @@ pub const NGRAM: usize = 13;
 #[derive(Debug, Default)]
 pub struct Overlap {
     runs: HashSet<u64>,
+    /// The whole word sequences of the short items.
+    whole: HashSet<u64>,
     /// Texts that gave at least one run.
     pub items: usize,
-    /// Texts shorter than [`NGRAM`] words (not matched).
+    /// Texts with no run (shorter than [`NGRAM`] words): matched by their whole words only.
     pub short_items: usize,
 }
 
@@ -47,8 +52,7 @@ pub const MIN_LETTER_WORDS: usize = 7;
 /// One key per window of [`NGRAM`] words (a hash of the words in order), for the windows with
 /// at least [`MIN_LETTER_WORDS`] words holding a letter. Example: `1 0 1 0 1 1 0 0 1 1 1 0 1`
 /// gives no key; `janet s ducks lay 16 eggs per day she eats three for breakfast` one.
-fn runs(text: &str) -> Vec<u64> {
-    let w = words(text);
+fn runs_of(w: &[String]) -> Vec<u64> {
     w.windows(NGRAM)
         .filter(|win| {
             win.iter()
@@ -56,12 +60,15 @@ fn runs(text: &str) -> Vec<u64> {
                 .count()
                 >= MIN_LETTER_WORDS
         })
-        .map(|win| {
-            let mut h = DefaultHasher::new();
-            win.hash(&mut h);
-            h.finish()
-        })
+        .map(key)
         .collect()
+}
+
+/// A hash of `w`'s words in order.
+fn key(w: &[String]) -> u64 {
+    let mut h = DefaultHasher::new();
+    w.hash(&mut h);
+    h.finish()
 }
 
 impl Overlap {
@@ -70,9 +77,13 @@ impl Overlap {
     pub fn new<'a>(items: impl IntoIterator<Item = &'a str>) -> Self {
         let mut o = Overlap::default();
         for t in items {
-            let r = runs(t);
+            let w = words(t);
+            let r = runs_of(&w);
             if r.is_empty() {
                 o.short_items += 1;
+                if !w.is_empty() {
+                    o.whole.insert(key(&w));
+                }
             } else {
                 o.items += 1;
                 o.runs.extend(r);
@@ -81,9 +92,12 @@ impl Overlap {
         o
     }
 
-    /// Whether `text` shares a run of [`NGRAM`] words with an item.
+    /// Whether `text` shares a run of [`NGRAM`] words with an item, or its words are a short
+    /// item's.
     pub fn hits(&self, text: &str) -> bool {
-        runs(text).iter().any(|r| self.runs.contains(r))
+        let w = words(text);
+        runs_of(&w).iter().any(|r| self.runs.contains(r))
+            || (!w.is_empty() && self.whole.contains(&key(&w)))
     }
 }
 
@@ -104,8 +118,11 @@ mod tests {
         ));
         // twelve of the words are not a run
         assert!(!o.hits("Janet's ducks lay 16 eggs per day. She eats three for lunch."));
-        // the short item is not matched, even verbatim
-        assert!(!o.hits("Compute 7 + 5."));
+        // the short item matches its own words, whatever the spacing and case, and nothing longer
+        assert!(o.hits("Compute 7 + 5."));
+        assert!(o.hits("  compute 7+5"));
+        assert!(!o.hits("Compute 7 + 5 and then 3."));
+        assert!(!o.hits("Compute 7 + 6."));
         assert!(!o.hits(""));
     }
 

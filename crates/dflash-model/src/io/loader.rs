@@ -48,8 +48,11 @@ pub fn dflash_home() -> PathBuf {
 }
 
 /// The drafter that ships for a target alias: `$DFLASH_HOME/drafters/<alias>-b16`, else the
-/// repository's `assets/drafters/<alias>-b16` (a build from a clone). Example:
-/// `bundled_drafter("smollm2-135m")` → `…/assets/drafters/smollm2-135m-b16`.
+/// `assets/drafters/<alias>-b16` of the checkout the command runs in (the nearest directory at
+/// or above the current one that has `assets/drafters`), else that of the checkout the binary
+/// was built from. Example: `bundled_drafter("smollm2-135m")` run in `~/dflash-rs/crates/x` →
+/// `~/dflash-rs/assets/drafters/smollm2-135m-b16`. The checkout is found at run time first: a
+/// build directory shared by several clones may hold a binary compiled in another one.
 pub fn bundled_drafter(alias: &str) -> Option<PathBuf> {
     bundled_drafter_places(alias)
         .into_iter()
@@ -58,12 +61,33 @@ pub fn bundled_drafter(alias: &str) -> Option<PathBuf> {
 
 /// Where [`bundled_drafter`] looks, in order (for a message when it finds none).
 pub fn bundled_drafter_places(alias: &str) -> Vec<PathBuf> {
+    places_from(alias, std::env::current_dir().ok().as_deref())
+}
+
+/// [`bundled_drafter_places`] for a command run in `cwd`.
+fn places_from(alias: &str, cwd: Option<&Path>) -> Vec<PathBuf> {
     let name = format!("{alias}-b16");
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/drafters");
-    [dflash_home().join("drafters"), repo]
+    let checkout = cwd.and_then(|d| {
+        d.ancestors()
+            .map(|a| a.join("assets/drafters"))
+            .find(|a| a.is_dir())
+    });
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/drafters");
+    let mut places: Vec<PathBuf> = Vec::new();
+    for d in [Some(dflash_home().join("drafters")), checkout, Some(built)]
         .into_iter()
-        .map(|d| d.join(&name))
-        .collect()
+        .flatten()
+    {
+        let p = d.join(&name);
+        let same = |q: &PathBuf| match (q.canonicalize(), p.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => *q == p,
+        };
+        if !places.iter().any(same) {
+            places.push(p);
+        }
+    }
+    places
 }
 
 /// An alias or a path → the path to load.
@@ -227,4 +251,26 @@ pub fn identity_hash(source: &Path) -> Result<String> {
         }
     }
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command run inside a checkout finds that checkout's drafters, after the asset cache and
+    /// before the checkout the binary was built in; outside any checkout it keeps the other two.
+    #[test]
+    fn the_bundled_drafter_is_looked_for_in_the_checkout_of_the_current_directory() {
+        let t = dflash_testkit::tmp("places");
+        std::fs::create_dir_all(t.join("clone/assets/drafters/x-b16")).unwrap();
+        std::fs::create_dir_all(t.join("clone/crates/y")).unwrap();
+        let inside = places_from("x", Some(&t.join("clone/crates/y")));
+        assert_eq!(inside.len(), 3, "{inside:?}");
+        assert_eq!(inside[0], dflash_home().join("drafters/x-b16"));
+        assert_eq!(inside[1], t.join("clone/assets/drafters/x-b16"));
+        assert!(inside[2].ends_with("../../assets/drafters/x-b16"));
+        let outside = places_from("x", Some(&t));
+        assert_eq!(outside.len(), 2, "{outside:?}");
+        assert!(!outside.iter().any(|p| p.starts_with(&t)));
+    }
 }
