@@ -158,23 +158,10 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     }
     eprintln!("wrote {}/report.json, report.md and plots", a.out.display());
     let divs = &report.lossless.divergences;
-    let ties = divs.iter().filter(|d| d.near_tie).count();
-    let after = divs.iter().filter(|d| d.follows_earlier_turn).count();
     let faults = divs.iter().filter(|d| !d.explained()).count();
     if report.lossless.checked && faults > 0 {
         let rounding = matches!(report.dtype.as_str(), "bf16" | "f16");
-        let mut besides = Vec::new();
-        if ties > 0 {
-            besides.push(format!(
-                "{ties} at near-ties of the {} logits",
-                report.dtype
-            ));
-        }
-        if after > 0 {
-            besides.push(format!(
-                "{after} in turns continuing an earlier turn's divergence"
-            ));
-        }
+        let besides = dflash_eval::report::explained_counts(divs, &report.dtype);
         bail!(
             "{faults} mode(s) diverged from AR at T = 0 (see report.md){}{}",
             if besides.is_empty() {
@@ -194,10 +181,12 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             }
         );
     }
-    if ties > 0 {
+    let explained = dflash_eval::report::explained_counts(divs, &report.dtype);
+    if !explained.is_empty() {
         eprintln!(
-            "{ties} generation(s) left AR's text at near-ties of the {} logits (a wide verify and a one-row step round differently; see report.md)",
-            report.dtype
+            "generations that left AR's text, not as faults: {} (a wide verify and a one-row \
+             step round differently; a later turn continues its mode's own answer; see report.md)",
+            explained.join(" and ")
         );
     }
     Ok(())

@@ -52,6 +52,24 @@ pub struct Divergence {
     pub follows_earlier_turn: bool,
 }
 
+/// The explained divergences, counted by cause, for a summary line. Example: two near-ties and
+/// one later turn in bf16 → `["2 at near-ties of the bf16 logits", "1 in turns continuing an
+/// earlier turn's divergence"]`; none → empty.
+pub fn explained_counts(divs: &[Divergence], dtype: &str) -> Vec<String> {
+    let ties = divs.iter().filter(|d| d.near_tie).count();
+    let after = divs.iter().filter(|d| d.follows_earlier_turn).count();
+    let mut parts = Vec::new();
+    if ties > 0 {
+        parts.push(format!("{ties} at near-ties of the {dtype} logits"));
+    }
+    if after > 0 {
+        parts.push(format!(
+            "{after} in turns continuing an earlier turn's divergence"
+        ));
+    }
+    parts
+}
+
 impl Divergence {
     /// Whether the divergence is explained without a fault: a near-tie of the logits, or a
     /// turn that continues an earlier turn's divergence.
@@ -453,21 +471,7 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
             (false, _) => "not checked (T > 0)".to_string(),
             (true, 0) => "all modes equal AR".to_string(),
             (true, n) => {
-                let divs = &report.lossless.divergences;
-                let ties = divs.iter().filter(|d| d.near_tie).count();
-                let after = divs.iter().filter(|d| d.follows_earlier_turn).count();
-                let mut parts = Vec::new();
-                if ties > 0 {
-                    parts.push(format!(
-                        "{ties} at near-ties of the {} logits",
-                        report.dtype
-                    ));
-                }
-                if after > 0 {
-                    parts.push(format!(
-                        "{after} in turns continuing an earlier turn's divergence"
-                    ));
-                }
+                let parts = explained_counts(&report.lossless.divergences, &report.dtype);
                 match parts.is_empty() {
                     true => format!("{n} divergence(s)"),
                     false => format!(
