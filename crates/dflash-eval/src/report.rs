@@ -510,6 +510,36 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// The summary counts each cause of an explained divergence; faults are not counted.
+    #[test]
+    fn explained_divergences_are_counted_by_cause() {
+        let d = |near_tie, follows_earlier_turn| Divergence {
+            mode: "dflash".into(),
+            item: "mt-bench-81".into(),
+            turn: usize::from(follows_earlier_turn),
+            position: 3,
+            top2_gap: 0.1,
+            top_logit: 20.0,
+            near_tie,
+            follows_earlier_turn,
+        };
+        let divs = [
+            d(true, false),
+            d(true, false),
+            d(false, true),
+            d(false, false),
+        ];
+        assert_eq!(
+            explained_counts(&divs, "bf16"),
+            [
+                "2 at near-ties of the bf16 logits",
+                "1 in turns continuing an earlier turn's divergence"
+            ]
+        );
+        assert_eq!(divs.iter().filter(|d| !d.explained()).count(), 1);
+        assert!(explained_counts(&divs[3..], "f32").is_empty());
+    }
+
     /// Near-ties are gaps within two rounding steps of a half-precision target's top logit;
     /// never in f32.
     #[test]
