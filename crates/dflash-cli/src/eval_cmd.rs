@@ -159,15 +159,15 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     eprintln!("wrote {}/report.json, report.md and plots", a.out.display());
     let divs = &report.lossless.divergences;
     let faults = divs.iter().filter(|d| !d.explained()).count();
+    let explained = dflash_eval::report::explained_counts(divs, &report.dtype);
     if report.lossless.checked && faults > 0 {
         let rounding = matches!(report.dtype.as_str(), "bf16" | "f16");
-        let besides = dflash_eval::report::explained_counts(divs, &report.dtype);
         bail!(
             "{faults} mode(s) diverged from AR at T = 0 (see report.md){}{}",
-            if besides.is_empty() {
+            if explained.is_empty() {
                 String::new()
             } else {
-                format!(", besides {}", besides.join(" and "))
+                format!(", besides {}", explained.join(" and "))
             },
             if rounding {
                 format!(
@@ -181,7 +181,6 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             }
         );
     }
-    let explained = dflash_eval::report::explained_counts(divs, &report.dtype);
     if !explained.is_empty() {
         eprintln!(
             "generations that left AR's text, not as faults: {} (a wide verify and a one-row \

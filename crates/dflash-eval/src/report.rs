@@ -171,52 +171,49 @@ pub fn lossless_check(lt: &LoadedTarget, runs: &[Run], greedy: bool) -> Result<L
             divergences: vec![],
         });
     }
+    let ar_of = |item: &str, turn: usize| {
+        runs.iter()
+            .find(|a| a.mode == "ar" && a.item == item && a.turn == turn)
+    };
     let mut divs = Vec::new();
     for r in runs.iter().filter(|r| r.mode != "ar") {
-        let Some(ar) = runs
-            .iter()
-            .find(|a| a.mode == "ar" && a.item == r.item && a.turn == r.turn)
-        else {
+        let Some(ar) = ar_of(&r.item, r.turn) else {
             continue;
         };
+        let prompt_differs = r.prompt_ids != ar.prompt_ids;
+        if !prompt_differs && r.tokens == ar.tokens {
+            continue;
+        }
         // a prompt that differs from AR's is excused only after an earlier turn of the same
         // item and mode left AR's text (a first turn's prompt must be AR's)
-        let earlier_diverged = runs.iter().any(|e| {
-            e.mode == r.mode
-                && e.item == r.item
-                && e.turn < r.turn
-                && runs.iter().any(|a| {
-                    a.mode == "ar" && a.item == e.item && a.turn == e.turn && a.tokens != e.tokens
-                })
-        });
-        let prompt_differs = r.prompt_ids != ar.prompt_ids;
-        let follows_earlier_turn = prompt_differs && earlier_diverged;
-        if prompt_differs || r.tokens != ar.tokens {
-            let p = r
-                .tokens
-                .iter()
-                .zip(&ar.tokens)
-                .position(|(a, b)| a != b)
-                .unwrap_or(r.tokens.len().min(ar.tokens.len()));
-            divs.push(Divergence {
-                mode: r.mode.clone(),
-                item: r.item.clone(),
-                turn: r.turn,
-                position: p,
-                top2_gap: f32::NAN,
-                top_logit: f32::NAN,
-                near_tie: false,
-                follows_earlier_turn,
+        let follows_earlier_turn = prompt_differs
+            && runs.iter().any(|e| {
+                e.mode == r.mode
+                    && e.item == r.item
+                    && e.turn < r.turn
+                    && ar_of(&e.item, e.turn).is_some_and(|a| a.tokens != e.tokens)
             });
-        }
+        let p = r
+            .tokens
+            .iter()
+            .zip(&ar.tokens)
+            .position(|(a, b)| a != b)
+            .unwrap_or(r.tokens.len().min(ar.tokens.len()));
+        divs.push(Divergence {
+            mode: r.mode.clone(),
+            item: r.item.clone(),
+            turn: r.turn,
+            position: p,
+            top2_gap: f32::NAN,
+            top_logit: f32::NAN,
+            near_tie: false,
+            follows_earlier_turn,
+        });
     }
     // the target's top-2 logit gap at each divergence, given AR's own prefix (a turn that
     // continues an earlier divergence has another prefix: no gap of AR's explains it)
     for d in divs.iter_mut().filter(|d| !d.follows_earlier_turn) {
-        let ar = runs
-            .iter()
-            .find(|a| a.mode == "ar" && a.item == d.item && a.turn == d.turn)
-            .unwrap();
+        let ar = ar_of(&d.item, d.turn).expect("a divergence has its AR run");
         let mut prefix = ar.prompt_ids.clone();
         prefix.extend_from_slice(&ar.tokens[..d.position.min(ar.tokens.len())]);
         // a diagnostic beside the result: a gap that cannot be computed must not lose the runs

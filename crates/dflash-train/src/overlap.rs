@@ -96,8 +96,7 @@ impl Overlap {
     /// item's.
     pub fn hits(&self, text: &str) -> bool {
         let w = words(text);
-        runs_of(&w).iter().any(|r| self.runs.contains(r))
-            || (!w.is_empty() && self.whole.contains(&key(&w)))
+        runs_of(&w).iter().any(|r| self.runs.contains(r)) || self.whole.contains(&key(&w))
     }
 }
 

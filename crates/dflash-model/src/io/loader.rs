@@ -73,21 +73,18 @@ fn places_from(alias: &str, cwd: Option<&Path>) -> Vec<PathBuf> {
             .find(|a| a.is_dir())
     });
     let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/drafters");
-    let mut places: Vec<PathBuf> = Vec::new();
+    // each directory once (the checkout is often the one the binary was built in)
+    let mut dirs: Vec<PathBuf> = Vec::new();
     for d in [Some(dflash_home().join("drafters")), checkout, Some(built)]
         .into_iter()
         .flatten()
     {
-        let p = d.join(&name);
-        let same = |q: &PathBuf| match (q.canonicalize(), p.canonicalize()) {
-            (Ok(a), Ok(b)) => a == b,
-            _ => *q == p,
-        };
-        if !places.iter().any(same) {
-            places.push(p);
+        let d = d.canonicalize().unwrap_or(d);
+        if !dirs.contains(&d) {
+            dirs.push(d);
         }
     }
-    places
+    dirs.into_iter().map(|d| d.join(&name)).collect()
 }
 
 /// An alias or a path → the path to load.
@@ -266,9 +263,12 @@ mod tests {
         std::fs::create_dir_all(t.join("clone/crates/y")).unwrap();
         let inside = places_from("x", Some(&t.join("clone/crates/y")));
         assert_eq!(inside.len(), 3, "{inside:?}");
-        assert_eq!(inside[0], dflash_home().join("drafters/x-b16"));
-        assert_eq!(inside[1], t.join("clone/assets/drafters/x-b16"));
-        assert!(inside[2].ends_with("../../assets/drafters/x-b16"));
+        let real = |d: PathBuf| d.canonicalize().unwrap_or(d).join("x-b16");
+        assert_eq!(inside[0], real(dflash_home().join("drafters")));
+        let clone = t.join("clone/assets/drafters").canonicalize().unwrap();
+        assert_eq!(inside[1], clone.join("x-b16"));
+        let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../assets/drafters");
+        assert_eq!(inside[2], real(built));
         let outside = places_from("x", Some(&t));
         assert_eq!(outside.len(), 2, "{outside:?}");
         assert!(!outside.iter().any(|p| p.starts_with(&t)));
