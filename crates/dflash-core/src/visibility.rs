@@ -108,6 +108,17 @@ impl Visibility {
         }
         runs
     }
+    /// Rows `r` of this matrix, every column kept: the visibility of those queries alone (the
+    /// keys they see do not depend on which other queries run). Example: the draft rule at
+    /// anchor 37, B = 16, rows 1..5 → 4 rows over the same 53 columns, row 0 of the result
+    /// being the block's row 1 (context 0..=36 and block 37..=52 visible).
+    pub fn select_rows(&self, r: Range<usize>) -> Visibility {
+        Visibility {
+            rows: r.len(),
+            cols: self.cols,
+            data: self.data[r.start * self.cols..r.end * self.cols].to_vec(),
+        }
+    }
     /// True when this is exactly the causal mask over `[cache | new rows]`, in which case a
     /// model may use a cheaper causal path.
     pub fn is_causal(&self) -> bool {
@@ -522,6 +533,21 @@ mod tests {
                 assert_eq!(moved, want, "rule {rule:?} row {r}");
             }
         }
+    }
+
+    #[test]
+    fn selected_rows_keep_their_keys() {
+        let v = draft_inference(DraftRule::FULL, 37, 16);
+        let s = v.select_rows(1..5);
+        assert_eq!((s.rows, s.cols), (4, 53));
+        for r in 0..4 {
+            for c in 0..53 {
+                assert_eq!(s.get(r, c), v.get(r + 1, c), "row {r} col {c}");
+            }
+        }
+        // the block's row 1: context 0..=36 and the whole block 37..=52
+        assert_eq!(s.row_runs(0), vec![0..53]);
+        assert_eq!(v.select_rows(3..3).rows, 0);
     }
 
     #[test]

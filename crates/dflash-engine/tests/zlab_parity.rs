@@ -112,6 +112,63 @@ fn block_forward_matches_zlab() {
     }
 }
 
+/// A draft of fewer positions than the block's runs the last layer on those rows alone
+/// (`LastRows`): its logits are still z-lab's rows of the whole block, and the draft cache it
+/// leaves drafts the next round as the whole block's would.
+#[test]
+fn fewer_positions_give_zlabs_first_rows() {
+    let t = target();
+    let (meta, r) = reference();
+    for name in ["full", "sliding", "quiet"] {
+        let d = drafter(&t, name);
+        let case = &meta["cases"][name];
+        let taps = ctx_taps(&t, &d, &ids(&case["ctx_ids"]));
+        let block = ids(&case["nocache_block"]);
+        let want = &r[&format!("{name}.nocache.logits")];
+        for p in [1, 3, block.len() - 2] {
+            let mut cache = d.new_cache();
+            let at = BlockAt {
+                token: block[0],
+                anchor: 12,
+                block: block.len(),
+                positions: p,
+            };
+            let l = d
+                .draft(&t, None, &mut cache, &taps.unsqueeze(0).unwrap(), at)
+                .unwrap();
+            assert_eq!(l.dim(0).unwrap(), p, "{name}: rows for {p} positions");
+            let e = rel_err(&l, &want.narrow(0, 0, p).unwrap());
+            assert!(e <= 1e-4, "{name}, {p} positions: draft logits rel err {e}");
+            assert_eq!(
+                cache.len(),
+                12,
+                "{name}: the draft cache keeps the context only"
+            );
+        }
+        if name == "sliding" {
+            continue;
+        }
+        // two cached rounds of 2 then 3 positions against z-lab's whole blocks
+        let mut cache = d.new_cache();
+        for (i, (from, m, anchor, p)) in [(0, 8, 8, 2), (8, 4, 12, 3)].into_iter().enumerate() {
+            let b = ids(&case[&format!("cache{}_block", i + 1)]);
+            let at = BlockAt {
+                token: b[0],
+                anchor,
+                block: 8,
+                positions: p,
+            };
+            let ctx = taps.narrow(0, from, m).unwrap().unsqueeze(0).unwrap();
+            let l = d.draft(&t, None, &mut cache, &ctx, at).unwrap();
+            let want = r[&format!("{name}.cache{}.logits", i + 1)]
+                .narrow(0, 0, p)
+                .unwrap();
+            let e = rel_err(&l, &want);
+            assert!(e <= 1e-4, "{name}: cached round {} rel err {e}", i + 1);
+        }
+    }
+}
+
 #[test]
 fn greedy_generation_matches_zlab_round_by_round() {
     let t = target();

@@ -135,6 +135,17 @@ pub(crate) enum LayerMask {
     Fused(TrainIntervals),
 }
 
+/// The block rows whose output an inference forward returns, when fewer than the block's: the
+/// last layer runs its queries, attention, residual and MLP on these rows only (its K/V still
+/// come from every row, which the other rows' keys need no more), with the draft rule's rows
+/// for them. Example: a DDTree of budget 4 reads rows 1..5 of a 16-block, so the last layer's
+/// q, o and MLP products take 4 rows instead of 16; each returned row equals the whole block's
+/// (up to the rounding of a product over fewer rows).
+pub(crate) struct LastRows {
+    rows: std::ops::Range<usize>,
+    mask: LayerMask,
+}
+
 /// Where a drafter forward's new K/V go: nowhere (training), appended to the cache
 /// (inference), or written through the fixed layout's index into a cache of exactly `cap` rows
 /// ([`KvCache::write_fixed`]: the draft block replayed from a CUDA graph).
@@ -385,7 +396,7 @@ impl Drafter {
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor> {
         Ok(self
-            .forward_inner(ctx_taps, block_emb, layout, cache, None)?
+            .forward_inner(ctx_taps, block_emb, layout, cache, None, None)?
             .0)
     }
 
@@ -398,9 +409,11 @@ impl Drafter {
         layout: DraftLayout<'_>,
         rec: &mut tape::Recorder,
     ) -> Result<(Tensor, RopeTables)> {
-        self.forward_inner(ctx_taps, block_emb, layout, None, Some(rec))
+        self.forward_inner(ctx_taps, block_emb, layout, None, Some(rec), None)
     }
 
+    /// `out_rows`: the block rows to return (all of them when `None`); at inference the last
+    /// layer runs on them alone where it can ([`LastRows`]).
     fn forward_inner(
         &self,
         ctx_taps: &Tensor,
@@ -408,6 +421,7 @@ impl Drafter {
         layout: DraftLayout<'_>,
         cache: Option<&mut KvCache>,
         rec: Option<&mut tape::Recorder>,
+        out_rows: Option<std::ops::Range<usize>>,
     ) -> Result<(Tensor, RopeTables)> {
         let m = ctx_taps.dim(1)?;
         let nb = block_emb.dim(1)?;
@@ -484,6 +498,25 @@ impl Drafter {
                 masks.push((l.rule, lm));
             }
         }
+        // fewer output rows: the last layer's own mask for them (a conv mixes the block's rows,
+        // so a DFlash2 layer keeps them all)
+        let last = match (layout, out_rows.clone(), self.layers.last()) {
+            (DraftLayout::Inference { anchor, block }, Some(r), Some(l))
+                if r.end <= block
+                    && r != (0..block)
+                    && l.attention_conv.is_none()
+                    && l.mlp_conv.is_none() =>
+            {
+                let v = draft_inference(l.rule, anchor, block).select_rows(r.clone());
+                let runs =
+                    row_attention::serves(device, dtype, 1, r.len()).then(|| KeyRuns::new(&v));
+                Some(LastRows {
+                    mask: LayerMask::Dense(mask_tensor(&v, dtype, device)?, runs),
+                    rows: r,
+                })
+            }
+            _ => None,
+        };
         let write = match cache {
             Some(c) => KvWrite::Append(c),
             None => KvWrite::None,
@@ -496,7 +529,13 @@ impl Drafter {
             &masks,
             write,
             rec,
+            last.as_ref(),
         )?;
+        // the rows asked for, whether the last layer ran on them alone or on the whole block
+        let out = match (out_rows, &last) {
+            (Some(r), None) => out.narrow(1, r.start, r.len())?,
+            _ => out,
+        };
         Ok((out, rope_kv))
     }
 
@@ -506,7 +545,8 @@ impl Drafter {
     /// block rows, a mask per distinct layer rule, and where the new K/V go. Returns the normed
     /// block hidden states `[1, nb, h]`; a cache commits its m + nb new rows. With a recorder
     /// (a training layout on weights without a graph: [`Drafter::forward_taped`]) the
-    /// activations the written backward reads are kept in it.
+    /// activations the written backward reads are kept in it. With `last` (inference) the last
+    /// layer runs its queries on those rows only and the result has only them.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn layers_forward(
         &self,
@@ -517,7 +557,11 @@ impl Drafter {
         masks: &[(DraftRule, LayerMask)],
         mut write: KvWrite<'_>,
         mut rec: Option<&mut tape::Recorder>,
+        last: Option<&LastRows>,
     ) -> Result<Tensor> {
+        if last.is_some() && rec.is_some() {
+            bail!("a taped forward returns every block row");
+        }
         let m = ctx_taps.dim(1)?;
         let nb = block_emb.dim(1)?;
         let dtype = block_emb.dtype();
@@ -545,6 +589,16 @@ impl Drafter {
         let mut out = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let a = &layer.self_attn;
+            // the last layer on fewer rows: its queries, their RoPE rows and mask
+            let trim = last.filter(|_| i + 1 == self.layers.len());
+            let rope_last;
+            let (q_rows, rope_q_layer) = match trim {
+                Some(t) => {
+                    rope_last = rope_kv.narrow(m + t.rows.start, t.rows.len())?;
+                    (t.rows.clone(), &rope_last)
+                }
+                None => (0..nb, &rope_q),
+            };
             let (hn_in, attn_post) = match &layer.attention_conv {
                 Some(c) => {
                     let (y, post) = c.prepare(&hn, block)?;
@@ -558,8 +612,12 @@ impl Drafter {
                 Some(c) => Tensor::cat(&[c, &hn_in], 1)?,
                 None => hn_in.clone(),
             };
+            let q_in = match trim {
+                Some(_) => hn_in.narrow(1, q_rows.start, q_rows.len())?,
+                None => hn_in.clone(),
+            };
             let (q, k, v) = (
-                a.q_proj.forward(&hn_in)?,
+                a.q_proj.forward(&q_in)?,
                 a.k_proj.forward(&kv_in)?,
                 a.v_proj.forward(&kv_in)?,
             );
@@ -575,7 +633,7 @@ impl Drafter {
             };
             let norms = (Some(&a.q_norm), Some(&a.k_norm));
             let tables = qkv_rope::Tables {
-                q: &rope_q,
+                q: rope_q_layer,
                 kv: rope_kv,
             };
             // the projections before their norms, for a taped backward
@@ -592,7 +650,10 @@ impl Drafter {
                 }
             };
             let scale = 1.0 / (a.head_dim as f64).sqrt();
-            let mask = &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1;
+            let mask = match trim {
+                Some(t) => &t.mask,
+                None => &masks.iter().find(|(r, _)| *r == layer.rule).unwrap().1,
+            };
             let (o, attn_bwd) = match (mask, rec.is_some()) {
                 // taped: the attention's value and its written backward, no graph
                 (LayerMask::Parts { context, block }, true) => {
@@ -620,6 +681,9 @@ impl Drafter {
                 (Some(c), Some(taps)) => c.finish(&attn_raw, taps)?,
                 _ => attn_raw.clone(),
             };
+            if trim.is_some() {
+                x = x.narrow(1, q_rows.start, q_rows.len())?;
+            }
             let (x1, mn) = add_rms_norm(&x, &attn_out, &layer.post_attention_layernorm)?;
             let mlp_out = match rec.as_deref_mut() {
                 None => match &layer.mlp_conv {
@@ -722,9 +786,10 @@ impl Drafter {
     }
 
     /// One inference round's draft ([`BlockAt`]): logits `[positions, vocab]` for positions
-    /// `anchor + 1 ..= anchor + positions` (`positions ≤ block - 1`; `block - 1`: the whole block). The layers
-    /// always see the whole block, so a row's logits do not depend on `positions`: a DDTree of
-    /// budget 8 is at most 8 deep and takes 8 of a 16-block's 15 rows through the LM head.
+    /// `anchor + 1 ..= anchor + positions` (`positions ≤ block - 1`; `block - 1`: the whole
+    /// block). Every layer's keys come from the whole block, so a row's logits do not depend on
+    /// `positions` (up to rounding): a DDTree of budget 8 is at most 8 deep and takes 8 of a
+    /// 16-block's 15 rows through the last layer's queries and MLP ([`LastRows`]) and the LM head.
     /// `new_ctx_taps` `[1, m, L*h]` are the committed rows since the last call (positions
     /// `cache.len() .. anchor`); afterwards the cache holds exactly the context rows `0 .. anchor`.
     /// With a `head` the logits are over its vocabulary subset, `[positions, subset]`, column
@@ -760,14 +825,16 @@ impl Drafter {
             anyhow::bail!("draft: no position to draft");
         }
         let emb = self.embed_block(target, &self.block_tokens(anchor_token, block))?;
-        let h = self.forward(
+        let out = 1..1 + positions.min(block - 1);
+        let (rows, _) = self.forward_inner(
             new_ctx_taps,
             &emb,
             DraftLayout::Inference { anchor, block },
             Some(cache),
+            None,
+            Some(out),
         )?;
         cache.truncate(anchor)?;
-        let rows = h.narrow(1, 1, positions.min(block - 1))?;
         let logits = match head {
             Some(hd) => self.finish_logits(hd.logits(target, &rows)?)?,
             None => self.logits(target, &rows)?,

@@ -182,6 +182,7 @@ impl Drafter {
                 cap: inputs.cap,
             },
             None,
+            None,
         )?;
         let rows = h.narrow(1, 1, inputs.block - 1)?;
         let logits = match head {
