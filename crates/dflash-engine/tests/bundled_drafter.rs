@@ -46,16 +46,19 @@ fn bundled_drafter_with_integer_products_too() {
 }
 
 fn check(integer: bool) {
-    // SAFETY: this test's process (nextest runs each test alone) reads no other variable
-    // concurrently; the weights are laid out at load time
-    if integer {
-        std::env::set_var("DFLASH_CPU_QUANT", "q8");
-    }
-    let lt = smollm2();
-    let dir = dflash_model::io::loader::bundled_drafter("smollm2-135m")
-        .expect("assets/drafters/smollm2-135m-b16 is part of the repository");
-    let d = Drafter::load_dir(&dir, &lt.target).unwrap();
-    std::env::remove_var("DFLASH_CPU_QUANT");
+    // the weights are laid out at load time, on this thread: both with the integer products,
+    // or as the process chose (exact unless `DFLASH_CPU_QUANT=q8`)
+    let load = || {
+        let lt = smollm2();
+        let dir = dflash_model::io::loader::bundled_drafter("smollm2-135m")
+            .expect("assets/drafters/smollm2-135m-b16 is part of the repository");
+        let d = Drafter::load_dir(&dir, &lt.target).unwrap();
+        (lt, d)
+    };
+    let (lt, d) = match integer {
+        true => dflash_model::cpu::q8::with_choice(true, load),
+        false => load(),
+    };
     if integer && dflash_model::cpu::panels::Panels::supported() {
         let formats = lt.target.bytes_read_by_format();
         assert!(formats.iter().any(|(f, _)| f.contains("q8")), "{formats:?}");

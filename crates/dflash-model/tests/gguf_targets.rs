@@ -175,11 +175,11 @@ struct Bounds {
 
 fn near_transformers_with_integer_products(name: &str, rel: &str, fetch: &str, b: Bounds) {
     let path = asset(rel, fetch);
-    // SAFETY: this test's process (nextest runs each test alone) reads no other variable
-    // concurrently; the panels are laid out at load time
-    std::env::set_var("DFLASH_CPU_QUANT", "q8");
-    let loaded = load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
-    std::env::remove_var("DFLASH_CPU_QUANT");
+    // the panels are laid out at load time, on this thread
+    let loaded = dflash_model::cpu::q8::with_choice(true, || {
+        load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu)
+    })
+    .unwrap();
     let t = &loaded.target;
     if !dflash_model::cpu::panels::Panels::supported() {
         return; // no panels on this CPU: the f32 path, checked above

@@ -43,10 +43,23 @@ pub const Q80_BLOCK: usize = 32 + 8 * 64;
 /// The products chosen in-process ([`set`]): 0 none (the environment decides), 1 exact, 2 q8.
 static CHOSEN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-/// Whether weights laid out from now on multiply by 8-bit rows rather than exactly: as [`set`]
-/// chose (the CLI's `--cpu-products`), else `DFLASH_CPU_QUANT=q8`.
+thread_local! {
+    /// This thread's scoped choice ([`with_choice`]), over [`CHOSEN`]: 0 none, 1 exact, 2 q8.
+    /// Per thread, so that a drafter loaded with its own products on one thread does not lay
+    /// out the weights another thread loads meanwhile with them.
+    static SCOPED: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether weights laid out from now on (on this thread) multiply by 8-bit rows rather than
+/// exactly: as [`with_choice`] chose for this thread, else as [`set`] chose (the CLI's
+/// `--cpu-products`), else `DFLASH_CPU_QUANT=q8`.
 pub fn enabled() -> bool {
-    match CHOSEN.load(std::sync::atomic::Ordering::Relaxed) {
+    let scoped = SCOPED.with(|s| s.get());
+    let chosen = match scoped {
+        0 => CHOSEN.load(std::sync::atomic::Ordering::Relaxed),
+        c => c,
+    };
+    match chosen {
         1 => false,
         2 => true,
         _ => std::env::var("DFLASH_CPU_QUANT").is_ok_and(|v| v.eq_ignore_ascii_case("q8")),
@@ -62,16 +75,19 @@ pub fn set(integer: bool) {
     );
 }
 
-/// `f()` with the weights it lays out multiplied by 8-bit rows (`integer`) or exactly, then the
-/// choice as it was (a drafter's products chosen apart from its target's). Example:
-/// `with_choice(true, || Drafter::load_dir(dir, &target))` gives the drafter Q8_0 panels
-/// beside an exact target.
+/// `f()` with the weights it lays out on this thread multiplied by 8-bit rows (`integer`) or
+/// exactly, then this thread's choice as it was, even if `f` panics (a drafter's products
+/// chosen apart from its target's). Example: `with_choice(true, || Drafter::load_dir(dir,
+/// &target))` gives the drafter Q8_0 panels beside an exact target.
 pub fn with_choice<T>(integer: bool, f: impl FnOnce() -> T) -> T {
-    use std::sync::atomic::Ordering::Relaxed;
-    let before = CHOSEN.swap(if integer { 2 } else { 1 }, Relaxed);
-    let out = f();
-    CHOSEN.store(before, Relaxed);
-    out
+    struct Restore(u8);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SCOPED.with(|s| s.set(self.0));
+        }
+    }
+    let _restore = Restore(SCOPED.with(|s| s.replace(if integer { 2 } else { 1 })));
+    f()
 }
 
 /// The panel kinds of the integer products: 4-bit values with a scale and a minimum, or signed
@@ -754,6 +770,14 @@ mod tests {
         assert!(enabled());
         set(false);
         assert!(with_choice(true, enabled));
+        assert!(!enabled());
+        // another thread sees the process's choice, not this thread's scoped one
+        with_choice(true, || {
+            assert!(enabled());
+            assert!(!std::thread::spawn(enabled).join().unwrap());
+        });
+        // a panic inside the scope restores the choice before it
+        let _ = std::panic::catch_unwind(|| with_choice(true, || panic!("inside the scope")));
         assert!(!enabled());
     }
 
