@@ -140,7 +140,8 @@ pub(crate) enum LayerMask {
 /// come from every row, which the other rows' keys need no more), with the draft rule's rows
 /// for them. Example: a DDTree of budget 4 reads rows 1..5 of a 16-block, so the last layer's
 /// q, o and MLP products take 4 rows instead of 16; each returned row equals the whole block's
-/// (up to the rounding of a product over fewer rows).
+/// (up to the rounding of a product over fewer rows). `DFLASH_DRAFT_LAST_ROWS=0` runs the whole
+/// block instead (for measuring the difference).
 pub(crate) struct LastRows {
     rows: std::ops::Range<usize>,
     mask: LayerMask,
@@ -504,6 +505,7 @@ impl Drafter {
             (DraftLayout::Inference { anchor, block }, Some(r), Some(l))
                 if r.end <= block
                     && r != (0..block)
+                    && !crate::ops::switched_off!("DFLASH_DRAFT_LAST_ROWS")
                     && l.attention_conv.is_none()
                     && l.mlp_conv.is_none() =>
             {
