@@ -2,11 +2,14 @@
 # The drafter's last layer on the rows a draft reads (the default) beside the whole block
 # (DFLASH_DRAFT_LAST_ROWS=0), same binary, same GGUF, alternated RUNS times:
 # `dflash-rs bench decode` AR, DFlash, DDTree-3, DDTree-4 and DDTree-8 with the shipped drafter
-# (JSON rows: OUT/decode-{rows,block}-N.json; the drafts' logits are the same either way).
-# Usage (repository root): B=target/release/dflash-rs OUT=out [RUNS=3] bench/draft_last_rows.sh
+# (JSON rows: OUT/decode-{rows,block}-N.json; the drafts' logits are the same either way), then
+# the draft alone (the draft_cost example: median of 201 drafts per number of positions read).
+# Usage (repository root): cargo build --release -p dflash-cli -p dflash-engine --examples, then
+#   B=target/release/dflash-rs E=target/release/examples/draft_cost OUT=out [RUNS=3] bench/draft_last_rows.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-target/release/dflash-rs}
+E=${E:-target/release/examples/draft_cost}
 OUT=${OUT:-out}
 RUNS=${RUNS:-3}
 GGUF=${GGUF:-$HOME/.cache/dflash-rs/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -20,4 +23,10 @@ for i in $(seq "$RUNS"); do
       --max-new-tokens 128 --repeats 3 --json "$OUT/decode-$v-$i.json" > "$OUT/decode-$v-$i.txt"
   done
 done
-grep -h "^| " "$OUT"/decode-*.txt | sort | uniq
+for i in $(seq "$RUNS"); do
+  for v in block rows; do
+    sw=1; [ "$v" = block ] && sw=0
+    DFLASH_DRAFT_LAST_ROWS=$sw "$E" > "$OUT/draft-$v-$i.txt"
+  done
+done
+tail -n +1 "$OUT"/*.txt
