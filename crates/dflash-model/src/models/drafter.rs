@@ -136,9 +136,9 @@ pub(crate) enum LayerMask {
 }
 
 /// The block rows whose output an inference forward returns, when fewer than the block's: the
-/// last layer runs its queries, attention, residual and MLP on these rows only (its K/V still
-/// come from every row, which the other rows' keys need no more), with the draft rule's rows
-/// for them. Example: a DDTree of budget 4 reads rows 1..5 of a 16-block, so the last layer's
+/// last layer runs its queries, attention, residual and MLP on these rows only, with the draft
+/// rule's rows for them (its keys and values still come from every row: the rows kept attend
+/// to the whole block). Example: a DDTree of budget 4 reads rows 1..5 of a 16-block, so the last layer's
 /// q, o and MLP products take 4 rows instead of 16; each returned row equals the whole block's
 /// (up to the rounding of a product over fewer rows). `DFLASH_DRAFT_LAST_ROWS=0` runs the whole
 /// block instead (for measuring the difference).
