@@ -289,7 +289,22 @@ pub(super) fn simulated_vs_measured_tau(s: &Subject, d: &Drafter) -> Result<Chec
     // walk_decoding), which the harmonic mean of per-anchor τ approximates
     let harmonic = v.counts.simulated_decoding_tau();
     let sim_decoding = v.decoding_tau();
-    let (measured, other_text) = measured_tau(s.lt, d, val)?;
+    // the walk scores the drafter's arg-max over the whole vocabulary, so the τ it is held to
+    // is decoding's with the whole vocabulary too; a `draft_vocab.json` restricts decoding's
+    // proposals (a token outside it is never drafted) and its τ is reported beside
+    let (measured, other_text, with_vocab) = match &d.draft_vocab {
+        None => {
+            let (m, o) = measured_tau(s.lt, d, val)?;
+            (m, o, None)
+        }
+        Some(v) => {
+            let mut whole = Drafter::load_dir(s.dir, &s.lt.target)?;
+            whole.draft_vocab = None;
+            let (m, o) = measured_tau(s.lt, &whole, val)?;
+            let (mv, _) = measured_tau(s.lt, d, val)?;
+            (m, o, Some((v.token_ids.len(), mv)))
+        }
+    };
     // a record from before every checkpoint was validated may hold none, and the stored value
     // was validated on the training data's last sequences: it is compared only when `--data`
     // is that data set (its manifest's sha256 is the record's); otherwise only the measured
@@ -312,8 +327,15 @@ pub(super) fn simulated_vs_measured_tau(s: &Subject, d: &Drafter) -> Result<Chec
         NAME,
         agree,
         format!(
-            "stored simulated τ {stored}, simulated now {sim_now:.3} (uniform anchors; as decoding visits them: {sim_decoding:.3} by the walk, {harmonic:.3} as the harmonic mean), measured by decoding {measured:.3} on {} validation sequence(s){} (tolerance {:.0}%)",
+            "stored simulated τ {stored}, simulated now {sim_now:.3} (uniform anchors; as decoding visits them: {sim_decoding:.3} by the walk, {harmonic:.3} as the harmonic mean), measured by decoding {measured:.3} on {} validation sequence(s){}{} (tolerance {:.0}%)",
             val.len(),
+            match with_vocab {
+                None => String::new(),
+                Some((n, t)) => format!(
+                    " with the whole vocabulary, as the walk scores it ({t:.3} with the {n} proposals of {})",
+                    dflash_model::models::draft_vocab::FILE
+                ),
+            },
             match other_text {
                 0 => String::new(),
                 k => format!(", {k} of them decoded to another text than stored"),
