@@ -149,6 +149,13 @@ pub struct Generation {
 
 /// Whether rounds read the device once (`DFLASH_ONE_SYNC=0` in the environment: the host's
 /// path, for A/B measurements).
+/// `DFLASH_DRAFT_VOCAB_PROMPT=0`: a drafter's vocabulary subset without the prompt's tokens
+/// (the reference of `bench/draft_vocab_prompt.sh`).
+fn prompt_tokens_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("DFLASH_DRAFT_VOCAB_PROMPT").as_deref() == Ok("0"))
+}
+
 pub(crate) fn one_sync_env() -> bool {
     std::env::var("DFLASH_ONE_SYNC").map_or(true, |v| v != "0")
 }
@@ -472,10 +479,13 @@ impl<'a> Decoding<'a> {
         let prefill_secs = t0.elapsed().as_secs_f64();
         let mut loops = LoopDetector::new(req.loop_window);
         let looped = loops.push(first);
-        // the kept head is the one the kept draft graph reads
+        // the kept head is the one the kept draft graph reads; a head built for this generation
+        // alone also drafts the prompt's tokens (`DraftVocab::with_tokens`), one kept for later
+        // generations (their graphs read its rows) the subset alone
         let head = match (kept_head, drafter.and_then(|d| d.draft_vocab.as_ref())) {
             (Some(h), _) => Some(h),
-            (None, Some(v)) => Some(DraftHead::new(target, v)?),
+            (None, Some(v)) if keep || prompt_tokens_off() => Some(DraftHead::new(target, v)?),
+            (None, Some(v)) => Some(DraftHead::new(target, &v.with_tokens(&req.prompt_ids))?),
             (None, None) => None,
         };
         Ok(Self {

@@ -291,7 +291,7 @@ pub(super) fn simulated_vs_measured_tau(s: &Subject, d: &Drafter) -> Result<Chec
     let sim_decoding = v.decoding_tau();
     // the walk scores the drafter's arg-max over the whole vocabulary, so the τ it is held to
     // is decoding's with the whole vocabulary too; a `draft_vocab.json` restricts decoding's
-    // proposals (a token outside it is never drafted) and its τ is reported beside
+    // proposals (to its tokens and the prompt's) and its τ is reported beside
     let (measured, other_text, with_vocab) = match &d.draft_vocab {
         None => {
             let (m, o) = measured_tau(s.lt, d, val)?;
@@ -332,7 +332,7 @@ pub(super) fn simulated_vs_measured_tau(s: &Subject, d: &Drafter) -> Result<Chec
             match with_vocab {
                 None => String::new(),
                 Some((n, t)) => format!(
-                    " with the whole vocabulary, as the walk scores it ({t:.3} with the {n} proposals of {})",
+                    " with the whole vocabulary, as the walk scores it ({t:.3} drafting from the {n} tokens of {} and each prompt's)",
                     dflash_model::models::draft_vocab::FILE
                 ),
             },
