@@ -147,8 +147,6 @@ pub struct Generation {
     pub stopped_by_loop: bool,
 }
 
-/// Whether rounds read the device once (`DFLASH_ONE_SYNC=0` in the environment: the host's
-/// path, for A/B measurements).
 /// `DFLASH_DRAFT_VOCAB_PROMPT=0`: a drafter's vocabulary subset without the prompt's tokens
 /// (the reference of `bench/draft_vocab_prompt.sh`).
 fn prompt_tokens_off() -> bool {
@@ -156,6 +154,8 @@ fn prompt_tokens_off() -> bool {
     *OFF.get_or_init(|| std::env::var("DFLASH_DRAFT_VOCAB_PROMPT").as_deref() == Ok("0"))
 }
 
+/// Whether rounds read the device once (`DFLASH_ONE_SYNC=0` in the environment: the host's
+/// path, for A/B measurements).
 pub(crate) fn one_sync_env() -> bool {
     std::env::var("DFLASH_ONE_SYNC").map_or(true, |v| v != "0")
 }
