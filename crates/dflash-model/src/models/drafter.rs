@@ -29,7 +29,7 @@ use candle_core::Module;
 use candle_core::{DType, Device, Tensor};
 use dflash_core::config::DrafterConfig;
 use dflash_core::segments::Segments;
-use dflash_core::visibility::{draft_inference, draft_training_parts, DraftRule};
+use dflash_core::visibility::{draft_inference, draft_training_parts, DraftRule, Visibility};
 
 use crate::cache::kv_cache::KvCache;
 use crate::cpu::row_attention::{self, attend_rows, KeyRuns};
@@ -460,6 +460,8 @@ impl Drafter {
         // masks per distinct rule, from the shared visibility rule: training uses the two
         // visible parts (context, own block), inference the whole [cache | block] mask
         let mut masks: Vec<(DraftRule, LayerMask)> = Vec::new();
+        // inference: each rule's visibility, for the last layer's rows ([`LastRows`])
+        let mut visible: Vec<(DraftRule, Visibility)> = Vec::new();
         for l in &self.layers {
             if !masks.iter().any(|(r, _)| *r == l.rule) {
                 let lm = match layout {
@@ -493,7 +495,9 @@ impl Drafter {
                         let v = draft_inference(l.rule, anchor, block);
                         let runs = row_attention::serves(device, dtype, 1, block)
                             .then(|| KeyRuns::new(&v));
-                        LayerMask::Dense(mask_tensor(&v, dtype, device)?, runs)
+                        let lm = LayerMask::Dense(mask_tensor(&v, dtype, device)?, runs);
+                        visible.push((l.rule, v));
+                        lm
                     }
                 };
                 masks.push((l.rule, lm));
@@ -502,14 +506,15 @@ impl Drafter {
         // fewer output rows: the last layer's own mask for them (a conv mixes the block's rows,
         // so a DFlash2 layer keeps them all)
         let last = match (layout, out_rows.clone(), self.layers.last()) {
-            (DraftLayout::Inference { anchor, block }, Some(r), Some(l))
+            (DraftLayout::Inference { block, .. }, Some(r), Some(l))
                 if r.end <= block
                     && r != (0..block)
                     && !crate::ops::switched_off!("DFLASH_DRAFT_LAST_ROWS")
                     && l.attention_conv.is_none()
                     && l.mlp_conv.is_none() =>
             {
-                let v = draft_inference(l.rule, anchor, block).select_rows(r.clone());
+                let whole = &visible.iter().find(|(rule, _)| *rule == l.rule).unwrap().1;
+                let v = whole.select_rows(r.clone());
                 let runs =
                     row_attention::serves(device, dtype, 1, r.len()).then(|| KeyRuns::new(&v));
                 Some(LastRows {
