@@ -1,6 +1,7 @@
-//! The drafter that ships (`assets/drafters/smollm2-135m-b16`, trained by dflash-rs on the H200)
-//! with SmolLM2 on the CPU: DFlash and DDTree-8 equal AR at T = 0 on fixed prompts, and the
-//! pooled τ stays above a floor. A regression in the target engine, the drafter forward, the
+//! The drafters that ship (`assets/drafters/smollm2-135m-b16` and
+//! `assets/drafters/qwen2.5-coder-0.5b-b16`, trained by dflash-rs on an H200 or H100) with their
+//! targets on the CPU: DFlash and DDTree-8 equal AR at T = 0 on fixed prompts, and the pooled τ
+//! stays above a floor. A regression in the target engine, the drafter forward, the
 //! tap convention or the loader drops τ to ≈ 1 (a broken drafter still decodes losslessly),
 //! which this test catches. Floors: measured τ (see the drafter's README) minus a margin.
 //! Also DDTree's claim on a trained drafter: τ(DDTree-8) ≥ τ(DFlash chain).
@@ -47,6 +48,47 @@ fn bundled_drafter_with_integer_products_too() {
     check(true);
 }
 
+/// The Qwen2.5-Coder-0.5B drafter's problems: like its training data (math and code problems),
+/// not from it.
+const CODER_PROMPTS: &[&str] = &[
+    "A train travels 180 miles in 3 hours. At the same speed, how far does it travel in 5 hours?",
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Tom has 3 times as many marbles as Sara. Together they have 48 marbles. How many does Sara have?",
+    "Write a Python function that removes duplicates from a list while keeping the order.",
+];
+/// Pooled τ floors at T = 0, 64 new tokens (CPU, f32) for the Coder drafter: DFlash 3.405 and
+/// DDTree-8 3.706 measured here (its `draft_vocab.json` and each prompt's tokens); a random
+/// 3-layer drafter (`drafter init --seed 0`) gives 1.00 on the second prompt.
+const CODER_CHAIN_FLOOR: f64 = 3.25;
+const CODER_TREE8_FLOOR: f64 = 3.55;
+
+/// The Qwen2.5-Coder-0.5B drafter (3 layers) with its target: lossless and above its floors.
+#[test]
+fn bundled_coder_drafter_is_lossless_and_above_its_tau_floor() {
+    let lt = load(
+        &asset(
+            "models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            "qwen2.5-coder",
+        ),
+        candle_core::DType::F32,
+    );
+    let dir = dflash_model::io::loader::bundled_drafter("qwen2.5-coder-0.5b")
+        .expect("assets/drafters/qwen2.5-coder-0.5b-b16 is part of the repository");
+    let d = Drafter::load_dir(&dir, &lt.target).unwrap();
+    assert_eq!((d.block_size, d.num_layers()), (16, 3));
+    let (chain, tree) = taus(&lt, &d, CODER_PROMPTS);
+    eprintln!("bundled Coder drafter: DFlash τ {chain:.3}, DDTree-8 τ {tree:.3}");
+    assert!(
+        chain >= CODER_CHAIN_FLOOR,
+        "DFlash τ {chain:.3} < floor {CODER_CHAIN_FLOOR}"
+    );
+    assert!(
+        tree >= CODER_TREE8_FLOOR,
+        "DDTree-8 τ {tree:.3} < floor {CODER_TREE8_FLOOR}"
+    );
+    assert!(tree >= chain, "DDTree-8 τ {tree:.3} < DFlash τ {chain:.3}");
+}
+
 fn check(integer: bool) {
     // the weights are laid out at load time, on this thread: both with the integer products,
     // or as the process chose (exact unless `DFLASH_CPU_QUANT=q8`)
@@ -66,38 +108,7 @@ fn check(integer: bool) {
         assert!(formats.iter().any(|(f, _)| f.contains("q8")), "{formats:?}");
     }
     assert_eq!((d.block_size, d.num_layers()), (16, 5));
-    let (mut chain_rounds, mut tree_rounds) = (Vec::new(), Vec::new());
-    for p in PROMPTS {
-        let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
-        let r = req(&ids, 64, SamplingParams::default(), &lt.tokenizer.stop_ids);
-        let ar = decode(&lt.target, None, Mode::Ar, &r);
-        let chain = decode(&lt.target, Some(&d), Mode::Chain { block: 16 }, &r);
-        assert_eq!(
-            chain.new_tokens, ar.new_tokens,
-            "DFlash differs from AR on {p:?}"
-        );
-        let tree = decode(
-            &lt.target,
-            Some(&d),
-            Mode::Tree {
-                block: 16,
-                budget: 8,
-                top_k: 0,
-            },
-            &r,
-        );
-        assert_eq!(
-            tree.new_tokens, ar.new_tokens,
-            "DDTree-8 differs from AR on {p:?}"
-        );
-        chain_rounds.push(chain.rounds);
-        tree_rounds.push(tree.rounds);
-    }
-    // the one τ definition (dflash_core::stats), pooled over the prompts
-    let pooled = |r: &[Vec<dflash_core::stats::RoundOutcome>]| {
-        summarize(&r.iter().map(|x| x.as_slice()).collect::<Vec<_>>()).tau_pooled
-    };
-    let (chain_tau, tree_tau) = (pooled(&chain_rounds), pooled(&tree_rounds));
+    let (chain_tau, tree_tau) = taus(&lt, &d, PROMPTS);
     let (chain_floor, tree_floor) = match integer {
         false => (CHAIN_FLOOR, TREE8_FLOOR),
         true => (CHAIN_FLOOR_Q8, TREE8_FLOOR_Q8),
@@ -119,4 +130,41 @@ fn check(integer: bool) {
         tree_tau >= chain_tau,
         "DDTree-8 τ {tree_tau:.3} < DFlash τ {chain_tau:.3}"
     );
+}
+
+/// Pooled τ of DFlash and DDTree-8 over `prompts` (64 new tokens each, T = 0), both asserted
+/// equal to AR token for token.
+fn taus(lt: &dflash_model::io::loader::LoadedTarget, d: &Drafter, prompts: &[&str]) -> (f64, f64) {
+    let (mut chain_rounds, mut tree_rounds) = (Vec::new(), Vec::new());
+    for p in prompts {
+        let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
+        let r = req(&ids, 64, SamplingParams::default(), &lt.tokenizer.stop_ids);
+        let ar = decode(&lt.target, None, Mode::Ar, &r);
+        let chain = decode(&lt.target, Some(d), Mode::Chain { block: 16 }, &r);
+        assert_eq!(
+            chain.new_tokens, ar.new_tokens,
+            "DFlash differs from AR on {p:?}"
+        );
+        let tree = decode(
+            &lt.target,
+            Some(d),
+            Mode::Tree {
+                block: 16,
+                budget: 8,
+                top_k: 0,
+            },
+            &r,
+        );
+        assert_eq!(
+            tree.new_tokens, ar.new_tokens,
+            "DDTree-8 differs from AR on {p:?}"
+        );
+        chain_rounds.push(chain.rounds);
+        tree_rounds.push(tree.rounds);
+    }
+    // the one τ definition (dflash_core::stats), pooled over the prompts
+    let pooled = |r: &[Vec<dflash_core::stats::RoundOutcome>]| {
+        summarize(&r.iter().map(|x| x.as_slice()).collect::<Vec<_>>()).tau_pooled
+    };
+    (pooled(&chain_rounds), pooled(&tree_rounds))
 }
