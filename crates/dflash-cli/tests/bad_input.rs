@@ -292,7 +292,7 @@ fn speculative_generate_uses_the_bundled_drafter_and_compares_with_ar() {
     let err = fails_with(
         &[
             "--target",
-            "qwen2.5-coder-0.5b",
+            "qwen2.5-coder-1.5b",
             "--mode",
             "ddtree:8",
             "--prompt",
@@ -301,8 +301,8 @@ fn speculative_generate_uses_the_bundled_drafter_and_compares_with_ar() {
         "needs --drafter",
     );
     assert!(
-        err.contains("drafters/qwen2.5-coder-0.5b-b16 or ")
-            && err.contains("assets/drafters/qwen2.5-coder-0.5b-b16"),
+        err.contains("drafters/qwen2.5-coder-1.5b-b16 or ")
+            && err.contains("assets/drafters/qwen2.5-coder-1.5b-b16"),
         "{err}"
     );
 }

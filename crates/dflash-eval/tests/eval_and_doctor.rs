@@ -495,9 +495,9 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         sim.detail
     );
 
-    // in f32 the two drafter paths agree within 1e-4 and on every greedy draft token; in
-    // bf16 they round differently (the logits differ by more than 1e-4), and the check asks
-    // for the greedy draft tokens instead
+    // in f32 the two drafter paths agree within 1e-4 and on every greedy draft token; beside
+    // a bf16 target they round differently, and the verdict comes from an f32 copy of the
+    // drafter on the same taps, held to the same 1e-4
     let parity = |r: &dflash_eval::doctor::DoctorReport| {
         r.checks
             .iter()
@@ -516,11 +516,14 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     let bf16 = parity(&run_doctor_in(DType::BF16, &target, &drafter, None));
     assert!(!bf16.failed(), "{bf16:?}");
     assert!(
-        bf16.detail.contains("≥ 90% in BF16") && bf16.detail.contains("(reported)"),
+        bf16.detail
+            .starts_with("an f32 copy of the drafter on this BF16 target's taps")
+            && bf16.detail.contains("(≤ 1e-4)")
+            && bf16.detail.contains("(reported)"),
         "{bf16:?}"
     );
     let (same, all) = greedy_counts(&bf16.detail);
-    assert!(all > 0 && same * 10 >= all * 9, "{bf16:?}");
+    assert_eq!(same, all, "the f32 copy's greedy draft tokens: {bf16:?}");
 
     // (a) one tapped layer's weights perturbed
     let bad_target = copied(&target, "doc-target-perturbed");

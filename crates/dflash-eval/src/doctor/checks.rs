@@ -223,34 +223,44 @@ pub(super) fn tap_statistics(s: &Subject) -> Result<Check> {
 }
 
 /// Check 8: The training path (many blocks in one masked forward) and the inference path (one block
-/// on the draft cache) give the same logits.
+/// on the draft cache) give the same logits. In f32 they must agree within `parity_abs`. Beside
+/// a bf16 target the two paths of the bf16 drafter round differently — they sum over another
+/// number of rows in every product, and the differences grow through the layers (max |Δ| 2.0
+/// and 5.6, 34 and 39 of 45 greedy draft tokens equal, for the shipped Coder and SmolLM2
+/// drafters on an H100, whose f32 paths agree within 3e-5) — so the verdict comes from an f32
+/// copy of the drafter on the same taps and LM head, held to `parity_abs`; the bf16 paths'
+/// agreement is reported beside it.
 pub(super) fn train_infer_parity(s: &Subject, d: &Drafter) -> Result<Check> {
+    const NAME: &str = "train/infer parity";
     let ids =
         s.lt.tokenizer
             .encode(dflash_train::fingerprint::CANARY_PROMPTS[0], false)?;
     let p = parity_diff(s.lt, d, &ids)?;
     let agree = p.agreement_text();
-    Ok(if s.lt.target.dtype == candle_core::DType::F32 {
-        Check::new(
-            "train/infer parity",
+    let dtype = s.lt.target.dtype;
+    if dtype == candle_core::DType::F32 {
+        return Ok(Check::new(
+            NAME,
             p.max_abs <= s.tol.parity_abs,
             format!(
                 "max |Δ logits| {:.2e} (≤ {:.0e}); {agree}",
                 p.max_abs, s.tol.parity_abs
             ),
-        )
-    } else {
-        Check::new(
-            "train/infer parity",
-            p.agreement() >= s.tol.parity_argmax,
-            format!(
-                "{agree} (≥ {:.0}% in {:?}, where the paths round differently); max |Δ logits| {:.2e} (reported)",
-                100.0 * s.tol.parity_argmax,
-                s.lt.target.dtype,
-                p.max_abs
-            ),
-        )
-    })
+        ));
+    }
+    let d32 = Drafter::load_dir_as(s.dir, &s.lt.target, candle_core::DType::F32)?;
+    let p32 = parity_diff(s.lt, &d32, &ids)?;
+    Ok(Check::new(
+        NAME,
+        p32.max_abs <= s.tol.parity_abs,
+        format!(
+            "an f32 copy of the drafter on this {dtype:?} target's taps: max |Δ logits| {:.2e} (≤ {:.0e}), {}; in {dtype:?}, where the paths round differently: {agree}, max |Δ logits| {:.2e} (reported)",
+            p32.max_abs,
+            s.tol.parity_abs,
+            p32.agreement_text(),
+            p.max_abs
+        ),
+    ))
 }
 
 /// Check 9: The stored simulated τ, the simulated τ now and τ measured by decoding the validation

@@ -91,17 +91,16 @@ impl DoctorReport {
 /// anchors sit right after a rejected draft, which biases measured τ low (17 % on the tiny
 /// overfit pair of the tests); the failures the doctor exists for are far larger (τ 3.6 in
 /// training vs 1.2 in evaluation is a 67 % gap). The two drafter paths' logits must agree
-/// within `parity_abs` in f32; in bf16 they round differently (a block over the draft cache
-/// against one masked forward over many blocks: max |Δ| 3.9 on Qwen2.5-Coder-0.5B's drafter
-/// on an H100, 6e-2 on the CPU), so there the greedy draft tokens must agree at
-/// `parity_argmax` of the positions. Tap statistics are compared at `tap_rel` only on the
+/// within `parity_abs` in f32; beside a bf16 target they round differently (a block over the
+/// draft cache against one masked forward over many blocks: max |Δ| 2.0 and 5.6 on the shipped
+/// Coder and SmolLM2 drafters on an H100, 6e-2 on the CPU), so there an f32 copy of the drafter
+/// is held to `parity_abs` on the same taps (the bf16 paths' agreement reported). Tap statistics are compared at `tap_rel` only on the
 /// device kind and dtype of training (a CPU's bf16 rounds differently from a GPU's).
 pub struct Tolerances {
     pub tap_rel: f64,
     pub tap_rel_cross_dtype: f64,
     pub tau_rel: f64,
     pub parity_abs: f32,
-    pub parity_argmax: f64,
     /// `--against`: another stack's block logits may differ by this much of our logits' std.
     pub logit_rel: f64,
 }
@@ -113,7 +112,6 @@ impl Default for Tolerances {
             tap_rel_cross_dtype: 5e-2,
             tau_rel: 0.25,
             parity_abs: 1e-4,
-            parity_argmax: 0.9,
             logit_rel: 1e-3,
         }
     }

@@ -143,9 +143,10 @@ impl DraftHead {
     }
 
     /// Logits `[.., subset]` of normalised hidden states, in the compute dtype (as
-    /// [`Target::lm_head`]).
+    /// [`Target::lm_head`]); rows of a drafter in another dtype than the target's are read in
+    /// the target's.
     pub fn logits(&self, target: &Target, hidden: &Tensor) -> Result<Tensor> {
-        target.logits_with(&self.head, hidden)
+        target.logits_with(&self.head, &hidden.to_dtype(target.dtype)?)
     }
 }
 

@@ -122,6 +122,25 @@ fn window_cells(device: &Device) -> usize {
     })
 }
 
+/// The target's LM head weight `[vocab, h]` cast to `hidden`'s dtype, for a drafter that runs
+/// in another dtype than its target ([`Drafter::load_dir_as`]); `None` where they share one
+/// (the head as the target runs it). A head held only as quantized panels cannot be cast: an
+/// error names it.
+fn head_weight_as(target: &Target, hidden: &Tensor) -> Result<Option<Tensor>> {
+    if hidden.dtype() == target.dtype {
+        return Ok(None);
+    }
+    match target.lm_head_weight() {
+        Some(w) => Ok(Some(w.to_dtype(hidden.dtype())?)),
+        None => bail!(
+            "a drafter in {:?} beside a {:?} target needs the target's LM head as a tensor, \
+             not quantized panels",
+            hidden.dtype(),
+            target.dtype
+        ),
+    }
+}
+
 /// A layer's attention mask: the whole `[keys]` mask and each row's visible key runs (for
 /// [`crate::cpu::row_attention`] where it applies), or (training) the two visible parts.
 pub(crate) enum LayerMask {
@@ -221,16 +240,23 @@ pub struct BlockAt {
 impl Drafter {
     /// Load a z-lab-format drafter directory (`config.json` + `model.safetensors`) for `target`.
     pub fn load_dir(dir: &Path, target: &Target) -> Result<Self> {
+        Self::load_dir_as(dir, target, target.dtype)
+    }
+
+    /// [`Self::load_dir`] with the drafter's weights and compute in `dtype`, which may differ
+    /// from the target's: the target's embeddings enter it cast to `dtype` and its LM head
+    /// reads the drafter's rows in `dtype` ([`Self::logits`]; a draft vocabulary's head reads
+    /// them in the target's dtype). Example: the doctor's f32 copy
+    /// of a drafter beside a bf16 target, whose two forward paths must then agree to f32
+    /// rounding.
+    pub fn load_dir_as(dir: &Path, target: &Target, dtype: DType) -> Result<Self> {
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path)
             .with_context(|| format!("reading {}", cfg_path.display()))?;
         let config: DrafterConfig = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a DFlash drafter config", cfg_path.display()))?;
-        let store = TensorStore::from_safetensors(
-            &[dir.join("model.safetensors")],
-            target.dtype,
-            &target.device,
-        )?;
+        let store =
+            TensorStore::from_safetensors(&[dir.join("model.safetensors")], dtype, &target.device)?;
         let mut d = Self::load(config, &store, target)?;
         if let Some(v) = DraftVocab::read_dir(dir)? {
             v.validate(target.config.vocab_size).with_context(|| {
@@ -374,7 +400,7 @@ impl Drafter {
 
     /// The block stream input: the target's embedding of `tokens`, scaled as z-lab does.
     pub fn embed_block(&self, target: &Target, tokens: &[u32]) -> Result<Tensor> {
-        let e = target.embed(tokens)?;
+        let e = target.embed(tokens)?.to_dtype(self.norm.weight.dtype())?;
         let s = self.config.input_embedding_scale();
         Ok(if s != 1.0 { (e * s)? } else { e })
     }
@@ -763,7 +789,10 @@ impl Drafter {
     /// Draft logits (f32) from normed hidden rows: the target's LM head, then z-lab's
     /// `output_multiplier` and `final_logit_softcapping`.
     pub fn logits(&self, target: &Target, hidden: &Tensor) -> Result<Tensor> {
-        self.finish_logits(target.lm_head(hidden)?)
+        self.finish_logits(match head_weight_as(target, hidden)? {
+            Some(w) => hidden.broadcast_matmul(&w.t()?)?,
+            None => target.lm_head(hidden)?,
+        })
     }
 
     /// z-lab's `output_multiplier` and `final_logit_softcapping` on LM-head logits.
@@ -789,7 +818,10 @@ impl Drafter {
     /// copy of `rows × vocab`), then z-lab's multiplier and soft-capping as [`Self::logits`].
     /// The fused cross-entropy ([`crate::ops::cross_entropy`]) reads them in f32.
     pub fn training_logits(&self, target: &Target, hidden: &Tensor) -> Result<Tensor> {
-        self.finish_logits(target.lm_head_native(hidden)?)
+        self.finish_logits(match head_weight_as(target, hidden)? {
+            Some(w) => hidden.broadcast_matmul(&w.t()?)?,
+            None => target.lm_head_native(hidden)?,
+        })
     }
 
     /// One inference round's draft ([`BlockAt`]): logits `[positions, vocab]` for positions
