@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The drafter pipeline for SmolLM2-135M (B = 16) on a CUDA machine, in phases: check the device,
+# The drafter pipeline for SmolLM2-135M or Qwen2.5-Coder-0.5B (B = 16) on a CUDA machine, in phases: check the device,
 # regenerate data, train (time-limited, resumable), export, benchmark and evaluate. Every phase
 # can stop and be re-run: training resumes from its last checkpoint, data generation from its
 # last finished shard, and an evaluation whose report exists is skipped.
@@ -38,8 +38,8 @@
 #   WORK         data, run, export and probes ($DFLASH_HOME/device-train); OUT: logs ($WORK/out)
 #   PROMPTS      the prompt file for `data` ($WORK/prompts.jsonl; docs/GPU.md has the command)
 #   DATA_TAR     shards to restore (assets/data/smollm2-135m-regen-1024.tar.xz)
-#   E            the drafter to bench and evaluate ($WORK/export when it exists or the target is
-#                not SmolLM2, else the bundled assets/drafters/smollm2-135m-b16)
+#   E            the drafter to bench and evaluate ($WORK/export when it exists, else the target's
+#                bundled assets/drafters/$TARGET-b16)
 #   Optional, for machines that receive files instead of fetching them: STAGE (a directory of
 #   the GGUF's parts, part00 part01 …, concatenated by setup), BIN_XZ (an xz-compressed binary,
 #   unpacked to B), DATASETS_TAR (a tar.xz of $DFLASH_HOME/datasets/…), PROMPTS_XZ (PROMPTS,
@@ -64,7 +64,7 @@
 #   EVAL_TEMPS (0 1), EVAL_MODES (ar,dflash,ddtree:8,ddtree:32), EVAL_ARGS (more eval flags, e.g.
 #   --cuda-graphs), EVAL_MIN (200: seconds a run needs to start), EVAL_DIR ($WORK/eval), PLAN_OUT
 #   (`train --plan-out`: each step's rows and anchors, for `refrun`; needs INIT_FROM).
-# The shipped drafter's commands are in its card (assets/drafters/smollm2-135m-b16/README.md).
+# The shipped drafters' commands are in their cards (assets/drafters/*/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
@@ -88,7 +88,11 @@ TRAIN_DTYPE=${TRAIN_DTYPE:-bf16}
 D=$WORK/data
 R=$WORK/run
 if [ -z "${E:-}" ]; then
-  if [ -f "$WORK/export/model.safetensors" ] || [ "$TARGET" != smollm2-135m ]; then E=$WORK/export; else E=assets/drafters/smollm2-135m-b16; fi
+  if [ -f "$WORK/export/model.safetensors" ] || [ ! -f "assets/drafters/$TARGET-b16/model.safetensors" ]; then
+    E=$WORK/export
+  else
+    E=assets/drafters/$TARGET-b16
+  fi
 fi
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/log.txt"; }
 elapsed() { echo $(( $(date +%s) - T0 )); }
