@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The drafter pipeline for SmolLM2-135M or Qwen2.5-Coder-0.5B (B = 16) on a CUDA machine, in
 # phases: check the device, regenerate data, train (time-limited, resumable), export, benchmark
-# and evaluate. Every phase
-# can stop and be re-run: training resumes from its last checkpoint, data generation from its
-# last finished shard, and an evaluation whose report exists is skipped.
+# and evaluate. Every phase can stop and be re-run: training resumes from its last checkpoint,
+# data generation from its last finished shard, and an evaluation whose report exists is skipped.
 #
 # Usage (from the repository root):  scripts/device-train.sh PHASE...
 # Phases:
