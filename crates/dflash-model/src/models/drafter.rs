@@ -248,7 +248,8 @@ impl Drafter {
     /// reads the drafter's rows in `dtype` ([`Self::logits`]; a draft vocabulary's head reads
     /// them in the target's dtype). Example: the doctor's f32 copy
     /// of a drafter beside a bf16 target, whose two forward paths must then agree to f32
-    /// rounding.
+    /// rounding. The head's weight is cast at every call (`vocab × h` values): a check's
+    /// path, not a decoding one.
     pub fn load_dir_as(dir: &Path, target: &Target, dtype: DType) -> Result<Self> {
         let cfg_path = dir.join("config.json");
         let text = std::fs::read_to_string(&cfg_path)
