@@ -94,8 +94,9 @@ impl DoctorReport {
 /// within `parity_abs` in f32; beside a bf16 target they round differently (a block over the
 /// draft cache against one masked forward over many blocks: max |Δ| 2.0 and 5.6 on the shipped
 /// Coder and SmolLM2 drafters on an H100, 6e-2 on the CPU), so there an f32 copy of the drafter
-/// is held to `parity_abs` on the same taps (the bf16 paths' agreement reported). Tap statistics are compared at `tap_rel` only on the
-/// device kind and dtype of training (a CPU's bf16 rounds differently from a GPU's).
+/// is held to `parity_abs` on the same taps (the bf16 paths' agreement reported). Tap
+/// statistics are compared at `tap_rel` only on the device kind and dtype of training (a CPU's
+/// bf16 rounds differently from a GPU's).
 pub struct Tolerances {
     pub tap_rel: f64,
     pub tap_rel_cross_dtype: f64,
