@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The drafter's last layer on the rows a draft reads (the default) beside the whole block
-# (DFLASH_DRAFT_LAST_ROWS=0), same binary, same GGUF, alternated RUNS times:
+# (DFLASH_DISABLED_KERNELS=draft-last-rows), same binary, same GGUF, alternated RUNS times:
 # `dflash-rs bench decode` AR, DFlash, DDTree-3, DDTree-4 and DDTree-8 with the shipped drafter
 # (JSON rows: OUT/decode-{rows,block}-N.json; the drafts' logits are the same either way), then
 # the draft alone (the draft_cost example: median of 201 drafts per number of positions read).
@@ -16,17 +16,17 @@ GGUF=${GGUF:-$HOME/.cache/dflash-rs/models/smollm2-135m/SmolLM2-135M-Instruct.Q4
 mkdir -p "$OUT"
 for i in $(seq "$RUNS"); do
   for v in block rows; do
-    sw=1; [ "$v" = block ] && sw=0
+    sw=""; [ "$v" = block ] && sw=draft-last-rows
     rm -f "$OUT/decode-$v-$i.json"
-    DFLASH_DRAFT_LAST_ROWS=$sw "$B" bench decode --target "$GGUF" \
+    DFLASH_DISABLED_KERNELS=$sw "$B" bench decode --target "$GGUF" \
       --drafter assets/drafters/smollm2-135m-b16 --modes ar,dflash,ddtree:3,ddtree:4,ddtree:8 \
       --max-new-tokens 128 --repeats 3 --json "$OUT/decode-$v-$i.json" > "$OUT/decode-$v-$i.txt"
   done
 done
 for i in $(seq "$RUNS"); do
   for v in block rows; do
-    sw=1; [ "$v" = block ] && sw=0
-    DFLASH_DRAFT_LAST_ROWS=$sw "$E" > "$OUT/draft-$v-$i.txt"
+    sw=""; [ "$v" = block ] && sw=draft-last-rows
+    DFLASH_DISABLED_KERNELS=$sw "$E" > "$OUT/draft-$v-$i.txt"
   done
 done
 tail -n +1 "$OUT"/*.txt

@@ -28,10 +28,10 @@ for c in $CASES; do
     for att in $ATTENTION; do
       g=""; [ "$graphs" = 1 ] && g=--cuda-graphs
       case $att in
-        matmuls) env="DFLASH_FUSED_ATTENTION=0"; name=matmuls ;;
-        interval) env="DFLASH_DECODE_ATTENTION=0"; name="fused interval kernel" ;;
-        decode) env="DFLASH_DECODE_ATTENTION=1"; name="fused decode kernel" ;;
-        noprefill) env="DFLASH_PREFILL_ATTENTION=0"; name="fused decode kernel, prefills as matmuls" ;;
+        matmuls) env="DFLASH_DISABLED_KERNELS=attention"; name=matmuls ;;
+        interval) env="DFLASH_DISABLED_KERNELS=decode-attention"; name="fused interval kernel" ;;
+        decode) env="DFLASH_DISABLED_KERNELS="; name="fused decode kernel" ;;
+        noprefill) env="DFLASH_DISABLED_KERNELS=prefill-attention"; name="fused decode kernel, prefills as matmuls" ;;
         *) echo "unknown attention variant $att (matmuls interval decode noprefill)" >&2; exit 2 ;;
       esac
       f="$OUT/ours-$lo-$hi-$new-g$graphs-$att.json"

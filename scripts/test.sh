@@ -10,7 +10,5 @@ cargo clippy --workspace --all-targets -- -D warnings
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --release --workspace --no-fail-fast "$@"
 else
-  # one test at a time: some tests set process-wide state (DFLASH_CPU_ISA, the CPU kernels'
-  # ISA), which nextest keeps apart by running each test in its own process
-  cargo test --release --workspace --no-fail-fast "$@" -- --test-threads=1
+  cargo test --release --workspace --no-fail-fast "$@"
 fi

@@ -4,6 +4,15 @@ use anyhow::Result;
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
 
+/// An `--out` that a command writes whole: anything already there is refused by name unless
+/// `--force` replaces it.
+pub const OUT_REPLACEABLE: dflash_model::io::outputs::Output<'static> =
+    dflash_model::io::outputs::Output {
+        flag: "--out",
+        own: &dflash_model::io::outputs::nothing_own,
+        forceable: true,
+    };
+
 /// The target's sampling rule (greedy by default).
 #[derive(Args, Debug, Clone)]
 pub struct SamplingArgs {
@@ -40,9 +49,10 @@ pub struct DeviceArgs {
     pub dtype: String,
     /// How the CPU multiplies GGUF weights: `exact` (f32 multiply-adds: the f32 path's bits) or
     /// `q8` (each input row quantized to 8 bits per block of 32, integer products as llama.cpp's;
-    /// faster, near the f32 outputs; an LM head keeps the exact arg-max). Default:
-    /// `DFLASH_CPU_QUANT=q8` in the environment, else exact.
-    #[arg(long, value_parser = ["exact", "q8"])]
+    /// faster, near the f32 outputs; an LM head keeps the exact arg-max) or `f32` (the weights
+    /// dequantized once into f32 panels: the reference of comparisons). Default:
+    /// `DFLASH_CPU_QUANT`, else exact.
+    #[arg(long, value_parser = ["exact", "q8", "f32"])]
     pub cpu_products: Option<String>,
 }
 
@@ -82,7 +92,12 @@ impl DeviceArgs {
     /// The dtype and the device (opened; phase profiling synchronises it).
     pub fn parse(&self) -> Result<(candle_core::DType, candle_core::Device)> {
         if let Some(p) = &self.cpu_products {
-            dflash_model::cpu::q8::set(p == "q8");
+            use dflash_core::runtime::{self, CpuProducts, RuntimeConfig};
+            let cpu_products = CpuProducts::parse(p).map_err(anyhow::Error::msg)?;
+            runtime::install(RuntimeConfig {
+                cpu_products,
+                ..runtime::installed()
+            });
         }
         let device = dflash_model::device(&self.device)?;
         dflash_model::profile::sync_on(&device);

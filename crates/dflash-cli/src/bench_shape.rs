@@ -320,7 +320,10 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
     // cannot hold: with DFLASH_PROFILE set the replays are left out
     let graphed = !dev.is_cpu() && !dflash_model::profile::requested();
     if !dev.is_cpu() && !graphed {
-        eprintln!("DFLASH_PROFILE is set: no CUDA-graph replays (a capture cannot synchronise)");
+        eprintln!(
+            "{} is set: no CUDA-graph replays (a capture cannot synchronise)",
+            dflash_core::env::PROFILE.name
+        );
     }
     let draft_graph = if !graphed {
         None

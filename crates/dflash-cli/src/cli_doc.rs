@@ -41,7 +41,7 @@ mod tests {
         root.build();
         let doc = super::markdown(&root);
         let path = dflash_testkit::repo_root().join("docs/CLI.md");
-        if std::env::var_os("DFLASH_BLESS").is_some() {
+        if dflash_core::env::BLESS.is_set() {
             std::fs::write(&path, &doc).unwrap();
             return;
         }

@@ -31,6 +31,10 @@ pub struct ExportArgs {
     pub from: PathBuf,
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace what `--out` already holds (without it, an output that holds anything is
+    /// refused by name).
+    #[arg(long)]
+    pub force: bool,
     /// f32, bf16 or f16.
     #[arg(long, default_value = "bf16")]
     pub dtype: String,
@@ -42,6 +46,10 @@ pub struct InitArgs {
     pub target: String,
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace what `--out` already holds (without it, an output that holds anything is
+    /// refused by name).
+    #[arg(long)]
+    pub force: bool,
     #[arg(long, default_value_t = 5)]
     pub layers: usize,
     #[arg(long, default_value_t = 16)]
@@ -89,6 +97,7 @@ fn init(a: InitArgs) -> Result<()> {
         }),
         x => anyhow::bail!("unknown --arch '{x}': dflash or dflash2"),
     };
+    crate::args::OUT_REPLACEABLE.check_dir(&a.out, a.force)?;
     let loaded = load_target(
         &a.target,
         candle_core::DType::F32,
@@ -127,6 +136,7 @@ fn init(a: InitArgs) -> Result<()> {
 }
 
 fn export(a: ExportArgs) -> Result<()> {
+    crate::args::OUT_REPLACEABLE.check_dir(&a.out, a.force)?;
     let dtype = dflash_model::dtype(&a.dtype)?;
     let cfg_path = a.from.join("config.json");
     let text = std::fs::read_to_string(&cfg_path)

@@ -37,6 +37,10 @@ pub struct EvalArgs {
     pub max_new_tokens: usize,
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace what `--out` already holds (without it, an output that holds anything is
+    /// refused by name).
+    #[arg(long)]
+    pub force: bool,
     /// Start no new item after this many seconds; the report covers the items finished.
     #[arg(long)]
     pub time_limit: Option<f64>,
@@ -63,6 +67,7 @@ pub struct EvalArgs {
 }
 
 pub fn run_eval(a: EvalArgs) -> Result<()> {
+    crate::args::OUT_REPLACEABLE.check_dir(&a.out, a.force)?;
     let sampling = a.sampling.params()?;
     let time_limit = match a.time_limit {
         Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t)),

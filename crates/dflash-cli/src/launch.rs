@@ -51,20 +51,25 @@ impl Launch {
 
 /// This process's rank, when a launcher started it.
 pub fn rank_env() -> Result<Option<RankEnv>> {
-    let Ok(rank) = std::env::var("DFLASH_RANK") else {
+    use dflash_core::env::{LOCAL_RANK, RANK, RENDEZVOUS, WORLD};
+    let Some(rank) = RANK.get() else {
         return Ok(None);
     };
-    let num = |k: &str| -> Result<usize> {
-        std::env::var(k)
-            .with_context(|| format!("{k} is not set (DFLASH_RANK is)"))?
+    let num = |v: &dflash_core::env::Var| -> Result<usize> {
+        v.get()
+            .with_context(|| format!("{} is not set ({} is)", v.name, RANK.name))?
             .parse()
-            .with_context(|| format!("{k} is not a number"))
+            .with_context(|| format!("{} is not a number", v.name))
     };
     Ok(Some(RankEnv {
-        rank: rank.parse().context("DFLASH_RANK is not a number")?,
-        world: num("DFLASH_WORLD")?,
-        local_rank: num("DFLASH_LOCAL_RANK")?,
-        rendezvous: std::env::var("DFLASH_RENDEZVOUS").context("DFLASH_RENDEZVOUS is not set")?,
+        rank: rank
+            .parse()
+            .with_context(|| format!("{} is not a number", RANK.name))?,
+        world: num(&WORLD)?,
+        local_rank: num(&LOCAL_RANK)?,
+        rendezvous: RENDEZVOUS
+            .get()
+            .with_context(|| format!("{} is not set", RENDEZVOUS.name))?,
     }))
 }
 
@@ -83,10 +88,10 @@ pub fn launch(l: &Launch) -> Result<()> {
         let rank = l.node_rank * l.gpus + local;
         let child = Command::new(&exe)
             .args(&args)
-            .env("DFLASH_RANK", rank.to_string())
-            .env("DFLASH_WORLD", l.world().to_string())
-            .env("DFLASH_LOCAL_RANK", local.to_string())
-            .env("DFLASH_RENDEZVOUS", &l.rendezvous)
+            .env(dflash_core::env::RANK.name, rank.to_string())
+            .env(dflash_core::env::WORLD.name, l.world().to_string())
+            .env(dflash_core::env::LOCAL_RANK.name, local.to_string())
+            .env(dflash_core::env::RENDEZVOUS.name, &l.rendezvous)
             // NVLink multicast (NVLS) off: not every machine's fabric manager allows it
             .env("NCCL_NVLS_ENABLE", "0")
             .spawn()

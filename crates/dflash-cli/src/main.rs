@@ -27,6 +27,22 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Fused kernels and paths to turn off, comma-separated (`attention` names every fused
+    /// attention kernel; docs/ENVIRONMENT.md lists them): the composed ops run instead, for A/B
+    /// comparisons. Default: `DFLASH_DISABLED_KERNELS`, else none.
+    #[arg(long, global = true, value_name = "NAMES")]
+    disable_kernels: Option<String>,
+}
+
+/// The runtime configuration: the environment's defaults ([`dflash_core::env`]) under the
+/// command line's flags.
+fn runtime_config(cli: &Cli) -> anyhow::Result<dflash_core::runtime::RuntimeConfig> {
+    let mut config = dflash_core::runtime::RuntimeConfig::from_env();
+    if let Some(list) = &cli.disable_kernels {
+        config.kernels = dflash_core::runtime::KernelPlan::parse(list)
+            .map_err(|e| anyhow::anyhow!("--disable-kernels: {e}"))?;
+    }
+    Ok(config)
 }
 
 #[derive(Subcommand)]
@@ -83,7 +99,7 @@ fn main() {
     use tracing_subscriber::Layer;
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
-    // `DFLASH_PROFILE=1`: time per phase (dflash_model::profile), printed by the long loops
+    // `DFLASH_PROFILE`: time per phase (dflash_model::profile), printed by the long loops
     let phases = dflash_model::profile::requested().then_some(dflash_model::profile::PhaseLayer);
     tracing_subscriber::registry()
         .with(
@@ -94,6 +110,13 @@ fn main() {
         .with(phases)
         .init();
     let cli = Cli::parse();
+    match runtime_config(&cli) {
+        Ok(config) => dflash_core::runtime::install(config),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    }
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Drafter(c) => drafter_cmd::run(c),

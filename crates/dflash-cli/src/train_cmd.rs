@@ -33,12 +33,17 @@ pub struct VocabArgs {
     pub size: usize,
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace what `--out` already holds (without it, an output that holds anything is
+    /// refused by name).
+    #[arg(long)]
+    pub force: bool,
 }
 
 fn run_vocab(a: VocabArgs) -> Result<()> {
     if a.size == 0 {
         anyhow::bail!("--size must be at least 1");
     }
+    crate::args::OUT_REPLACEABLE.check_file(&a.out, a.force)?;
     let (_, seqs) = dflash_train::data::read_sequences(&a.data)?;
     let (ids, coverage) = dflash_train::vocab::frequent_tokens(&seqs, a.size);
     let v = dflash_model::models::draft_vocab::DraftVocab {
@@ -85,8 +90,8 @@ pub struct PromptsArgs {
     pub extend: Option<PathBuf>,
     /// Wrap each prompt's last user turn in this text, where `{prompt}` stands for the turn (e.g.
     /// "{prompt}\nWrite the solution in Python."): once for all sources, or once per --prompts,
-    /// in the same order (`{prompt}` alone leaves a source as it is). Applied after --max-chars
-    /// and --limit.
+    /// in the same order (`{prompt}` alone leaves a source as it is; `\n`, `\t` and `\\` are
+    /// a newline, a tab and a backslash). Applied after --max-chars and --limit.
     #[arg(long)]
     pub template: Vec<String>,
     /// Drop every prompt that shares a run of 13 words with an item of GSM8K, HumanEval,
@@ -96,6 +101,10 @@ pub struct PromptsArgs {
     pub drop_eval_overlap: bool,
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace what `--out` already holds (without it, an output that holds anything is
+    /// refused by name).
+    #[arg(long)]
+    pub force: bool,
 }
 
 fn run_prompts(a: PromptsArgs) -> Result<()> {
@@ -125,6 +134,7 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
             prompts::TEMPLATE_SLOT
         );
     }
+    crate::args::OUT_REPLACEABLE.check_file(&a.out, a.force)?;
     let (items, missing) = dflash_eval::datasets::item_texts(&dflash_home())?;
     if a.drop_eval_overlap && !missing.is_empty() {
         anyhow::bail!(
@@ -170,7 +180,8 @@ fn run_prompts(a: PromptsArgs) -> Result<()> {
             ps.truncate(l);
         }
         if let Some(t) = a.template.get(k).or(a.template.first()) {
-            ps.iter_mut().for_each(|p| prompts::apply_template(p, t));
+            let t = prompts::unescape_template(t);
+            ps.iter_mut().for_each(|p| prompts::apply_template(p, &t));
         }
         eprintln!("{src}: {} of {n0} prompts", ps.len());
         all.extend(ps);
@@ -258,6 +269,9 @@ pub fn run_data(cmd: DataCommand) -> Result<()> {
         anyhow::bail!("--batch-size must be >= 1");
     }
     let rank = crate::launch::rank_env()?;
+    if rank.is_none() {
+        dflash_train::data::check_out(&a.out)?;
+    }
     let partition = dflash_train::regen_ranks::Partition {
         world: a.gpus,
         prompts_per_shard: a.shard_size,
@@ -500,9 +514,14 @@ pub struct CurvesArgs {
     pub run: PathBuf,
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace what `--out` already holds (without it, an output that holds anything is
+    /// refused by name).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run_curves(a: CurvesArgs) -> Result<()> {
+    crate::args::OUT_REPLACEABLE.check_file(&a.out, a.force)?;
     let m = if a.run.is_dir() {
         a.run.join("metrics.jsonl")
     } else {

@@ -8,11 +8,15 @@
 //! - [`selector`]: DFlash2's candidate-selector walk (greedy, sampled, tree children);
 //! - [`stats`]: τ and acceptance statistics, defined once;
 //! - [`segments`]: packed training rows (several sequences side by side);
-//! - [`loops`]: where a response starts repeating itself (regeneration stops there, training cuts).
+//! - [`loops`]: where a response starts repeating itself (regeneration stops there, training cuts);
+//! - [`runtime`]: the runtime configuration as a value (kernel plan, CPU products, tuning);
+//! - [`env`]: the one registry of the `DFLASH_*` environment variables.
 
 pub mod acceptance;
 pub mod config;
+pub mod env;
 pub mod loops;
+pub mod runtime;
 pub mod sampled_tree;
 pub mod sampling;
 pub mod segments;

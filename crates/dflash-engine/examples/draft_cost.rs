@@ -3,7 +3,7 @@
 //! `cargo run --release -p dflash-engine --example draft_cost -- [context=512] [reps=201]`
 //! Each repeat drafts a 16-block anchored at `context` from 3 new context rows (a typical
 //! round's), the positions interleaved; prints the median ms per draft. Run it with and without
-//! `DFLASH_DRAFT_LAST_ROWS=0` (the last layer on the whole block) to see what reading fewer rows
+//! `DFLASH_DISABLED_KERNELS=draft-last-rows` (the last layer on the whole block) to see what reading fewer rows
 //! saves (bench/draft_last_rows.sh).
 
 use std::time::Instant;
@@ -62,7 +62,7 @@ fn main() -> Result<()> {
             cache.truncate(warm)?;
         }
     }
-    let whole = std::env::var("DFLASH_DRAFT_LAST_ROWS").as_deref() == Ok("0");
+    let whole = dflash_core::runtime::off(dflash_core::runtime::Kernel::DraftLastRows);
     println!(
         "draft cost, context {context}, block {}, last layer on {}, median of {reps}",
         d.block_size,

@@ -31,7 +31,7 @@ use dflash_model::cuda::graphed::GraphedBatch;
 use dflash_model::ops::sample_rows::{draw_rows, rule_probs, Uniforms};
 use dflash_model::{KvCache, Rows, Target};
 
-use crate::decode::{check_request, one_sync_env};
+use crate::decode::{check_request, one_sync_on};
 use crate::Request;
 
 /// The key interval of each row of a right-aligned sequence
@@ -392,7 +392,7 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
 /// Each slot's next token from its row of `logits` (`[slots, vocab]`), by the path AR takes
 /// for the slot's rule: the arg-max at T = 0; at T > 0 a draw where the logits are (one
 /// uniform number of the slot's stream, the probabilities of [`rule_probs`] walked by
-/// [`draw_rows`]), the slots of one rule drawn together; with `DFLASH_ONE_SYNC=0` the host's
+/// [`draw_rows`]), the slots of one rule drawn together; with `DFLASH_DISABLED_KERNELS=one-sync` the host's
 /// [`Sampler::sample`] on the row. Only tokens leave the device on the default path; free
 /// slots get 0. Example: 256 slots at T = 1 → one `[256, vocab]` draw on the device and 256
 /// tokens read back, instead of 256 rows of logits.
@@ -401,7 +401,7 @@ fn draw_step(logits: &Tensor, slot: &mut [Option<Live>]) -> Result<Vec<u32>> {
     let (mut greedy, mut host) = (Vec::new(), Vec::new());
     // the slots drawn on the device, by rule (one rule in a regeneration run)
     let mut rules: Vec<(SamplingParams, Vec<usize>)> = Vec::new();
-    let one_sync = one_sync_env();
+    let one_sync = one_sync_on();
     for (i, l) in slot.iter().enumerate() {
         let Some(l) = l else { continue };
         let p = l.sampler.params;

@@ -147,17 +147,16 @@ pub struct Generation {
     pub stopped_by_loop: bool,
 }
 
-/// `DFLASH_DRAFT_VOCAB_PROMPT=0`: a drafter's vocabulary subset without the prompt's tokens
+/// `--disable-kernels prompt-vocab`: a drafter's vocabulary subset without the prompt's tokens
 /// (the reference of `bench/draft_vocab_prompt.sh`).
 fn prompt_tokens_off() -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OFF.get_or_init(|| std::env::var("DFLASH_DRAFT_VOCAB_PROMPT").as_deref() == Ok("0"))
+    dflash_core::runtime::off(dflash_core::runtime::Kernel::PromptVocab)
 }
 
-/// Whether rounds read the device once (`DFLASH_ONE_SYNC=0` in the environment: the host's
-/// path, for A/B measurements).
-pub(crate) fn one_sync_env() -> bool {
-    std::env::var("DFLASH_ONE_SYNC").map_or(true, |v| v != "0")
+/// Whether rounds read the device once (`--disable-kernels one-sync`: the host's path, for A/B
+/// measurements).
+pub(crate) fn one_sync_on() -> bool {
+    !dflash_core::runtime::off(dflash_core::runtime::Kernel::OneSync)
 }
 
 /// Why a generation cannot start.
@@ -213,7 +212,7 @@ pub struct DecodeOptions {
     /// The host's path for every round: a chain's drafts read back after the draft, and at
     /// T > 0 the rows' logits sampled on the host, instead of the round on the device (one
     /// read per round, [`dflash_model::ops::sample_rows`]); the environment's
-    /// `DFLASH_ONE_SYNC=0` sets this too. At T = 0 the tokens are the same either way; at
+    /// `DFLASH_DISABLED_KERNELS=one-sync` sets this too. At T = 0 the tokens are the same either way; at
     /// T > 0 the distribution is (the seed draws other tokens).
     pub drafts_to_host: bool,
 }
@@ -376,7 +375,7 @@ struct Decoding<'a> {
     /// What the verify of such a round read back: its drafts, then (T = 0) the target's token
     /// per row or (T > 0) each draft's verdict and bonus and the last row's draw.
     read_back: Option<Vec<u32>>,
-    /// Whether rounds stay on the device where they can (`DFLASH_ONE_SYNC=0`: no).
+    /// Whether rounds stay on the device where they can (`DFLASH_DISABLED_KERNELS=one-sync`: no).
     one_sync: bool,
     /// Position of the anchor: the last committed token, not yet in the target cache.
     start: usize,
@@ -507,7 +506,7 @@ impl<'a> Decoding<'a> {
             sampled: None,
             device_round: None,
             read_back: None,
-            one_sync: !opts.drafts_to_host && one_sync_env(),
+            one_sync: !opts.drafts_to_host && one_sync_on(),
             start: req.prompt_ids.len(),
             stopped: req.stop_ids.contains(&first) || looped,
             looped,
@@ -734,7 +733,7 @@ impl<'a> Decoding<'a> {
 
     /// Whether this round's chain stays on the device: a DFlash chain of a drafter without a
     /// candidate selector (its walk is the host's), greedy or sampled, unless
-    /// `DFLASH_ONE_SYNC=0` asks for the host's path.
+    /// `DFLASH_DISABLED_KERNELS=one-sync` asks for the host's path.
     /// Its round reads the device once, after the verify: at T = 0 the drafts and the
     /// target's arg-max of every row; at T > 0 under the residual rule the drafts, each one's
     /// verdict and bonus ([`dflash_model::ops::sample_rows`]) and the last row's draw; under
@@ -749,7 +748,7 @@ impl<'a> Decoding<'a> {
     }
 
     /// Whether draws at T > 0 happen on the device (every rule does, unless
-    /// `DFLASH_ONE_SYNC=0` asks for the host's path).
+    /// `DFLASH_DISABLED_KERNELS=one-sync` asks for the host's path).
     fn samples_on_device(&self) -> bool {
         self.one_sync && !self.sampler.params.is_greedy()
     }

@@ -146,7 +146,7 @@ pub fn load(name_or_file: &str, home: &Path, limit: Option<usize>) -> Result<Vec
             )
         })?;
         for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-            let line = line?;
+            let line = line.with_context(|| format!("{} line {}", path.display(), i + 1))?;
             if line.trim().is_empty() {
                 continue;
             }
@@ -170,6 +170,18 @@ pub fn load(name_or_file: &str, home: &Path, limit: Option<usize>) -> Result<Vec
                     i + 1
                 );
             };
+            if turns.is_empty() || turns.iter().any(|t| t.trim().is_empty()) {
+                bail!(
+                    "{} line {}: {}",
+                    path.display(),
+                    i + 1,
+                    if turns.is_empty() {
+                        "no user turn in 'messages'"
+                    } else {
+                        "the prompt is empty"
+                    }
+                );
+            }
             items.push(EvalItem {
                 id: format!("item-{i}"),
                 turns,

@@ -36,7 +36,7 @@ pub fn sync_on(device: &Device) {
 
 /// Whether `DFLASH_PROFILE` asks for phase times.
 pub fn requested() -> bool {
-    std::env::var_os("DFLASH_PROFILE").is_some()
+    dflash_core::env::PROFILE.is_set()
 }
 
 fn synchronize() {

@@ -7,7 +7,7 @@ use std::process::Command;
 use dflash_model::io::atomic::{replace_dir, replace_dir_observed, Step};
 
 /// Set for the child process: `DIR|STEP`, the destination and the step after which to abort.
-const CHILD: &str = "DFLASH_ATOMIC_CHILD";
+const CHILD: &str = dflash_core::env::ATOMIC_CHILD.name;
 
 fn write_version(dir: &Path, v: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir.join("drafter"))?;
@@ -27,7 +27,7 @@ fn version(dir: &Path) -> Option<String> {
 /// step it is told (without the variable: nothing to do).
 #[test]
 fn child_replaces_and_aborts() {
-    let Ok(spec) = std::env::var(CHILD) else {
+    let Some(spec) = dflash_core::env::ATOMIC_CHILD.get() else {
         return;
     };
     let (dir, step) = spec.split_once('|').unwrap();

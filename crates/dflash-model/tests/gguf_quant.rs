@@ -52,11 +52,7 @@ fn quantized_streaming_equals_the_f32_path_bit_for_bit() {
     );
     // the blocks dequantize to candle's f32 weight, which the store holds with streaming off
     // (q_proj: rows un-permuted like it)
-    // SAFETY: this test's process (nextest runs each test alone) reads no other variable
-    // concurrently
-    std::env::set_var("DFLASH_CPU_QUANT", "0");
-    let plain = gguf::load(&path, DType::F32, &Device::Cpu).unwrap();
-    std::env::remove_var("DFLASH_CPU_QUANT");
+    let plain = with_f32_panels(|| gguf::load(&path, DType::F32, &Device::Cpu)).unwrap();
     for (name, b, shape) in [
         (
             "model.layers.0.mlp.up_proj.weight",
@@ -113,11 +109,8 @@ fn qwen25_coder_streaming_equals_the_f32_path_bit_for_bit() {
 /// CPU with a kernel ISA), and every output must be the same bits.
 fn same_bits_streamed_or_not(path: &std::path::Path, streamed_projections: usize) {
     let streamed = load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
-    // SAFETY: this test's process (nextest runs each test alone) reads no other variable
-    // concurrently
-    std::env::set_var("DFLASH_CPU_QUANT", "0");
-    let plain = load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu).unwrap();
-    std::env::remove_var("DFLASH_CPU_QUANT");
+    let plain =
+        with_f32_panels(|| load_target(path.to_str().unwrap(), DType::F32, &Device::Cpu)).unwrap();
     assert_eq!(plain.target.quantized_projections(), 0);
     if dflash_model::cpu::panels::Panels::supported() {
         assert_eq!(
@@ -127,8 +120,10 @@ fn same_bits_streamed_or_not(path: &std::path::Path, streamed_projections: usize
     }
     // on every ISA the CPU runs (AVX-512 and AVX2 on an AVX-512 CPU)
     for isa in Isa::available() {
-        Isa::set(Some(isa)).unwrap();
-        let (a, b) = (outputs(&streamed.target), outputs(&plain.target));
+        let (a, b) = Isa::with(Some(isa), || {
+            (outputs(&streamed.target), outputs(&plain.target))
+        })
+        .unwrap();
         assert_eq!(a.len(), b.len());
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
             let (x, y) = (
@@ -141,4 +136,14 @@ fn same_bits_streamed_or_not(path: &std::path::Path, streamed_projections: usize
             );
         }
     }
+}
+
+/// `f()` with GGUF weights laid out as f32 panels (no streaming), on this thread.
+fn with_f32_panels<T>(f: impl FnOnce() -> T) -> T {
+    use dflash_core::runtime::{self, CpuProducts, RuntimeConfig};
+    let cfg = RuntimeConfig {
+        cpu_products: CpuProducts::F32,
+        ..runtime::current()
+    };
+    runtime::with_config(cfg, f)
 }

@@ -16,6 +16,27 @@ use serde::{Deserialize, Serialize};
 
 pub const FORMAT: &str = "dflash-rs-shards-v1";
 
+/// Whether `name` is an entry `data generate` writes in its directory: the manifest, shards,
+/// the ranks' directory, and the atomic writes' temporaries. Anything else in an `--out` is
+/// someone else's, and regeneration refuses to mix shards into it. Example: `shard-00003.jsonl`
+/// and `.manifest.json.tmp-4711` are; `metrics.jsonl` (a training run's) is not.
+pub fn is_own_entry(name: &str) -> bool {
+    name == "manifest.json"
+        || name == "ranks"
+        || (name.starts_with("shard-") && name.ends_with(".jsonl"))
+        || (name.starts_with('.') && name.contains(".tmp-"))
+}
+
+/// `data generate --out DIR`: missing, or a data directory of its own to continue.
+pub fn check_out(dir: &Path) -> Result<()> {
+    dflash_model::io::outputs::Output {
+        flag: "--out",
+        own: &is_own_entry,
+        forceable: false,
+    }
+    .check_dir(dir, false)
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sequence {
     pub ids: Vec<u32>,

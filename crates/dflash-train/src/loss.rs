@@ -195,7 +195,7 @@ pub fn block_loss(
         block,
     };
     // the taped forward, whose written backward follows the loss's (`LossOutput::backward`);
-    // with DFLASH_TRAIN_TAPE=0, candle's autograd through the traced forward
+    // with DFLASH_DISABLED_KERNELS=train-tape, candle's autograd through the traced forward
     let (hidden, tape) = if drafter.trains_taped() {
         let t = drafter.forward_taped(&feats.taps, &emb, layout)?;
         (t.hidden.clone(), Some(t))

@@ -69,6 +69,31 @@ pub fn apply_template(p: &mut Prompt, template: &str) {
     }
 }
 
+/// A template as typed on a command line: `\n`, `\t` and `\\` stand for a newline, a tab and a
+/// backslash (a shell passes `"{prompt}\nWrite …"` with the two characters `\` `n`). Example:
+/// `{prompt}\nUse Python.` → "{prompt}", a newline, "Use Python.".
+pub fn unescape_template(t: &str) -> String {
+    let mut out = String::with_capacity(t.len());
+    let mut chars = t.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('\\') => out.push('\\'),
+            Some(other) => {
+                out.push('\\');
+                out.push(other);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
 /// Which human turns of a ShareGPT record become prompts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Turns {
@@ -81,7 +106,8 @@ pub enum Turns {
 }
 
 /// ShareGPT's JSON array, record by record; the shipped file is cut off mid-string, so
-/// parsing stops at the first incomplete record and keeps the complete ones. Records that do
+/// parsing stops at the first incomplete record and keeps the complete ones, saying so on
+/// stderr (how many records, where the file breaks off). Records that do
 /// not open with a human turn, and turns of another speaker than human, gpt or system, end
 /// what a record gives (a conversation is kept only up to where it is well formed).
 pub fn sharegpt(path: &Path, turns: Turns) -> Result<Vec<Prompt>> {
@@ -91,7 +117,7 @@ pub fn sharegpt(path: &Path, turns: Turns) -> Result<Vec<Prompt>> {
         .trim_start()
         .strip_prefix('[')
         .context("ShareGPT file is not a JSON array")?;
-    let mut out = Vec::new();
+    let (mut out, mut records) = (Vec::new(), 0usize);
     loop {
         rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ',');
         if rest.is_empty() || rest.starts_with(']') {
@@ -102,9 +128,20 @@ pub fn sharegpt(path: &Path, turns: Turns) -> Result<Vec<Prompt>> {
             Some(Ok(rec)) => {
                 let used = it.byte_offset();
                 rest = &rest[used..];
+                records += 1;
                 out.extend(sharegpt_record(&rec, turns));
             }
-            _ => break, // the truncated tail
+            _ => {
+                eprintln!(
+                    "note: {} breaks off in record {} (byte {} of {}): the {records} complete \
+                     records before it are read",
+                    path.display(),
+                    records + 1,
+                    text.len() - rest.len(),
+                    text.len()
+                );
+                break;
+            }
         }
     }
     Ok(out)
@@ -167,7 +204,7 @@ fn json_lines(
 ) -> Result<()> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line?;
+        let line = line.with_context(|| format!("{} line {}", path.display(), i + 1))?;
         if line.trim().is_empty() {
             continue;
         }
@@ -184,11 +221,23 @@ fn json_lines(
 }
 
 /// A JSONL file: each line has `prompt` (a string) or `messages` (chat format); lines with
-/// an `input` in chat format (the evals registry) count as `messages`. A malformed line is an
-/// error, unless `lenient` (the evals registry has some), where it is skipped.
+/// an `input` in chat format (the evals registry) count as `messages`. A malformed line, an
+/// empty prompt, and a file without any prompt are errors naming the line or the keys found;
+/// lines without a user turn are skipped with a warning that counts them. With `lenient` (the
+/// evals registry has malformed lines) such lines are skipped silently.
+/// Example: `{"prompt": ""}` on line 3 → "x.jsonl line 3: the prompt is empty".
 pub fn jsonl(path: &Path, cap: Option<usize>, lenient: bool) -> Result<Vec<Prompt>> {
     let mut out = Vec::new();
-    json_lines(path, lenient, |_, v| {
+    let (mut skipped, mut first_keys) = (Vec::new(), None);
+    json_lines(path, lenient, |n, v| {
+        first_keys.get_or_insert_with(|| match v.as_object() {
+            Some(o) => {
+                let mut keys: Vec<_> = o.keys().cloned().collect();
+                keys.sort();
+                keys.join(", ")
+            }
+            None => "none: not an object".to_string(),
+        });
         let p = if let Some(s) = v.get("prompt").and_then(|p| p.as_str()) {
             Some(user(s.to_string()))
         } else {
@@ -209,12 +258,45 @@ pub fn jsonl(path: &Path, cap: Option<usize>, lenient: bool) -> Result<Vec<Promp
             })
             .filter(|p| p.messages.iter().any(|m| m.role == "user"))
         };
-        if let Some(p) = p {
-            out.push(p);
+        match p {
+            Some(p) if last_user_is_empty(&p) => {
+                if !lenient {
+                    bail!("{} line {n}: the prompt is empty", path.display());
+                }
+            }
+            Some(p) => out.push(p),
+            None => skipped.push(n),
         }
         Ok(cap.is_none_or(|c| out.len() < c))
     })?;
+    if out.is_empty() && !lenient {
+        bail!(
+            "{}: no prompts: each line needs a string `prompt` or a `messages` list with a user \
+             turn (the first line's keys: {})",
+            path.display(),
+            first_keys.unwrap_or_else(|| "none: the file is empty".into())
+        );
+    }
+    if !skipped.is_empty() && !lenient {
+        let shown: Vec<String> = skipped.iter().take(5).map(|n| n.to_string()).collect();
+        eprintln!(
+            "warning: {}: {} line(s) without a prompt or a user turn skipped (line {}{})",
+            path.display(),
+            skipped.len(),
+            shown.join(", "),
+            if skipped.len() > 5 { ", …" } else { "" }
+        );
+    }
     Ok(out)
+}
+
+/// Whether the last user turn of `p` is empty (or only whitespace).
+fn last_user_is_empty(p: &Prompt) -> bool {
+    p.messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "user")
+        .is_some_and(|m| m.content.trim().is_empty())
 }
 
 /// WritingBench's queries (`writingbench:PATH`, its `benchmark_all.jsonl`): each line's
@@ -506,5 +588,54 @@ mod tests {
         let v = load(p.to_str().unwrap(), 10).unwrap();
         assert_eq!(v.len(), 2);
         assert_eq!(v[1].messages.len(), 2);
+    }
+
+    /// An empty prompt is refused by its line, a file without prompts names the keys it has,
+    /// a line without a user turn is skipped (and counted), a non-UTF-8 line names the file.
+    #[test]
+    fn bad_prompt_files_are_named() {
+        let e = |name: &str, text: &[u8]| {
+            let p = temp_file("jl-bad", name, "");
+            std::fs::write(&p, text).unwrap();
+            format!("{:#}", load(p.to_str().unwrap(), 10).unwrap_err())
+        };
+        let err = e(
+            "empty.jsonl",
+            b"{\"prompt\": \"a\"}\n\n{\"prompt\": \"  \"}\n",
+        );
+        assert!(
+            err.contains("empty.jsonl line 3: the prompt is empty"),
+            "{err}"
+        );
+        let err = e(
+            "turn.jsonl",
+            b"{\"messages\": [{\"role\": \"user\", \"content\": \"\"}]}\n",
+        );
+        assert!(
+            err.contains("turn.jsonl line 1: the prompt is empty"),
+            "{err}"
+        );
+        let err = e("keys.jsonl", b"{\"question\": \"q\", \"answer\": \"a\"}\n");
+        assert!(
+            err.contains("keys.jsonl: no prompts") && err.contains("answer, question"),
+            "{err}"
+        );
+        let err = e("latin1.jsonl", b"{\"prompt\": \"caf\xe9\"}\n");
+        assert!(err.contains("latin1.jsonl line 1"), "{err}");
+        let p = temp_file(
+            "jl-bad",
+            "skip.jsonl",
+            "{\"messages\": []}\n{\"prompt\": \"b\"}\n",
+        );
+        assert_eq!(load(p.to_str().unwrap(), 10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_typed_template_reads_its_escapes() {
+        assert_eq!(
+            unescape_template(r"{prompt}\nUse Python.\tOk \\n \q"),
+            "{prompt}\nUse Python.\tOk \\n \\q"
+        );
+        assert_eq!(unescape_template("trailing \\"), "trailing \\");
     }
 }

@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 ///
 /// `DFLASH_CPU_ISA=avx2` runs the AVX2 kernels on an AVX-512 CPU (`avx512`, `none` likewise;
 /// a set the CPU lacks, or another value, keeps the detected one, with a warning), read once;
-/// [`Isa::set`] changes it in-process (the tests run every available ISA).
+/// [`Isa::with`] changes it for one call on one thread (the tests run every available ISA; a
+/// product's helper threads run the ISA its caller read).
 /// Example: on an AVX-512 CPU `DFLASH_CPU_ISA=avx2` → `Isa::detect() == Some(Isa::Avx2)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
@@ -27,6 +28,11 @@ pub enum Isa {
 
 /// The selected ISA: 0 not chosen yet, 1 none, 2 AVX2, 3 AVX-512.
 static SELECTED: AtomicU8 = AtomicU8::new(0);
+
+thread_local! {
+    /// This thread's ISA ([`Isa::with`]), over [`SELECTED`]; 0: none chosen here.
+    static SCOPED: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
 
 impl Isa {
     /// The ISAs this CPU runs, best first.
@@ -49,9 +55,14 @@ impl Isa {
 
     /// The ISA the kernels run on now (see the type's doc).
     pub fn detect() -> Option<Isa> {
-        let code = match SELECTED.load(Ordering::Relaxed) {
+        let scoped = SCOPED.with(|s| s.get());
+        let code = match if scoped != 0 {
+            scoped
+        } else {
+            SELECTED.load(Ordering::Relaxed)
+        } {
             0 => {
-                let chosen = Self::from_env();
+                let chosen = Self::choose(dflash_core::env::CPU_ISA.get().as_deref());
                 let code = Self::code(chosen);
                 // the first caller's choice stays (a racing caller computed the same one)
                 let _ = SELECTED.compare_exchange(0, code, Ordering::Relaxed, Ordering::Relaxed);
@@ -66,18 +77,6 @@ impl Isa {
         }
     }
 
-    /// Run the kernels on `isa` (`None`: candle's paths) from now on; an ISA this CPU lacks is
-    /// an error and changes nothing. Between forwards only: a product reads it once.
-    pub fn set(isa: Option<Isa>) -> Result<(), String> {
-        if let Some(i) = isa {
-            if !Self::available().contains(&i) {
-                return Err(format!("this CPU does not run the {i:?} kernels"));
-            }
-        }
-        SELECTED.store(Self::code(isa), Ordering::Relaxed);
-        Ok(())
-    }
-
     fn code(isa: Option<Isa>) -> u8 {
         match isa {
             Some(Isa::Avx512) => 3,
@@ -86,11 +85,30 @@ impl Isa {
         }
     }
 
-    /// `DFLASH_CPU_ISA` where the CPU runs it, else the best available.
-    fn from_env() -> Option<Isa> {
+    /// `f()` with the kernels on `isa` on this thread, then this thread's ISA as it was (also
+    /// when `f` panics); an ISA this CPU lacks is an error and runs nothing.
+    pub fn with<T>(isa: Option<Isa>, f: impl FnOnce() -> T) -> Result<T, String> {
+        if let Some(i) = isa {
+            if !Self::available().contains(&i) {
+                return Err(format!("this CPU does not run the {i:?} kernels"));
+            }
+        }
+        struct Restore(u8);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                SCOPED.with(|s| s.set(self.0));
+            }
+        }
+        let _restore = Restore(SCOPED.with(|s| s.replace(Self::code(isa))));
+        Ok(f())
+    }
+
+    /// The ISA asked for (`DFLASH_CPU_ISA`'s value) where the CPU runs it, else the best
+    /// available.
+    fn choose(asked: Option<&str>) -> Option<Isa> {
         let available = Self::available();
         let best = available.first().copied();
-        let Ok(v) = std::env::var("DFLASH_CPU_ISA") else {
+        let Some(v) = asked else {
             return best;
         };
         let asked = match v.to_ascii_lowercase().as_str() {
@@ -98,13 +116,19 @@ impl Isa {
             "avx2" => Some(Isa::Avx2),
             "none" | "" => None,
             other => {
-                tracing::warn!("DFLASH_CPU_ISA={other}: not avx512, avx2 or none; using {best:?}");
+                tracing::warn!(
+                    "{}={other}: not avx512, avx2 or none; using {best:?}",
+                    dflash_core::env::CPU_ISA.name
+                );
                 return best;
             }
         };
         match asked {
             Some(i) if !available.contains(&i) => {
-                tracing::warn!("DFLASH_CPU_ISA={v}: this CPU lacks it; using {best:?}");
+                tracing::warn!(
+                    "{}={v}: this CPU lacks it; using {best:?}",
+                    dflash_core::env::CPU_ISA.name
+                );
                 best
             }
             a => a,
@@ -116,30 +140,25 @@ impl Isa {
 mod tests {
     use super::*;
 
-    /// `DFLASH_CPU_ISA` picks an available ISA, and an unknown value or a set the CPU lacks
-    /// keeps the best one; `Isa::set` refuses an ISA the CPU lacks.
+    /// `DFLASH_CPU_ISA`'s value picks an available ISA, and an unknown value or a set the CPU
+    /// lacks keeps the best one; `Isa::with` refuses an ISA the CPU lacks and scopes the rest.
     #[test]
     fn the_override_picks_an_available_isa() {
         let available = Isa::available();
         let best = available.first().copied();
-        // SAFETY: this test's process (nextest runs each test alone) reads no other variable
-        std::env::set_var("DFLASH_CPU_ISA", "avx2");
         let want = available.contains(&Isa::Avx2).then_some(Isa::Avx2).or(best);
-        assert_eq!(Isa::from_env(), want);
-        std::env::set_var("DFLASH_CPU_ISA", "none");
-        assert_eq!(Isa::from_env(), None);
-        std::env::set_var("DFLASH_CPU_ISA", "sse9");
-        assert_eq!(Isa::from_env(), best);
-        std::env::remove_var("DFLASH_CPU_ISA");
-        assert_eq!(Isa::from_env(), best);
+        assert_eq!(Isa::choose(Some("avx2")), want);
+        assert_eq!(Isa::choose(Some("none")), None);
+        assert_eq!(Isa::choose(Some("sse9")), best);
+        assert_eq!(Isa::choose(None), best);
         if !available.contains(&Isa::Avx512) {
-            assert!(Isa::set(Some(Isa::Avx512)).is_err());
+            assert!(Isa::with(Some(Isa::Avx512), || ()).is_err());
         }
-        Isa::set(None).unwrap();
-        assert_eq!(Isa::detect(), None);
+        let before = Isa::detect();
+        assert_eq!(Isa::with(None, Isa::detect).unwrap(), None);
         for isa in available {
-            Isa::set(Some(isa)).unwrap();
-            assert_eq!(Isa::detect(), Some(isa));
+            assert_eq!(Isa::with(Some(isa), Isa::detect).unwrap(), Some(isa));
         }
+        assert_eq!(Isa::detect(), before);
     }
 }

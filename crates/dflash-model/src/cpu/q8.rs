@@ -40,54 +40,33 @@ pub const Q41_BLOCK: usize = 64 + 8 * 32;
 /// Bytes of an integer Q8_0 panel block: 16 f16 scales, 8 groups of 64.
 pub const Q80_BLOCK: usize = 32 + 8 * 64;
 
-/// The products chosen in-process ([`set`]): 0 none (the environment decides), 1 exact, 2 q8.
-static CHOSEN: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-thread_local! {
-    /// This thread's scoped choice ([`with_choice`]), over [`CHOSEN`]: 0 none, 1 exact, 2 q8.
-    /// Per thread, so that a drafter loaded with its own products on one thread does not lay
-    /// out the weights another thread loads meanwhile with them.
-    static SCOPED: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
-}
+use dflash_core::runtime::{self, CpuProducts, RuntimeConfig};
 
 /// Whether weights laid out from now on (on this thread) multiply by 8-bit rows rather than
-/// exactly: as [`with_choice`] chose for this thread, else as [`set`] chose (the CLI's
-/// `--cpu-products`), else `DFLASH_CPU_QUANT=q8`.
+/// exactly: the runtime configuration's `cpu_products` ([`with_choice`]'s on this thread, else
+/// the process's: `--cpu-products`, else `DFLASH_CPU_QUANT`).
 pub fn enabled() -> bool {
-    let scoped = SCOPED.with(|s| s.get());
-    let chosen = match scoped {
-        0 => CHOSEN.load(std::sync::atomic::Ordering::Relaxed),
-        c => c,
-    };
-    match chosen {
-        1 => false,
-        2 => true,
-        _ => std::env::var("DFLASH_CPU_QUANT").is_ok_and(|v| v.eq_ignore_ascii_case("q8")),
-    }
-}
-
-/// Choose the integer products (`true`) or the exact ones for the weights loaded from now on,
-/// over `DFLASH_CPU_QUANT`. Weights already laid out keep their panels.
-pub fn set(integer: bool) {
-    CHOSEN.store(
-        if integer { 2 } else { 1 },
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    runtime::current().cpu_products == CpuProducts::Q8
 }
 
 /// `f()` with the weights it lays out on this thread multiplied by 8-bit rows (`integer`) or
-/// exactly, then this thread's choice as it was, even if `f` panics (a drafter's products
-/// chosen apart from its target's). Example: `with_choice(true, || Drafter::load_dir(dir,
-/// &target))` gives the drafter Q8_0 panels beside an exact target.
+/// exactly (f32 panels stay f32 panels), then this thread's choice as it was, even if `f`
+/// panics (a drafter's products chosen apart from its target's). Example: `with_choice(true,
+/// || Drafter::load_dir(dir, &target))` gives the drafter Q8_0 panels beside an exact target.
 pub fn with_choice<T>(integer: bool, f: impl FnOnce() -> T) -> T {
-    struct Restore(u8);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            SCOPED.with(|s| s.set(self.0));
-        }
-    }
-    let _restore = Restore(SCOPED.with(|s| s.replace(if integer { 2 } else { 1 })));
-    f()
+    let now = runtime::current();
+    let cpu_products = match (integer, now.cpu_products) {
+        (true, _) => CpuProducts::Q8,
+        (false, CpuProducts::Q8) => CpuProducts::Exact,
+        (false, p) => p,
+    };
+    runtime::with_config(
+        RuntimeConfig {
+            cpu_products,
+            ..now
+        },
+        f,
+    )
 }
 
 /// The panel kinds of the integer products: 4-bit values with a scale and a minimum, or signed
@@ -754,31 +733,36 @@ mod tests {
         assert_eq!(&q[..5], &[127, 0, 2, 2, 0]);
     }
 
-    /// [`set`] decides over `DFLASH_CPU_QUANT`, either way; [`with_choice`] for its call only.
+    /// [`with_choice`] decides for its call only, on its thread only, and keeps f32 panels.
     #[test]
-    fn the_choice_overrides_the_environment() {
-        // SAFETY: this test's process (nextest runs each test alone) reads no other variable
-        std::env::set_var("DFLASH_CPU_QUANT", "q8");
-        assert!(enabled());
-        set(false);
-        assert!(!enabled());
-        std::env::remove_var("DFLASH_CPU_QUANT");
-        set(true);
-        assert!(enabled());
-        // a scoped choice, then the one before it
-        assert!(!with_choice(false, enabled));
-        assert!(enabled());
-        set(false);
-        assert!(with_choice(true, enabled));
-        assert!(!enabled());
-        // another thread sees the process's choice, not this thread's scoped one
-        with_choice(true, || {
-            assert!(enabled());
-            assert!(!std::thread::spawn(enabled).join().unwrap());
+    fn a_scoped_choice_is_this_threads_and_ends_with_its_scope() {
+        let at = |p| RuntimeConfig {
+            cpu_products: p,
+            ..runtime::current()
+        };
+        runtime::with_config(at(CpuProducts::Exact), || {
+            assert!(!enabled());
+            assert!(with_choice(true, enabled));
+            assert!(!enabled());
+            // another thread sees the process's choice, not this thread's scoped one
+            with_choice(true, || {
+                assert!(enabled());
+                let process = runtime::installed().cpu_products == CpuProducts::Q8;
+                assert_eq!(std::thread::spawn(enabled).join().unwrap(), process);
+            });
+            // a panic inside the scope restores the choice before it
+            let _ = std::panic::catch_unwind(|| with_choice(true, || panic!("inside the scope")));
+            assert!(!enabled());
         });
-        // a panic inside the scope restores the choice before it
-        let _ = std::panic::catch_unwind(|| with_choice(true, || panic!("inside the scope")));
-        assert!(!enabled());
+        runtime::with_config(at(CpuProducts::Q8), || {
+            assert!(!with_choice(false, enabled))
+        });
+        runtime::with_config(at(CpuProducts::F32), || {
+            assert_eq!(
+                with_choice(false, runtime::current).cpu_products,
+                CpuProducts::F32
+            );
+        });
     }
 
     /// Zero rows give zero scales and products; a non-finite input makes its block's scale

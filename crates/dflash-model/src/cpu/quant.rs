@@ -284,11 +284,11 @@ impl QuantBlocks {
     }
 }
 
-/// Whether GGUF weights are streamed from their blocks on the CPU (`DFLASH_CPU_QUANT=0` keeps
-/// the f32 panels, for comparisons; `q8` streams them into integer products,
-/// [`crate::cpu::q8`]; unset or any other value, the exact products).
+/// Whether GGUF weights are streamed from their blocks on the CPU: unless the runtime
+/// configuration's `cpu_products` is `f32` (the f32 panels, for comparisons); `q8` streams them
+/// into integer products ([`crate::cpu::q8`]).
 pub fn streaming() -> bool {
-    std::env::var("DFLASH_CPU_QUANT").map_or(true, |v| v != "0")
+    dflash_core::runtime::current().cpu_products != dflash_core::runtime::CpuProducts::F32
 }
 
 #[cfg(test)]

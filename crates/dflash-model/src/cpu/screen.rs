@@ -109,11 +109,13 @@ pub fn settle<'p>(
     let (n, k) = (bounds.len(), a.k);
     let rows = y.len().checked_div(n).unwrap_or(0);
     let out = crate::cpu::panels::SyncPtr(y.as_mut_ptr());
+    // read on this thread: the helpers run the caller's ISA (`Isa::with` is per thread)
+    let isa = crate::cpu::Isa::detect();
     let row = |r: usize| {
         // SAFETY: row r's n logits are this call's alone
         let yr = unsafe { std::slice::from_raw_parts_mut(out.ptr().add(r * n), n) };
         let (dx, xr) = (&a.d[r * (k / QB)..][..k / QB], &x[r * k..][..k]);
-        settle_row_on(yr, dx, xr, bounds, panel);
+        settle_row_on(isa, yr, dx, xr, bounds, panel);
     };
     if rows > 1 {
         crate::cpu::helpers::for_each_chunk(rows, &row);
@@ -122,8 +124,9 @@ pub fn settle<'p>(
     }
 }
 
-/// [`settle_row`] compiled for the CPU's vector ISA (its FMAs in instructions, not calls).
+/// [`settle_row`] compiled for `isa` (its FMAs in instructions, not calls).
 fn settle_row_on<'p>(
+    isa: Option<crate::cpu::Isa>,
     yr: &mut [f32],
     dx: &[f32],
     xr: &[f32],
@@ -151,7 +154,7 @@ fn settle_row_on<'p>(
         compiled_for!(avx2, "avx2,fma");
         // SAFETY: the CPU runs the ISA detected (an AVX-512F CPU has FMA; `Isa::available`
         // checks it for AVX2)
-        match crate::cpu::Isa::detect() {
+        match isa {
             Some(crate::cpu::Isa::Avx512) => return unsafe { avx512(yr, dx, xr, bounds, panel) },
             Some(crate::cpu::Isa::Avx2) => return unsafe { avx2(yr, dx, xr, bounds, panel) },
             None => {}

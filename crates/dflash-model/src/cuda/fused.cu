@@ -1218,7 +1218,7 @@ struct MassAbove {
     __device__ double operator()(int m, double* sh) const { return block_sum(stride_sum(v, KeyMass{x, q, m}), sh); }
 };
 
-// The smallest key m with above(m) < limit by bisection (`DFLASH_RULE_SEARCH=0`, the A/B's
+// The smallest key m with above(m) < limit by bisection (`DFLASH_DISABLED_KERNELS=rule-search`, the A/B's
 // reference: 32 dependent block sums of the row).
 template <typename Above>
 __device__ int key_bisect(const Above& above, double limit, double* sh) {

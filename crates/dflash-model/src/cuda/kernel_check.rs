@@ -287,7 +287,7 @@ fn tree_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 /// full rule; (2) Qwen3's heads in small (8 / 2 of 128), sequences of 300 and 212, 20 anchors, a
 /// sliding window of 90 keys (five row tiles, thirteen key tiles, the last part-filled); (3)
 /// Qwen2.5-Coder-0.5B's heads (14 / 2 of 64: 7 query heads per K/V head), sequences of 230 and
-/// 160, 12 anchors. With `DFLASH_TRAIN_ATTENTION=0` a GPU runs the twin.
+/// 160, 12 anchors. With `DFLASH_DISABLED_KERNELS=train-attention` a GPU runs the twin.
 fn train_attention_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::ops::train_attention::{attend, serves, switched_off, TrainIntervals};
     let mut outs = Vec::new();

@@ -40,7 +40,7 @@ pub const ALIASES: &[(&str, &str, &str)] = &[
 
 /// The asset cache directory.
 pub fn dflash_home() -> PathBuf {
-    if let Ok(h) = std::env::var("DFLASH_HOME") {
+    if let Some(h) = dflash_core::env::HOME.get() {
         return PathBuf::from(h);
     }
     let home = std::env::var("HOME").unwrap_or_else(|_| ".".into());

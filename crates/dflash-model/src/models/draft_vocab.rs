@@ -16,7 +16,7 @@
 //! word problem about muffins), which a subset chosen from other text may lack, so a decode
 //! drafts from the subset and its prompt's tokens ([`DraftVocab::with_tokens`]): SmolLM2's
 //! muffin question drafts "muffins" (token 35114, outside the bundled 8,192) seven times in
-//! 128 tokens. `DFLASH_DRAFT_VOCAB_PROMPT=0` drafts from the subset alone.
+//! 128 tokens. `DFLASH_DISABLED_KERNELS=prompt-vocab` drafts from the subset alone.
 
 use std::path::Path;
 

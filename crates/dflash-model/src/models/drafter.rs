@@ -106,15 +106,10 @@ const WINDOW_CELLS_GPU: usize = 1 << 22;
 /// The same on the CPU, where launches cost nothing and wasted cells cost FLOPs.
 const WINDOW_CELLS_CPU: usize = 1 << 20;
 
-/// [`WINDOW_CELLS_GPU`] or [`WINDOW_CELLS_CPU`] for `device`, or `DFLASH_WINDOW_CELLS` when it
-/// is a number (read once; for measuring the trade-off).
+/// [`WINDOW_CELLS_GPU`] or [`WINDOW_CELLS_CPU`] for `device`, or the runtime configuration's
+/// `tuning.window_cells` (`DFLASH_WINDOW_CELLS`, for measuring the trade-off).
 fn window_cells(device: &Device) -> usize {
-    static CELLS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let set = *CELLS.get_or_init(|| {
-        std::env::var("DFLASH_WINDOW_CELLS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    });
+    let set = dflash_core::runtime::current().tuning.window_cells;
     set.unwrap_or(if device.is_cpu() {
         WINDOW_CELLS_CPU
     } else {
@@ -159,7 +154,7 @@ pub(crate) enum LayerMask {
 /// rule's rows for them (its keys and values still come from every row: the rows kept attend
 /// to the whole block). Example: a DDTree of budget 4 reads rows 1..5 of a 16-block, so the last layer's
 /// q, o and MLP products take 4 rows instead of 16; each returned row equals the whole block's
-/// (up to the rounding of a product over fewer rows). `DFLASH_DRAFT_LAST_ROWS=0` runs the whole
+/// (up to the rounding of a product over fewer rows). `DFLASH_DISABLED_KERNELS=draft-last-rows` runs the whole
 /// block instead (for measuring the difference).
 pub(crate) struct LastRows {
     rows: std::ops::Range<usize>,
@@ -536,7 +531,7 @@ impl Drafter {
             (DraftLayout::Inference { block, .. }, Some(r), Some(l))
                 if r.end <= block
                     && r != (0..block)
-                    && !crate::ops::switched_off!("DFLASH_DRAFT_LAST_ROWS")
+                    && !dflash_core::runtime::off(dflash_core::runtime::Kernel::DraftLastRows)
                     && l.attention_conv.is_none()
                     && l.mlp_conv.is_none() =>
             {

@@ -35,9 +35,9 @@ pub fn add_rms_norm(x: &Tensor, h: &Tensor, norm: &RmsNorm) -> Result<(Tensor, T
 }
 
 /// A GPU, f32 or bf16, one shape and dtype, a plain (not zero-centred) weight of the last
-/// dim's width (at most 8,192), nothing differentiated. `DFLASH_FUSED_ADD_NORM=0` turns it off.
+/// dim's width (at most 8,192), nothing differentiated. `DFLASH_DISABLED_KERNELS=add-norm` turns it off.
 pub fn serves(x: &Tensor, h: &Tensor, norm: &RmsNorm) -> bool {
-    let off = crate::ops::switched_off!("DFLASH_FUSED_ADD_NORM");
+    let off = dflash_core::runtime::off(dflash_core::runtime::Kernel::AddNorm);
     !off && x.device().is_cuda()
         && matches!(x.dtype(), DType::F32 | DType::BF16)
         && h.dtype() == x.dtype()

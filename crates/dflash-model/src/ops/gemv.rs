@@ -13,9 +13,9 @@ use candle_core::{DType, Layout, Result, Shape, Tensor};
 
 /// Whether the kernel takes `x` `[.., in]` (one row in all) times `w` `[out, in]`: a GPU, f32
 /// or bf16 for both, nothing differentiated, contiguous operands whose rows start on 16-byte
-/// boundaries (`in` a multiple of 8 values). `DFLASH_GEMV=0` turns it off.
+/// boundaries (`in` a multiple of 8 values). `DFLASH_DISABLED_KERNELS=gemv` turns it off.
 pub fn serves(x: &Tensor, w: &Tensor) -> bool {
-    let off = crate::ops::switched_off!("DFLASH_GEMV");
+    let off = dflash_core::runtime::off(dflash_core::runtime::Kernel::Gemv);
     let aligned = |t: &Tensor| {
         let (_, l) = t.storage_and_layout();
         (l.start_offset() * t.dtype().size_in_bytes()).is_multiple_of(16)

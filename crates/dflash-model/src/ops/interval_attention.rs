@@ -15,10 +15,10 @@
 //! - one query row in each of several sequences and at most 8 query heads per K/V head (the
 //!   AR steps of a regeneration's slots), `decode_attn_*` (`src/cuda/fused.cu`): a block per
 //!   (sequence, K/V head, split), K/V rows loaded straight into registers with several loads in
-//!   flight per lane; `DFLASH_DECODE_ATTENTION=0` hands these to the last kernel;
+//!   flight per lane; `DFLASH_DISABLED_KERNELS=decode-attention` hands these to the last kernel;
 //! - in bf16, more than 4 query rows per K/V head (a verify), `verify_attn_*`
 //!   (`src/cuda/mma_attn.cuh`): a block per (sequence, K/V head, split) holds all the K/V head's
-//!   `hq / hkv · n` rows and multiplies on the tensor cores; `DFLASH_VERIFY_ATTENTION=0` hands
+//!   `hq / hkv · n` rows and multiplies on the tensor cores; `DFLASH_DISABLED_KERNELS=verify-attention` hands
 //!   these to the last kernel;
 //! - otherwise (a single sequence's AR step, f32), `interval_attn_*` (`src/cuda/fused.cu`): a
 //!   block per (sequence, K/V head, group of up to 16 of the rows that share the K/V head,
@@ -27,7 +27,7 @@
 //! A tree's verify (DDTree) has rows that see an interval and a window of 64 columns past it
 //! ([`RowIntervals::tree_widened`]): in bf16 with more than 4 and at most [`MAX_TREE_ROWS`] query
 //! rows per K/V head, `verify_tree_attn_*` ([`fused_tree`]), the verify kernel reading four
-//! words per row, unless `DFLASH_TREE_ATTENTION=0` ([`tree_switched_on`]) hands these back to
+//! words per row, unless `DFLASH_DISABLED_KERNELS=tree-attention` ([`tree_switched_on`]) hands these back to
 //! the additive mask's path. One sequence's rows of one interval each that are more than the
 //! verify kernel's 64 per K/V head and at most 128 ([`eight_warp_rows`]: Qwen2.5-Coder's 16-row
 //! verifies) take the same kernel with empty windows.
@@ -40,7 +40,7 @@
 //!
 //! They serve head dims 64 and 128, at most 64 query rows per K/V head, f32 and bf16, and K/V
 //! whose rows are read in place ([`crate::layers::attention`]'s `matmul_operand` layout).
-//! `DFLASH_FUSED_ATTENTION=0` turns both off (the matmul path).
+//! `DFLASH_DISABLED_KERNELS=attention` turns both off (the matmul path).
 
 use candle_core::{DType, Result, Tensor};
 
@@ -52,10 +52,10 @@ pub const MAX_ROWS: usize = 64;
 /// The most query rows per K/V head the tree kernel takes (eight warps of 16 rows).
 pub const MAX_TREE_ROWS: usize = 128;
 
-/// Whether the environment turns the fused kernels off (`DFLASH_FUSED_ATTENTION=0`; read once:
+/// Whether the environment turns the fused kernels off (`DFLASH_DISABLED_KERNELS=attention`; read once:
 /// this runs at every attention layer of every forward).
 pub fn switched_off() -> bool {
-    crate::ops::switched_off!("DFLASH_FUSED_ATTENTION")
+    dflash_core::runtime::off(dflash_core::runtime::Kernel::IntervalAttention)
 }
 
 /// Whether the fused kernel takes this attention: a CUDA device, head dim 64 or 128, at most
@@ -107,12 +107,12 @@ pub fn eight_warp_rows(hq: usize, hkv: usize, d: usize, n: usize) -> bool {
 }
 
 /// Whether a target's layers hand a tree's verify to the tree kernel: unless
-/// `DFLASH_TREE_ATTENTION=0`, `DFLASH_VERIFY_ATTENTION=0` or `DFLASH_FUSED_ATTENTION=0` (read
+/// `DFLASH_DISABLED_KERNELS=tree-attention`, `DFLASH_DISABLED_KERNELS=verify-attention` or `DFLASH_DISABLED_KERNELS=attention` (read
 /// once).
 pub fn tree_switched_on() -> bool {
     !switched_off()
-        && !crate::ops::switched_off!("DFLASH_TREE_ATTENTION")
-        && !crate::ops::switched_off!("DFLASH_VERIFY_ATTENTION")
+        && !dflash_core::runtime::off(dflash_core::runtime::Kernel::TreeAttention)
+        && !dflash_core::runtime::off(dflash_core::runtime::Kernel::VerifyAttention)
 }
 
 /// Whether the tree kernel can take this attention: [`rows_per_kv_head`] more than 4 and at
@@ -186,27 +186,27 @@ pub(crate) fn apply(
 }
 
 /// The decode kernel for `b` sequences of `n` query rows, `rows` per K/V head: several sequences
-/// of one query row and at most 8 heads per K/V head, unless `DFLASH_DECODE_ATTENTION=0`; the
+/// of one query row and at most 8 heads per K/V head, unless `DFLASH_DISABLED_KERNELS=decode-attention`; the
 /// head count it is built for (2, 4 or 8; fewer heads run with the rest idle). A single
 /// sequence's AR step keeps the interval kernel: on the H200 the decode kernel took 2.5 % longer
 /// over Qwen3-8B's 512-row step (BENCHMARKS.md). Example: 256 SmolLM2 slots (9 / 3 heads) → 4;
 /// a 16-row verify → none (the interval kernel's row groups).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn decode_heads(b: usize, n: usize, rows: usize) -> Option<usize> {
-    let off = crate::ops::switched_off!("DFLASH_DECODE_ATTENTION");
+    let off = dflash_core::runtime::off(dflash_core::runtime::Kernel::DecodeAttention);
     (b > 1 && n == 1 && rows <= 8 && !off).then(|| rows.next_power_of_two().max(2))
 }
 
 /// The tensor-core verify kernel's splits of the keys for `blocks` (sequence, K/V head) pairs of
 /// `rows` query rows each in `dtype` over `t` columns of head dim `d`, or `None` where it does not
-/// serve (f32, at most 4 rows per K/V head, or `DFLASH_VERIFY_ATTENTION=0`). About 128 blocks
+/// serve (f32, at most 4 rows per K/V head, or `DFLASH_DISABLED_KERNELS=verify-attention`). About 128 blocks
 /// or at most 4 tiles per split, at most 32 splits, each a whole number of key tiles (64 keys
 /// for head dim 64, 32 for 128) and none left empty.
 /// Example: Qwen3-8B's 16-row verify (8 K/V heads) over 528 columns: 17 tiles of 32, 16 splits
 /// wanted, 2 tiles each → 9 splits, 72 blocks.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn verify_splits(dtype: DType, blocks: usize, rows: usize, t: usize, d: usize) -> Option<usize> {
-    let off = crate::ops::switched_off!("DFLASH_VERIFY_ATTENTION");
+    let off = dflash_core::runtime::off(dflash_core::runtime::Kernel::VerifyAttention);
     if dtype != DType::BF16 || rows <= 4 || off {
         return None;
     }

@@ -6,7 +6,7 @@
 //! `src/cuda/fused.cu`) moves the rows of every buffer in one launch, from a table of the
 //! buffers' addresses and the rows uploaded together: a DDTree-8 round's walk and commit took
 //! 0.51–0.53 ms with the gather and 0.15 ms with the kernel on an H100 (docs/BENCHMARKS.md,
-//! "A tree's compaction in one launch"); `DFLASH_KEEP_ROWS_KERNEL=0` turns it off.
+//! "A tree's compaction in one launch"); `DFLASH_DISABLED_KERNELS=keep-rows` turns it off.
 //!
 //! The kernel walks the moves in order, in place, so it takes only moves where no row is
 //! written before a later move reads it: `moved` ascending with `moved[j] >= fixed + j`
@@ -73,7 +73,7 @@ fn kernel_serves(buffers: &[&Tensor], fixed: usize, moved: &[u32]) -> bool {
         && moved
             .last()
             .is_some_and(|&r| (r as usize) < first.dims()[2])
-        && !crate::ops::switched_off!("DFLASH_KEEP_ROWS_KERNEL")
+        && !dflash_core::runtime::off(dflash_core::runtime::Kernel::KeepRows)
 }
 
 #[cfg(feature = "cuda")]

@@ -13,9 +13,9 @@ use candle_core::{DType, Result, Tensor};
 
 /// Whether the kernel takes `scores` and `mask` (see the module docs): a GPU, f32 or bf16
 /// scores, an f32 or same-dtype mask of `n` rows (or `b · n`) over the scores' columns,
-/// contiguous, nothing differentiated. `DFLASH_FUSED_SOFTMAX=0` turns it off.
+/// contiguous, nothing differentiated. `DFLASH_DISABLED_KERNELS=masked-softmax` turns it off.
 pub fn serves(scores: &Tensor, mask: &Tensor, n: usize) -> bool {
-    let off = crate::ops::switched_off!("DFLASH_FUSED_SOFTMAX");
+    let off = dflash_core::runtime::off(dflash_core::runtime::Kernel::MaskedSoftmax);
     let Ok((b, _, _, t)) = scores.dims4() else {
         return false;
     };

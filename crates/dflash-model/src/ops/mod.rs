@@ -6,16 +6,8 @@
 //! draws, speculative verdicts, a sampled tree's draws and walk), and the comparison every parity check
 //! uses.
 
-/// Whether the environment turns a fused kernel off (`VAR=0`), read once per process: every
-/// kernel of ours that replaces composed ops has such a switch, to compare the two paths.
-/// Example: `DFLASH_GEMV=0` → `switched_off!("DFLASH_GEMV")` is true.
-macro_rules! switched_off {
-    ($var:literal) => {{
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OFF.get_or_init(|| std::env::var($var).as_deref() == Ok("0"))
-    }};
-}
-pub(crate) use switched_off;
+// Every kernel of ours that replaces composed ops can be turned off to compare the two paths:
+// `dflash_core::runtime::off(Kernel::…)`, from `--disable-kernels` / `DFLASH_DISABLED_KERNELS`.
 
 pub mod adamw;
 pub mod add_norm;

@@ -12,8 +12,8 @@
 //!
 //! It serves bf16 on a CUDA device, head dims 64 and 128, K/V read in place with one layout, and
 //! more query rows per K/V head than [`crate::ops::interval_attention`] takes (its
-//! [`MAX_ROWS`]); f32 keeps the matmul path. `DFLASH_PREFILL_ATTENTION=0` (or
-//! `DFLASH_FUSED_ATTENTION=0`) turns it off. It launches through the interval attention's op,
+//! [`MAX_ROWS`]); f32 keeps the matmul path. `DFLASH_DISABLED_KERNELS=prefill-attention` (or
+//! `DFLASH_DISABLED_KERNELS=attention`) turns it off. It launches through the interval attention's op,
 //! which picks the kernel by the rows per K/V head.
 
 use candle_core::{DType, Result, Tensor};
@@ -25,11 +25,10 @@ use crate::ops::interval_softmax::RowIntervals;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) const TILE_ROWS: usize = 64;
 
-/// Whether the environment turns the kernel off (`DFLASH_PREFILL_ATTENTION=0` or
-/// `DFLASH_FUSED_ATTENTION=0`).
+/// Whether the environment turns the kernel off (`DFLASH_DISABLED_KERNELS=prefill-attention` or
+/// `DFLASH_DISABLED_KERNELS=attention`).
 pub fn switched_off() -> bool {
-    crate::ops::switched_off!("DFLASH_PREFILL_ATTENTION")
-        || crate::ops::switched_off!("DFLASH_FUSED_ATTENTION")
+    dflash_core::runtime::off(dflash_core::runtime::Kernel::PrefillAttention)
 }
 
 /// Whether the prefill kernel takes this attention: a CUDA device, bf16, head dim 64 or 128,

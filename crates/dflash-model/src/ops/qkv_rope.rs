@@ -137,7 +137,7 @@ pub fn heads_rotated(
 /// an even head dim of at most 512 rotated whole (no partial RoPE), plain RMSNorm weights (not
 /// zero-centred), projections whose rows are evenly strided with unit column stride, RoPE
 /// tables of one row per new row (or per sequence row), and a well-formed cache destination.
-/// `DFLASH_FUSED_QKV=0` turns it off.
+/// `DFLASH_DISABLED_KERNELS=qkv-rope` turns it off.
 pub fn serves(
     p: Projections,
     heads: Heads,
@@ -145,7 +145,7 @@ pub fn serves(
     rope: Tables,
     rows: Rows,
 ) -> bool {
-    let off = crate::ops::switched_off!("DFLASH_FUSED_QKV");
+    let off = dflash_core::runtime::off(dflash_core::runtime::Kernel::QkvRope);
     if off || !p.q.device().is_cuda() {
         return false;
     }

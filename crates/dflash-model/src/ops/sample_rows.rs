@@ -195,9 +195,9 @@ impl CustomOp1 for RuleProbs {
         let dev = s.device().clone();
         let x = view::<f32>(s, l, "rule_probs input")?;
         let (vi, t, k, top_p) = (v as i32, self.t, self.top_k as i32, self.top_p);
-        // `DFLASH_RULE_SEARCH=0`: top-p alone by bisection too (32 reads of the row; the A/B's
+        // `DFLASH_DISABLED_KERNELS=rule-search`: top-p alone by bisection too (32 reads of the row; the A/B's
         // reference)
-        let bisect = crate::ops::switched_off!("DFLASH_RULE_SEARCH") as i32;
+        let bisect = dflash_core::runtime::off(dflash_core::runtime::Kernel::RuleSearch) as i32;
         let cut = self.top_k > 0 || self.top_p < 1.0;
         // the temperature's probabilities, then (with a cut) the kept ones renormalised
         let p = alloc::<f32>(&dev, n * v)?;

@@ -14,7 +14,7 @@
 //! 216..232. The 64-key tile of keys 0..64 is seen by rows 0..32, the tile 64..128 by rows
 //! 16..32, the tile 192..256 (context 192..200, blocks 0 and 1) by rows 0..32.
 //!
-//! `DFLASH_TRAIN_ATTENTION=0` (or `DFLASH_FUSED_ATTENTION=0`) turns it off.
+//! `DFLASH_DISABLED_KERNELS=train-attention` (or `DFLASH_DISABLED_KERNELS=attention`) turns it off.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -37,11 +37,10 @@ const ROW_TILE: usize = 64;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 const DKV_ROWS: usize = 32;
 
-/// Whether the environment turns the kernels off (`DFLASH_TRAIN_ATTENTION=0` or
-/// `DFLASH_FUSED_ATTENTION=0`).
+/// Whether the runtime configuration turns the kernels off (`--disable-kernels train-attention`
+/// or `attention`).
 pub fn switched_off() -> bool {
-    crate::ops::switched_off!("DFLASH_TRAIN_ATTENTION")
-        || crate::ops::switched_off!("DFLASH_FUSED_ATTENTION")
+    dflash_core::runtime::off(dflash_core::runtime::Kernel::TrainAttention)
 }
 
 /// Whether the kernels will take a training layout's attention of `dtype` on `device` with
@@ -229,17 +228,13 @@ pub fn attend_saving(
 /// longer blocks add less, and more, shorter ones balance better.
 pub const DKV_BLOCKS: usize = 2048;
 
-/// [`DKV_BLOCKS`], or `DFLASH_DKV_BLOCKS` when it is set to a positive number (read once).
+/// [`DKV_BLOCKS`], or the runtime configuration's `tuning.dkv_blocks` (`DFLASH_DKV_BLOCKS`).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn dkv_blocks() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("DFLASH_DKV_BLOCKS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(DKV_BLOCKS)
-    })
+    dflash_core::runtime::current()
+        .tuning
+        .dkv_blocks
+        .unwrap_or(DKV_BLOCKS)
 }
 
 /// The dK/dV kernel's work items (each run by one block per K/V head): `(chunk, work)`, `work`

@@ -550,6 +550,15 @@ fn split_rows(
         bail!("no usable sequence in {}: every sequence has fewer than 2 consecutive supervised tokens", data_dir.display());
     }
     let n_val = cfg.val_sequences.min(seqs.len() - 1);
+    if notes && n_val > 0 && 2 * n_val >= seqs.len() {
+        eprintln!(
+            "warning: validation takes {n_val} of the {} usable sequences (val_sequences = {}): \
+             training sees {}; lower val_sequences or add data",
+            seqs.len(),
+            cfg.val_sequences,
+            seqs.len() - n_val
+        );
+    }
     let (train_seqs, val_seqs) = seqs.split_at(seqs.len() - n_val);
     // training rows: packed once in a seeded order (their order is then shuffled per epoch)
     let train_rows: Vec<TrainingRow> = match cfg.pack_length {

@@ -108,10 +108,10 @@ impl Drafter {
     }
 
     /// Whether training runs this drafter taped: it [`Drafter::tapes`], unless
-    /// `DFLASH_TRAIN_TAPE=0` (candle's autograd over the traced forward: the A/B and the
+    /// `DFLASH_DISABLED_KERNELS=train-tape` (candle's autograd over the traced forward: the A/B and the
     /// reference of the tests).
     pub fn trains_taped(&self) -> bool {
-        self.tapes() && !crate::ops::switched_off!("DFLASH_TRAIN_TAPE")
+        self.tapes() && !dflash_core::runtime::off(dflash_core::runtime::Kernel::TrainTape)
     }
 
     /// [`Drafter::forward`] of a training layout on the drafter's weights without their graph,
