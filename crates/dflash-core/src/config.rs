@@ -130,6 +130,13 @@ fn check_rope_scaling(
     }
 }
 
+/// The most layers a target config may declare ([`TargetConfig::validate`]).
+pub const MAX_LAYERS: usize = 1 << 12;
+/// The widest hidden, intermediate or head count a target config may declare.
+pub const MAX_WIDTH: usize = 1 << 20;
+/// The largest vocabulary a target config may declare.
+pub const MAX_VOCAB: usize = 1 << 24;
+
 impl TargetConfig {
     /// Parameters one forward reads: every layer's attention and MLP matrices and norms, the
     /// final norm and the LM head (the embedding only row by row: not counted). The memory
@@ -210,6 +217,21 @@ impl TargetConfig {
         let bad = |m: String| Err(CoreError::Config(m));
         if self.hidden_size == 0 || self.num_hidden_layers == 0 || self.vocab_size == 0 {
             return bad("hidden_size, num_hidden_layers and vocab_size must be > 0".into());
+        }
+        // a damaged or hostile config.json must not size the buffers built from it: these are
+        // far beyond every model of this family, and the weights are checked against them later
+        for (name, v, most) in [
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+            ("hidden_size", self.hidden_size, MAX_WIDTH),
+            ("intermediate_size", self.intermediate_size, MAX_WIDTH),
+            ("num_attention_heads", self.num_attention_heads, MAX_WIDTH),
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+        ] {
+            if v > most {
+                return bad(format!(
+                    "{name} {v} is larger than any model's (at most {most})"
+                ));
+            }
         }
         if self.num_attention_heads == 0 || self.num_kv_heads() == 0 {
             return bad("num_attention_heads and num_key_value_heads must be > 0".into());
@@ -599,6 +621,24 @@ mod tests {
         let mut d = c.clone();
         d.rope_parameters = None;
         assert_eq!(d.rotary_fraction(), 0.25);
+    }
+
+    /// A declared size beyond any model is refused by name before anything is sized by it.
+    #[test]
+    fn sizes_beyond_any_model_are_refused() {
+        let c: TargetConfig = serde_json::from_str(
+            r#"{"model_type":"llama","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,
+            "num_attention_heads":1,"vocab_size":4}"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let mut d = c.clone();
+        d.num_hidden_layers = 16_777_217;
+        let e = d.validate().unwrap_err().to_string();
+        assert!(e.contains("num_hidden_layers 16777217"), "{e}");
+        let mut d = c.clone();
+        d.vocab_size = MAX_VOCAB + 1;
+        assert!(d.validate().unwrap_err().to_string().contains("vocab_size"));
     }
 
     #[test]

@@ -126,15 +126,38 @@ fn unpermute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
 /// are held as their blocks, and the store dequantizes one when asked for its tensor.
 pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
     let mut file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let file_len = file.metadata()?.len();
+    load_from(&mut file, path, dtype, device)
+}
+
+/// [`load`] from any reader of a GGUF's bytes (`path` names it in messages): a damaged file
+/// ends in an error naming what is wrong, never a panic (candle's parser, which divides by a
+/// declared alignment, runs under `catch_unwind`), and every declared size is checked against
+/// the bytes present before anything is read.
+pub fn load_from<R: Read + Seek>(
+    file: &mut R,
+    path: &Path,
+    dtype: DType,
+    device: &Device,
+) -> Result<GgufModel> {
+    let file_len = file.seek(std::io::SeekFrom::End(0))?;
+    file.rewind()?;
     let mut magic = [0u8; 4];
     file.read_exact(&mut magic).ok();
     if &magic != b"GGUF" {
         bail!("{} is not a GGUF file (bad magic)", path.display());
     }
     file.rewind()?;
-    let content = Content::read(&mut file)
-        .map_err(|e| anyhow::anyhow!("{} is not a readable GGUF file: {e}", path.display()))?;
+    let parsed =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Content::read(&mut *file)));
+    let content = match parsed {
+        Ok(c) => {
+            c.map_err(|e| anyhow::anyhow!("{} is not a readable GGUF file: {e}", path.display()))?
+        }
+        Err(_) => bail!(
+            "{} is not a readable GGUF file: its header is inconsistent (e.g. an alignment of 0)",
+            path.display()
+        ),
+    };
 
     let arch = meta(&content, "general.architecture")?
         .to_string()
@@ -166,14 +189,30 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
 
     // Every tensor must lie inside the file: a truncated download is caught here, not as a panic.
     for (name, info) in content.tensor_infos.iter() {
-        let n = info.shape.elem_count();
-        let bytes = n / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-        let end = content.tensor_data_offset + info.offset + bytes as u64;
-        if end > file_len {
+        let dims = info.shape.dims();
+        let n = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        let block = info.ggml_dtype.block_size();
+        let bytes = n
+            .filter(|n| n % block == 0)
+            .and_then(|n| (n / block).checked_mul(info.ggml_dtype.type_size()));
+        let Some(bytes) = bytes else {
             bail!(
-                "{} is truncated: tensor '{name}' ends at byte {end} but the file has {file_len} bytes",
-                path.display()
+                "{}: tensor '{name}' has shape {dims:?}, not a whole number of {:?} blocks of {block}",
+                path.display(),
+                info.ggml_dtype
             );
+        };
+        let end = content
+            .tensor_data_offset
+            .checked_add(info.offset)
+            .and_then(|o| o.checked_add(bytes as u64));
+        match end {
+            Some(end) if end <= file_len => {}
+            _ => bail!(
+                "{} is truncated: tensor '{name}' ends at byte {} but the file has {file_len} bytes",
+                path.display(),
+                end.map_or("past 2^64".to_string(), |e| e.to_string())
+            ),
         }
     }
 
@@ -185,7 +224,7 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
     names.sort();
     for name in names {
         let q = content
-            .tensor(&mut file, name, &Device::Cpu)
+            .tensor(&mut *file, name, &Device::Cpu)
             .map_err(|e| anyhow::anyhow!("reading tensor '{name}' from {}: {e}", path.display()))?;
         let hf = hf_name(name).unwrap_or_else(|| format!("gguf.{name}"));
         // the row order the model uses: a llama GGUF stores q/k rows permuted
@@ -306,6 +345,9 @@ pub fn load(path: &Path, dtype: DType, device: &Device) -> Result<GgufModel> {
         linear_num_value_heads: None,
         extra: Map::new(),
     };
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let store = TensorStore::new(tensors, dtype, device.clone())
         .with_quant(quant)
         .with_deferred(deferred);
