@@ -3,8 +3,8 @@
 //! llama GGUF written here (its metadata and tensors all reachable, so mutations get past the
 //! header into the tensors and the model built from them) and the real SmolLM2-135M GGUF's
 //! header with its first tensors. A fast seeded run is part of the test command; the long run
-//! is `cargo test --release -p dflash-model --test fuzz_gguf -- --ignored` (its counts go to
-//! docs/bench/fuzz-gguf-*.json).
+//! is `cargo test --release -p dflash-model --test fuzz_gguf -- --ignored fuzz_gguf_long` (each
+//! seed's counts go to docs/bench/fuzz-gguf-*.json).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Cursor;
@@ -337,19 +337,24 @@ fn fuzz_gguf_seeded() {
     assert_eq!(c.panics, 0);
 }
 
-/// The long run: 100,000 cases per seed. Prints one JSON object per seed.
+/// The long run of one seed: 100,000 cases, one JSON object printed (docs/bench/fuzz-gguf-*).
+fn long_run(name: &str, seed: &[u8]) {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let c = fuzz(name, seed, 100_000, 7);
+    println!(
+        "{}",
+        serde_json::json!({"reader": "gguf", "seed": name, "counts": c})
+    );
+}
+
 #[test]
 #[ignore]
-fn fuzz_gguf_long() {
-    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
-    for (name, seed, n) in [
-        ("tiny llama", tiny_llama(), 100_000),
-        ("SmolLM2 header", smollm2_head(), 100_000),
-    ] {
-        let c = fuzz(name, &seed, n, 7);
-        println!(
-            "{}",
-            serde_json::json!({"reader": "gguf", "seed": name, "counts": c})
-        );
-    }
+fn fuzz_gguf_long_tiny_llama() {
+    long_run("tiny llama", &tiny_llama());
+}
+
+#[test]
+#[ignore]
+fn fuzz_gguf_long_smollm2_header() {
+    long_run("SmolLM2 header", &smollm2_head());
 }

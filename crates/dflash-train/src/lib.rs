@@ -20,5 +20,6 @@ pub mod prompts;
 pub mod regen;
 pub mod regen_ranks;
 pub mod selector_loss;
+pub mod sharegpt;
 pub mod trainer;
 pub mod vocab;
