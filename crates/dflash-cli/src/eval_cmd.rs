@@ -24,11 +24,11 @@ pub struct EvalArgs {
     pub dataset: String,
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Comma-separated: ar, dflash, ddtree:N.
+    /// Comma-separated: ar, dflash, ddtree:N, auto (auto:N).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "ar,dflash,ddtree:8,ddtree:32"
+        default_value = "ar,dflash,ddtree:8,ddtree:32,auto"
     )]
     pub modes: Vec<ModeName>,
     #[arg(long)]

@@ -23,9 +23,11 @@ pub struct GenerateArgs {
     pub chat: bool,
     #[arg(long, default_value_t = 128)]
     pub max_new_tokens: usize,
-    /// Decoding mode: ar, dflash or ddtree:N (N = the tree's node budget); the speculative
-    /// modes use --drafter, or the drafter that ships for the target [default: dflash with
-    /// --drafter, else ar].
+    /// Decoding mode: ar, dflash, ddtree:N (N = the tree's node budget) or auto (each round
+    /// the budget, from an AR step to a tree of the block's drafts, with the most expected
+    /// tokens for its measured cost; auto:N caps the tree at N nodes); the speculative modes
+    /// use --drafter, or the drafter that ships for the target [default: auto where a drafter
+    /// is given or ships for the target, else ar].
     #[arg(long)]
     pub mode: Option<ModeName>,
     /// A z-lab-format drafter directory (config.json + model.safetensors).
@@ -62,8 +64,10 @@ pub struct GenerateArgs {
 
 pub fn run(a: GenerateArgs) -> Result<()> {
     let sampling = a.sampling.params()?;
-    let mode = a.mode.unwrap_or(if a.drafter.is_some() {
-        ModeName::Dflash
+    let drafter_available =
+        a.drafter.is_some() || dflash_model::io::loader::bundled_drafter(&a.target).is_some();
+    let mode = a.mode.unwrap_or(if drafter_available {
+        ModeName::Auto(None)
     } else {
         ModeName::Ar
     });
@@ -164,6 +168,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 ModeName::Ddtree(n) => Some(n),
                 _ => None,
             },
+            "auto": g.auto,
             "stopped_by_token": g.stopped_by_token,
             "speedup_vs_ar": vs_ar.map(|v| v.0),
             "equals_ar": vs_ar.and_then(|v| v.1),

@@ -135,10 +135,10 @@ fn prompt_longer_than_context() {
 /// other than `residual | exact-match`, is refused with the grammar.
 #[test]
 fn unknown_mode_or_acceptance_rule() {
-    for mode in ["ddtree", "ddtree:0", "beam"] {
+    for mode in ["ddtree", "ddtree:0", "beam", "auto:0"] {
         fails_with(
             &["--target", "smollm2-135m", "--prompt", "hi", "--mode", mode],
-            "ar, dflash or ddtree:N",
+            "ar, dflash, ddtree:N (N = the tree's node budget, >= 1) or auto",
         );
     }
     fails_with(

@@ -7,12 +7,14 @@
 //! - [`acceptance`]: speculative sampling's acceptance rule at T > 0 (draft vs target);
 //! - [`selector`]: DFlash2's candidate-selector walk (greedy, sampled, tree children);
 //! - [`stats`]: τ and acceptance statistics, defined once;
+//! - [`auto`]: `--mode auto`'s per-round budget from expected tokens and a round-cost model;
 //! - [`segments`]: packed training rows (several sequences side by side);
 //! - [`loops`]: where a response starts repeating itself (regeneration stops there, training cuts);
 //! - [`runtime`]: the runtime configuration as a value (kernel plan, CPU products, tuning);
 //! - [`env`]: the one registry of the `DFLASH_*` environment variables.
 
 pub mod acceptance;
+pub mod auto;
 pub mod config;
 pub mod env;
 pub mod loops;

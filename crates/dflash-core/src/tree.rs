@@ -124,20 +124,33 @@ impl DraftTree {
         anchor: u32,
         max_depth: usize,
         budget: usize,
-        mut children: impl FnMut(usize, u32) -> Vec<(u32, f32)>,
+        children: impl FnMut(usize, u32) -> Vec<(u32, f32)>,
     ) -> Self {
+        Self::build_scored(anchor, max_depth, budget, children).0
+    }
+
+    /// [`Self::build_conditional`] with each node's cumulative log-probability (the root's 0),
+    /// in node order, which is non-increasing: the first `b + 1` nodes are the tree of budget
+    /// `b`. Example: the module's example → scores [0, −0.1, −0.3, −1.1].
+    pub fn build_scored(
+        anchor: u32,
+        max_depth: usize,
+        budget: usize,
+        mut children: impl FnMut(usize, u32) -> Vec<(u32, f32)>,
+    ) -> (Self, Vec<f64>) {
         let mut t = Self {
             tokens: vec![anchor],
             parents: vec![None],
             depths: vec![0],
         };
+        let mut scores = vec![0f64];
         if max_depth == 0 || budget == 0 {
-            return t;
+            return (t, scores);
         }
         // the candidate list below each node, once asked for
         let mut lists: Vec<Vec<(u32, f32)>> = vec![children(1, anchor)];
         if lists[0].is_empty() {
-            return t;
+            return (t, scores);
         }
         let mut heap = BinaryHeap::new();
         let mut seq = 0u64;
@@ -164,6 +177,7 @@ impl DraftTree {
             t.tokens.push(token);
             t.parents.push(Some(c.parent));
             t.depths.push(c.depth);
+            scores.push(c.score);
             if let Some((_, next_logp)) = next {
                 let s = c.score - logp as f64 + next_logp as f64;
                 push(&mut heap, s, c.depth, c.rank + 1, c.parent);
@@ -178,7 +192,7 @@ impl DraftTree {
             }
             lists.push(below);
         }
-        t
+        (t, scores)
     }
 
     pub fn len(&self) -> usize {

@@ -145,6 +145,10 @@ pub struct Generation {
     pub stopped_by_token: bool,
     /// Ended at its first repeated window ([`Request::loop_window`]).
     pub stopped_by_loop: bool,
+    /// `--mode auto`'s choices: the budgets, predicted against accepted drafts, the round-cost
+    /// model it measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto: Option<dflash_core::auto::AutoStats>,
 }
 
 /// `--disable-kernels prompt-vocab`: a drafter's vocabulary subset without the prompt's tokens
@@ -306,7 +310,7 @@ fn run_generation(
         let to = Instant::now();
         let (path, bonus) = run.walk(&mut tree, &out)?;
         let produced = run.commit(&tree, &path, bonus, &out, cache_len)?;
-        run.rounds.push(RoundOutcome {
+        let round = RoundOutcome {
             drafted: tree.len() - 1,
             accepted: path.len(),
             tau_round: produced,
@@ -314,8 +318,11 @@ fn run_generation(
             draft_secs,
             verify_secs,
             other_secs: to.elapsed().as_secs_f64(),
-            tree_size: matches!(mode, Mode::Tree { .. }).then_some(tree.len() - 1),
-        });
+            tree_size: matches!(mode, Mode::Tree { .. } | Mode::Auto { .. })
+                .then_some(tree.len() - 1),
+        };
+        run.observe_auto(&round);
+        run.rounds.push(round);
     }
     if let Some(g) = graphs {
         g.kept = run.take_kept();
@@ -327,6 +334,7 @@ fn run_generation(
         decode_secs: t1.elapsed().as_secs_f64(),
         stopped_by_token: run.stopped && !run.looped,
         stopped_by_loop: run.looped,
+        auto: run.auto.as_ref().map(|a| a.policy.stats()),
     })
 }
 
@@ -335,8 +343,18 @@ fn run_generation(
 fn verify_rows(mode: Mode) -> usize {
     match mode {
         Mode::Tree { budget, .. } => budget + 1,
+        Mode::Auto { max_budget, .. } => max_budget + 1,
         _ => mode.block(),
     }
+}
+
+/// `--mode auto`'s state: the policy, and this round's choice.
+struct AutoRound {
+    policy: dflash_core::auto::AutoPolicy,
+    /// Whether this round drafted, its budget and the drafter's raw expectation for it.
+    drafted: bool,
+    budget: usize,
+    expected: f64,
 }
 
 /// The state of one generation between rounds.
@@ -377,6 +395,11 @@ struct Decoding<'a> {
     read_back: Option<Vec<u32>>,
     /// Whether rounds stay on the device where they can (`DFLASH_DISABLED_KERNELS=one-sync`: no).
     one_sync: bool,
+    /// `--mode auto`'s policy and this round's choice.
+    auto: Option<AutoRound>,
+    /// Whether the drafter ran this round (it then took the context features in `ctx`; a round
+    /// without a draft adds its rows to them).
+    drafted: bool,
     /// Position of the anchor: the last committed token, not yet in the target cache.
     start: usize,
     new_tokens: Vec<u32>,
@@ -460,7 +483,7 @@ impl<'a> Decoding<'a> {
             (true, None) => {
                 let g = GraphedForward::new(&mut cache, cap, rows)?;
                 Some(match mode {
-                    Mode::Tree { .. } => g,
+                    Mode::Tree { .. } | Mode::Auto { .. } => g,
                     _ => g.chains(),
                 })
             }
@@ -502,11 +525,25 @@ impl<'a> Decoding<'a> {
             reused,
             head,
             ctx,
-            acceptance: opts.acceptance,
+            // auto drafts greedy trees, which the exact match walks at T > 0
+            acceptance: match mode {
+                Mode::Auto { .. } => Acceptance::ExactMatch,
+                _ => opts.acceptance,
+            },
             sampled: None,
             device_round: None,
             read_back: None,
             one_sync: !opts.drafts_to_host && one_sync_on(),
+            auto: match mode {
+                Mode::Auto { max_budget, .. } => Some(AutoRound {
+                    policy: dflash_core::auto::AutoPolicy::new(max_budget),
+                    drafted: false,
+                    budget: 0,
+                    expected: 0.0,
+                }),
+                _ => None,
+            },
+            drafted: false,
             start: req.prompt_ids.len(),
             stopped: req.stop_ids.contains(&first) || looped,
             looped,
@@ -550,14 +587,30 @@ impl<'a> Decoding<'a> {
     /// Stage 1, propose: the drafter's chain or tree below the anchor (AR: the anchor alone).
     fn propose(&mut self, depth: usize) -> Result<DraftTree> {
         let anchor = *self.new_tokens.last().unwrap();
+        self.drafted = false;
         let d = match (self.drafter, depth > 1) {
             (Some(d), true) => d,
             _ => return Ok(DraftTree::chain(anchor, &[])),
         };
+        // auto: an AR step without a draft while drafting does not pay (the draft graph's
+        // context block holds one round's rows, so with graphs every round drafts)
+        if let Some(a) = self.auto.as_mut() {
+            a.drafted = a.policy.drafts() || self.draft_graph.is_some();
+            (a.budget, a.expected) = (0, 0.0);
+            if !a.drafted {
+                return Ok(DraftTree::chain(anchor, &[]));
+            }
+        }
+        self.drafted = true;
         // a tree of `budget` nodes is at most `budget` deep: the distributions below are
         // never read
         let positions = match self.mode {
             Mode::Tree { budget, .. } => budget.min(depth - 1),
+            // the fixed-shape draft graph computes the same rows every round
+            Mode::Auto { max_budget, .. } => match (self.draft_graph.is_some(), &self.auto) {
+                (false, Some(a)) => a.policy.positions().min(depth - 1),
+                _ => max_budget.min(depth - 1),
+            },
             _ => depth - 1,
         };
         let at = BlockAt {
@@ -597,6 +650,13 @@ impl<'a> Decoding<'a> {
                         budget,
                         |depth, parent| selector::children(&steps, depth, parent),
                     ));
+                }
+                Mode::Auto { max_budget, .. } => {
+                    let scored =
+                        DraftTree::build_scored(anchor, steps.len(), max_budget, |d, p| {
+                            selector::children(&steps, d, p)
+                        });
+                    return Ok(self.choose_auto(scored));
                 }
                 _ if self.samples_drafts() => {
                     let draw = self.sampler.walk_selector(&steps, self.target.vocab_size());
@@ -670,6 +730,14 @@ impl<'a> Decoding<'a> {
                 top.iter_mut().flatten().for_each(|(j, _)| *j = token(*j));
                 DraftTree::build(anchor, &top, budget)
             }
+            Mode::Auto { max_budget, .. } => {
+                let mut top = top_k_rows(&Drafter::log_probs(&logits)?, max_budget)?;
+                top.iter_mut().flatten().for_each(|(j, _)| *j = token(*j));
+                let scored = DraftTree::build_scored(anchor, top.len(), max_budget, |d, _| {
+                    top[d - 1].clone()
+                });
+                self.choose_auto(scored)
+            }
             _ => {
                 let chain: Vec<u32> = Drafter::argmax_rows(&logits)?
                     .into_iter()
@@ -678,6 +746,32 @@ impl<'a> Decoding<'a> {
                 DraftTree::chain(anchor, &chain)
             }
         })
+    }
+
+    /// `--mode auto`'s tree: the first nodes of the best-first tree of the largest budget, as
+    /// many as the policy chooses from their expected acceptance ([`dflash_core::auto`]).
+    fn choose_auto(&mut self, (tree, scores): (DraftTree, Vec<f64>)) -> DraftTree {
+        let a = self.auto.as_mut().expect("auto mode has its policy");
+        let expected = dflash_core::auto::expected_accepted(&scores);
+        a.budget = a.policy.choose(&expected);
+        a.expected = expected[a.budget];
+        dflash_core::auto::first_nodes(&tree, a.budget + 1)
+    }
+
+    /// Tell `--mode auto`'s policy what the round did and cost.
+    fn observe_auto(&mut self, r: &RoundOutcome) {
+        if let Some(a) = self.auto.as_mut() {
+            a.policy.observe(
+                a.drafted,
+                a.budget,
+                a.expected,
+                r.accepted,
+                r.tau_round,
+                r.draft_secs,
+                r.verify_secs,
+                r.other_secs,
+            );
+        }
     }
 
     /// A DDTree's sampled round where the logits are ([`dflash_model::ops::sampled_tree`]):
@@ -743,7 +837,7 @@ impl<'a> Decoding<'a> {
     /// 46 indices, leave the device once per round (31 under the exact match).
     fn round_on_device(&self) -> bool {
         self.one_sync
-            && !matches!(self.mode, Mode::Tree { .. })
+            && !matches!(self.mode, Mode::Tree { .. } | Mode::Auto { .. })
             && self.drafter.is_some_and(|d| d.selector.is_none())
     }
 
@@ -956,11 +1050,14 @@ impl<'a> Decoding<'a> {
                 kept.iter().map(|&r| r as u32).collect::<Vec<_>>(),
                 &self.target.device,
             )?;
-            self.ctx = Some(
-                Target::concat_taps(&out.taps)?
-                    .index_select(&idx, 0)?
-                    .unsqueeze(0)?,
-            );
+            let new = Target::concat_taps(&out.taps)?
+                .index_select(&idx, 0)?
+                .unsqueeze(0)?;
+            // a round without a draft leaves the drafter's context to the next draft
+            self.ctx = Some(match (self.ctx.take(), self.drafted) {
+                (Some(old), false) => Tensor::cat(&[&old, &new], 1)?,
+                _ => new,
+            });
         }
         Ok(produced)
     }

@@ -1,5 +1,5 @@
 //! How each round proposes ([`Mode`]), and the one way a person names it ([`ModeName`]):
-//! `ar`, `dflash`, `ddtree:N`. `generate --mode`, `eval --modes` and `bench decode --modes`
+//! `ar`, `dflash`, `ddtree:N`, `auto` (`auto:N`: trees of at most N nodes). `generate --mode`, `eval --modes` and `bench decode --modes`
 //! all parse through [`ModeName`]'s `FromStr`.
 //!
 //! Example: `"ddtree:8".parse::<ModeName>()` is `ModeName::Ddtree(8)`, which with the
@@ -25,6 +25,10 @@ pub enum Mode {
         budget: usize,
         top_k: usize,
     },
+    /// Each round the tree budget from 0 (an AR step) to `max_budget` with the most expected
+    /// tokens for its cost here, or no draft while drafting does not pay
+    /// ([`dflash_core::auto`]); greedy trees, walked by the exact match at T > 0.
+    Auto { block: usize, max_budget: usize },
 }
 
 impl Mode {
@@ -32,7 +36,7 @@ impl Mode {
     pub fn block(&self) -> usize {
         match *self {
             Mode::Ar => 1,
-            Mode::Chain { block } | Mode::Tree { block, .. } => block,
+            Mode::Chain { block } | Mode::Tree { block, .. } | Mode::Auto { block, .. } => block,
         }
     }
 
@@ -42,6 +46,7 @@ impl Mode {
             Mode::Ar => "ar".into(),
             Mode::Chain { .. } => "dflash".into(),
             Mode::Tree { budget, .. } => format!("ddtree:{budget}"),
+            Mode::Auto { max_budget, .. } => format!("auto:{max_budget}"),
         }
     }
 }
@@ -53,6 +58,8 @@ pub enum ModeName {
     Dflash,
     /// DDTree with a node budget (non-root nodes per tree), ≥ 1.
     Ddtree(usize),
+    /// The per-round choice, trees of at most this many nodes (`None`: the block's drafts).
+    Auto(Option<usize>),
 }
 
 impl ModeName {
@@ -76,6 +83,10 @@ impl ModeName {
                 budget,
                 top_k: 0,
             },
+            ModeName::Auto(most) => Mode::Auto {
+                block,
+                max_budget: most.unwrap_or(block.saturating_sub(1)).max(1),
+            },
         }
     }
 }
@@ -87,12 +98,18 @@ impl FromStr for ModeName {
         match s.trim() {
             "ar" => Ok(ModeName::Ar),
             "dflash" => Ok(ModeName::Dflash),
-            x => match x.strip_prefix("ddtree:").map(str::parse::<usize>) {
-                Some(Ok(n)) if n > 0 => Ok(ModeName::Ddtree(n)),
-                _ => Err(format!(
-                    "unknown mode '{x}': ar, dflash or ddtree:N (N = the tree's node budget, >= 1)"
-                )),
-            },
+            "auto" => Ok(ModeName::Auto(None)),
+            x => {
+                let n = |p: &str| x.strip_prefix(p).map(str::parse::<usize>);
+                match (n("ddtree:"), n("auto:")) {
+                    (Some(Ok(n)), _) if n > 0 => Ok(ModeName::Ddtree(n)),
+                    (_, Some(Ok(n))) if n > 0 => Ok(ModeName::Auto(Some(n))),
+                    _ => Err(format!(
+                        "unknown mode '{x}': ar, dflash, ddtree:N (N = the tree's node budget, \
+                         >= 1) or auto (auto:N: trees of at most N nodes)"
+                    )),
+                }
+            }
         }
     }
 }
@@ -103,6 +120,8 @@ impl fmt::Display for ModeName {
             ModeName::Ar => write!(f, "ar"),
             ModeName::Dflash => write!(f, "dflash"),
             ModeName::Ddtree(n) => write!(f, "ddtree:{n}"),
+            ModeName::Auto(None) => write!(f, "auto"),
+            ModeName::Auto(Some(n)) => write!(f, "auto:{n}"),
         }
     }
 }
@@ -113,7 +132,7 @@ mod tests {
 
     #[test]
     fn names_parse_print_and_take_a_block() {
-        for s in ["ar", "dflash", "ddtree:8", "ddtree:512"] {
+        for s in ["ar", "dflash", "ddtree:8", "ddtree:512", "auto:4"] {
             let m: ModeName = s.parse().unwrap();
             assert_eq!(m.to_string(), s);
             assert_eq!(m.with_block(16).name(), s);
@@ -133,7 +152,15 @@ mod tests {
         );
         assert!(ModeName::parse_list("ar,ddtree:0").is_err());
         assert_eq!(ModeName::Ar.with_block(16).block(), 1);
-        for bad in ["ddtree", "ddtree:0", "ddtree:x", "beam", ""] {
+        assert_eq!(
+            "auto".parse::<ModeName>().unwrap().with_block(16),
+            Mode::Auto {
+                block: 16,
+                max_budget: 15
+            }
+        );
+        assert_eq!("auto".parse::<ModeName>().unwrap().to_string(), "auto");
+        for bad in ["ddtree", "ddtree:0", "ddtree:x", "beam", "", "auto:0"] {
             let e = bad.parse::<ModeName>().unwrap_err();
             assert!(e.contains("ddtree:N"), "{bad}: {e}");
         }
