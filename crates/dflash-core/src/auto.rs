@@ -196,13 +196,14 @@ impl AutoPolicy {
         ((self.obs + 1.0) / (self.pred + 1.0)).clamp(0.2, 3.0)
     }
 
-    /// How many positions the next draft computes: two more than the largest budget of the
-    /// last 16 drafted rounds (the first rounds': the exploring budget's), at most the largest
+    /// How many positions the next draft computes: one more than the largest budget of the
+    /// last 8 drafted rounds (the first rounds': the exploring budget's), at most the largest
     /// budget. A tree deeper than its budget cannot be, and the drafter's last layer and head
-    /// then run on fewer rows. Example: budgets 3, 5, 4 lately, at most 15 → 7 positions.
+    /// then run on fewer rows (the cost model's draft is one cost, so the depth stays near the
+    /// budgets that paid lately). Example: budgets 3, 5, 4 lately, at most 15 → 6 positions.
     pub fn positions(&self) -> usize {
         let recent = self.recent.iter().copied().max().unwrap_or(EXPLORE);
-        (recent + 2).min(self.max_budget)
+        (recent + 1).min(self.max_budget)
     }
 
     /// Whether this round drafts (else it is an AR step without a draft).
@@ -268,7 +269,7 @@ impl AutoPolicy {
                 self.stats.budgets.resize(budget + 1, 0);
             }
             self.stats.budgets[budget] += 1;
-            if self.recent.len() == 16 {
+            if self.recent.len() == 8 {
                 self.recent.pop_front();
             }
             self.recent.push_back(budget);
@@ -450,10 +451,10 @@ mod tests {
         p.observe(true, EXPLORE, 1.0, 1, 2, 0.002, 0.008, 0.0);
         assert_eq!(p.stats().cost.draft, Some(0.002));
         assert_eq!(p.stats().budgets[EXPLORE], 2);
-        // the drafts look two deeper than the recent budgets
-        assert_eq!(p.positions(), EXPLORE + 2);
+        // the drafts look one deeper than the recent budgets
+        assert_eq!(p.positions(), EXPLORE + 1);
         p.observe(true, 9, 1.0, 1, 2, 0.002, 0.012, 0.0);
-        assert_eq!(p.positions(), 11);
+        assert_eq!(p.positions(), 10);
         assert_eq!(AutoPolicy::new(3).positions(), 3);
         let p = AutoPolicy::new(2);
         assert_eq!(p.choose(&[0.0; 17]), 2);
