@@ -314,7 +314,14 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, F> {
         // prompts of similar lengths share a prefill forward: less left padding
         idx.sort_by_key(|&i| self.requests[i].prompt_ids.len());
         let mut free = free.iter();
-        for chunk in idx.chunks(PREFILL_CHUNK) {
+        // on the CPU each prompt is prefilled alone: a left-padded prefill's matmuls sum over
+        // the batch's columns, so its rows would differ in their last bits from the prompt's
+        // own prefill, and integer products requantize those bits into other tokens
+        let chunk = match self.target.device.is_cpu() {
+            true => 1,
+            false => PREFILL_CHUNK,
+        };
+        for chunk in idx.chunks(chunk) {
             let (fresh, live) = self.prefill(chunk)?;
             let _p = tracing::info_span!(target: "phase", "refill").entered();
             // the chunk's rows end at its last column; the batch's end at the cache's

@@ -82,6 +82,33 @@ fn batched_equals_sequential_on_smollm2_at_t0() {
     assert_equals_ar(&lt.target, &reqs, 3);
 }
 
+/// With integer products (`--cpu-products q8`) a row's products depend on its own values only,
+/// which requantize every layer's input: a batch must give each sequence the bits it gets alone,
+/// or a rounding flip grows into other tokens. Eight chat prompts, four and eight slots.
+#[test]
+fn batched_equals_sequential_on_smollm2_with_integer_products() {
+    let lt = dflash_model::cpu::q8::with_choice(true, smollm2);
+    let prompts = [
+        "Write the opening paragraph of a short story about a lighthouse keeper.",
+        "Give me five bullet points about the history of the printing press.",
+        "What is the difference between TCP and UDP?",
+        "Write a haiku about autumn rain.",
+        "Explain what a hash table is to someone who has never programmed.",
+        "Write a polite email asking my landlord to fix a leaking kitchen faucet.",
+        "Why do leaves change color in the fall?",
+        "Suggest a three-day itinerary for a first visit to Rome.",
+    ];
+    let reqs: Vec<Request> = prompts
+        .iter()
+        .map(|p| {
+            let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
+            req(&ids, 48, SamplingParams::default(), &lt.tokenizer.stop_ids)
+        })
+        .collect();
+    assert_equals_ar(&lt.target, &reqs, 4);
+    assert_equals_ar(&lt.target, &reqs, 8);
+}
+
 #[test]
 fn batched_equals_sequential_on_tiny_target_with_sampling() {
     let t = tiny();

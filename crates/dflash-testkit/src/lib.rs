@@ -6,6 +6,7 @@
 //! everywhere.
 
 mod data;
+pub mod fuzz;
 mod paths;
 mod refs;
 mod stats;

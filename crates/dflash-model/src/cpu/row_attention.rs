@@ -45,18 +45,37 @@ impl KeyRuns {
         }
     }
 
+    /// Several sequences' rows, each one interval of keys (`rows[s][r]`, sequence-major), over
+    /// `cols` columns of their caches. Example: two AR steps over a 41-column batched cache →
+    /// rows `[28..41]` and `[10..41]`.
+    pub fn from_intervals(rows: &[Vec<Range<usize>>], cols: usize) -> Self {
+        Self {
+            rows: rows.iter().flatten().map(|r| vec![r.clone()]).collect(),
+            cols,
+        }
+    }
+
+    /// Sequence `s`'s `n` rows.
+    fn sequence(&self, s: usize, n: usize) -> Self {
+        Self {
+            rows: self.rows[s * n..(s + 1) * n].to_vec(),
+            cols: self.cols,
+        }
+    }
+
     pub fn rows(&self) -> usize {
         self.rows.len()
     }
 }
 
 /// Whether forwards of `b` sequences × `n` rows on `device` in `dtype` attend here (CPU, f32,
-/// one sequence, at most [`MAX_ROWS`] rows, AVX-512F or AVX2 + FMA: [`Isa`]): callers build
-/// [`KeyRuns`] only then.
+/// at most [`MAX_ROWS`] rows per sequence, AVX-512F or AVX2 + FMA: [`Isa`]): callers build
+/// [`KeyRuns`] only then. Several sequences (batched decoding) attend one after the other, each
+/// row over its own keys, so a sequence gets the bits it gets alone.
 pub fn serves(device: &Device, dtype: DType, b: usize, n: usize) -> bool {
     matches!(device, Device::Cpu)
         && dtype == DType::F32
-        && b == 1
+        && b >= 1
         && n <= MAX_ROWS
         && Isa::detect().is_some()
 }
@@ -70,9 +89,10 @@ pub fn applies(q: &Tensor) -> bool {
     serves(q.device(), q.dtype(), b, n) && d % 16 == 0 && (16..=128).contains(&d) && !q.track_op()
 }
 
-/// `q` `[1, hq, n, d]`, `k, v` `[1, hkv, t, d]` (rows of `d` adjacent values, e.g. a cache's
-/// narrowed buffer), row `r` seeing the keys `keys.rows[r]` → `[1, n, hq · d]`, query head `h`
-/// reading K/V head `h / (hq / hkv)`. Callers check [`applies`].
+/// `q` `[b, hq, n, d]`, `k, v` `[b, hkv, t, d]` (rows of `d` adjacent values, e.g. a cache's
+/// narrowed buffer), row `r` of sequence `s` seeing the keys `keys.rows[s · n + r]` →
+/// `[b, n, hq · d]`, query head `h` reading K/V head `h / (hq / hkv)`; sequences one after the
+/// other. Callers check [`applies`].
 pub fn attend_rows(
     q: &Tensor,
     k: &Tensor,
@@ -80,10 +100,33 @@ pub fn attend_rows(
     keys: &KeyRuns,
     scale: f64,
 ) -> Result<Tensor> {
-    match Isa::detect() {
-        Some(isa) => attend_rows_on(isa, q, k, v, keys, scale),
-        None => candle_core::bail!("attend_rows: no vector ISA"),
+    let Some(isa) = Isa::detect() else {
+        candle_core::bail!("attend_rows: no vector ISA");
+    };
+    let (b, n) = (q.dim(0)?, q.dim(2)?);
+    if b == 1 {
+        return attend_rows_on(isa, q, k, v, keys, scale);
     }
+    if keys.rows() != b * n {
+        candle_core::bail!(
+            "attend_rows: key runs for {} rows, {b} × {n} asked",
+            keys.rows()
+        );
+    }
+    let outs = (0..b)
+        .map(|s| {
+            let one = |x: &Tensor| x.narrow(0, s, 1);
+            attend_rows_on(
+                isa,
+                &one(q)?,
+                &one(k)?,
+                &one(v)?,
+                &keys.sequence(s, n),
+                scale,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::cat(&outs, 0)
 }
 
 /// [`attend_rows`] on the kernels of `isa` (one of [`Isa::available`]).

@@ -137,6 +137,8 @@ impl ForwardInputs {
             (None, None) => {}
             _ => bail!("write_into: inputs of another target"),
         }
+        // the rows' key runs are the host's (the CPU's attention reads them, no graph does)
+        dst.runs.clone_from(&self.runs);
         dst.cache_len = self.cache_len;
         Ok(())
     }
@@ -382,11 +384,15 @@ impl Target {
         let cols = cap.unwrap_or(cache_len + n);
         let iv = RowIntervals::from_rows(&rows.concat(), b, n, cols, &self.device)?;
         let (ids, rope, layout) = self.prepare_rows(tokens, positions, b, n, cache_len, cap)?;
+        // f32 CPU inference of a few rows: each row over its own keys, as the sequence alone
+        // (the interval matmuls sum over every column of the batch, so their bits depend on it)
+        let runs = row_attention::serves(&self.device, self.dtype, b, n)
+            .then(|| KeyRuns::from_intervals(rows, cols));
         Ok(ForwardInputs {
             ids,
             rope,
             mask: AttnMask::Intervals(iv),
-            runs: None,
+            runs,
             gdn: None,
             b,
             n,
