@@ -5,13 +5,15 @@
 //! Every slot holds one sequence, right-aligned: its rows are the last columns of its cache
 //! row, and each forward shows it only those ([`dflash_core::visibility::right_aligned`], given
 //! to the forward as each row's key interval: `right_aligned_rows`), at its own positions. Each sequence therefore computes exactly what [`crate::generate`] in
-//! [`crate::Mode::Ar`] computes for it alone (up to float summation order) and samples with its
+//! [`crate::Mode::Ar`] computes for it alone (on the CPU bit for bit: its steps attend each
+//! sequence's keys alone and its prompts are prefilled one at a time; on a GPU up to float
+//! summation order) and samples with its
 //! own seeded [`Sampler`] by AR's path for its rule (`draw_step`), so the tokens are the same
 //! (at T > 0 up to a draw within rounding of a boundary between two tokens).
 //!
 //! Scheduling is continuous: whenever 1/8 of the slots are free (at the start: all), the next
 //! prompts are prefilled, shortest first, up to 16 per forward in a left-padded batch of their
-//! own, and their K/V rows are copied into the free slots, ending at the cache's current last
+//! own (on the CPU one per forward), and their K/V rows are copied into the free slots, ending at the cache's current last
 //! column (the cache grows at the front when a prompt is longer than it). Columns no live
 //! sequence holds are dropped from the front once they are half the cache.
 //!
