@@ -1,0 +1,189 @@
+//! Stages 2–4 of a round: verify the proposal in one target forward, walk it with the target's
+//! own samples, commit the accepted path and the bonus.
+
+use super::*;
+
+impl Decoding<'_> {
+    /// Stage 2, verify: the whole proposal in ONE target forward (the ancestor-only mask); returns
+    /// the forward's logits and taps, and the cache length before it.
+    pub(super) fn verify(&mut self, tree: &DraftTree) -> Result<(TargetOutput, usize)> {
+        let cache_len = self.cache.len();
+        if let Some(round) = self.device_round.take() {
+            return Ok((self.verify_on_device(round)?, cache_len));
+        }
+        let (positions, visibility) = (tree.positions(self.start), tree.visibility(cache_len));
+        let out = match self.graphed.as_mut() {
+            Some(g) => g.forward(
+                self.target,
+                &tree.tokens,
+                &positions,
+                &visibility,
+                &mut self.cache,
+                &self.taps,
+            )?,
+            None => self.target.forward(
+                &tree.tokens,
+                &positions,
+                &visibility,
+                &mut self.cache,
+                &self.taps,
+                &Rows::All,
+            )?,
+        };
+        Ok((out, cache_len))
+    }
+
+    /// The verify of a round on the device: its staged forward reading the drafts where they
+    /// are, then the round's one read of the device (charged to the verify): the drafts and
+    /// the target's arg-max of every row (T = 0), or each draft's verdict and bonus and the
+    /// last row's draw (T > 0).
+    pub(super) fn verify_on_device(&mut self, round: DeviceRound) -> Result<TargetOutput> {
+        let DeviceRound {
+            drafts,
+            judged_by,
+            staged,
+        } = round;
+        let out = match (staged, self.graphed.as_mut()) {
+            (StagedVerify::Graphed(s), Some(g)) => {
+                g.run(self.target, s, Some(&drafts), &mut self.cache, &self.taps)?
+            }
+            (StagedVerify::Eager(mut inputs), _) => {
+                inputs.set_ids(1, &drafts)?;
+                self.target
+                    .forward_prepared(&inputs, &mut self.cache, &self.taps, &Rows::All)?
+                    .one_sequence()?
+            }
+            (StagedVerify::Graphed(_), None) => {
+                bail!("a staged fixed-shape verify without its forwards")
+            }
+        };
+        let logits = out.logits.as_ref().unwrap();
+        let n = drafts.dims1()?;
+        let tail = match &judged_by {
+            OnDevice::Argmax => dflash_model::ops::argmax::argmax_rows_kept(logits)?,
+            OnDevice::Draws(u) => draw_rows(&self.probs(logits)?, u, 0)?,
+            OnDevice::Judge(q, u) => {
+                let p = self.probs(logits)?;
+                let verdicts = judge_rows(&p.narrow(0, 0, n)?, q, &drafts, u, n, 2 * n)?;
+                let last = draw_rows(&p.narrow(0, n, 1)?, u, 3 * n)?;
+                Tensor::cat(&[&verdicts.flatten_all()?, &last], 0)?
+            }
+        };
+        self.read_back = Some(Tensor::cat(&[&drafts, &tail], 0)?.to_vec1::<u32>()?);
+        Ok(out)
+    }
+
+    /// Stage 3, walk: the tree walked with the target's own samples: the accepted path (tree rows) and the
+    /// bonus token.
+    pub(super) fn walk(
+        &mut self,
+        tree: &mut DraftTree,
+        out: &TargetOutput,
+    ) -> Result<(Vec<usize>, u32)> {
+        let _p = tracing::info_span!(target: "phase", "sample").entered();
+        let logits = out.logits.as_ref().unwrap();
+        if let Some(read) = self.read_back.take() {
+            let n = tree.len() - 1;
+            tree.tokens[1..].copy_from_slice(&read[..n]);
+            if !self.samples_drafts() {
+                // the target's token of every row: its arg-max, or its draw (the exact match)
+                return tree.walk(|r| Ok::<u32, anyhow::Error>(read[n + r]));
+            }
+            // the first rejected draft ends the round with its bonus; else the last row's draw
+            let verdicts = &read[n..3 * n];
+            return Ok(match verdicts.chunks(2).position(|v| v[0] == 0) {
+                Some(k) => ((1..=k).collect(), verdicts[2 * k + 1]),
+                None => ((1..=n).collect(), read[3 * n]),
+            });
+        }
+        if tree.len() == 1 && self.samples_on_device() {
+            // AR (or a round with no room for drafts) at T > 0: one draw on the device
+            let u = Uniforms::new(&self.sampler.uniforms(1), &self.target.device)?;
+            let p = self.probs(logits)?;
+            return Ok((vec![], draw_rows(&p, &u, 0)?.to_vec1::<u32>()?[0]));
+        }
+        match self.sampled.take() {
+            Some(Sampled::Chain(qs)) => {
+                // a chain's rows are 0 (the anchor), 1 … n (the drafts)
+                let (kept, bonus) = self
+                    .sampler
+                    .walk_chain(&tree.tokens[1..], &qs, |r| row(logits, r))?;
+                return Ok(((1..=kept).collect(), bonus));
+            }
+            Some(Sampled::Tree(st)) => {
+                return self.sampler.walk_sampled_tree(&st, |r| row(logits, r));
+            }
+            Some(Sampled::TreeOnDevice { q, u, from }) => {
+                let params = &self.sampler.params;
+                return Ok(walk_sampled_tree(logits, params, &q, tree, &u, from)?);
+            }
+            None => {}
+        }
+        if self.sampler.params.is_greedy() {
+            // T = 0: the target's token of every row, picked on the device (one index per row
+            // leaves it, not the rows), by the host's rule
+            let best = dflash_model::ops::argmax::argmax_rows(logits)?;
+            return tree.walk(|r| Ok::<u32, anyhow::Error>(best[r]));
+        }
+        if self.samples_on_device() {
+            // the exact match drawing on the device (a DDTree of the top-K, a DFlash2 chain):
+            // the target's draw at every row there; one index per row leaves it
+            let u = Uniforms::new(&self.sampler.uniforms(tree.len()), &self.target.device)?;
+            let drawn = draw_rows(&self.probs(logits)?, &u, 0)?.to_vec1::<u32>()?;
+            return tree.walk(|r| Ok::<u32, anyhow::Error>(drawn[r]));
+        }
+        let sampler = &mut self.sampler;
+        tree.walk(|r| Ok::<u32, anyhow::Error>(sampler.sample(&row(logits, r)?)))
+    }
+
+    /// Stage 4, commit: the path and the bonus, cut at `max_new_tokens`, at the first stop token
+    /// and at the end of the first repeated window ([`Request::loop_window`]);
+    /// keep the committed rows' K/V and taps (the bonus is the next anchor). Returns how many
+    /// tokens the round committed (τ_round).
+    pub(super) fn commit(
+        &mut self,
+        tree: &DraftTree,
+        path: &[usize],
+        bonus: u32,
+        out: &TargetOutput,
+        cache_len: usize,
+    ) -> Result<usize> {
+        let max_len = self.req.prompt_ids.len() + self.req.max_new_tokens;
+        let mut produced_tokens: Vec<u32> = path.iter().map(|&r| tree.tokens[r]).collect();
+        produced_tokens.push(bonus);
+        let mut produced = produced_tokens.len().min(max_len - self.start - 1);
+        for (i, t) in produced_tokens[..produced].iter().enumerate() {
+            let looped = self.loops.push(*t);
+            if looped || self.req.stop_ids.contains(t) {
+                produced = i + 1;
+                self.stopped = true;
+                self.looped = looped && !self.req.stop_ids.contains(t);
+                break;
+            }
+        }
+        self.new_tokens
+            .extend_from_slice(&produced_tokens[..produced]);
+        self.start += produced;
+        // the rows whose K/V stay: the anchor and the committed path before the next anchor
+        let kept: Vec<usize> = std::iter::once(0)
+            .chain(path.iter().copied())
+            .take(produced)
+            .collect();
+        compact_cache(&mut self.cache, cache_len, &kept)?;
+        if self.drafter.is_some() {
+            let idx = Tensor::new(
+                kept.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                &self.target.device,
+            )?;
+            let new = Target::concat_taps(&out.taps)?
+                .index_select(&idx, 0)?
+                .unsqueeze(0)?;
+            // a round without a draft leaves the drafter's context to the next draft
+            self.ctx = Some(match (self.ctx.take(), self.drafted) {
+                (Some(old), false) => Tensor::cat(&[&old, &new], 1)?,
+                _ => new,
+            });
+        }
+        Ok(produced)
+    }
+}
