@@ -12,27 +12,11 @@ impl Decoding<'_> {
             (Some(d), true) => d,
             _ => return Ok(DraftTree::chain(anchor, &[])),
         };
-        // auto: an AR step without a draft while drafting does not pay (the draft graph's
-        // context block holds one round's rows, so with graphs every round drafts)
-        if let Some(a) = self.auto.as_mut() {
-            a.drafted = a.policy.drafts() || self.draft_graph.is_some();
-            (a.budget, a.expected) = (0, 0.0);
-            if !a.drafted {
-                return Ok(DraftTree::chain(anchor, &[]));
-            }
+        if !self.auto_drafts() {
+            return Ok(DraftTree::chain(anchor, &[]));
         }
         self.drafted = true;
-        // a tree of `budget` nodes is at most `budget` deep: the distributions below are
-        // never read
-        let positions = match self.mode {
-            Mode::Tree { budget, .. } => budget.min(depth - 1),
-            // the fixed-shape draft graph computes the same rows every round
-            Mode::Auto { max_budget, .. } => match (self.draft_graph.is_some(), &self.auto) {
-                (false, Some(a)) => a.policy.positions().min(depth - 1),
-                _ => max_budget.min(depth - 1),
-            },
-            _ => depth - 1,
-        };
+        let positions = self.positions(depth);
         let at = BlockAt {
             token: anchor,
             anchor: self.start,
@@ -166,6 +150,31 @@ impl Decoding<'_> {
                 DraftTree::chain(anchor, &chain)
             }
         })
+    }
+
+    /// Whether this round drafts: always, but under `--mode auto` while drafting does not pay
+    /// (an AR step without a draft; the draft graph's context block holds one round's rows, so
+    /// with graphs every round drafts).
+    fn auto_drafts(&mut self) -> bool {
+        let graph = self.draft_graph.is_some();
+        let Some(a) = self.auto.as_mut() else {
+            return true;
+        };
+        a.drafted = a.policy.drafts() || graph;
+        (a.budget, a.expected) = (0, 0.0);
+        a.drafted
+    }
+
+    /// Positions a round of `depth` rows drafts: a tree of `budget` nodes is at most `budget`
+    /// deep (the distributions below are never read); auto's trees as deep as its recent
+    /// budgets need, except under the fixed-shape draft graph (the same rows every round).
+    fn positions(&self, depth: usize) -> usize {
+        match (self.mode, &self.auto, self.draft_graph.is_some()) {
+            (Mode::Tree { budget, .. }, _, _) => budget.min(depth - 1),
+            (Mode::Auto { .. }, Some(a), false) => a.policy.positions().min(depth - 1),
+            (Mode::Auto { max_budget, .. }, _, _) => max_budget.min(depth - 1),
+            _ => depth - 1,
+        }
     }
 
     /// `--mode auto`'s tree: the first nodes of the best-first tree of the largest budget, as
