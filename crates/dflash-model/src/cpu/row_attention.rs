@@ -39,9 +39,18 @@ pub struct KeyRuns {
 
 impl KeyRuns {
     pub fn new(v: &Visibility) -> Self {
+        Self::from_masks(std::slice::from_ref(v))
+    }
+
+    /// Several sequences' rows, sequence-major, from each one's visibility over the same
+    /// columns.
+    pub fn from_masks(masks: &[Visibility]) -> Self {
         Self {
-            rows: (0..v.rows).map(|r| v.row_runs(r)).collect(),
-            cols: v.cols,
+            rows: masks
+                .iter()
+                .flat_map(|v| (0..v.rows).map(|r| v.row_runs(r)))
+                .collect(),
+            cols: masks.first().map_or(0, |v| v.cols),
         }
     }
 

@@ -338,14 +338,11 @@ impl Target {
         };
         // f32 CPU inference of a few rows: each row over its own keys (bit-identical rows
         // whatever the other rows, e.g. a tree's verify row and the AR step of the same tokens)
-        let runs = match masks {
-            [one]
-                if mask_cols.is_none() && row_attention::serves(&self.device, self.dtype, b, n) =>
-            {
-                Some(KeyRuns::new(one))
-            }
-            _ => None,
-        };
+        // (several sequences one after the other: each gets the bits it gets alone)
+        let runs = (masks.len() == b
+            && mask_cols.is_none()
+            && row_attention::serves(&self.device, self.dtype, b, n))
+        .then(|| KeyRuns::from_masks(masks));
         Ok(ForwardInputs {
             ids,
             rope,
