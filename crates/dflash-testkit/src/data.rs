@@ -9,7 +9,7 @@ use dflash_train::data::{write_manifest, write_shard, Manifest, Sequence, ShardI
 /// A data directory of `seqs` for the target in `target_dir`.
 pub fn write_data(dir: &Path, target_dir: &Path, seqs: &[Sequence]) {
     std::fs::create_dir_all(dir).unwrap();
-    write_shard(&dir.join("shard-00000.jsonl"), seqs).unwrap();
+    let sha256 = write_shard(&dir.join("shard-00000.jsonl"), seqs).unwrap();
     let m = Manifest {
         format: FORMAT.into(),
         target_hash: identity_hash(target_dir).unwrap(),
@@ -26,6 +26,7 @@ pub fn write_data(dir: &Path, target_dir: &Path, seqs: &[Sequence]) {
             tokens: seqs.iter().map(|s| s.ids.len()).sum(),
             supervised_tokens: seqs.iter().map(|s| s.supervised()).sum(),
             ended_by_loop: 0,
+            sha256: Some(sha256),
         }],
     };
     write_manifest(dir, &m).unwrap();

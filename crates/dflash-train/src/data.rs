@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! DIR/manifest.json       target identity hash, template, sampling, counts, source, shard list
+//!                         (each shard with the sha256 of its bytes, checked when read)
 //! DIR/shard-00000.jsonl   {"ids": [...], "loss_mask": [0, 0, …, 1, 1]}  (1 on response tokens)
 //! ```
 //! Example: prompt of 20 tokens and a response of 30 → 50 ids, loss_mask 20 zeros then 30 ones.
@@ -68,6 +69,10 @@ pub struct ShardInfo {
     /// Responses that ended at their first repeated window (`--loop-window`; absent: none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ended_by_loop: usize,
+    /// sha256 of the shard's bytes as written (lowercase hex; absent in older manifests): a
+    /// shard damaged after writing is refused by name when it is read or a run resumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -116,13 +121,42 @@ pub fn shard_name(i: usize) -> String {
     format!("shard-{i:05}.jsonl")
 }
 
-pub fn write_shard(path: &Path, seqs: &[Sequence]) -> Result<()> {
+/// Write a shard; returns the sha256 of its bytes (the manifest's [`ShardInfo::sha256`]).
+pub fn write_shard(path: &Path, seqs: &[Sequence]) -> Result<String> {
     let mut out = Vec::new();
     for s in seqs {
         serde_json::to_writer(&mut out, s)?;
         out.push(b'\n');
     }
-    dflash_model::io::atomic::write_file(path, &out)
+    dflash_model::io::atomic::write_file(path, &out)?;
+    Ok(sha256_hex(&out))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The bytes of shard `sh` of `dir`, checked against the sha256 its manifest records (where it
+/// records one). Example: a byte of `shard-00003.jsonl` flipped after writing → "data/shard-
+/// 00003.jsonl does not match the sha256 manifest.json records for it (damaged after it was
+/// written?)".
+pub fn read_shard(dir: &Path, sh: &ShardInfo) -> Result<Vec<u8>> {
+    let p = dir.join(&sh.file);
+    let bytes = std::fs::read(&p).with_context(|| format!("opening shard {}", p.display()))?;
+    if let Some(want) = &sh.sha256 {
+        if sha256_hex(&bytes) != *want {
+            bail!(
+                "{} does not match the sha256 manifest.json records for it (damaged after it \
+                 was written?): regenerate it (remove it and its manifest entry) or restore it",
+                p.display()
+            );
+        }
+    }
+    Ok(bytes)
 }
 
 pub fn read_manifest(dir: &Path) -> Result<Manifest> {
@@ -171,10 +205,9 @@ pub fn read_sequences(dir: &Path) -> Result<(Manifest, Vec<Sequence>)> {
     let mut seqs = Vec::new();
     for sh in &m.shards {
         let p: PathBuf = dir.join(&sh.file);
-        let f =
-            std::fs::File::open(&p).with_context(|| format!("opening shard {}", p.display()))?;
-        for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-            let line = line?;
+        let bytes = read_shard(dir, sh)?;
+        for (i, line) in bytes.as_slice().lines().enumerate() {
+            let line = line.with_context(|| format!("{} line {}", p.display(), i + 1))?;
             if line.trim().is_empty() {
                 continue;
             }
@@ -200,7 +233,57 @@ pub fn read_sequences(dir: &Path) -> Result<(Manifest, Vec<Sequence>)> {
 
 #[cfg(test)]
 mod tests {
-    use super::Sequence;
+    use super::*;
+
+    /// A shard damaged after writing is refused by name; an older manifest without checksums
+    /// reads as before.
+    #[test]
+    fn a_damaged_shard_is_refused_by_its_checksum() {
+        let dir = std::env::temp_dir().join(format!("dflash-shard-sum-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let seqs = vec![Sequence {
+            ids: vec![1, 2, 3],
+            loss_mask: vec![0, 1, 1],
+        }];
+        let sum = write_shard(&dir.join(shard_name(0)), &seqs).unwrap();
+        let mut m = Manifest {
+            format: FORMAT.into(),
+            target_hash: "t".into(),
+            target: "t".into(),
+            chat_template_sha256: None,
+            sampling: SamplingParams::default(),
+            max_new_tokens: 2,
+            loop_window: 0,
+            source: "s".into(),
+            prompts_per_shard: 1,
+            shards: vec![ShardInfo {
+                file: shard_name(0),
+                sequences: 1,
+                tokens: 3,
+                supervised_tokens: 2,
+                ended_by_loop: 0,
+                sha256: Some(sum),
+            }],
+        };
+        write_manifest(&dir, &m).unwrap();
+        assert_eq!(read_sequences(&dir).unwrap().1, seqs);
+        // a digit changed: still valid JSON, other tokens
+        let p = dir.join(shard_name(0));
+        let text = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("[1,2,3]", "[1,2,4]");
+        std::fs::write(&p, text).unwrap();
+        let e = format!("{:#}", read_sequences(&dir).unwrap_err());
+        assert!(
+            e.contains("shard-00000.jsonl does not match the sha256"),
+            "{e}"
+        );
+        m.shards[0].sha256 = None;
+        write_manifest(&dir, &m).unwrap();
+        assert_eq!(read_sequences(&dir).unwrap().1[0].ids, [1, 2, 4]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn prompt_len_is_the_tokens_before_the_first_supervised_one() {

@@ -183,13 +183,14 @@ impl ShardWriter<'_> {
             let ended_by_loop = done.iter().filter(|r| r.looped).count();
             let seqs: Vec<Sequence> = done.into_iter().map(|r| r.seq).collect();
             let file = shard_name(self.next_shard);
-            write_shard(&self.out.join(&file), &seqs)?;
+            let sha256 = write_shard(&self.out.join(&file), &seqs)?;
             self.manifest.shards.push(ShardInfo {
                 file,
                 sequences: seqs.len(),
                 tokens: seqs.iter().map(|s| s.ids.len()).sum(),
                 supervised_tokens: seqs.iter().map(|s| s.supervised()).sum(),
                 ended_by_loop,
+                sha256: Some(sha256),
             });
             write_manifest(self.out, self.manifest)?;
             self.next_shard += 1;
@@ -258,6 +259,10 @@ pub(crate) fn regenerate_indexed(
                     opts.loop_window,
                     opts.sampling
                 );
+            }
+            // a shard damaged since it was written is refused before more are added
+            for sh in &m.shards {
+                crate::data::read_shard(out, sh)?;
             }
             m
         }
