@@ -42,6 +42,6 @@ JSON
 for d in base:"$WORK/base" dflash2:"$WORK/run/best"; do
   n=${d%%:*}
   "$B" eval --target smollm2-135m --drafter "${d#*:}" --dataset gsm8k --limit "$LIMIT" \
-    --max-new-tokens "$TOKENS" --modes ar,dflash,ddtree:4 --out "$WORK/eval-$n"
+    --max-new-tokens "$TOKENS" --modes ar,dflash,ddtree:4 --out "$WORK/eval-$n" --force
 done
 for n in base dflash2; do echo "== $n"; sed -n '/^| mode/,/^$/p' "$WORK/eval-$n/report.md"; done

@@ -18,7 +18,7 @@ for ds in ${DATASETS:-gsm8k humaneval math500 mt-bench}; do
     DFLASH_DISABLED_KERNELS=$sw "$B" eval --target smollm2-135m --dataset "$ds" --limit "$LIMIT" \
       --drafter smollm2-135m-b16=assets/drafters/smollm2-135m-b16 \
       --modes ar,dflash,ddtree:4,ddtree:8 --max-new-tokens 128 --device cpu --dtype f32 \
-      --out "$OUT/$ds-$v" > "$OUT/$ds-$v.log" 2>&1
+      --out "$OUT/$ds-$v" --force > "$OUT/$ds-$v.log" 2>&1
     grep -E "τ pooled" "$OUT/$ds-$v.log" | sed "s/^/$ds $v /"
   done
 done

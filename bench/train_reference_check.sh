@@ -28,7 +28,7 @@ for p in "Name a fruit." "What is 3+4?" "Say hello in Spanish." "Name a planet."
 done | head -n "$PROMPTS" > "$OUT/prompts.jsonl"
 RAYON_NUM_THREADS=2 "$B" data generate --target $T --prompts "$OUT/prompts.jsonl" --out "$OUT/data" \
   --max-new-tokens 48 --batch-size 4 --device cpu --dtype f32 >&2
-"$B" drafter init --target $T --out "$OUT/init" --layers "$LAYERS" --seed 0 >&2
+"$B" drafter init --target $T --out "$OUT/init" --force --layers "$LAYERS" --seed 0 >&2
 cat > "$OUT/config.json" <<JSON
 {"init_from": "$OUT/init", "num_draft_layers": $LAYERS, "num_anchors": 16, "pack_length": 512,
  "max_length": 512, "grad_accum": 2, "max_steps": $STEPS, "lr": 1e-3, "warmup_ratio": 0.25,

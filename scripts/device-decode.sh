@@ -90,7 +90,7 @@ for step in $STEPS; do
         || { echo "assets missing (scripts/fetch-assets.sh smollm2 datasets)" >&2; status=1; continue; }
       "$B" eval --target smollm2-135m --dataset gsm8k --limit "$EVAL_LIMIT" --drafter "shipped=$DRAFTER" \
         --modes ar,dflash,ddtree:8 --max-new-tokens 128 --device cuda --dtype bf16 --cuda-graphs \
-        --out "$OUT/eval-gsm8k" > "$OUT/eval.log" 2>&1 \
+        --out "$OUT/eval-gsm8k" --force > "$OUT/eval.log" 2>&1 \
         || { echo "eval failed (or a mode left AR's text beyond a bf16 near-tie)" >&2; status=1; } ;;
     *) echo "unknown step $step (check side profile regen eval)" >&2; status=1 ;;
   esac

@@ -76,7 +76,7 @@ for i in range(8): print(json.dumps({'prompt': ' '.join('t%d' % (((i % 2) * 53 +
         && "$B" train --target $T --data "$W/data" --out "$W/run" --config "$W/config.json" --device cuda \
         && "$B" doctor --target $T --drafter "$W/run/best" --data "$W/data" --device cuda \
         && "$B" eval --target $T --drafter "$W/run/best" --dataset "$W/prompts.jsonl" --modes ar,dflash,ddtree:8 \
-             --max-new-tokens 32 --out "$W/eval" --device cuda --cuda-graphs \
+             --max-new-tokens 32 --out "$W/eval" --force --device cuda --cuda-graphs \
         && tar -C "$W/run" -cJf "$OUT/tiny-hybrid-drafter.tar.xz" best; } > "$OUT/tiny.log" 2>&1 \
         || { echo "tiny hybrid end to end failed" >&2; status=1; } ;;
     decode)

@@ -231,7 +231,7 @@ export_() {
   latest=$(cat "$R/latest") || { log "export: no checkpoint in $R"; return; }
   E=$WORK/export
   rm -rf "$E"
-  $B drafter export --from "$R/checkpoints/$latest/drafter" --out "$E" --dtype bf16 2>&1 | tee -a "$OUT/log.txt"
+  $B drafter export --from "$R/checkpoints/$latest/drafter" --out "$E" --force --dtype bf16 2>&1 | tee -a "$OUT/log.txt"
   [ -n "${SAVE_DATA:-}" ] && tar -C "$WORK" -cJf "$OUT/data.tar.xz" data
   tar -C "$WORK" -cJf "$OUT/run.tar.xz" run/metrics.jsonl run/train_config.json export/config.json \
     export/training.json data/manifest.json cfg.json
@@ -279,7 +279,7 @@ refrun() {
   log "refrun: exit $?, $(tail -n 1 "$WORK/ref/curve.jsonl" 2>/dev/null | cut -c1-200)"
   if [ -f "$WORK/ref/drafter/model.safetensors" ]; then
     rm -rf "$WORK/ref-export"
-    $B drafter export --from "$WORK/ref/drafter" --out "$WORK/ref-export" --dtype bf16 >> "$OUT/log.txt" 2>&1
+    $B drafter export --from "$WORK/ref/drafter" --out "$WORK/ref-export" --force --dtype bf16 >> "$OUT/log.txt" 2>&1
     tar -C "$WORK" -cJf "$OUT/ref.tar.xz" ref/curve.jsonl ref-export/config.json
   fi
 }
@@ -318,7 +318,7 @@ for p in "$@"; do
     check) need_gguf; $B check device --target "$TARGET" --device "$DEV" --dtype bf16 > "$OUT/check-device.md" 2>&1
            log "check: exit $?, $(grep -ci fail "$OUT/check-device.md") lines mention a failure" ;;
     data) data ;;
-    vocab) $B data vocab --data "$D" --size "${VOCAB:-8192}" --out "$OUT/draft_vocab.json" >> "$OUT/log.txt" 2>&1
+    vocab) $B data vocab --data "$D" --size "${VOCAB:-8192}" --out "$OUT/draft_vocab.json" --force >> "$OUT/log.txt" 2>&1
            log "vocab: exit $?" ;;
     plan) plan ;;
     cfg) config "${STEPS:?cfg needs STEPS}" > "$WORK/cfg.json" && log "cfg: max_steps $STEPS" ;;

@@ -40,13 +40,13 @@ mix=$OUT/prompts-scale-v1.jsonl
 "$B" data prompts \
   --prompts "sharegpt-turns:$HOME_DIR/datasets/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json" \
   --prompts "evals:$HOME_DIR/datasets/evals-registry" \
-  --cap-per-file 1000 --max-chars 4000 --seed 0 --out "$mix"
+  --cap-per-file 1000 --max-chars 4000 --seed 0 --force --out "$mix"
 check "$mix" "$SHA" prompts-scale-v1
 mix2=$OUT/prompts-scale-v2.jsonl
 "$B" data prompts --extend "$mix" \
   --prompts "evals:$HOME_DIR/datasets/evals-registry" \
   --prompts "writingbench:$HOME_DIR/datasets/writingbench/benchmark_all.jsonl" \
-  --cap-per-file 5000 --max-chars 4000 --seed 0 --out "$mix2"
+  --cap-per-file 5000 --max-chars 4000 --seed 0 --force --out "$mix2"
 check "$mix2" "$SHA2" prompts-scale-v2
 rm -f "$OUT"/part-*.jsonl
 n1=$(wc -l < "$mix")

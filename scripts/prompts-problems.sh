@@ -42,7 +42,7 @@ out=$OUT/prompts-problems-v1.jsonl
   --prompts "fields:doc.text:$P/mbpp-requests.jsonl.gz" \
   --prompts "fields:task_description+input_output_spec:$P/codeio-hq.json.gz" \
   --prompts "fields:readme_description:$P/leetcode" \
-  --max-chars 4000 --seed 0 --drop-eval-overlap --out "$out"
+  --max-chars 4000 --seed 0 --drop-eval-overlap --force --out "$out"
 check() { # FILE RECORDED-SHA256 NAME
   local got; got=$(sha256sum "$1" | cut -d' ' -f1)
   if [ "$got" != "$2" ]; then
@@ -60,7 +60,7 @@ out2=$OUT/prompts-problems-v2.jsonl
   --prompts "fields:task_description+input_output_spec:$P/codeio-hq.json.gz" --template "$T_PYTHON" \
   --prompts "fields:readme_description:$P/leetcode" --template "$T_PYTHON" \
   --prompts "fields:readme_description:$P/leetcode" --template "$T_ALGORITHM" \
-  --max-chars 4000 --seed 0 --drop-eval-overlap --out "$out2"
+  --max-chars 4000 --seed 0 --drop-eval-overlap --force --out "$out2"
 check "$out2" "$SHA2" prompts-problems-v2
 out3=$OUT/prompts-problems-v3.jsonl
 math=()
@@ -68,7 +68,7 @@ for sub in algebra counting_and_probability geometry intermediate_algebra number
   math+=(--prompts "fields:doc.problem:$P/math-test/$sub.jsonl.gz" --template "{prompt}"
          --prompts "fields:doc.problem:$P/math-test/$sub.jsonl.gz" --template "$T_STEPS")
 done
-"$B" data prompts --extend "$out2" "${math[@]}" --max-chars 4000 --seed 0 --drop-eval-overlap --out "$out3"
+"$B" data prompts --extend "$out2" "${math[@]}" --max-chars 4000 --seed 0 --drop-eval-overlap --force --out "$out3"
 check "$out3" "$SHA3" prompts-problems-v3
 echo "prompts-problems-v1: $(wc -l < "$out") prompts, sha256 $SHA"
 echo "prompts-problems-v2: $(wc -l < "$out2") prompts, sha256 $SHA2 (v1's, then the same problems under instructions)"
