@@ -64,17 +64,21 @@ pub struct GenerateArgs {
 
 pub fn run(a: GenerateArgs) -> Result<()> {
     let sampling = a.sampling.params()?;
-    let drafter_available =
-        a.drafter.is_some() || dflash_model::io::loader::bundled_drafter(&a.target).is_some();
-    let mode = a.mode.unwrap_or(if drafter_available {
-        ModeName::Auto(None)
-    } else {
-        ModeName::Ar
-    });
+    // looked up once: it decides the default mode and, without --drafter, the drafter
+    let bundled = match &a.drafter {
+        Some(_) => None,
+        None => dflash_model::io::loader::bundled_drafter(&a.target),
+    };
+    let mode = a
+        .mode
+        .unwrap_or(match a.drafter.is_some() || bundled.is_some() {
+            true => ModeName::Auto(None),
+            false => ModeName::Ar,
+        });
     let drafter_dir = match (&a.drafter, mode) {
         (Some(d), _) => Some(d.clone()),
         (None, ModeName::Ar) => None,
-        (None, _) => match dflash_model::io::loader::bundled_drafter(&a.target) {
+        (None, _) => match bundled {
             Some(d) => {
                 eprintln!("using the bundled drafter {}", d.display());
                 Some(d)

@@ -348,7 +348,7 @@ mod tests {
         // the line through (1, 6 ms) and (5, 8 ms)
         assert!((c.verify(3).unwrap() - 0.007).abs() < 1e-9);
         assert!((c.verify(9).unwrap() - 0.010).abs() < 1e-9);
-        // averages move a fifth of the way to a new observation
+        // averages move 20 % of the way to a new observation
         c.observe_verify(1, 0.011);
         assert!((c.verify(1).unwrap() - 0.007).abs() < 1e-9);
     }
@@ -432,7 +432,7 @@ mod tests {
             p.observe(true, 4, 2.0, 0, 1, 0.002, 0.008, 0.0);
         }
         assert!(p.calibration() < 0.2 + 1e-9);
-        // the same expectations, a fifth as likely, no longer pay for a node
+        // the same expectations, scaled by 0.2, no longer pay for a node
         assert_eq!(p.choose(&e), 0);
         let s = p.stats();
         assert_eq!(s.budgets[4], 20);

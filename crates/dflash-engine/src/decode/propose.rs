@@ -71,79 +71,106 @@ impl Decoding<'_> {
             }
         }
         if let Some(staged) = staged {
-            // the drafts stay where the logits are; the tree holds placeholders until the
-            // verify reads them back with the target's verdicts (one transfer per round)
-            let n = logits.dim(0)?;
-            let (drafts, judged_by) = if !self.samples_drafts() {
-                let best = dflash_model::ops::argmax::argmax_rows_kept(&logits)?;
-                // at T > 0 (the exact match) every verify row draws the target's token
-                let judged_by = match self.sampler.params.is_greedy() {
-                    true => OnDevice::Argmax,
-                    false => OnDevice::Draws(Uniforms::new(
-                        &self.sampler.uniforms(n + 1),
-                        &self.target.device,
-                    )?),
-                };
-                // a vocabulary head's columns are its tokens' indices
-                match self.head.as_ref() {
-                    Some(h) => (h.tokens_of(&best)?, judged_by),
-                    None => (best, judged_by),
-                }
-            } else {
-                let u = Uniforms::new(&self.sampler.uniforms(3 * n + 1), &self.target.device)?;
-                let q = self.probs(&logits)?;
-                let drawn = draw_rows(&q, &u, 0)?;
-                // a vocabulary head's columns are ascending token ids: drawn there, then spread
-                match self.head.as_ref() {
-                    Some(h) => (h.tokens_of(&drawn)?, OnDevice::Judge(h.spread(&q)?, u)),
-                    None => (drawn, OnDevice::Judge(q, u)),
-                }
+            return self.device_proposal(anchor, &logits, staged);
+        }
+        match self.samples_drafts() {
+            true => self.sampled_proposal(anchor, &logits),
+            false => self.greedy_proposal(anchor, &logits),
+        }
+    }
+
+    /// A chain kept on the device (see [`Self::round_on_device`]): the drafts stay where the
+    /// logits are; the tree holds placeholders until the verify reads them back with the
+    /// target's verdicts (one transfer per round).
+    fn device_proposal(
+        &mut self,
+        anchor: u32,
+        logits: &Tensor,
+        staged: StagedVerify,
+    ) -> Result<DraftTree> {
+        let n = logits.dim(0)?;
+        let (drafts, judged_by) = if !self.samples_drafts() {
+            let best = dflash_model::ops::argmax::argmax_rows_kept(logits)?;
+            // at T > 0 (the exact match) every verify row draws the target's token
+            let judged_by = match self.sampler.params.is_greedy() {
+                true => OnDevice::Argmax,
+                false => OnDevice::Draws(Uniforms::new(
+                    &self.sampler.uniforms(n + 1),
+                    &self.target.device,
+                )?),
             };
-            self.device_round = Some(DeviceRound {
-                drafts,
-                judged_by,
-                staged,
-            });
-            return Ok(DraftTree::chain(anchor, &vec![anchor; n]));
-        }
-        if self.samples_drafts() {
-            if let (Mode::Tree { budget, top_k, .. }, true) = (self.mode, self.one_sync) {
-                return self.sampled_tree_on_device(anchor, &logits, budget, top_k);
+            // a vocabulary head's columns are its tokens' indices
+            match self.head.as_ref() {
+                Some(h) => (h.tokens_of(&best)?, judged_by),
+                None => (best, judged_by),
             }
-            let qs = self.draft_distributions(&logits)?;
-            return Ok(match self.mode {
-                Mode::Tree { budget, top_k, .. } => {
-                    let k = if top_k == 0 { budget } else { top_k };
-                    let st = self.sampler.sampled_tree(anchor, qs, budget, k);
-                    let tree = st.tree.clone();
-                    self.sampled = Some(Sampled::Tree(st));
-                    tree
-                }
-                _ => {
-                    let chain: Vec<u32> = qs.iter().map(|q| self.sampler.draw_draft(q)).collect();
-                    self.sampled = Some(Sampled::Chain(qs));
-                    DraftTree::chain(anchor, &chain)
-                }
-            });
+        } else {
+            let u = Uniforms::new(&self.sampler.uniforms(3 * n + 1), &self.target.device)?;
+            let q = self.probs(logits)?;
+            let drawn = draw_rows(&q, &u, 0)?;
+            // a vocabulary head's columns are ascending token ids: drawn there, then spread
+            match self.head.as_ref() {
+                Some(h) => (h.tokens_of(&drawn)?, OnDevice::Judge(h.spread(&q)?, u)),
+                None => (drawn, OnDevice::Judge(q, u)),
+            }
+        };
+        self.device_round = Some(DeviceRound {
+            drafts,
+            judged_by,
+            staged,
+        });
+        Ok(DraftTree::chain(anchor, &vec![anchor; n]))
+    }
+
+    /// A round's drafts drawn from the drafter's distributions (speculative sampling at T > 0):
+    /// a DDTree's sampled tree (on the device where rounds stay there), or a chain of draws.
+    fn sampled_proposal(&mut self, anchor: u32, logits: &Tensor) -> Result<DraftTree> {
+        if let (Mode::Tree { budget, top_k, .. }, true) = (self.mode, self.one_sync) {
+            return self.sampled_tree_on_device(anchor, logits, budget, top_k);
         }
+        let qs = self.draft_distributions(logits)?;
         Ok(match self.mode {
             Mode::Tree { budget, top_k, .. } => {
                 let k = if top_k == 0 { budget } else { top_k };
-                // the candidates picked where the log-probabilities are: k per row leave it
-                let mut top = top_k_rows(&Drafter::log_probs(&logits)?, k)?;
-                top.iter_mut().flatten().for_each(|(j, _)| *j = token(*j));
-                DraftTree::build(anchor, &top, budget)
+                let st = self.sampler.sampled_tree(anchor, qs, budget, k);
+                let tree = st.tree.clone();
+                self.sampled = Some(Sampled::Tree(st));
+                tree
+            }
+            _ => {
+                let chain: Vec<u32> = qs.iter().map(|q| self.sampler.draw_draft(q)).collect();
+                self.sampled = Some(Sampled::Chain(qs));
+                DraftTree::chain(anchor, &chain)
+            }
+        })
+    }
+
+    /// A round's greedy drafts: DDTree's best-first tree of the top-K per depth (auto's cut to
+    /// its chosen budget), or the chain of arg-maxes.
+    fn greedy_proposal(&mut self, anchor: u32, logits: &Tensor) -> Result<DraftTree> {
+        // logit column → token (the vocabulary head's columns are its subset); the candidates
+        // picked where the log-probabilities are: k per row leave it
+        let head = self.head.as_ref();
+        let token = |j: u32| head.map_or(j, |h| h.token(j));
+        let top = |k: usize| -> Result<Vec<Vec<(u32, f32)>>> {
+            let mut top = top_k_rows(&Drafter::log_probs(logits)?, k)?;
+            top.iter_mut().flatten().for_each(|(j, _)| *j = token(*j));
+            Ok(top)
+        };
+        Ok(match self.mode {
+            Mode::Tree { budget, top_k, .. } => {
+                let k = if top_k == 0 { budget } else { top_k };
+                DraftTree::build(anchor, &top(k)?, budget)
             }
             Mode::Auto { max_budget, .. } => {
-                let mut top = top_k_rows(&Drafter::log_probs(&logits)?, max_budget)?;
-                top.iter_mut().flatten().for_each(|(j, _)| *j = token(*j));
+                let top = top(max_budget)?;
                 let scored = DraftTree::build_scored(anchor, top.len(), max_budget, |d, _| {
                     top[d - 1].clone()
                 });
                 self.choose_auto(scored)
             }
             _ => {
-                let chain: Vec<u32> = Drafter::argmax_rows(&logits)?
+                let chain: Vec<u32> = Drafter::argmax_rows(logits)?
                     .into_iter()
                     .map(token)
                     .collect();
