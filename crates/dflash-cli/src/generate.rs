@@ -64,37 +64,8 @@ pub struct GenerateArgs {
 
 pub fn run(a: GenerateArgs) -> Result<()> {
     let sampling = a.sampling.params()?;
-    // looked up once: it decides the default mode and, without --drafter, the drafter
-    let bundled = match &a.drafter {
-        Some(_) => None,
-        None => dflash_model::io::loader::bundled_drafter(&a.target),
-    };
-    let mode = a
-        .mode
-        .unwrap_or(match a.drafter.is_some() || bundled.is_some() {
-            true => ModeName::Auto(None),
-            false => ModeName::Ar,
-        });
-    let drafter_dir = match (&a.drafter, mode) {
-        (Some(d), _) => Some(d.clone()),
-        (None, ModeName::Ar) => None,
-        (None, _) => match bundled {
-            Some(d) => {
-                eprintln!("using the bundled drafter {}", d.display());
-                Some(d)
-            }
-            None => bail!(
-                "--mode {mode} needs --drafter DIR: no drafter for target '{}' in {} (a drafter \
-                 directory copied to the first of these is found from anywhere)",
-                a.target,
-                dflash_model::io::loader::bundled_drafter_places(&a.target)
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(" or ")
-            ),
-        },
-    };
+    let (mode, drafter_dir) =
+        crate::args::resolve_drafter(&a.target, a.drafter.as_deref(), a.mode)?;
     if mode.is_speculative() && matches!(a.block_size, Some(0) | Some(1)) {
         bail!("--block-size must be >= 2 for speculative modes");
     }
@@ -103,21 +74,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let loaded = load_target(&a.target, dtype, &device)?;
     eprintln!("{loaded}");
     let drafter = match &drafter_dir {
-        Some(dir) if mode.is_speculative() => {
-            let d = a.draft.load(dir, &loaded.target)?;
-            eprintln!(
-                "loaded drafter {}: {} layers, block {}, taps {:?}, mask token {}",
-                dir.display(),
-                d.num_layers(),
-                d.block_size,
-                d.target_layer_ids,
-                d.mask_token_id
-            );
-            for n in &d.notes {
-                eprintln!("note: {n}");
-            }
-            Some(d)
-        }
+        Some(dir) if mode.is_speculative() => Some(a.draft.load_noted(dir, &loaded.target)?),
         _ => None,
     };
     let block = a

@@ -13,6 +13,7 @@ mod eval_cmd;
 mod forward_cmd;
 mod generate;
 mod launch;
+mod serve_cmd;
 mod timing;
 mod train_cmd;
 
@@ -49,6 +50,9 @@ fn runtime_config(cli: &Cli) -> anyhow::Result<dflash_core::runtime::RuntimeConf
 enum Command {
     /// Generate text with a target model (AR or speculative).
     Generate(generate::GenerateArgs),
+    /// Serve the target over an OpenAI-compatible HTTP API (chat, completions, streaming,
+    /// metrics), speculative where a request decodes alone.
+    Serve(serve_cmd::ServeArgs),
     /// Training data.
     #[command(subcommand)]
     Data(train_cmd::DataCommand),
@@ -119,6 +123,7 @@ fn main() {
     }
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
+        Command::Serve(a) => serve_cmd::run(a),
         Command::Drafter(c) => drafter_cmd::run(c),
         Command::Data(c) => train_cmd::run_data(c),
         Command::Train(a) => train_cmd::run_train(a),

@@ -229,6 +229,20 @@ impl Sampler {
         self.rng.random()
     }
 
+    /// Put the stream at the number of new token `token` (0: the first after the prompt). AR
+    /// draws one number per token, so new token i is drawn with number i; a round judged by
+    /// the exact match draws the target's token at each verify row with the number of the
+    /// token that row decides (its depth after the committed ones), and seeks to the first
+    /// uncommitted token after: its committed tokens are then AR's draws from the same seed.
+    /// Example: 5 tokens committed, a chain round draws rows 0…3 with numbers 5…8, keeps 2
+    /// drafts and the bonus (tokens 5, 6, 7) → seek(8): number 8 decides token 8 next round.
+    /// The numbers a round drew for rows it did not commit decided nothing that was kept, so
+    /// drawing with them again keeps every committed token a fresh draw.
+    pub fn seek(&mut self, token: usize) {
+        // one f32 takes one 32-bit word of the stream
+        self.rng.set_word_pos(token as u128);
+    }
+
     /// The next `k` uniform numbers of this generation's stream, drawn up front (a round
     /// sampled on the device: its draws, verdicts and bonuses).
     pub fn uniforms(&mut self, k: usize) -> Vec<f32> {

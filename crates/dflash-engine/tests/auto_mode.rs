@@ -95,3 +95,44 @@ fn auto_sampling_distribution_equals_ar() {
     assert!(rounds > 0 && accepted > 0, "auto drafted and was accepted");
     assert_distributed_alike(&ar, &got, "auto at T 0.7 against AR");
 }
+
+/// At T > 0 the exact match draws each verify row with the number of the token it decides
+/// (`Sampler::seek`): a seeded auto generation commits AR's seeded draws, whatever budgets its
+/// timings chose (up to a draw within rounding of a boundary between two tokens, which these
+/// prompts do not meet), the bundled drafter and the tree kinds alike.
+#[test]
+fn seeded_auto_at_t_above_0_draws_ars_tokens() {
+    let lt = smollm2();
+    let dir = dflash_model::io::loader::bundled_drafter("smollm2-135m").unwrap();
+    let bundled = Drafter::load_dir(&dir, &lt.target).unwrap();
+    for (i, prompt) in [
+        "Write a haiku about autumn rain.",
+        "Tom has 3 boxes of 12 pencils and gives away 9 pencils. How many are left?",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let ids = lt.tokenizer.prompt_ids(prompt, true).unwrap();
+        let sampling = SamplingParams::new(0.8, 0.95, 0, 11 + i as u64).unwrap();
+        let r = req(&ids, 64, sampling, &lt.tokenizer.stop_ids);
+        let ar = decode(&lt.target, None, Mode::Ar, &r);
+        for mode in [
+            Mode::Auto {
+                block: 16,
+                max_budget: 15,
+            },
+            Mode::Tree {
+                block: 16,
+                budget: 4,
+                top_k: 0,
+            },
+        ] {
+            let opts = dflash_engine::DecodeOptions {
+                acceptance: Acceptance::ExactMatch,
+                ..Default::default()
+            };
+            let g = dflash_engine::generate(&lt.target, Some(&bundled), mode, &r, opts).unwrap();
+            assert_eq!(g.new_tokens, ar.new_tokens, "{} on prompt {i}", mode.name());
+        }
+    }
+}

@@ -267,3 +267,60 @@ fn a_loop_window_ends_the_response_where_training_cuts_it() {
         "no response was cut: the test would not see the rule"
     );
 }
+
+/// A speculative session moved into a batch (the server, when a second request arrives) goes
+/// on as AR there: at T = 0 its tokens are AR's, and so are those of the request prefilled
+/// beside it; at T > 0 (the exact match seeks its stream to each token's number) the same
+/// seeded draws as AR.
+#[test]
+fn a_session_moved_into_a_batch_goes_on_as_ar() {
+    use dflash_engine::batched::Batch;
+    use dflash_engine::Session;
+    let lt = smollm2();
+    let dir = dflash_model::io::loader::bundled_drafter("smollm2-135m").unwrap();
+    let d = dflash_model::models::drafter::Drafter::load_dir(&dir, &lt.target).unwrap();
+    let auto = Mode::Auto {
+        block: 16,
+        max_budget: 15,
+    };
+    let other = lt
+        .tokenizer
+        .prompt_ids("Write a haiku about autumn rain.", true)
+        .unwrap();
+    let other = req(&other, 24, SamplingParams::default(), &[]);
+    let ids = lt
+        .tokenizer
+        .prompt_ids("What is 12 times 15? Show the steps.", true)
+        .unwrap();
+    for sampling in [
+        SamplingParams::default(),
+        SamplingParams::new(0.8, 1.0, 0, 5).unwrap(),
+    ] {
+        let r = req(&ids, 48, sampling, &[]);
+        let ar = decode(&lt.target, None, Mode::Ar, &r);
+        let mut s = Session::start(&lt.target, Some(&d), auto, &r, Default::default()).unwrap();
+        for _ in 0..3 {
+            s.round().unwrap();
+        }
+        let before = s.new_tokens().len();
+        assert!(before > 3, "three rounds commit at least their bonuses");
+        let (cache, live) = s.into_live(0).unwrap();
+        let mut b = Batch::new(&lt.target, 2, None).unwrap();
+        b.adopt(&cache, live).unwrap();
+        let first = b.admit(&[(1, &other)]).unwrap();
+        let mut out: Vec<Vec<u32>> = vec![ar.new_tokens[..before].to_vec(), vec![first[0].token]];
+        let mut ended = [None, None];
+        while b.live() > 0 {
+            for st in b.step().unwrap() {
+                out[st.index].push(st.token);
+                if let Some(o) = st.done {
+                    ended[st.index] = Some(o.new_tokens);
+                }
+            }
+        }
+        assert_eq!(ended[0].as_ref().unwrap(), &ar.new_tokens, "{sampling:?}");
+        assert_eq!(out[0], ar.new_tokens);
+        let alone = decode(&lt.target, None, Mode::Ar, &other);
+        assert_eq!(ended[1].as_ref().unwrap(), &alone.new_tokens);
+    }
+}

@@ -408,7 +408,8 @@ fn chi_square_helper_detects_a_difference() {
 }
 
 /// The second and third new tokens' distributions, 4,000 seeded generations each, a DFlash
-/// chain under both acceptance rules against AR. The prefix is where the tiny target settles
+/// chain against AR: under the residual rule distributed alike, under the exact match equal to
+/// AR's generations of the same seeds. The prefix is where the tiny target settles
 /// into its loop and the drafter's drafts get accepted, so the accept path (not only the bonus
 /// path) decides many samples; at T = 0.7 the drafts are drawn from a spread-out q, so the
 /// residual rule's rejections and residual draws decide many others.
@@ -428,6 +429,21 @@ fn sampling_distribution_equals_ar() {
         let mut accepted_by = Vec::new();
         for acceptance in [Acceptance::Residual, Acceptance::ExactMatch] {
             let (sp, accepted) = counts(temperature, 1_000_000, chain, acceptance);
+            if acceptance == Acceptance::ExactMatch {
+                // the exact match draws each row with its token's number (`Sampler::seek`):
+                // every generation is AR's of the same seed, which is stronger than alike
+                let (ar_same_seeds, _) = counts(temperature, 1_000_000, Mode::Ar, acceptance);
+                assert_eq!(sp, ar_same_seeds, "T {temperature}: exact match against AR");
+                eprintln!("T {temperature}, {acceptance}: accepted rounds {accepted}");
+                accepted_by.push(accepted);
+                if temperature < 0.1 {
+                    assert!(
+                        accepted > n as usize / 10,
+                        "T {temperature}: too few accepted drafts ({accepted})"
+                    );
+                }
+                continue;
+            }
             eprintln!("T {temperature}, {acceptance}: accepted rounds {accepted}");
             accepted_by.push(accepted);
             // at T = 0.7 the target rarely samples exactly the greedy draft: the exact match

@@ -7,6 +7,7 @@
 
 mod data;
 pub mod fuzz;
+pub mod http;
 mod paths;
 mod refs;
 mod stats;

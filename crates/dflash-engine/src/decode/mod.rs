@@ -83,7 +83,10 @@ use dflash_model::{KvCache, Rows, Target, TargetOutput};
 pub use crate::mode::Mode;
 
 mod propose;
+mod session;
 mod verify;
+
+pub use session::Session;
 
 /// A round's drafts drawn from the drafter's distributions, with what the walk judges them by.
 enum Sampled {
@@ -270,7 +273,7 @@ pub fn generate(
     req: &Request,
     opts: DecodeOptions,
 ) -> Result<Generation> {
-    run_generation(target, drafter, mode, req, opts, None)
+    session::run_generation(target, drafter, mode, req, opts, None)
 }
 
 /// [`generate`] keeping its fixed-shape forwards (with [`DecodeOptions::cuda_graphs`]: the
@@ -285,60 +288,7 @@ pub fn generate_with(
     opts: DecodeOptions,
     graphs: &mut GraphCache,
 ) -> Result<Generation> {
-    run_generation(target, drafter, mode, req, opts, Some(graphs))
-}
-
-fn run_generation(
-    target: &Target,
-    drafter: Option<&Drafter>,
-    mode: Mode,
-    req: &Request,
-    opts: DecodeOptions,
-    mut graphs: Option<&mut GraphCache>,
-) -> Result<Generation> {
-    let kept = graphs.as_mut().and_then(|g| g.kept.take());
-    let keep = graphs.is_some() && opts.cuda_graphs && !target.is_hybrid();
-    let mut run = Decoding::prefill(target, drafter, mode, req, opts, kept, keep)?;
-    if let Some(g) = graphs.as_mut() {
-        g.reused += run.reused as usize;
-    }
-    let t1 = Instant::now();
-    while let Some(depth) = run.next_depth() {
-        let td = Instant::now();
-        let mut tree = run.propose(depth)?;
-        let draft_secs = td.elapsed().as_secs_f64();
-        let tv = Instant::now();
-        let (out, cache_len) = run.verify(&tree)?;
-        let verify_secs = tv.elapsed().as_secs_f64();
-        let to = Instant::now();
-        let (path, bonus) = run.walk(&mut tree, &out)?;
-        let produced = run.commit(&tree, &path, bonus, &out, cache_len)?;
-        let round = RoundOutcome {
-            drafted: tree.len() - 1,
-            accepted: path.len(),
-            tau_round: produced,
-            bonus: (produced == path.len() + 1).then_some(bonus),
-            draft_secs,
-            verify_secs,
-            other_secs: to.elapsed().as_secs_f64(),
-            tree_size: matches!(mode, Mode::Tree { .. } | Mode::Auto { .. })
-                .then_some(tree.len() - 1),
-        };
-        run.observe_auto(&round);
-        run.rounds.push(round);
-    }
-    if let Some(g) = graphs {
-        g.kept = run.take_kept();
-    }
-    Ok(Generation {
-        new_tokens: run.new_tokens,
-        rounds: run.rounds,
-        prefill_secs: run.prefill_secs,
-        decode_secs: t1.elapsed().as_secs_f64(),
-        stopped_by_token: run.stopped && !run.looped,
-        stopped_by_loop: run.looped,
-        auto: run.auto.as_ref().map(|a| a.policy.stats()),
-    })
+    session::run_generation(target, drafter, mode, req, opts, Some(graphs))
 }
 
 /// Rows of every verify forward of `mode` (shorter ones are padded): the block, or a tree's
@@ -366,7 +316,7 @@ struct Decoding<'a> {
     /// The drafter, when the mode drafts (block > 1).
     drafter: Option<&'a Drafter>,
     mode: Mode,
-    req: &'a Request,
+    req: Request,
     taps: Vec<usize>,
     sampler: Sampler,
     cache: KvCache,
@@ -421,7 +371,7 @@ impl<'a> Decoding<'a> {
         target: &'a Target,
         drafter: Option<&'a Drafter>,
         mode: Mode,
-        req: &'a Request,
+        req: &Request,
         opts: DecodeOptions,
         kept: Option<Kept>,
         keep: bool,
@@ -517,7 +467,7 @@ impl<'a> Decoding<'a> {
             target,
             drafter,
             mode,
-            req,
+            req: req.clone(),
             taps,
             sampler,
             cache,

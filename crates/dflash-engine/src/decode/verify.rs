@@ -128,7 +128,11 @@ impl Decoding<'_> {
         if self.samples_on_device() {
             // the exact match drawing on the device (a DDTree of the top-K, a DFlash2 chain):
             // the target's draw at every row there; one index per row leaves it
-            let u = Uniforms::new(&self.sampler.uniforms(tree.len()), &self.target.device)?;
+            // each row with the number of the token it decides ([`Sampler::seek`])
+            let depth = tree.depths.iter().max().map_or(0, |d| d + 1);
+            let by_depth = self.sampler.uniforms(depth);
+            let u: Vec<f32> = tree.depths.iter().map(|&d| by_depth[d]).collect();
+            let u = Uniforms::new(&u, &self.target.device)?;
             let drawn = draw_rows(&self.probs(logits)?, &u, 0)?.to_vec1::<u32>()?;
             return tree.walk(|r| Ok::<u32, anyhow::Error>(drawn[r]));
         }
@@ -164,6 +168,11 @@ impl Decoding<'_> {
         self.new_tokens
             .extend_from_slice(&produced_tokens[..produced]);
         self.start += produced;
+        if !self.sampler.params.is_greedy() && !self.samples_drafts() {
+            // the exact match drew each row with its token's number: the next round's first
+            // token draws the number after the committed ones
+            self.sampler.seek(self.new_tokens.len());
+        }
         // the rows whose K/V stay: the anchor and the committed path before the next anchor
         let kept: Vec<usize> = std::iter::once(0)
             .chain(path.iter().copied())

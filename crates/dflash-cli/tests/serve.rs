@@ -1,0 +1,466 @@
+//! `dflash-rs serve` over real sockets: T = 0 responses equal AR's alone and in batches of 4
+//! and 16 in both CPU products modes, seeded sampling reproducible, OpenAI's errors for bad
+//! requests, a bounded queue, clients that go away, SIGTERM, a bounded load counted by
+//! `/metrics`, and the official `openai` Python client.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use dflash_core::sampling::SamplingParams;
+use dflash_engine::{generate, DecodeOptions, Mode};
+use dflash_testkit::http::ServerProcess;
+use dflash_testkit::{fixtures, req, smollm2};
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dflash-rs");
+
+const PROMPTS: [&str; 16] = [
+    "Write the opening paragraph of a short story about a lighthouse keeper.",
+    "Give me five bullet points about the history of the printing press.",
+    "What is the difference between TCP and UDP?",
+    "Write a haiku about autumn rain.",
+    "Explain what a hash table is to someone who has never programmed.",
+    "Write a polite email asking my landlord to fix a leaking kitchen faucet.",
+    "Why do leaves change color in the fall?",
+    "Suggest a three-day itinerary for a first visit to Rome.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did she sell altogether?",
+    "Write a SQL query that lists the ten customers with the most orders.",
+    "Convert 72 degrees Fahrenheit to Celsius and show the steps.",
+    "What are three tips for sleeping better?",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Summarize the plot of Romeo and Juliet in two sentences.",
+    "What is 17 times 23?",
+    "Name four planets of the solar system and one fact about each.",
+];
+
+fn smollm2_server(extra: &[&str]) -> ServerProcess {
+    let mut args = vec!["serve", "--target", "smollm2-135m", "--port", "0"];
+    args.extend_from_slice(extra);
+    ServerProcess::start(BIN, &args)
+}
+
+fn tiny_server(extra: &[&str]) -> ServerProcess {
+    let dir = fixtures().join("qwen3-tiny");
+    let mut args = vec!["serve", "--target", dir.to_str().unwrap(), "--port", "0"];
+    args.extend_from_slice(extra);
+    ServerProcess::start(BIN, &args)
+}
+
+fn chat_body(prompt: &str, max_tokens: usize, extra: Value) -> String {
+    let mut b = json!({"messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": max_tokens, "temperature": 0, "return_token_ids": true});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b.to_string()
+}
+
+/// A response's token ids.
+fn token_ids(v: &Value) -> Vec<u32> {
+    v["choices"][0]["token_ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no token_ids in {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The 16 prompts' responses at `concurrency` clients, each sending its share in turn.
+fn responses(s: &ServerProcess, n: usize, concurrency: usize) -> Vec<Vec<u32>> {
+    let addr = s.addr.clone();
+    let mut out = vec![Vec::new(); PROMPTS.len()];
+    thread::scope(|scope| {
+        let handles: Vec<_> = (0..concurrency)
+            .map(|c| {
+                let addr = addr.clone();
+                scope.spawn(move || {
+                    (c..PROMPTS.len())
+                        .step_by(concurrency)
+                        .map(|i| {
+                            let r = dflash_testkit::http::request(
+                                &addr,
+                                "POST",
+                                "/v1/chat/completions",
+                                Some(&chat_body(PROMPTS[i], n, json!({}))),
+                            );
+                            assert_eq!(r.status, 200, "{}", r.body);
+                            (i, token_ids(&r.json()))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for h in handles {
+            for (i, ids) in h.join().unwrap() {
+                out[i] = ids;
+            }
+        }
+    });
+    out
+}
+
+/// AR's tokens for the 16 prompts, in-process (`q8`: integer products).
+fn ar_reference(n: usize, q8: bool) -> Vec<Vec<u32>> {
+    let lt = dflash_model::cpu::q8::with_choice(q8, smollm2);
+    let products = match q8 {
+        true => dflash_core::runtime::CpuProducts::Q8,
+        false => dflash_core::runtime::CpuProducts::Exact,
+    };
+    let config = dflash_core::runtime::RuntimeConfig {
+        cpu_products: products,
+        ..dflash_core::runtime::installed()
+    };
+    dflash_core::runtime::with_config(config, || {
+        PROMPTS
+            .iter()
+            .map(|p| {
+                let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
+                let r = req(&ids, n, SamplingParams::default(), &lt.tokenizer.stop_ids);
+                let g = generate(&lt.target, None, Mode::Ar, &r, DecodeOptions::default());
+                g.unwrap().new_tokens
+            })
+            .collect()
+    })
+}
+
+fn assert_lossless(products: &str) {
+    let n = 40;
+    let want = ar_reference(n, products == "q8");
+    let s = smollm2_server(&["--cpu-products", products, "--max-batch", "16"]);
+    for concurrency in [1, 4, 16] {
+        let got = responses(&s, n, concurrency);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                g, w,
+                "{products} products, concurrency {concurrency}, prompt {i}"
+            );
+        }
+    }
+    let m = s.request("GET", "/metrics", None).body;
+    // 16 of the 48 requests ran alone, speculatively
+    assert!(metric(&m, "vllm:spec_decode_num_drafts") > 0.0, "{m}");
+    assert_eq!(metric(&m, "vllm:num_requests_running"), 0.0);
+}
+
+#[test]
+fn t0_responses_equal_ar_alone_and_in_batches_with_exact_products() {
+    assert_lossless("exact");
+}
+
+#[test]
+fn t0_responses_equal_ar_alone_and_in_batches_with_integer_products() {
+    assert_lossless("q8");
+}
+
+/// The sum of a metric's samples (every label set).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn metric_with(text: &str, name_and_labels: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name_and_labels))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn a_seeded_sampled_request_alone_is_reproducible() {
+    let s = smollm2_server(&[]);
+    let body = chat_body(
+        PROMPTS[3],
+        32,
+        json!({"temperature": 0.8, "top_p": 0.95, "seed": 7}),
+    );
+    let a = token_ids(
+        &s.request("POST", "/v1/chat/completions", Some(&body))
+            .json(),
+    );
+    let b = token_ids(
+        &s.request("POST", "/v1/chat/completions", Some(&body))
+            .json(),
+    );
+    assert_eq!(a, b);
+    assert!(!a.is_empty());
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_goes_on() {
+    let s = tiny_server(&[]);
+    let m = r#""messages":[{"role":"user","content":"hi"}]"#;
+    let long = "word ".repeat(600);
+    let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
+        ("/v1/chat/completions", format!("{{{m},"), 400, None),
+        (
+            "/v1/chat/completions",
+            r#"{"max_tokens":5}"#.into(),
+            400,
+            Some("messages"),
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{m},"max_tokens":"many"}}"#),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{m},"max_tokens":0}}"#),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{m},"max_tokens":-4}}"#),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{m},"temperature":-0.1}}"#),
+            400,
+            Some("temperature"),
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{m},"top_p":1.5}}"#),
+            400,
+            Some("top_p"),
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{m},"top_p":0}}"#),
+            400,
+            Some("top_p"),
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{m},"n":3}}"#),
+            400,
+            Some("n"),
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{m},"max_tokens":100000}}"#),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": long}).to_string(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":7}"#.into(),
+            400,
+            Some("prompt"),
+        ),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{{m},"model":"gpt-9"}}"#),
+            404,
+            Some("model"),
+        ),
+        ("/v1/nothing", "{}".into(), 404, None),
+    ];
+    for (path, body, status, param) in &cases {
+        let r = s.request("POST", path, Some(body));
+        assert_eq!(r.status, *status, "{path} {body}: {}", r.body);
+        let e = &r.json()["error"];
+        assert!(
+            e["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{}",
+            r.body
+        );
+        assert!(
+            e["type"].is_string() && e.get("code").is_some(),
+            "{}",
+            r.body
+        );
+        if let Some(p) = param {
+            assert_eq!(e["param"], json!(p), "{body}: {}", r.body);
+        }
+    }
+    // and a streamed bad request is refused before it streams
+    let bad = s.stream(
+        "/v1/chat/completions",
+        &format!(r#"{{{m},"stream":true,"top_p":2}}"#),
+    );
+    assert_eq!(bad.status, 400);
+    let ok = s.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat_body("hi", 8, json!({}))),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(
+        token_ids(&ok.json()).len(),
+        ok.json()["usage"]["completion_tokens"].as_u64().unwrap() as usize
+    );
+    let text = s.request("GET", "/metrics", None).body;
+    // every case but the unknown endpoint's went through a completion handler, and the
+    // streamed one too
+    assert_eq!(
+        metric(&text, "dflash:request_refused_total"),
+        cases.len() as f64
+    );
+}
+
+/// Wait (≤ 20 s) until `/metrics` satisfies `ok`.
+fn wait_metrics(s: &ServerProcess, ok: impl Fn(&str) -> bool) -> String {
+    let t = Instant::now();
+    loop {
+        let m = s.request("GET", "/metrics", None).body;
+        if ok(&m) {
+            return m;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "metrics never got there:\n{m}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after_and_a_client_that_goes_away_frees_its_slot() {
+    let s = smollm2_server(&["--max-batch", "1", "--max-queue", "1", "--mode", "ar"]);
+    // a raw completion that counts on: no end of text before its length
+    let long = |n: usize| {
+        json!({"prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "max_tokens": n, "temperature": 0,
+               "stream": true})
+        .to_string()
+    };
+    let mut a = s.stream("/v1/completions", &long(2000));
+    assert_eq!(a.status, 200);
+    a.next_data().expect("a first chunk");
+    // B waits in the queue (its stream is open: it was accepted), C finds the queue full
+    let mut b = s.stream("/v1/completions", &long(4));
+    assert_eq!(b.status, 200);
+    wait_metrics(&s, |m| metric(m, "vllm:num_requests_waiting") == 1.0);
+    let c = s.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat_body("hi", 4, json!({}))),
+    );
+    assert_eq!(c.status, 503, "{}", c.body);
+    assert_eq!(c.header("retry-after"), Some("1"));
+    // A goes away: its slot is freed and B runs to its end
+    a.close();
+    let (events, done) = b.rest();
+    assert!(done && !events.is_empty(), "{events:?}");
+    let m = wait_metrics(&s, |m| metric(m, "vllm:num_requests_running") == 0.0);
+    assert_eq!(
+        metric_with(
+            &m,
+            "vllm:request_success_total{model_name=\"smollm2-135m\",finished_reason=\"abort\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_with(
+            &m,
+            "dflash:request_refused_total{model_name=\"smollm2-135m\",status=\"503\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+}
+
+#[test]
+fn sigterm_finishes_what_is_in_flight_and_exits_0() {
+    let mut s = smollm2_server(&[]);
+    let mut a = s.stream(
+        "/v1/chat/completions",
+        &chat_body(PROMPTS[0], 48, json!({"stream": true})),
+    );
+    a.next_data().expect("a first chunk");
+    s.term();
+    let (events, done) = a.rest();
+    assert!(done, "the stream in flight was cut: {events:?}");
+    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert!(last["choices"][0]["finish_reason"].is_string(), "{last}");
+    let status = s.wait(60);
+    assert!(status.success(), "exit {status:?}: {}", s.log());
+}
+
+#[test]
+fn a_bounded_load_is_answered_whole_and_counted() {
+    let s = tiny_server(&["--max-batch", "4", "--max-queue", "64"]);
+    let (clients, per_client) = (8, 6);
+    let total_tokens: u64 = thread::scope(|scope| {
+        let hs: Vec<_> = (0..clients)
+            .map(|c| {
+                let s = &s;
+                scope.spawn(move || {
+                    let mut tokens = 0;
+                    for i in 0..per_client {
+                        let n = 5 + (c * 7 + i * 3) % 40;
+                        let body = json!({"prompt": format!("request {c} {i}"), "max_tokens": n,
+                                          "temperature": 0.7, "seed": i, "stream": i % 2 == 0,
+                                          "stream_options": {"include_usage": true}});
+                        if i % 2 == 0 {
+                            let mut st = s.stream("/v1/completions", &body.to_string());
+                            let (ev, done) = st.rest();
+                            assert!(done);
+                            let usage: Value = serde_json::from_str(ev.last().unwrap()).unwrap();
+                            tokens += usage["usage"]["completion_tokens"].as_u64().unwrap();
+                        } else {
+                            let r = s.request("POST", "/v1/completions", Some(&body.to_string()));
+                            assert_eq!(r.status, 200, "{}", r.body);
+                            tokens += r.json()["usage"]["completion_tokens"].as_u64().unwrap();
+                        }
+                    }
+                    tokens
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    let m = wait_metrics(&s, |m| metric(m, "vllm:num_requests_running") == 0.0);
+    assert_eq!(
+        metric(&m, "vllm:request_success_total"),
+        (clients * per_client) as f64,
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "vllm:generation_tokens_total"),
+        total_tokens as f64,
+        "{m}"
+    );
+    assert_eq!(metric(&m, "vllm:num_requests_waiting"), 0.0);
+    assert_eq!(
+        metric(&m, "vllm:time_to_first_token_seconds_count"),
+        (clients * per_client) as f64
+    );
+}
+
+#[test]
+fn the_official_openai_client_talks_to_it() {
+    let py = dflash_testkit::asset("py/openai-3.63.0/openai/__init__.py", "openai");
+    let site = py.parent().unwrap().parent().unwrap();
+    let s = smollm2_server(&[]);
+    let script = dflash_testkit::repo_root().join("tests/clients/openai_client.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(format!("http://{}/v1", s.addr))
+        .arg("smollm2-135m")
+        .env("PYTHONPATH", site)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], json!(true));
+}

@@ -1,0 +1,443 @@
+//! The scheduler: one thread owns the models and decodes every request, a round or a step at
+//! a time, and sends each request's tokens to its handler as they are committed.
+//!
+//! - A request alone, with a drafter, decodes speculatively (a [`Session`] of the server's
+//!   mode, `auto` by default: each round the budget that pays on this machine, an AR step
+//!   where none does).
+//! - Several requests decode as AR in one continuously scheduled [`Batch`]: each step is one
+//!   target forward for every live slot; requests join between steps (prefilled into free
+//!   slots) and leave when they end or their client goes away. When a request arrives while
+//!   another decodes alone, that one moves into the batch ([`Session::into_live`]) and goes on
+//!   as AR there: on the CPU, where a verify's rows cost about what as many AR rows cost, a
+//!   batch's AR rows are as cheap per token as a speculative round's.
+//! - Hybrid targets (their linear-attention state is one sequence's) and `--max-batch 1`
+//!   decode one request at a time; the others wait in the queue.
+//!
+//! Every path is lossless: at T = 0 a response is AR's tokens whatever else is in the batch
+//! (tests/serve.rs checks concurrency 1, 4 and 16 against `generate --mode ar`).
+//!
+//! Example, `--max-batch 4`, requests A then B while A decodes: A starts alone (prefill, then
+//! speculative rounds, each sending 1 … B tokens); B arrives → A's cache moves into slot 0, B is
+//! prefilled into slot 1, and each step sends one token to each; A ends → B goes on alone in
+//! the batch.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use dflash_engine::batched::{Batch, Stepped};
+use dflash_engine::decode::check_request;
+use dflash_engine::{DecodeOptions, Mode, Request, Session};
+use dflash_model::models::drafter::Drafter;
+use dflash_model::Target;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::metrics::{Metrics, Outcome};
+
+/// The models and how they decode.
+pub struct Engine {
+    pub target: Target,
+    pub drafter: Option<Drafter>,
+    /// The mode of a request decoding alone (its block from the drafter).
+    pub mode: Mode,
+    /// Slots of the AR batch.
+    pub max_batch: usize,
+    pub opts: DecodeOptions,
+}
+
+/// A request for the scheduler.
+pub struct Job {
+    pub req: Request,
+    pub events: UnboundedSender<Event>,
+    pub arrived: Instant,
+}
+
+/// What the scheduler tells a request's handler.
+#[derive(Debug)]
+pub enum Event {
+    /// Tokens committed since the last event.
+    Tokens(Vec<u32>),
+    Done(Finished),
+    Failed(String),
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Finished {
+    /// A stop token or a loop window ("stop"), else the length ("length").
+    pub by_token: bool,
+    pub spec: SpecStats,
+}
+
+/// The `speculative_decoding` object of a response: its rounds (target forwards after the
+/// prefill), τ = tokens they committed per round, the drafted and accepted tokens, and per
+/// draft position the share of drafting rounds that accepted it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SpecStats {
+    pub tau: f64,
+    pub rounds: usize,
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
+    pub acceptance_per_position: Vec<f64>,
+    #[serde(skip)]
+    committed: usize,
+    #[serde(skip)]
+    drafting_rounds: usize,
+    #[serde(skip)]
+    accepted_at: Vec<usize>,
+}
+
+impl SpecStats {
+    fn round(&mut self, drafted: usize, accepted: usize, committed: usize) {
+        self.rounds += 1;
+        self.committed += committed;
+        if drafted > 0 {
+            self.drafting_rounds += 1;
+            self.drafted_tokens += drafted;
+            self.accepted_tokens += accepted;
+            if self.accepted_at.len() < accepted {
+                self.accepted_at.resize(accepted, 0);
+            }
+            for a in &mut self.accepted_at[..accepted] {
+                *a += 1;
+            }
+        }
+    }
+
+    fn close(mut self) -> Self {
+        self.tau = match self.rounds {
+            0 => 0.0,
+            r => self.committed as f64 / r as f64,
+        };
+        let d = self.drafting_rounds.max(1) as f64;
+        self.acceptance_per_position = self.accepted_at.iter().map(|&a| a as f64 / d).collect();
+        self
+    }
+}
+
+/// A request being decoded.
+struct Active {
+    job: Job,
+    sent: usize,
+    last: Instant,
+    spec: SpecStats,
+}
+
+/// Run the scheduler until `jobs` closes and every request in flight has ended.
+pub fn run(engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, queued: Arc<AtomicUsize>) {
+    let batchable = engine.max_batch > 1 && !engine.target.is_hybrid();
+    let mut s = Sched {
+        e: &engine,
+        batch: None,
+        solo: None,
+        active: HashMap::new(),
+        waiting: VecDeque::new(),
+        next_id: 0,
+        metrics,
+        queued,
+        batchable,
+    };
+    let mut open = true;
+    loop {
+        if open {
+            open = s.receive(&jobs);
+        }
+        if !open && s.active.is_empty() && s.waiting.is_empty() {
+            return;
+        }
+        s.drop_gone();
+        s.admit();
+        s.advance();
+        s.metrics.queue(s.active.len(), s.waiting.len());
+    }
+}
+
+struct Sched<'e> {
+    e: &'e Engine,
+    batch: Option<Batch<'e>>,
+    solo: Option<(usize, Session<'e>)>,
+    active: HashMap<usize, Active>,
+    waiting: VecDeque<(usize, Job)>,
+    next_id: usize,
+    metrics: Arc<Metrics>,
+    queued: Arc<AtomicUsize>,
+    batchable: bool,
+}
+
+impl<'e> Sched<'e> {
+    /// Take the requests that arrived (waiting for one when idle); false once the channel
+    /// closed (the server is shutting down).
+    fn receive(&mut self, jobs: &Receiver<Job>) -> bool {
+        if self.active.is_empty() && self.waiting.is_empty() {
+            match jobs.recv() {
+                Ok(j) => self.enqueue(j),
+                Err(_) => return false,
+            }
+        }
+        loop {
+            match jobs.try_recv() {
+                Ok(j) => self.enqueue(j),
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    fn enqueue(&mut self, j: Job) {
+        self.waiting.push_back((self.next_id, j));
+        self.next_id += 1;
+    }
+
+    /// Leave the queue or the batch: `id` waited or decoded for a client that went away.
+    fn drop_gone(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|(_, j)| !j.events.is_closed());
+        for _ in self.waiting.len()..before {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            self.metrics.request(Outcome::Abort);
+        }
+        let gone: Vec<usize> = (self.active.iter())
+            .filter(|(_, a)| a.job.events.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.active.remove(&id);
+            self.metrics.request(Outcome::Abort);
+            if self.solo.as_ref().is_some_and(|(s, _)| *s == id) {
+                self.solo = None;
+            } else if let Some(b) = self.batch.as_mut() {
+                b.cancel(id);
+            }
+        }
+    }
+
+    /// Start the waiting requests the slots can take.
+    fn admit(&mut self) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        let live = self.batch.as_ref().map_or(0, |b| b.live());
+        let alone = self.solo.is_none() && live == 0;
+        if !self.batchable || (alone && self.waiting.len() == 1 && self.e.mode.block() > 1) {
+            if self.solo.is_none() && live == 0 {
+                let (id, job) = self.waiting.pop_front().expect("a waiting request");
+                self.start_solo(id, job);
+            }
+            return;
+        }
+        if self.batch.is_none() {
+            match Batch::new(&self.e.target, self.e.max_batch, None) {
+                Ok(b) => self.batch = Some(b),
+                Err(e) => return self.fail_waiting(&e.to_string()),
+            }
+        }
+        if let Some((id, session)) = self.solo.take() {
+            self.move_into_batch(id, session);
+        }
+        let free = self.batch.as_ref().map_or(0, |b| b.free().len());
+        let n = free.min(self.waiting.len());
+        let jobs: Vec<(usize, Job)> = self.waiting.drain(..n).collect();
+        let mut reqs = Vec::new();
+        for (id, job) in jobs {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            if let Err(e) = check_request(&self.e.target, &job.req) {
+                let _ = job.events.send(Event::Failed(e.to_string()));
+                self.metrics.request(Outcome::Abort);
+                continue;
+            }
+            self.metrics.prompt(job.req.prompt_ids.len());
+            self.active.insert(id, Active::new(job));
+            reqs.push(id);
+        }
+        let reqs: Vec<(usize, &Request)> = reqs
+            .iter()
+            .map(|&id| (id, &self.active[&id].job.req))
+            .collect();
+        let ids: Vec<usize> = reqs.iter().map(|r| r.0).collect();
+        let admitted = self.batch.as_mut().expect("a batch").admit(&reqs);
+        match admitted {
+            Ok(stepped) => self.deliver(stepped, true),
+            Err(e) => {
+                for id in ids {
+                    self.fail(id, &format!("prefill failed: {e}"));
+                }
+            }
+        }
+    }
+
+    fn start_solo(&mut self, id: usize, job: Job) {
+        self.queued.fetch_sub(1, Ordering::SeqCst);
+        let drafter = self.e.drafter.as_ref();
+        let mode = match drafter {
+            Some(_) => self.e.mode,
+            None => Mode::Ar,
+        };
+        match Session::start(&self.e.target, drafter, mode, &job.req, self.e.opts) {
+            Ok(session) => {
+                self.metrics.prompt(job.req.prompt_ids.len());
+                self.active.insert(id, Active::new(job));
+                self.solo = Some((id, session));
+                self.send_solo();
+            }
+            Err(e) => {
+                let _ = job.events.send(Event::Failed(e.to_string()));
+                self.metrics.request(Outcome::Abort);
+            }
+        }
+    }
+
+    fn move_into_batch(&mut self, id: usize, session: Session<'e>) {
+        if session.done() {
+            return self.finish_solo(id, session);
+        }
+        let moved = session
+            .into_live(id)
+            .and_then(|(cache, live)| self.batch.as_mut().expect("a batch").adopt(&cache, live));
+        if let Err(e) = moved {
+            self.fail(id, &format!("moving into the batch failed: {e}"));
+        }
+    }
+
+    /// One round of the request alone, or one step of the batch.
+    fn advance(&mut self) {
+        if let Some((id, session)) = self.solo.as_mut() {
+            let id = *id;
+            match session.round() {
+                Ok(Some(r)) => {
+                    let (d, a, c) = (r.drafted, r.accepted, r.tau_round);
+                    self.metrics.draft(d, a);
+                    if let Some(act) = self.active.get_mut(&id) {
+                        act.spec.round(d, a, c);
+                    }
+                    self.send_solo();
+                }
+                Ok(None) => self.send_solo(),
+                Err(e) => {
+                    self.solo = None;
+                    self.fail(id, &format!("decoding failed: {e}"));
+                }
+            }
+            return;
+        }
+        let Some(b) = self.batch.as_mut() else { return };
+        if b.live() == 0 {
+            return;
+        }
+        match b.step() {
+            Ok(stepped) => self.deliver(stepped, false),
+            Err(e) => {
+                // the batch's state is unknown: every request in it fails
+                self.batch = None;
+                let ids: Vec<usize> = self.active.keys().copied().collect();
+                for id in ids {
+                    self.fail(id, &format!("decoding failed: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Send the solo session's new tokens; end it when it is done.
+    fn send_solo(&mut self) {
+        let Some((id, session)) = self.solo.as_ref() else {
+            return;
+        };
+        let id = *id;
+        let (tokens, done) = (session.new_tokens().to_vec(), session.done());
+        self.send(id, &tokens);
+        if done {
+            let (_, session) = self.solo.take().expect("the solo session");
+            self.finish_solo(id, session);
+        }
+    }
+
+    fn finish_solo(&mut self, id: usize, session: Session<'e>) {
+        let g = session.finish();
+        self.send(id, &g.new_tokens);
+        self.finish(id, g.stopped_by_token || g.stopped_by_loop);
+    }
+
+    /// Tokens of batch slots (`first`: from their prefill).
+    fn deliver(&mut self, stepped: Vec<Stepped>, first: bool) {
+        for s in stepped {
+            if let (Some(a), false) = (self.active.get_mut(&s.index), first) {
+                a.spec.round(0, 0, 1);
+            }
+            match &s.done {
+                Some(out) => self.send(s.index, &out.new_tokens),
+                None => self.push(s.index, vec![s.token]),
+            }
+            if let Some(out) = s.done {
+                self.finish(s.index, out.stopped_by_token || out.stopped_by_loop);
+            }
+        }
+    }
+
+    /// Send the tokens of `all` (the response so far) the client has not had.
+    fn send(&mut self, id: usize, all: &[u32]) {
+        let sent = self.active.get(&id).map_or(usize::MAX, |a| a.sent);
+        if all.len() > sent {
+            self.push(id, all[sent..].to_vec());
+        }
+    }
+
+    /// Send `new` tokens to the client of `id`.
+    fn push(&mut self, id: usize, new: Vec<u32>) {
+        let Some(a) = self.active.get_mut(&id) else {
+            return;
+        };
+        let now = Instant::now();
+        let first = a.sent == 0;
+        let since = match first {
+            true => a.job.arrived,
+            false => a.last,
+        };
+        self.metrics
+            .tokens(new.len(), (now - since).as_secs_f64(), first);
+        a.sent += new.len();
+        a.last = now;
+        let _ = a.job.events.send(Event::Tokens(new));
+    }
+
+    fn finish(&mut self, id: usize, by_token: bool) {
+        let Some(a) = self.active.remove(&id) else {
+            return;
+        };
+        self.metrics.request(match by_token {
+            true => Outcome::Stop,
+            false => Outcome::Length,
+        });
+        let _ = a.job.events.send(Event::Done(Finished {
+            by_token,
+            spec: a.spec.close(),
+        }));
+    }
+
+    fn fail(&mut self, id: usize, why: &str) {
+        if let Some(a) = self.active.remove(&id) {
+            tracing::error!("request {id}: {why}");
+            self.metrics.request(Outcome::Abort);
+            let _ = a.job.events.send(Event::Failed(why.to_string()));
+        }
+    }
+
+    fn fail_waiting(&mut self, why: &str) {
+        for (_, job) in self.waiting.drain(..) {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            self.metrics.request(Outcome::Abort);
+            let _ = job.events.send(Event::Failed(why.to_string()));
+        }
+    }
+}
+
+impl Active {
+    fn new(job: Job) -> Self {
+        Active {
+            last: job.arrived,
+            job,
+            sent: 0,
+            spec: SpecStats::default(),
+        }
+    }
+}
