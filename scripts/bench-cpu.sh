@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU benchmark of the target runtime: AR prefill and decode tokens/s on SmolLM2-135M (f32).
 # Usage: scripts/bench-cpu.sh [threads=2] [new_tokens=128] [repeats=3]
-# Prints one JSON line per run and a median summary (docs/BENCHMARKS.md, "AR prefill and decode").
+# Prints one JSON line per run and a median summary (a record: docs/bench/cpu-ar-xeon2c-2026-12-01.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-2}; new=${2:-128}; reps=${3:-3}

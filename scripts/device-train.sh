@@ -53,7 +53,7 @@
 #   repeated window of this many tokens), DATA_LOOP (the same cut while regenerating: a response
 #   ends at its first repeated window of this many tokens; 0: never), DATA_GRAPHS ("1": batched
 #   steps replayed from a CUDA graph), DATA_TEMP (0: greedy responses; 1: sampled, seed 0 — the
-#   lower τ at T = 0, docs/eval/smollm2-135m-b16), DATA_LIMIT (the prompt file's first N), INIT_FROM (a drafter directory to continue from: same
+#   lower τ at T = 0, docs/bench/greedy-vs-sampled-h200-2026-12-05.json), DATA_LIMIT (the prompt file's first N), INIT_FROM (a drafter directory to continue from: same
 #   weights, fresh optimizer), CACHE_MB (device memory for target features kept between epochs,
 #   0: runs with a 30–60 GB cache ran out of device memory, docs/BENCHMARKS.md), LR (6e-4) and
 #   WARMUP (0.04: the share of the steps warming up to LR; a continuation's knobs), LAYERS (the
