@@ -76,6 +76,13 @@ impl ServerProcess {
         }
     }
 
+    /// The process's resident memory in KiB (`VmRSS` of /proc), where there is a /proc.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }

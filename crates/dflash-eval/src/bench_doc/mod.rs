@@ -28,6 +28,7 @@ use std::path::Path;
 /// The topics of the page, in its order.
 pub const TOPICS: &[&str] = &[
     "CPU decoding",
+    "Serving",
     "GPU decoding",
     "DDTree and sampling",
     "Training",
