@@ -475,7 +475,11 @@ fn a_soak_with_disconnects_and_bad_requests_leaks_nothing() {
     let s = tiny_server(&["--max-batch", "4", "--max-queue", "64"]);
     let warm = json!({"prompt": "warm up", "max_tokens": 64, "temperature": 0});
     for _ in 0..8 {
-        assert_eq!(s.request("POST", "/v1/completions", Some(&warm.to_string())).status, 200);
+        assert_eq!(
+            s.request("POST", "/v1/completions", Some(&warm.to_string()))
+                .status,
+            200
+        );
     }
     let rss0 = s.rss_kib();
     let (requests, clients) = (1000usize, 10usize);
@@ -492,7 +496,8 @@ fn a_soak_with_disconnects_and_bad_requests_leaks_nothing() {
                                           "temperature": 0.5, "seed": i, "stream": true});
                         match rng.random_range(0..10) {
                             0 => {
-                                let r = s.request("POST", "/v1/completions", Some(r#"{"prompt": 5}"#));
+                                let r =
+                                    s.request("POST", "/v1/completions", Some(r#"{"prompt": 5}"#));
                                 assert_eq!(r.status, 400);
                                 bad += 1;
                             }
@@ -515,18 +520,75 @@ fn a_soak_with_disconnects_and_bad_requests_leaks_nothing() {
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
+        hs.into_iter()
+            .map(|h| h.join().unwrap())
+            .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
     });
     assert_eq!(answered + gone + bad, requests);
     assert!(gone > 20 && bad > 10, "{gone} gone, {bad} bad");
     let m = wait_metrics(&s, |m| {
-        metric(m, "vllm:num_requests_running") == 0.0 && metric(m, "vllm:num_requests_waiting") == 0.0
+        metric(m, "vllm:num_requests_running") == 0.0
+            && metric(m, "vllm:num_requests_waiting") == 0.0
     });
     // every accepted request (and the 8 warm-ups) ended once: finished (stop, length) or
     // aborted (gone)
-    assert_eq!(metric(&m, "vllm:request_success_total"), (8 + answered + gone) as f64, "{m}");
+    assert_eq!(
+        metric(&m, "vllm:request_success_total"),
+        (8 + answered + gone) as f64,
+        "{m}"
+    );
     if let (Some(a), Some(b)) = (rss0, s.rss_kib()) {
-        assert!(b < a + 64 * 1024, "resident memory grew from {a} KiB to {b} KiB");
+        assert!(
+            b < a + 64 * 1024,
+            "resident memory grew from {a} KiB to {b} KiB"
+        );
     }
-    assert_eq!(s.request("POST", "/v1/completions", Some(&warm.to_string())).status, 200);
+    assert_eq!(
+        s.request("POST", "/v1/completions", Some(&warm.to_string()))
+            .status,
+        200
+    );
+}
+
+/// Mutated request bodies over the socket (the JSON-aware mutations of
+/// `dflash_testkit::fuzz::mutate_json` on a chat body with every field): each is answered
+/// with 200 or a 4xx carrying OpenAI's error body, never a 5xx; the server then still answers.
+#[test]
+fn mutated_request_bodies_are_answered_or_refused() {
+    use rand::SeedableRng;
+    let s = tiny_server(&["--max-batch", "4"]);
+    let seed = json!({
+        "model": s_model(&s), "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 3,
+        "stop": ["\n\n"], "stream": false, "n": 1
+    })
+    .to_string();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let (mut ok, mut refused) = (0, 0);
+    for i in 0..1000 {
+        let body = dflash_testkit::fuzz::mutate_json(seed.as_bytes(), &mut rng);
+        // the client sends bytes; a body that is not UTF-8 goes as its lossy text
+        let body = String::from_utf8_lossy(&body).into_owned();
+        let r = s.request("POST", "/v1/chat/completions", Some(&body));
+        match r.status {
+            200 => ok += 1,
+            400..=499 => {
+                let e = &r.json()["error"];
+                assert!(e["message"].is_string(), "case {i}: {}", r.body);
+                refused += 1;
+            }
+            s => panic!("case {i}: HTTP {s} for {body}: {}", r.body),
+        }
+    }
+    assert!(ok > 10 && refused > 10, "{ok} answered, {refused} refused");
+    let good = s.request("POST", "/v1/chat/completions", Some(&seed));
+    assert_eq!(good.status, 200, "{}", good.body);
+}
+
+/// The one model a server serves.
+fn s_model(s: &ServerProcess) -> String {
+    s.request("GET", "/v1/models", None).json()["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }

@@ -149,6 +149,12 @@ fn start(
         Input::Prompt(p) => ("prompt", s.tokenizer.encode(p, true)),
     };
     let ids = ids.map_err(|e| ApiError::invalid(param, e.to_string()))?;
+    if ids.is_empty() {
+        return Err(ApiError::invalid(
+            param,
+            format!("`{param}` gives an empty prompt"),
+        ));
+    }
     let room = s.context.saturating_sub(ids.len());
     let too_long = |max: usize, p: &'static str| {
         ApiError {

@@ -1,0 +1,163 @@
+//! The training side's readers under mutation: a data directory (its `manifest.json` by
+//! JSON-aware mutations; a shard's JSONL by byte and JSON mutations, its manifest sha256 kept
+//! matching so the parser sees the bytes, or not, so the checksum refuses them), a JSONL prompt
+//! file, a ShareGPT file and a training config. Seeds: the test data of `dflash_testkit`
+//! (sequences written by `data::write_shard`), prompt files in the formats `data generate`
+//! reads, `TrainConfig::default()`. Every case ends in `Ok` or a clear error
+//! ([`dflash_testkit::fuzz`]); the long runs are `-- --ignored fuzz_readers_long`.
+
+use dflash_testkit::fuzz::{fuzz, mutate_bytes, mutate_json, small_u64s, Counting, Counts};
+use dflash_train::config::TrainConfig;
+use rand::Rng;
+use sha2::Digest;
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn sha256_hex(b: &[u8]) -> String {
+    sha2::Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+/// A JSONL text with one of its lines mutated as JSON, or the whole text as bytes.
+fn mutate_jsonl(seed: &[u8], rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u8> {
+    let lines: Vec<&[u8]> = seed
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    if lines.is_empty() || rng.random_range(0..4) == 0 {
+        return mutate_bytes(seed, &small_u64s(seed), rng);
+    }
+    let k = rng.random_range(0..lines.len());
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        match i == k {
+            true => out.extend(mutate_json(l, rng)),
+            false => out.extend_from_slice(l),
+        }
+        out.push(b'\n');
+    }
+    out
+}
+
+/// `cases` data directories: the case's first byte says what was mutated (0: the manifest,
+/// 1: the shard with a matching sha256, 2: the shard as damaged after writing).
+fn fuzz_data(cases: usize, rng_seed: u64) -> Counts {
+    let seqs: Vec<_> = (0..4)
+        .map(|i| dflash_testkit::sequence(10 + i, 5, 9))
+        .collect();
+    let (_, dir) = dflash_testkit::tiny_data(&format!("fuzz-data-{rng_seed}"), &seqs);
+    let manifest = std::fs::read(dir.join("manifest.json")).unwrap();
+    let shard = std::fs::read(dir.join("shard-00000.jsonl")).unwrap();
+    fuzz(
+        "data directory",
+        &[&[0u8][..], &manifest].concat(),
+        cases,
+        rng_seed,
+        |_, rng| {
+            let which = rng.random_range(0..3u8);
+            let body = match which {
+                0 => mutate_json(&manifest, rng),
+                _ => mutate_jsonl(&shard, rng),
+            };
+            [&[which][..], &body].concat()
+        },
+        |case| {
+            let (m, s) = match case[0] {
+                0 => (case[1..].to_vec(), shard.clone()),
+                which => {
+                    let mut m: serde_json::Value = serde_json::from_slice(&manifest)?;
+                    if which == 1 {
+                        m["shards"][0]["sha256"] = sha256_hex(&case[1..]).into();
+                    }
+                    (serde_json::to_vec(&m)?, case[1..].to_vec())
+                }
+            };
+            std::fs::write(dir.join("manifest.json"), &m)?;
+            std::fs::write(dir.join("shard-00000.jsonl"), &s)?;
+            dflash_train::data::read_sequences(&dir).map(drop)
+        },
+    )
+}
+
+/// A prompt file of each format `data generate` reads, by the case's first byte: 0 JSONL
+/// (`{"prompt"}`, `{"messages"}` and `{"turns"}` lines), 1 ShareGPT.
+fn fuzz_prompts(cases: usize, rng_seed: u64) -> Counts {
+    let jsonl = concat!(
+        "{\"prompt\": \"What is 2 + 2?\"}\n",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Say hi.\"}]}\n",
+        "{\"turns\": [\"Name a color.\", \"Another?\"], \"id\": 7}\n"
+    )
+    .as_bytes()
+    .to_vec();
+    let sharegpt = serde_json::to_vec(&serde_json::json!([
+        {"id": "a", "conversations": [{"from": "human", "value": "Hello"}, {"from": "gpt", "value": "Hi!"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "Two plus two?"}]}
+    ]))
+    .unwrap();
+    let dir = dflash_testkit::tmp(&format!("fuzz-prompts-{rng_seed}"));
+    fuzz(
+        "prompt files",
+        &[&[0u8][..], &jsonl].concat(),
+        cases,
+        rng_seed,
+        |_, rng| match rng.random_range(0..2u8) {
+            0 => [&[0u8][..], &mutate_jsonl(&jsonl, rng)].concat(),
+            _ => [&[1u8][..], &mutate_json(&sharegpt, rng)].concat(),
+        },
+        |case| {
+            let (name, body) = (["p.jsonl", "sharegpt.json"][case[0] as usize], &case[1..]);
+            let p = dir.join(name);
+            std::fs::write(&p, body)?;
+            match case[0] {
+                0 => dflash_train::prompts::jsonl(&p, None, false).map(drop),
+                _ => dflash_train::prompts::load(&format!("sharegpt:{}", p.display()), 0).map(drop),
+            }
+        },
+    )
+}
+
+/// Training configs: JSON-aware mutations of the default config, parsed and validated as
+/// `train --config` does.
+fn fuzz_config(cases: usize, rng_seed: u64) -> Counts {
+    let seed = serde_json::to_vec(&TrainConfig::default()).unwrap();
+    fuzz(
+        "training config",
+        &seed,
+        cases,
+        rng_seed,
+        mutate_json,
+        |b| {
+            let c: TrainConfig = serde_json::from_slice(b)?;
+            c.validate()
+        },
+    )
+}
+
+#[test]
+fn fuzz_readers_seeded() {
+    for (name, c) in [
+        ("data", fuzz_data(1_500, 1)),
+        ("prompts", fuzz_prompts(1_500, 2)),
+        ("config", fuzz_config(1_500, 3)),
+    ] {
+        eprintln!("{name}: {c:?}");
+        assert!(c.ok > 0 && c.errors > 0, "{name}: {c:?}");
+    }
+}
+
+/// The long run: 100,000 cases per reader; prints one JSON object per reader
+/// (docs/bench/fuzz-readers-*).
+#[test]
+#[ignore]
+fn fuzz_readers_long() {
+    for (reader, c) in [
+        ("data directory", fuzz_data(100_000, 7)),
+        ("prompt files", fuzz_prompts(100_000, 8)),
+        ("training config", fuzz_config(100_000, 9)),
+    ] {
+        println!("{}", serde_json::json!({"reader": reader, "counts": c}));
+    }
+}
