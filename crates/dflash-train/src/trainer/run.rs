@@ -20,8 +20,8 @@ use super::grads::{add_grads, fold_path, path_to_last, GradBuckets};
 use super::rows::{permutation, row_anchors, row_loss, usable_sequences, validate, Validation};
 use super::{read_metrics, StepMetrics, TrainOptions};
 use crate::checkpoint::{
-    read_trainer_state, write_drafter_files, write_trainer_state, CheckpointPaths, TrainerState,
-    TrainingRecord,
+    read_trainer_state, write_checksums, write_drafter_files, write_trainer_state, CheckpointPaths,
+    TrainerState, TrainingRecord,
 };
 use crate::collective::{halving_sum, rank_slice, Collective};
 use crate::config::TrainConfig;
@@ -508,7 +508,8 @@ impl<'a> Run<'a> {
                 &self.opt.m(&self.td.params)?,
                 &self.opt.v(&self.td.params)?,
                 &self.state,
-            )
+            )?;
+            write_checksums(tmp)
         })?;
         self.paths.set_latest(self.state.steps_done)?;
         if is_best {
