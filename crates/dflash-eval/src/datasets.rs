@@ -37,6 +37,11 @@ fn path_of(home: &Path, name: &str) -> PathBuf {
     }
 }
 
+/// A dataset file's text, its name in the error (unreadable, not UTF-8).
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
 fn jsonl_values(text: &str, path: &Path) -> Result<Vec<Value>> {
     dflash_train::data::parse_jsonl(text, path)
 }
@@ -81,10 +86,7 @@ pub fn load(name_or_file: &str, home: &Path, limit: Option<usize>) -> Result<Vec
         }
         match name_or_file {
             "gsm8k" => {
-                for (i, v) in jsonl_values(&std::fs::read_to_string(&path)?, &path)?
-                    .iter()
-                    .enumerate()
-                {
+                for (i, v) in jsonl_values(&read_text(&path)?, &path)?.iter().enumerate() {
                     items.push(EvalItem {
                         id: format!("gsm8k-{i}"),
                         turns: vec![format!("{}{MATH_SUFFIX}", field(v, "question", &path)?)],
@@ -93,7 +95,9 @@ pub fn load(name_or_file: &str, home: &Path, limit: Option<usize>) -> Result<Vec
             }
             "humaneval" => {
                 let mut s = String::new();
-                flate2::read::GzDecoder::new(std::fs::File::open(&path)?).read_to_string(&mut s)?;
+                flate2::read::GzDecoder::new(std::fs::File::open(&path)?)
+                    .read_to_string(&mut s)
+                    .with_context(|| format!("reading {}", path.display()))?;
                 for v in jsonl_values(&s, &path)? {
                     let p = field(&v, "prompt", &path)?;
                     items.push(EvalItem {
@@ -105,7 +109,7 @@ pub fn load(name_or_file: &str, home: &Path, limit: Option<usize>) -> Result<Vec
                 }
             }
             "mt-bench" => {
-                for v in jsonl_values(&std::fs::read_to_string(&path)?, &path)? {
+                for v in jsonl_values(&read_text(&path)?, &path)? {
                     let turns: Vec<String> = v
                         .get("turns")
                         .and_then(|t| t.as_array())
@@ -124,7 +128,8 @@ pub fn load(name_or_file: &str, home: &Path, limit: Option<usize>) -> Result<Vec
                 }
             }
             _ => {
-                let all: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+                let all: Vec<Value> = serde_json::from_str(&read_text(&path)?)
+                    .with_context(|| format!("parsing {}", path.display()))?;
                 for (i, v) in all
                     .iter()
                     .filter(|v| v.get("data_source").and_then(|d| d.as_str()) == Some("MATH500"))
