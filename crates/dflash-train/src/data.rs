@@ -18,11 +18,13 @@ use serde::{Deserialize, Serialize};
 pub const FORMAT: &str = "dflash-rs-shards-v1";
 
 /// Whether `name` is an entry `data generate` writes in its directory: the manifest, shards,
-/// the ranks' directory, and the atomic writes' temporaries. Anything else in an `--out` is
+/// the responses of shards not complete yet (`pending.jsonl`), the ranks' directory, and the
+/// atomic writes' temporaries. Anything else in an `--out` is
 /// someone else's, and regeneration refuses to mix shards into it. Example: `shard-00003.jsonl`
 /// and `.manifest.json.tmp-4711` are; `metrics.jsonl` (a training run's) is not.
 pub fn is_own_entry(name: &str) -> bool {
     name == "manifest.json"
+        || name == "pending.jsonl"
         || name == "ranks"
         || (name.starts_with("shard-") && name.ends_with(".jsonl"))
         || (name.starts_with('.') && name.contains(".tmp-"))

@@ -18,6 +18,7 @@ pub mod progress;
 pub mod prompt_fields;
 pub mod prompts;
 pub mod regen;
+mod regen_pending;
 pub mod regen_ranks;
 pub mod selector_loss;
 pub mod sharegpt;

@@ -86,6 +86,33 @@ fn check_same_prompts(
     Ok(())
 }
 
+/// Pending responses answer these prompts: each one's prompt tokens are its prompt's
+/// rendering (another file at the same path would mix two data sets).
+fn check_pending(
+    lt: &LoadedTarget,
+    out: &Path,
+    pending: &[crate::regen_pending::Finished],
+    prompts: &[Prompt],
+    opts: &RegenOptions,
+) -> Result<()> {
+    for (i, s) in pending {
+        let Some((seq, _)) = s else { continue };
+        let head = &seq.ids[..seq.prompt_len()];
+        if !build_request(lt, &prompts[*i], opts, 0).is_ok_and(|r| r.prompt_ids == head) {
+            bail!(
+                "{}/{} holds a response to prompt {i} that is not the rendering of prompt {i} \
+                 of the {} given (a different file at the path '{}'?); continue with the \
+                 prompts it was written from, or use a new --out",
+                out.display(),
+                crate::regen_pending::PENDING,
+                prompts.len(),
+                opts.source
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The generation request of one prompt: chat template, token ids, the room left in the
 /// context, the sampler seeded per prompt.
 fn build_request(
@@ -165,10 +192,15 @@ struct ShardWriter<'a> {
     n_prompts: usize,
     finished: BTreeMap<usize, Option<Regenerated>>,
     tokens_done: usize,
+    /// Where finished prompts are recorded before their shard is complete.
+    pending: Option<crate::regen_pending::Pending>,
 }
 
 impl ShardWriter<'_> {
     fn finish(&mut self, idx: usize, seq: Option<Regenerated>) -> Result<()> {
+        if let Some(p) = self.pending.as_mut() {
+            p.push(idx, seq.as_ref().map(|r| (&r.seq, r.looped)))?;
+        }
         self.tokens_done += seq.as_ref().map_or(0, |s| s.seq.supervised());
         self.finished.insert(idx, seq);
         loop {
@@ -198,11 +230,13 @@ impl ShardWriter<'_> {
     }
 }
 
-/// Regenerate responses for `prompts` into `out` (resumable: finished shards are skipped).
-/// With `batch_size > 1` on an attention-only target the prompts are decoded batched
-/// ([`dflash_engine::batched`]), continuously across shard boundaries; a prompt's tokens do not
-/// depend on the batch size (its sampler is seeded by its index). With a time limit, decoding
-/// stops at the first prompt that finishes past it; unwritten shards are redone next time.
+/// Regenerate responses for `prompts` into `out` (resumable: finished shards are skipped, and
+/// the responses finished in shards not complete yet are kept in `pending.jsonl`,
+/// [`crate::regen_pending`]). With `batch_size > 1` on an attention-only target the prompts are
+/// decoded batched ([`dflash_engine::batched`]), continuously across shard boundaries; a
+/// prompt's tokens do not depend on the batch size (its sampler is seeded by its index). With a
+/// time limit, decoding stops at the first prompt that finishes past it; the next run decodes
+/// only the prompts without a response.
 pub fn regenerate(
     lt: &LoadedTarget,
     prompts: &[Prompt],
@@ -225,7 +259,7 @@ pub(crate) fn regenerate_indexed(
 ) -> Result<Manifest> {
     std::fs::create_dir_all(out)?;
     let target_hash = identity_hash(&lt.source)?;
-    let mut manifest = match read_manifest(out) {
+    let manifest = match read_manifest(out) {
         Ok(m) => {
             if m.target_hash != target_hash {
                 bail!(
@@ -266,19 +300,41 @@ pub(crate) fn regenerate_indexed(
             }
             m
         }
-        Err(_) => Manifest {
-            format: FORMAT.into(),
-            target_hash,
-            target: opts.target_name.clone(),
-            chat_template_sha256: lt.tokenizer.chat_template.as_deref().map(sha256_hex),
-            sampling: opts.sampling,
-            max_new_tokens: opts.max_new_tokens,
-            loop_window: opts.loop_window,
-            source: opts.source.clone(),
-            prompts_per_shard: opts.prompts_per_shard,
-            shards: vec![],
-        },
+        Err(_) => new_manifest(lt, opts, target_hash)?,
     };
+    if manifest.shards.is_empty() {
+        // the options are on record from the start: a rerun with others is refused before
+        // its pending responses mix with theirs
+        write_manifest(out, &manifest)?;
+    }
+    resume_and_decode(lt, prompts, out, opts, global, manifest)
+}
+
+fn new_manifest(lt: &LoadedTarget, opts: &RegenOptions, target_hash: String) -> Result<Manifest> {
+    Ok(Manifest {
+        format: FORMAT.into(),
+        target_hash,
+        target: opts.target_name.clone(),
+        chat_template_sha256: lt.tokenizer.chat_template.as_deref().map(sha256_hex),
+        sampling: opts.sampling,
+        max_new_tokens: opts.max_new_tokens,
+        loop_window: opts.loop_window,
+        source: opts.source.clone(),
+        prompts_per_shard: opts.prompts_per_shard,
+        shards: vec![],
+    })
+}
+
+/// Decode the prompts of `prompts` that have no response in `out` yet (after its shards and
+/// its pending responses), writing shards as they complete.
+fn resume_and_decode(
+    lt: &LoadedTarget,
+    prompts: &[Prompt],
+    out: &Path,
+    opts: &RegenOptions,
+    global: &dyn Fn(usize) -> usize,
+    mut manifest: Manifest,
+) -> Result<Manifest> {
     let pps = opts.prompts_per_shard;
     let n_shards = prompts.len().div_ceil(pps);
     let done: usize = manifest.shards.len();
@@ -286,8 +342,10 @@ pub(crate) fn regenerate_indexed(
         check_same_prompts(lt, out, &manifest, prompts, opts)?;
     }
     let first = (done * pps).min(prompts.len());
+    let pending = crate::regen_pending::load(out, first, prompts.len())?;
+    check_pending(lt, out, &pending, prompts, opts)?;
     let mut pb = Progress::new(prompts.len(), "data generate", "prompts");
-    pb.set_position(first);
+    pb.set_position(first + pending.len());
     let t0 = std::time::Instant::now();
     let mut writer = ShardWriter {
         out,
@@ -297,7 +355,18 @@ pub(crate) fn regenerate_indexed(
         n_prompts: prompts.len(),
         finished: BTreeMap::new(),
         tokens_done: 0,
+        pending: None,
     };
+    let resumed: std::collections::BTreeSet<usize> = pending.iter().map(|p| p.0).collect();
+    for (i, s) in pending {
+        writer.finish(i, s.map(|(seq, looped)| Regenerated { seq, looped }))?;
+    }
+    let keep: Vec<crate::regen_pending::Finished> = writer
+        .finished
+        .iter()
+        .map(|(&i, r)| (i, r.as_ref().map(|r| (r.seq.clone(), r.looped))))
+        .collect();
+    writer.pending = Some(crate::regen_pending::Pending::open(out, &keep)?);
     let mut finish = |idx: usize, seq: Option<Regenerated>| -> Result<Flow> {
         writer.finish(idx, seq)?;
         pb.inc(
@@ -316,6 +385,9 @@ pub(crate) fn regenerate_indexed(
     let seed_of = |i: usize| opts.sampling.seed.wrapping_add(global(i) as u64);
     if opts.batch_size <= 1 || lt.target.is_hybrid() {
         for (i, p) in prompts.iter().enumerate().skip(first) {
+            if resumed.contains(&i) {
+                continue;
+            }
             let seq = regenerate_one_ended(lt, p, opts, seed_of(i))
                 .map_err(|e| tracing::warn!("prompt {i} skipped: {e:#}"))
                 .ok();
@@ -329,6 +401,9 @@ pub(crate) fn regenerate_indexed(
         let mut index_of = Vec::new();
         let mut stop = false;
         for (i, p) in prompts.iter().enumerate().skip(first) {
+            if resumed.contains(&i) {
+                continue;
+            }
             match build_request(lt, p, opts, seed_of(i)) {
                 Ok(r) => {
                     index_of.push(i);
@@ -359,9 +434,15 @@ pub(crate) fn regenerate_indexed(
     }
     if writer.next_shard < n_shards {
         eprintln!(
-            "stopped at the time limit: {} of {n_shards} shards written; run again to continue",
-            writer.next_shard
+            "stopped at the time limit: {} of {n_shards} shards written, {} more responses kept \
+             in {}; run again to continue",
+            writer.next_shard,
+            writer.finished.len(),
+            crate::regen_pending::PENDING
         );
+    } else {
+        drop(writer);
+        crate::regen_pending::remove(out)?;
     }
     pb.finish();
     Ok(manifest)
