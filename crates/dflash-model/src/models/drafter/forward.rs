@@ -33,6 +33,11 @@ fn window_cells(device: &Device) -> usize {
     })
 }
 
+/// A mask per distinct layer rule.
+type RuleMasks = Vec<(DraftRule, LayerMask)>;
+/// Each distinct layer rule's visibility (inference: for the last layer's rows).
+type RuleVisibilities = Vec<(DraftRule, Visibility)>;
+
 impl Drafter {
     /// The one drafter forward. `ctx_taps`: `[1, m, L*h]` concatenated taps of the new
     /// context rows; `block_emb`: `[1, nb, h]`. Returns the normed block hidden states
@@ -107,14 +112,13 @@ impl Drafter {
     }
 
     /// A mask per distinct layer rule, and (inference) each rule's visibility.
-    #[allow(clippy::type_complexity)]
     fn layer_masks(
         &self,
         layout: DraftLayout<'_>,
         m: usize,
         dtype: DType,
         device: &Device,
-    ) -> Result<(Vec<(DraftRule, LayerMask)>, Vec<(DraftRule, Visibility)>)> {
+    ) -> Result<(RuleMasks, RuleVisibilities)> {
         // masks per distinct rule, from the shared visibility rule: training uses the two
         // visible parts (context, own block), inference the whole [cache | block] mask
         let mut masks: Vec<(DraftRule, LayerMask)> = Vec::new();

@@ -41,13 +41,13 @@ use crate::ops::block_attention::ContextWindow;
 use crate::ops::train_attention::TrainIntervals;
 
 mod fixed;
-mod tape;
-pub use fixed::DraftInputs;
-pub use tape::Tape;
 mod forward;
 mod layers;
 mod load;
 mod logits;
+mod tape;
+pub use fixed::DraftInputs;
+pub use tape::Tape;
 
 /// Where the rows of one drafter forward sit.
 #[derive(Debug, Clone, Copy)]
