@@ -1,0 +1,95 @@
+//! The linear-attention layers' states (hybrid targets) in the cache: set, reached, settled,
+//! their pending rows kept and restored.
+
+use candle_core::Result;
+
+use super::KvCache;
+use crate::layers::gdn::{GdnCache, GdnRows};
+
+impl KvCache {
+    /// Make `layer` a linear-attention layer with this (empty) state.
+    pub fn set_gdn(&mut self, layer: usize, c: GdnCache) {
+        self.gdn[layer] = Some(c);
+    }
+
+    pub fn gdn_mut(&mut self, layer: usize) -> Result<&mut GdnCache> {
+        match self.gdn[layer].as_mut() {
+            Some(g) => Ok(g),
+            None => candle_core::bail!("layer {layer} has no linear-attention state in this cache"),
+        }
+    }
+
+    /// The first row of the last forward, as linear-attention layers see it.
+    pub(super) fn gdn_base(&self) -> usize {
+        let pending = self
+            .gdn
+            .iter()
+            .flatten()
+            .map(|g| g.pending())
+            .max()
+            .unwrap_or(0);
+        self.len - pending.min(self.len)
+    }
+
+    pub(super) fn has_gdn(&self) -> bool {
+        self.gdn.iter().any(|g| g.is_some())
+    }
+
+    /// `f` on every linear-attention layer's cache, its error as candle's.
+    pub(super) fn each_gdn(
+        &mut self,
+        f: impl Fn(&mut GdnCache) -> anyhow::Result<()>,
+    ) -> Result<()> {
+        for g in self.gdn.iter_mut().flatten() {
+            f(g).map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+        }
+        Ok(())
+    }
+
+    /// Settle the linear-attention layers' pending rows (they must form a chain), as the
+    /// start of a forward does; a replayed forward (a CUDA graph) runs no host code, so its
+    /// caller settles first.
+    pub fn settle_linear(&mut self) -> Result<()> {
+        self.each_gdn(|g| g.settle_all())
+    }
+
+    /// The linear-attention layers' pending rows (per layer, `None` for attention layers).
+    pub fn linear_rows(&self) -> Vec<Option<GdnRows>> {
+        self.gdn
+            .iter()
+            .map(|g| g.as_ref().and_then(|g| g.last.clone()))
+            .collect()
+    }
+
+    /// Make `rows` (from [`KvCache::linear_rows`] after a captured forward: the graph's
+    /// buffers) the pending rows again, with this replay's `parents`.
+    pub fn set_linear_rows(
+        &mut self,
+        rows: &[Option<GdnRows>],
+        parents: &[Option<usize>],
+    ) -> Result<()> {
+        for (g, r) in self.gdn.iter_mut().zip(rows) {
+            if let (Some(g), Some(r)) = (g.as_mut(), r) {
+                if r.parents.len() != parents.len() {
+                    candle_core::bail!(
+                        "linear-attention rows: {} parents for {} captured rows",
+                        parents.len(),
+                        r.parents.len()
+                    );
+                }
+                g.last = Some(GdnRows {
+                    parents: parents.to_vec(),
+                    ..r.clone()
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn refuse_gdn(&self, op: &str) -> Result<()> {
+        if self.has_gdn() {
+            candle_core::bail!("{op}: a cache with linear-attention state holds one sequence");
+        }
+        Ok(())
+    }
+}

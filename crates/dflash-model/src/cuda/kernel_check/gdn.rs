@@ -1,0 +1,194 @@
+//! The Gated DeltaNet kernels against their CPU twins: the recurrence over a tree and a chain,
+//! the chunked rule over a prefill, a layer's prep and gated norm.
+
+use candle_core::{DType, Device, Result, Tensor};
+
+use super::{fill, push_rows, KernelCheck};
+
+/// The tree of the Gated DeltaNet rows (parents of 8 rows: two branches off the root, a
+/// chain of three, a node with two children).
+const CHECK_TREE: [Option<usize>; 8] = [
+    None,
+    Some(0),
+    Some(0),
+    Some(1),
+    Some(3),
+    Some(2),
+    Some(4),
+    Some(4),
+];
+
+/// Packed rows of the gated delta rule (`[n, row_len]`: q, k of unit scale as L2-normalised in
+/// the model, v, β in (0, 1), g < 0) and a non-zero state, seeded, on the CPU.
+pub(crate) fn gdn_rows(
+    dims: crate::ops::gdn_recurrence::RecurrenceDims,
+    n: usize,
+    seed: u64,
+) -> Result<(Tensor, Tensor)> {
+    let (kd, vd) = (dims.hk * dims.dk, dims.hv * dims.dv);
+    let qk = (fill(&[n, 2 * kd], seed, 1.0)? / (dims.dk as f64).sqrt())?;
+    let v = fill(&[n, vd], seed + 1, 1.0)?;
+    let beta = ((fill(&[n, dims.hv], seed + 2, 1.0)? + 1.0)? * 0.5)?;
+    let g = ((fill(&[n, dims.hv], seed + 3, 1.0)? - 1.5)? * 0.3)?;
+    let rows = Tensor::cat(&[&qk, &v, &beta, &g], 1)?;
+    Ok((rows, fill(&[dims.state_len()], seed + 4, 0.5)?))
+}
+
+/// The gated delta rule's recurrence at the Qwen3.6-27B layer shape (16 key / 48 value heads
+/// of 128) with a smaller one whose value heads are not a multiple of the kernel's 32-column
+/// tile: a tree verify keeping every row's state, and a 96-row chain keeping the last (a
+/// prefill). `[o, states]` per case, on the CPU.
+fn gdn(dev: &Device) -> Result<Vec<Tensor>> {
+    use crate::ops::gdn_recurrence::{gdn_recurrence, RecurrenceDims};
+    let mut out = Vec::new();
+    for (dims, seed) in [
+        (
+            RecurrenceDims {
+                hk: 16,
+                hv: 48,
+                dk: 128,
+                dv: 128,
+            },
+            20u64,
+        ),
+        (
+            RecurrenceDims {
+                hk: 2,
+                hv: 6,
+                dk: 24,
+                dv: 40,
+            },
+            30,
+        ),
+    ] {
+        let tree = CHECK_TREE.to_vec();
+        let chain: Vec<Option<usize>> = (0..96).map(|i: usize| i.checked_sub(1)).collect();
+        for (parents, keep) in [(tree, true), (chain, false)] {
+            let (rows, init) = gdn_rows(dims, parents.len(), seed)?;
+            let (o, st) = gdn_recurrence(
+                &rows.to_device(dev)?,
+                &init.to_device(dev)?,
+                &parents,
+                dims,
+                keep,
+            )?;
+            out.push(o.to_device(&Device::Cpu)?);
+            out.push(st.to_device(&Device::Cpu)?);
+        }
+    }
+    Ok(out)
+}
+
+/// The chunked rule over a prefill at the Qwen3.6-27B layer shape (200 rows: 64 + 64 + 64 + 8)
+/// and at the small shape (150 rows), from a non-zero state. `[o, state]` per case, on the CPU.
+fn gdn_chunk(dev: &Device) -> Result<Vec<Tensor>> {
+    use crate::ops::gdn_chunk::gdn_chunked;
+    use crate::ops::gdn_recurrence::RecurrenceDims;
+    let mut out = Vec::new();
+    for (dims, n, seed) in [
+        (
+            RecurrenceDims {
+                hk: 16,
+                hv: 48,
+                dk: 128,
+                dv: 128,
+            },
+            200usize,
+            40u64,
+        ),
+        (
+            RecurrenceDims {
+                hk: 2,
+                hv: 6,
+                dk: 24,
+                dv: 40,
+            },
+            150,
+            50,
+        ),
+    ] {
+        let (rows, init) = gdn_rows(dims, n, seed)?;
+        let (o, st) = gdn_chunked(&rows.to_device(dev)?, &init.to_device(dev)?, dims)?;
+        out.push(o.to_device(&Device::Cpu)?);
+        out.push(st.to_device(&Device::Cpu)?);
+    }
+    Ok(out)
+}
+
+/// A Gated DeltaNet layer's prep and gated norm at the Qwen3.6-27B layer shape: a tree of 8 rows
+/// over 3 committed conv inputs (K = 4). `[rows, normed]`, on the CPU.
+fn gdn_prep_and_norm(dev: &Device) -> Result<Vec<Tensor>> {
+    use crate::ops::gdn_prep::{gated_norm, gdn_prep, window_index};
+    use crate::ops::gdn_recurrence::RecurrenceDims;
+    let d = RecurrenceDims {
+        hk: 16,
+        hv: 48,
+        dk: 128,
+        dv: 128,
+    };
+    let kk = 4;
+    let parents = CHECK_TREE;
+    let n = parents.len();
+    let c = 2 * d.hk * d.dk + d.hv * d.dv;
+    let buf = Tensor::cat(
+        &[
+            fill(&[kk - 1 + n, c], 40, 1.0)?,
+            Tensor::zeros((1, c), DType::F32, &Device::Cpu)?,
+        ],
+        0,
+    )?;
+    let ba = fill(&[n, 2 * d.hv], 41, 3.0)?;
+    let idx = Tensor::from_vec(window_index(&parents, kk), (n, kk), &Device::Cpu)?;
+    let consts = Tensor::cat(
+        &[
+            fill(&[kk * c], 42, 0.5)?,
+            fill(&[d.hv], 43, 1.0)?,
+            (fill(&[d.hv], 44, 1.0)?.exp()?.neg())?,
+        ],
+        0,
+    )?;
+    let on = |t: &Tensor| t.to_device(dev);
+    let rows = gdn_prep(&on(&buf)?, &on(&ba)?, &on(&idx)?, &on(&consts)?, d, kk)?;
+    let vd = d.hv * d.dv;
+    let o = fill(&[n, vd], 45, 1.0)?;
+    let z = fill(&[n, vd], 46, 2.0)?;
+    let w = fill(&[d.dv], 47, 1.0)?;
+    let normed = gated_norm(&on(&o)?, &on(&z)?, &on(&w)?, 1e-6)?;
+    [rows, normed]
+        .into_iter()
+        .map(|t| t.to_device(&Device::Cpu))
+        .collect()
+}
+
+/// The linear-attention recurrence (f32 state): every output and kept state
+pub(super) fn check_gdn(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
+    let names = [
+        "gdn 27B-shape tree o",
+        "gdn 27B-shape tree states",
+        "gdn 27B-shape chain o",
+        "gdn 27B-shape chain last state",
+        "gdn small tree o",
+        "gdn small tree states",
+        "gdn small chain o",
+        "gdn small chain last state",
+    ];
+    let mut got = gdn(dev)?;
+    got.extend(gdn_prep_and_norm(dev)?);
+    got.extend(gdn_chunk(dev)?);
+    let mut want = gdn(&Device::Cpu)?;
+    want.extend(gdn_prep_and_norm(&Device::Cpu)?);
+    want.extend(gdn_chunk(&Device::Cpu)?);
+    let names: Vec<&str> = names
+        .into_iter()
+        .chain([
+            "gdn prep (27B shape, tree windows)",
+            "gdn gated norm (27B shape)",
+            "gdn chunked 27B-shape prefill o",
+            "gdn chunked 27B-shape prefill state",
+            "gdn chunked small prefill o",
+            "gdn chunked small prefill state",
+        ])
+        .collect();
+    push_rows(checks, &names, &got, &want, DType::F32, 1e-5)?;
+    Ok(())
+}
