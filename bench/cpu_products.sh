@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU's exact f32 products beside its integer ones (DFLASH_CPU_QUANT=q8: 8-bit rows against
-# the GGUF's blocks, crates/dflash-model/src/cpu/q8.rs), same binary, same GGUF, in one run:
+# the GGUF's blocks, crates/dflash-model/src/cpu/q8/mod.rs), same binary, same GGUF, in one run:
 #   1. `dflash-rs bench decode` AR, DFlash, DDTree-4 and DDTree-8 with the shipped drafter
 #      (JSON rows: OUT/decode-{exact,q8}.json);
 #   2. the verify_cost example (1 to 33 rows on a 512-row cache, median of 9);
