@@ -9,7 +9,7 @@ use dflash_engine::{generate_with, Generation, GraphCache, Mode, ModeName, Reque
 use dflash_model::io::loader::LoadedTarget;
 use dflash_model::io::tokenizer::ChatMessage;
 use dflash_model::models::drafter::Drafter;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::datasets::EvalItem;
 
@@ -63,13 +63,14 @@ pub fn mode_specs(
 }
 
 /// One generation: a mode on one turn of one item.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Run {
     pub mode: String,
     pub item: String,
     pub turn: usize,
     pub prompt_tokens: usize,
-    #[serde(skip)]
+    /// In the journal ([`crate::journal`]), not in reports.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prompt_ids: Vec<u32>,
     pub tokens: Vec<u32>,
     pub rounds: Vec<RoundOutcome>,
@@ -101,6 +102,19 @@ pub fn run(
     items: &[EvalItem],
     opts: &EvalOptions,
 ) -> Result<Vec<Run>> {
+    run_journaled(lt, drafters, specs, items, opts, None)
+}
+
+/// [`run`], taking the items `journal` holds from it instead of decoding them and recording
+/// each item it finishes there ([`crate::journal`]): an interrupted evaluation resumes.
+pub fn run_journaled(
+    lt: &LoadedTarget,
+    drafters: &[EvalDrafter],
+    specs: &[ModeSpec],
+    items: &[EvalItem],
+    opts: &EvalOptions,
+    mut journal: Option<&mut crate::journal::Journal>,
+) -> Result<Vec<Run>> {
     let total: usize = items.iter().map(|i| i.turns.len()).sum::<usize>() * specs.len();
     // each mode's fixed-shape forwards (CUDA graphs) kept from one generation to the next
     let mut graphs: Vec<GraphCache> = specs.iter().map(|_| GraphCache::default()).collect();
@@ -111,8 +125,10 @@ pub fn run(
         warm_up(lt, drafters, specs, first, opts, &mut graphs)?;
     }
     let started = std::time::Instant::now();
+    // the first item decoded here always runs, so that every resumed run advances
+    let mut decoded = 0;
     for (ii, item) in items.iter().enumerate() {
-        if ii > 0 && opts.time_limit.is_some_and(|l| started.elapsed() >= l) {
+        if decoded > 0 && opts.time_limit.is_some_and(|l| started.elapsed() >= l) {
             pb.finish();
             eprintln!(
                 "time limit reached: {ii} of {} items done, the report covers them",
@@ -120,6 +136,12 @@ pub fn run(
             );
             return Ok(runs);
         }
+        if let Some(done) = journal.as_ref().and_then(|j| j.done.get(&item.id).cloned()) {
+            pb.inc(done.len(), format!("{} from the journal", item.id));
+            runs.extend(done);
+            continue;
+        }
+        let before = runs.len();
         for (spec, graphs) in specs.iter().zip(graphs.iter_mut()) {
             let mut history: Vec<ChatMessage> = Vec::new();
             for (turn, text) in item.turns.iter().enumerate() {
@@ -158,6 +180,10 @@ pub fn run(
                     decode_secs: g.decode_secs,
                 });
             }
+        }
+        decoded += 1;
+        if let Some(j) = journal.as_mut() {
+            j.push(&item.id, &runs[before..])?;
         }
     }
     pb.finish();

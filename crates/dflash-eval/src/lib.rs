@@ -5,4 +5,5 @@ pub mod bench_doc;
 pub mod datasets;
 pub mod doctor;
 pub mod harness;
+pub mod journal;
 pub mod report;
