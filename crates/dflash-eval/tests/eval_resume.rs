@@ -23,8 +23,10 @@ fn opts(time_limit: Option<Duration>) -> EvalOptions {
     }
 }
 
-/// (mode, item, turn) → tokens and the rounds' committed counts.
-fn key(runs: &[Run]) -> Vec<(String, String, usize, Vec<u32>, Vec<usize>)> {
+/// A run as compared: mode, item, turn, its tokens and its rounds' committed counts.
+type Key = (String, String, usize, Vec<u32>, Vec<usize>);
+
+fn key(runs: &[Run]) -> Vec<Key> {
     let mut v: Vec<_> = runs
         .iter()
         .map(|r| {
