@@ -1,239 +1,21 @@
-//! The harness on every dataset (SmolLM2, a random drafter): reports are consistent and T = 0
-//! is lossless; the doctor passes a consistent pair and names the cause of three classic
-//! mismatches (a perturbed tapped layer, tap ids shifted by one, a drafter for another target).
+//! The doctor on a target/drafter pair: it passes a consistent pair and names the cause of
+//! the classic mismatches (a perturbed tapped layer, tap ids shifted by one, a drafter for
+//! another target, a stale record, another kernel family); its measured τ walks full blocks;
+//! regeneration, which writes the pair's data, resumes only with its own prompts.
 
 use dflash_testkit::{smollm2, tmp};
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::ModeName;
-use dflash_eval::datasets;
-use dflash_eval::doctor::{doctor, Status, Tolerances};
-use dflash_eval::harness::{mode_specs, run, EvalDrafter, EvalOptions};
-use dflash_eval::report::{lossless_check, mode_reports, write, Report};
-use dflash_model::io::loader::{dflash_home, load_target, LoadedTarget};
-use dflash_model::models::drafter::Drafter;
+use dflash_eval::doctor::{doctor, DoctorReport, Status, Tolerances};
+use dflash_model::io::loader::{load_target, LoadedTarget};
 use dflash_model::models::drafter_init::{
     drafter_config, random_weights, save_drafter, DrafterShape,
 };
 use dflash_train::config::TrainConfig;
 use dflash_train::prompts::Prompt;
 use dflash_train::regen::{regenerate, RegenOptions};
-
-fn random_drafter(lt: &LoadedTarget, seed: u64) -> Drafter {
-    dflash_model::models::drafter_init::random_drafter(lt, 1, 4, Some(128), seed).unwrap()
-}
-
-#[test]
-fn reports_are_consistent_and_lossless_on_every_dataset() {
-    let lt = smollm2();
-    let drafters = vec![EvalDrafter {
-        label: "a".into(),
-        drafter: random_drafter(&lt, 1),
-    }];
-    let specs = mode_specs(
-        &ModeName::parse_list("ar,dflash,ddtree:4").unwrap(),
-        &drafters,
-        None,
-    )
-    .unwrap();
-    for name in datasets::NAMES {
-        let items = datasets::load(name, &dflash_home(), Some(2)).unwrap();
-        let opts = EvalOptions {
-            sampling: SamplingParams::default(),
-            max_new_tokens: 10,
-            time_limit: None,
-            warmup_tokens: 0,
-            decode: Default::default(),
-        };
-        let runs = run(&lt, &drafters, &specs, &items, &opts).unwrap();
-        let turns: usize = items.iter().map(|i| i.turns.len()).sum();
-        assert_eq!(runs.len(), turns * specs.len());
-        let modes = mode_reports(&specs, &runs);
-        for m in &modes {
-            let t = &m.tau;
-            assert!(
-                (t.tau_pooled * t.rounds as f64 - t.committed as f64).abs() < 1e-9,
-                "{name} {}: τ × rounds ≠ committed",
-                m.mode
-            );
-            assert_eq!(
-                t.tau_histogram.iter().sum::<usize>(),
-                t.rounds,
-                "{name} {}: histogram",
-                m.mode
-            );
-            // every new token but the first (from the prefill) is committed by a round
-            assert_eq!(t.committed + m.requests, m.new_tokens, "{name} {}", m.mode);
-        }
-        let lossless = lossless_check(&lt, &runs, true).unwrap();
-        assert!(
-            lossless.checked && lossless.divergences.is_empty(),
-            "{name}: {:?}",
-            lossless.divergences
-        );
-        let out = tmp(&format!("report-{name}"));
-        let report = Report {
-            command: "test".into(),
-            dataset: name.to_string(),
-            target: "smollm2".into(),
-            drafters: vec!["a".into()],
-            device: "cpu".into(),
-            dtype: "f32".into(),
-            versions: serde_json::json!({}),
-            temperature: 0.0,
-            max_new_tokens: 10,
-            warmup_tokens: 0,
-            acceptance: Default::default(),
-            items_done: items.len(),
-            items_asked: items.len(),
-            modes,
-            lossless,
-            runs,
-        };
-        write(&report, &out).unwrap();
-        for f in [
-            "report.json",
-            "report.md",
-            "tau.svg",
-            "tau_histogram.svg",
-            "acceptance.svg",
-        ] {
-            assert!(out.join(f).exists(), "{f}");
-        }
-        let back: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap())
-                .unwrap();
-        assert_eq!(back["modes"].as_array().unwrap().len(), 3);
-        assert!(std::fs::read_to_string(out.join("tau.svg"))
-            .unwrap()
-            .starts_with("<svg"));
-    }
-}
-
-/// A multi-turn item whose first turn left AR's text: the second turn continues the mode's own
-/// answer, so its difference is marked as following the first (not a fault), while the first
-/// turn's (f32: no near-tie) stays a fault.
-#[test]
-fn a_turn_after_a_divergence_is_not_compared_with_ar() {
-    let lt = smollm2();
-    let drafters = vec![EvalDrafter {
-        label: "a".into(),
-        drafter: random_drafter(&lt, 1),
-    }];
-    let specs = mode_specs(&ModeName::parse_list("ar,dflash").unwrap(), &drafters, None).unwrap();
-    let items = datasets::load("mt-bench", &dflash_home(), Some(1)).unwrap();
-    let opts = EvalOptions {
-        sampling: SamplingParams::default(),
-        max_new_tokens: 6,
-        time_limit: None,
-        warmup_tokens: 0,
-        decode: Default::default(),
-    };
-    let mut runs = run(&lt, &drafters, &specs, &items, &opts).unwrap();
-    assert!(lossless_check(&lt, &runs, true)
-        .unwrap()
-        .divergences
-        .is_empty());
-    // the chain's first answer differs from AR's in its last token, and its second turn's
-    // prompt holds that answer
-    for r in runs.iter_mut().filter(|r| r.mode != "ar") {
-        match r.turn {
-            0 => *r.tokens.last_mut().unwrap() += 1,
-            _ => r.prompt_ids.insert(r.prompt_ids.len() / 2, 42),
-        }
-    }
-    let divs = lossless_check(&lt, &runs, true).unwrap().divergences;
-    assert_eq!(divs.len(), 2, "{divs:?}");
-    let first = divs.iter().find(|d| d.turn == 0).unwrap();
-    assert!(!first.follows_earlier_turn && !first.near_tie && !first.explained());
-    assert!(first.top2_gap.is_finite());
-    let second = divs.iter().find(|d| d.turn == 1).unwrap();
-    assert!(second.follows_earlier_turn && second.explained());
-    // without the first turn's divergence, a second prompt unlike AR's is a fault
-    for r in runs.iter_mut().filter(|r| r.mode != "ar" && r.turn == 0) {
-        *r.tokens.last_mut().unwrap() -= 1;
-    }
-    let divs = lossless_check(&lt, &runs, true).unwrap().divergences;
-    assert_eq!(divs.len(), 1, "{divs:?}");
-    assert!(divs[0].turn == 1 && !divs[0].explained());
-}
-
-#[test]
-fn two_drafters_side_by_side() {
-    let lt = smollm2();
-    let drafters = vec![
-        EvalDrafter {
-            label: "ours".into(),
-            drafter: random_drafter(&lt, 1),
-        },
-        EvalDrafter {
-            label: "ref".into(),
-            drafter: random_drafter(&lt, 2),
-        },
-    ];
-    let specs = mode_specs(&ModeName::parse_list("ar,dflash").unwrap(), &drafters, None).unwrap();
-    let labels: Vec<&str> = specs.iter().map(|s| s.label.as_str()).collect();
-    assert_eq!(labels, vec!["ar", "dflash[ours]", "dflash[ref]"]);
-    let items = datasets::load("gsm8k", &dflash_home(), Some(1)).unwrap();
-    // greedy options: new tokens, a time limit, warm-up tokens
-    let greedy = |max_new_tokens, time_limit, warmup_tokens| EvalOptions {
-        sampling: SamplingParams::default(),
-        max_new_tokens,
-        time_limit,
-        warmup_tokens,
-        decode: Default::default(),
-    };
-    let runs = run(&lt, &drafters, &specs, &items, &greedy(6, None, 0)).unwrap();
-    assert_eq!(runs.len(), 3);
-    // a time limit stops between items, never inside one: every mode on the same first item
-    let two = datasets::load("gsm8k", &dflash_home(), Some(2)).unwrap();
-    let limited = |limit| run(&lt, &drafters, &specs, &two, &greedy(2, limit, 0)).unwrap();
-    let cut = limited(Some(std::time::Duration::ZERO));
-    assert_eq!(cut.len(), 3);
-    assert!(cut.iter().all(|r| r.item == two[0].id));
-    assert_eq!(limited(Some(std::time::Duration::from_secs(3600))).len(), 6);
-    assert!(runs[1].tokens == runs[0].tokens && runs[2].tokens == runs[0].tokens);
-    // the warm-up decodes untimed and reports nothing: the same runs, the same tokens
-    let warmed = run(&lt, &drafters, &specs, &items, &greedy(6, None, 4)).unwrap();
-    assert_eq!(warmed.len(), runs.len());
-    for (w, r) in warmed.iter().zip(&runs) {
-        assert_eq!((&w.mode, &w.item, &w.tokens), (&r.mode, &r.item, &r.tokens));
-    }
-    assert!(ModeName::parse_list("ar,ddtree:0").is_err() && ModeName::parse_list("beam").is_err());
-}
-
-/// The divergence diagnostic's top-2 logit gap works on a bf16 target (it read f32 values out of
-/// the target's own dtype and sorted on the device: a bf16 GPU evaluation lost its report there)
-/// and equals the gap of a full sort of the same logits.
-#[test]
-fn top2_gap_in_f32_and_bf16() {
-    use dflash_eval::report::top2_gap;
-    let fix = dflash_testkit::fixtures().join("qwen3-tiny");
-    let prefix = [3u32, 17, 42, 5, 99];
-    for dtype in [DType::F32, DType::BF16] {
-        let lt = load_target(fix.to_str().unwrap(), dtype, &Device::Cpu).unwrap();
-        let mut cache = lt.target.new_cache();
-        let out = lt
-            .target
-            .forward_causal(&prefix, &mut cache, &[], &dflash_model::Rows::Last)
-            .unwrap();
-        let mut v = out
-            .logits
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_dtype(DType::F32)
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        v.sort_by(|a, b| b.total_cmp(a));
-        let gap = top2_gap(&lt, &prefix).unwrap();
-        assert_eq!(gap, v[0] - v[1], "{dtype:?}");
-        assert!(gap >= 0.0);
-    }
-}
 
 /// The files of the directory `from`, copied into a fresh temporary directory `name`.
 fn copied(from: &Path, name: &str) -> PathBuf {
@@ -449,20 +231,11 @@ fn greedy_counts(detail: &str) -> (usize, usize) {
     (words[n - 3].parse().unwrap(), words[n - 1].parse().unwrap())
 }
 
-fn run_doctor(
-    target: &Path,
-    drafter: &Path,
-    data: Option<&Path>,
-) -> dflash_eval::doctor::DoctorReport {
+fn run_doctor(target: &Path, drafter: &Path, data: Option<&Path>) -> DoctorReport {
     run_doctor_in(DType::F32, target, drafter, data)
 }
 
-fn run_doctor_in(
-    dtype: DType,
-    target: &Path,
-    drafter: &Path,
-    data: Option<&Path>,
-) -> dflash_eval::doctor::DoctorReport {
+fn run_doctor_in(dtype: DType, target: &Path, drafter: &Path, data: Option<&Path>) -> DoctorReport {
     let lt = load_target(target.to_str().unwrap(), dtype, &Device::Cpu).unwrap();
     doctor(&lt, drafter, data, &Tolerances::default()).unwrap()
 }
@@ -470,7 +243,25 @@ fn run_doctor_in(
 #[test]
 fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     let (target, drafter, data) = trained_pair("doc");
-    let ok = run_doctor(&target, &drafter, Some(&data));
+    let (ok, rec) = a_consistent_pair_passes(&target, &drafter, &data);
+    the_drafter_paths_agree(&ok, &target, &drafter);
+    a_perturbed_tapped_layer_is_named(&target, &drafter, &data);
+    shifted_tap_ids_are_named(&target, &drafter, &data);
+    let sim = rec["val_simulated_tau"].as_f64().unwrap();
+    the_stored_tau_is_compared_on_its_own_data(&target, &drafter, &data, sim);
+    another_kernel_family_is_named(&target, &drafter);
+    a_pair_without_a_training_record_passes(&target, &drafter, &data);
+    a_drafter_for_another_target_is_named(&target);
+}
+
+/// The trained pair passes its 9 checks and its record's τ is a real one: the report and the
+/// record.
+fn a_consistent_pair_passes(
+    target: &Path,
+    drafter: &Path,
+    data: &Path,
+) -> (DoctorReport, serde_json::Value) {
+    let ok = run_doctor(target, drafter, Some(data));
     assert!(ok.ok(), "a consistent pair must pass: {:#?}", ok.checks);
     let rec: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(drafter.join("training.json")).unwrap())
@@ -494,18 +285,21 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         "walked {walked} vs measured {measured}: {}",
         sim.detail
     );
+    (ok, rec)
+}
 
-    // in f32 the two drafter paths agree within 1e-4 and on every greedy draft token; beside
-    // a bf16 target they round differently, and the verdict comes from an f32 copy of the
-    // drafter on the same taps, held to the same 1e-4
-    let parity = |r: &dflash_eval::doctor::DoctorReport| {
+/// In f32 the two drafter paths agree within 1e-4 and on every greedy draft token; beside
+/// a bf16 target they round differently, and the verdict comes from an f32 copy of the
+/// drafter on the same taps, held to the same 1e-4.
+fn the_drafter_paths_agree(ok: &DoctorReport, target: &Path, drafter: &Path) {
+    let parity = |r: &DoctorReport| {
         r.checks
             .iter()
             .find(|c| c.name == "train/infer parity")
             .unwrap()
             .clone()
     };
-    let f32_parity = parity(&ok);
+    let f32_parity = parity(ok);
     assert!(
         f32_parity.detail.contains("≤ 1e-4")
             && f32_parity.detail.contains("greedy draft tokens equal"),
@@ -513,7 +307,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     );
     let (same, all) = greedy_counts(&f32_parity.detail);
     assert_eq!(same, all, "{f32_parity:?}");
-    let bf16 = parity(&run_doctor_in(DType::BF16, &target, &drafter, None));
+    let bf16 = parity(&run_doctor_in(DType::BF16, target, drafter, None));
     assert!(!bf16.failed(), "{bf16:?}");
     assert!(
         bf16.detail
@@ -524,16 +318,18 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     );
     let (same, all) = greedy_counts(&bf16.detail);
     assert_eq!(same, all, "the f32 copy's greedy draft tokens: {bf16:?}");
+}
 
-    // (a) one tapped layer's weights perturbed
-    let bad_target = copied(&target, "doc-target-perturbed");
+/// (a) one tapped layer's weights perturbed: the target identity and the tap statistics fail.
+fn a_perturbed_tapped_layer_is_named(target: &Path, drafter: &Path, data: &Path) {
+    let bad_target = copied(target, "doc-target-perturbed");
     let st = bad_target.join("model.safetensors");
     let mut w = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
     let k = "model.layers.1.mlp.down_proj.weight";
     let t = (w[k].clone() * 1.05).unwrap();
     w.insert(k.into(), t);
     candle_core::safetensors::save(&w, &st).unwrap();
-    let r = run_doctor(&bad_target, &drafter, Some(&data));
+    let r = run_doctor(&bad_target, drafter, Some(data));
     assert!(!r.ok());
     let failed: Vec<&str> = r
         .checks
@@ -546,26 +342,35 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         "{failed:?}"
     );
     assert!(r.likely_cause.unwrap().starts_with("target identity"));
+}
 
-    // (b) tap ids shifted by one
-    let shifted = copied(&drafter, "doc-shifted");
+/// (b) tap ids shifted by one.
+fn shifted_tap_ids_are_named(target: &Path, drafter: &Path, data: &Path) {
+    let shifted = copied(drafter, "doc-shifted");
     let c = std::fs::read_to_string(shifted.join("config.json")).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&c).unwrap();
     v["dflash_config"]["target_layer_ids"] = serde_json::json!([2, 3]);
     std::fs::write(shifted.join("config.json"), v.to_string()).unwrap();
-    let r = run_doctor(&target, &shifted, Some(&data));
+    let r = run_doctor(target, &shifted, Some(data));
     let taps = r.checks.iter().find(|c| c.name == "tap ids").unwrap();
     assert!(
         taps.failed() && taps.detail.contains("shifted by 1"),
         "{taps:?}"
     );
     assert!(r.likely_cause.unwrap().starts_with("tap ids"));
+}
 
-    // (d) a record without a stored simulated τ (a checkpoint from before every checkpoint
-    // was validated): only the measured half is checked, and it still passes; a stored value
-    // twice the real one fails, unless the record names another data set: then it is not
-    // compared (it was validated on that set's sequences, not these), and the detail says so
-    let sim = rec["val_simulated_tau"].as_f64().unwrap();
+/// (d) a record without a stored simulated τ (a checkpoint from before every checkpoint
+/// was validated): only the measured half is checked, and it still passes; a stored value
+/// twice the real one fails, unless the record names another data set: then it is not
+/// compared (it was validated on that set's sequences, not these), and the detail says so.
+/// `sim`: the record's τ.
+fn the_stored_tau_is_compared_on_its_own_data(
+    target: &Path,
+    drafter: &Path,
+    data: &Path,
+    sim: f64,
+) {
     for (name, stored, other_data, pass, note) in [
         (
             "doc-unrecorded",
@@ -583,13 +388,13 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
             "not compared",
         ),
     ] {
-        let dir = with_record(&drafter, name, |v| {
+        let dir = with_record(drafter, name, |v| {
             v["val_simulated_tau"] = stored;
             if other_data {
                 v["data_manifest_sha256"] = serde_json::json!("0".repeat(64));
             }
         });
-        let r = run_doctor(&target, &dir, Some(&data));
+        let r = run_doctor(target, &dir, Some(data));
         let c = r
             .checks
             .iter()
@@ -600,10 +405,12 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
             assert_eq!(c.detail.contains(n), n == note, "{name}: {c:?}");
         }
     }
+}
 
-    // (f) the record says another kernel family computed the training features (fla's, as in
-    // the seeds' project): named, and the likely cause; the same numerics in another precision
-    // pass with a note; a record from before kernel families skips the check
+/// (f) the record says another kernel family computed the training features (fla's, as in
+/// the seeds' project): named, and the likely cause; the same numerics in another precision
+/// pass with a note; a record from before kernel families skips the check.
+fn another_kernel_family_is_named(target: &Path, drafter: &Path) {
     for (name, kernels, pass, needle) in [
         (
             "doc-fla",
@@ -620,7 +427,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
         ),
         ("doc-old", serde_json::Value::Null, true, "predates"),
     ] {
-        let dir = with_record(&drafter, name, |v| {
+        let dir = with_record(drafter, name, |v| {
             assert_eq!(
                 v["fingerprint"]["kernels"],
                 serde_json::json!({"linear_attention": null, "numerics": null, "precision": "f32"}),
@@ -632,7 +439,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
                 v["fingerprint"]["kernels"] = kernels;
             }
         });
-        let r = run_doctor(&target, &dir, None);
+        let r = run_doctor(target, &dir, None);
         let c = r.checks.iter().find(|c| c.name == "kernel family").unwrap();
         assert_eq!(!c.failed(), pass, "{name}: {c:?}");
         assert!(c.detail.contains(needle), "{name}: {c:?}");
@@ -640,14 +447,16 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
             assert!(r.likely_cause.unwrap().starts_with("kernel family"));
         }
     }
+}
 
-    // (e) the same drafter without its training record, as a z-lab checkpoint comes: the
-    // checks that read the record are skipped with a note, and the consistent pair passes
+/// (e) the same drafter without its training record, as a z-lab checkpoint comes: the
+/// checks that read the record are skipped with a note, and the consistent pair passes.
+fn a_pair_without_a_training_record_passes(target: &Path, drafter: &Path, data: &Path) {
     let bare = tmp("doc-bare");
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(drafter.join(f), bare.join(f)).unwrap();
     }
-    let r = run_doctor(&target, &bare, Some(&data));
+    let r = run_doctor(target, &bare, Some(data));
     assert!(
         r.ok(),
         "a pair without a training record must pass: {:#?}",
@@ -667,8 +476,11 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     for name in ["configuration", "target tensors", "train/infer parity"] {
         assert_eq!(status(name), Status::Pass, "{name}: {:#?}", r.checks);
     }
+}
 
-    // (c) a drafter made for another target (SmolLM2)
+/// (c) a drafter made for another target (SmolLM2): the configuration check fails on
+/// `hidden_size`.
+fn a_drafter_for_another_target_is_named(target: &Path) {
     let lt = smollm2();
     let other = tmp("doc-other");
     let cfg = drafter_config(
@@ -684,7 +496,7 @@ fn doctor_passes_a_consistent_pair_and_names_three_mismatches() {
     )
     .unwrap();
     save_drafter(&other, &cfg, &random_weights(&cfg, 0).unwrap()).unwrap();
-    let r = run_doctor(&target, &other, None);
+    let r = run_doctor(target, &other, None);
     let conf = &r.checks[0];
     assert!(
         conf.failed() && conf.detail.contains("hidden_size"),
