@@ -12,9 +12,10 @@ use crate::timing::{median, read_bandwidth, resident_memory, time};
 use anyhow::{Context, Result};
 use candle_core::DType;
 use clap::Args;
-use dflash_core::stats::{decode_secs_per_token, summarize};
+use dflash_core::sampling::SamplingParams;
+use dflash_core::stats::{decode_secs_per_token, summarize, RoundOutcome};
 use dflash_engine::{generate_with, DecodeOptions, GraphCache, ModeName, Request};
-use dflash_eval::harness::{mode_specs, EvalDrafter};
+use dflash_eval::harness::{mode_specs, EvalDrafter, ModeSpec};
 use dflash_model::io::loader::load_target;
 use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::Drafter;
@@ -148,6 +149,41 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }];
     let specs = mode_specs(&a.modes, &drafters, None)?;
     let loaded = resident_memory();
+    print_header(&a, &name, prompts.len(), &sampling);
+    let mut json_rows = Vec::new();
+    // AR's tokens per prompt (the first spec is AR): what every mode's output is compared with
+    let mut ar_tokens: Option<Vec<Vec<u32>>> = None;
+    // with DFLASH_PROFILE set: the time per phase of each mode's decoding, then of one forward
+    // of 1 and of 16 rows (to stderr)
+    let _ = dflash_model::profile::report();
+    for spec in &specs {
+        let d = spec.drafter.map(|i| &drafters[i].drafter);
+        let timed = decode_mode(&a, &target, d, spec, &prompts, sampling, &dev)?;
+        let ar = ar_tokens.get_or_insert_with(|| timed.tokens.clone());
+        // at T > 0 a mode's draws are its own: only greedy decoding must equal AR's tokens
+        let equal = sampling.is_greedy().then(|| {
+            let n = timed
+                .tokens
+                .iter()
+                .zip(ar.iter())
+                .filter(|(x, y)| x == y)
+                .count();
+            format!("{n}/{}", timed.tokens.len())
+        });
+        json_rows.push(mode_row(&a, &name, &spec.label, timed, equal, &sampling));
+        dflash_model::profile::print_report(&format!("{} decoding", spec.label));
+    }
+    if let Some(path) = &a.json {
+        let text: String = json_rows.iter().map(|r| format!("{r}\n")).collect();
+        dflash_model::io::atomic::write_file(path, text.as_bytes())
+            .with_context(|| format!("--json {}", path.display()))?;
+    }
+    print_memory(loaded, &target);
+    forward_against_floor(&target, dtype, &dev)
+}
+
+/// The run's first line (target, device, sampling rule) and the table's header.
+fn print_header(a: &BenchArgs, name: &str, prompts: usize, sampling: &SamplingParams) {
     let rule = if sampling.is_greedy() {
         "greedy".to_string()
     } else {
@@ -158,102 +194,118 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     println!(
         "target {name} on {} ({}), {} new tokens × {} prompts, {rule}, median of {}",
-        a.run_on.device,
-        a.run_on.dtype,
-        a.max_new_tokens,
-        prompts.len(),
-        a.repeats
+        a.run_on.device, a.run_on.dtype, a.max_new_tokens, prompts, a.repeats
     );
     println!("| mode | ms / output token | tok/s | τ pooled | draft ms/round | verify ms/round | other ms/round | = AR |");
     println!("|---|---|---|---|---|---|---|---|");
-    let cuda_graphs = a.cuda_graphs;
-    let mut json_rows = Vec::new();
-    // AR's tokens per prompt (the first spec is AR): what every mode's output is compared with
-    let mut ar_tokens: Option<Vec<Vec<u32>>> = None;
-    // with DFLASH_PROFILE set: the time per phase of each mode's decoding, then of one forward
-    // of 1 and of 16 rows (to stderr)
-    let _ = dflash_model::profile::report();
-    for spec in &specs {
-        let opts = DecodeOptions {
-            cuda_graphs,
-            acceptance: a.acceptance,
-            ..Default::default()
-        };
-        let d = spec.drafter.map(|i| &drafters[i].drafter);
-        let mut tpot = Vec::new();
-        let mut last = None;
-        // the mode's fixed-shape forwards (CUDA graphs) kept across its generations, as eval does
-        let mut graphs = GraphCache::default();
-        for rep in 0..=a.repeats {
-            let (mut tpots, mut rounds, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
-            for ids in &prompts {
-                let req = Request {
-                    prompt_ids: ids.clone(),
-                    max_new_tokens: a.max_new_tokens,
-                    sampling,
-                    stop_ids: vec![],
-                    loop_window: 0,
-                };
-                dev.synchronize()?;
-                let g = generate_with(&target, d, spec.mode, &req, opts, &mut graphs)?;
-                dev.synchronize()?;
-                tpots.push(decode_secs_per_token(g.decode_secs, g.new_tokens.len()));
-                rounds.push(g.rounds);
-                tokens.push(g.new_tokens);
-            }
-            if rep > 0 {
-                // mean over the prompts; rep 0 is the warm-up (PTX JIT, allocations)
-                tpot.push(tpots.iter().sum::<f64>() / tpots.len() as f64);
-                last = Some((rounds, tokens));
-            }
+}
+
+/// One mode's timed decoding: the median over the repeats of the mean time per output token
+/// over the prompts, and the last repeat's rounds and tokens per prompt.
+struct ModeTimes {
+    tpot: f64,
+    rounds: Vec<Vec<RoundOutcome>>,
+    tokens: Vec<Vec<u32>>,
+}
+
+/// Every prompt decoded `--repeats` + 1 times in `spec`'s mode (the first: the warm-up), the
+/// mode's fixed-shape forwards (CUDA graphs) kept across its generations, as eval does.
+fn decode_mode(
+    a: &BenchArgs,
+    target: &Target,
+    d: Option<&Drafter>,
+    spec: &ModeSpec,
+    prompts: &[Vec<u32>],
+    sampling: SamplingParams,
+    dev: &candle_core::Device,
+) -> Result<ModeTimes> {
+    let opts = DecodeOptions {
+        cuda_graphs: a.cuda_graphs,
+        acceptance: a.acceptance,
+        ..Default::default()
+    };
+    let mut tpot = Vec::new();
+    let mut last = None;
+    let mut graphs = GraphCache::default();
+    for rep in 0..=a.repeats {
+        let (mut tpots, mut rounds, mut tokens) = (Vec::new(), Vec::new(), Vec::new());
+        for ids in prompts {
+            let req = Request {
+                prompt_ids: ids.clone(),
+                max_new_tokens: a.max_new_tokens,
+                sampling,
+                stop_ids: vec![],
+                loop_window: 0,
+            };
+            dev.synchronize()?;
+            let g = generate_with(target, d, spec.mode, &req, opts, &mut graphs)?;
+            dev.synchronize()?;
+            tpots.push(decode_secs_per_token(g.decode_secs, g.new_tokens.len()));
+            rounds.push(g.rounds);
+            tokens.push(g.new_tokens);
         }
-        let (r, tokens) = last.context("no timed repeat")?;
-        let ar = ar_tokens.get_or_insert_with(|| tokens.clone());
-        // at T > 0 a mode's draws are its own: only greedy decoding must equal AR's tokens
-        let equal = sampling.is_greedy().then(|| {
-            let n = tokens.iter().zip(ar.iter()).filter(|(x, y)| x == y).count();
-            format!("{n}/{}", tokens.len())
-        });
-        let s = summarize(&r.iter().map(|x| x.as_slice()).collect::<Vec<_>>());
-        let per = |x: f64| x * 1e3 / s.rounds.max(1) as f64;
-        let t = median(tpot);
-        println!(
-            "| {}{} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
-            spec.label,
-            if cuda_graphs { "+graphs" } else { "" },
-            t * 1e3,
-            1.0 / t,
-            s.tau_pooled,
-            per(s.draft_secs),
-            per(s.verify_secs),
-            per(s.other_secs),
-            equal.as_deref().unwrap_or("T > 0")
-        );
-        json_rows.push(serde_json::json!({
-            "shape": name,
-            "impl": "dflash-rs",
-            "mode": spec.label,
-            "graphs": cuda_graphs,
-            "dtype": a.run_on.dtype,
-            "device": a.run_on.device,
-            "new_tokens": a.max_new_tokens,
-            "ms_per_token": t * 1e3,
-            "tau_pooled": s.tau_pooled,
-            "draft_ms": per(s.draft_secs),
-            "verify_ms": per(s.verify_secs),
-            "other_ms": per(s.other_secs),
-            "temperature": sampling.temperature,
-            "acceptance": a.acceptance,
-            "equal_to_ar": equal,
-        }));
-        dflash_model::profile::print_report(&format!("{} decoding", spec.label));
+        if rep > 0 {
+            // mean over the prompts; rep 0 is the warm-up (PTX JIT, allocations)
+            tpot.push(tpots.iter().sum::<f64>() / tpots.len() as f64);
+            last = Some((rounds, tokens));
+        }
     }
-    if let Some(path) = &a.json {
-        let text: String = json_rows.iter().map(|r| format!("{r}\n")).collect();
-        dflash_model::io::atomic::write_file(path, text.as_bytes())
-            .with_context(|| format!("--json {}", path.display()))?;
-    }
-    // resident memory before the floor's buffers below: the weights, caches and decoding's
+    let (rounds, tokens) = last.context("no timed repeat")?;
+    Ok(ModeTimes {
+        tpot: median(tpot),
+        rounds,
+        tokens,
+    })
+}
+
+/// The mode's table row (printed) and its `--json` row; `equal`: the prompts whose tokens
+/// equal AR's (`None` at T > 0).
+fn mode_row(
+    a: &BenchArgs,
+    name: &str,
+    label: &str,
+    timed: ModeTimes,
+    equal: Option<String>,
+    sampling: &SamplingParams,
+) -> serde_json::Value {
+    let cuda_graphs = a.cuda_graphs;
+    let r = timed.rounds;
+    let s = summarize(&r.iter().map(|x| x.as_slice()).collect::<Vec<_>>());
+    let per = |x: f64| x * 1e3 / s.rounds.max(1) as f64;
+    let t = timed.tpot;
+    println!(
+        "| {}{} | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {} |",
+        label,
+        if cuda_graphs { "+graphs" } else { "" },
+        t * 1e3,
+        1.0 / t,
+        s.tau_pooled,
+        per(s.draft_secs),
+        per(s.verify_secs),
+        per(s.other_secs),
+        equal.as_deref().unwrap_or("T > 0")
+    );
+    serde_json::json!({
+        "shape": name,
+        "impl": "dflash-rs",
+        "mode": label,
+        "graphs": cuda_graphs,
+        "dtype": a.run_on.dtype,
+        "device": a.run_on.device,
+        "new_tokens": a.max_new_tokens,
+        "ms_per_token": t * 1e3,
+        "tau_pooled": s.tau_pooled,
+        "draft_ms": per(s.draft_secs),
+        "verify_ms": per(s.verify_secs),
+        "other_ms": per(s.other_secs),
+        "temperature": sampling.temperature,
+        "acceptance": a.acceptance,
+        "equal_to_ar": equal,
+    })
+}
+
+/// Resident memory before the floor's buffers: the weights, caches and decoding's.
+fn print_memory(loaded: Option<(u64, u64)>, target: &Target) {
     if let (Some((after_load, _)), Some((now, peak))) = (loaded, resident_memory()) {
         let mb = |b: u64| b as f64 / 1e6;
         println!(
@@ -264,9 +316,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
             mb(target.weight_bytes_held() as u64)
         );
     }
-    // one target forward on a warm cache of 512 rows (fewer when the context is shorter),
-    // against the floor
-    let t = &target;
+}
+
+/// One target forward of 1 and of 16 rows on a warm cache of 512 rows (fewer when the context
+/// is shorter), against the floor (weight bytes read / measured read bandwidth).
+fn forward_against_floor(target: &Target, dtype: DType, dev: &candle_core::Device) -> Result<()> {
+    let t = target;
     let warm = 512
         .min(t.config.max_position_embeddings.saturating_sub(16))
         .max(1);
@@ -277,7 +332,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     for n in [1usize, 16] {
         let _ = dflash_model::profile::report();
         let toks = bench_tokens(n, t.vocab_size());
-        let secs = time(&dev, 10, || {
+        let secs = time(dev, 10, || {
             let o = t.forward_causal(&toks, &mut cache, &[], &Rows::All)?;
             let _ = o
                 .logits
@@ -293,7 +348,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "{n}-row forward on a {warm}-row cache (11 runs)"
         ));
     }
-    let bw = read_bandwidth(&dev)?;
+    let bw = read_bandwidth(dev)?;
     // the bytes a forward reads (quantized CPU panels at their block size)
     let weight_bytes = target.weight_bytes_read();
     let floor = weight_bytes as f64 / bw;
