@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
+use dflash_core::config::TargetConfig;
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::batched::{generate_batched, BatchedOptions, Flow};
 use dflash_engine::Request;
@@ -118,40 +119,12 @@ fn profile_replays(
 
 pub fn run(a: BenchRegenArgs) -> Result<()> {
     let (dev, dtype, cfg) = a.model.parse()?;
-    let requests = a.requests.unwrap_or(a.slots);
-    if a.slots == 0 || requests == 0 || a.prompt_tokens == 0 || a.new_tokens == 0 {
-        anyhow::bail!("--slots, --requests, --prompt-tokens and --new-tokens must be >= 1");
-    }
-    if a.prompt_tokens + a.new_tokens > cfg.max_position_embeddings {
-        anyhow::bail!(
-            "--prompt-tokens + --new-tokens = {} exceeds the shape's context ({})",
-            a.prompt_tokens + a.new_tokens,
-            cfg.max_position_embeddings
-        );
-    }
-    if a.profile_replays > 0 && dev.is_cpu() {
-        anyhow::bail!("--profile-replays needs a CUDA device: it captures a CUDA graph");
-    }
-    let min = a.prompt_tokens_min.unwrap_or(a.prompt_tokens);
-    if min == 0 || min > a.prompt_tokens {
-        anyhow::bail!("--prompt-tokens-min must be in 1..=--prompt-tokens");
-    }
+    let (requests, min) = checked(&a, &cfg, &dev)?;
     let (target, _) = random_target(&a.model.shape, &cfg, dtype, &dev, 1, 16)?;
     if a.profile_replays > 0 {
         return profile_replays(&target, a.slots, a.prompt_tokens, a.profile_replays);
     }
-    let vocab = target.vocab_size();
-    let base = bench_tokens(a.prompt_tokens + requests, vocab);
-    let len = |i: usize| min + (7919 * i) % (a.prompt_tokens - min + 1);
-    let reqs: Vec<Request> = (0..requests)
-        .map(|i| Request {
-            prompt_ids: base[i..i + len(i)].to_vec(),
-            max_new_tokens: a.new_tokens,
-            sampling: SamplingParams::default(), // greedy
-            stop_ids: vec![],
-            loop_window: 0,
-        })
-        .collect();
+    let reqs = bench_requests(&a, requests, min, target.vocab_size());
     let run = || -> Result<(f64, usize)> {
         let t0 = Instant::now();
         let mut tokens = 0;
@@ -170,6 +143,55 @@ pub fn run(a: BenchRegenArgs) -> Result<()> {
     }
     let _ = dflash_model::profile::report();
     let (secs, tokens) = run()?;
+    report(&a, requests, min, secs, tokens)
+}
+
+/// The flags checked against each other and the shape's context: `(requests, shortest
+/// prompt)`.
+fn checked(
+    a: &BenchRegenArgs,
+    cfg: &TargetConfig,
+    dev: &candle_core::Device,
+) -> Result<(usize, usize)> {
+    let requests = a.requests.unwrap_or(a.slots);
+    if a.slots == 0 || requests == 0 || a.prompt_tokens == 0 || a.new_tokens == 0 {
+        anyhow::bail!("--slots, --requests, --prompt-tokens and --new-tokens must be >= 1");
+    }
+    if a.prompt_tokens + a.new_tokens > cfg.max_position_embeddings {
+        anyhow::bail!(
+            "--prompt-tokens + --new-tokens = {} exceeds the shape's context ({})",
+            a.prompt_tokens + a.new_tokens,
+            cfg.max_position_embeddings
+        );
+    }
+    if a.profile_replays > 0 && dev.is_cpu() {
+        anyhow::bail!("--profile-replays needs a CUDA device: it captures a CUDA graph");
+    }
+    let min = a.prompt_tokens_min.unwrap_or(a.prompt_tokens);
+    if min == 0 || min > a.prompt_tokens {
+        anyhow::bail!("--prompt-tokens-min must be in 1..=--prompt-tokens");
+    }
+    Ok((requests, min))
+}
+
+/// The `requests` prompts of fixed pseudo-random ids, of lengths spread over `min ..=
+/// --prompt-tokens`, each decoded greedily to exactly `--new-tokens`.
+fn bench_requests(a: &BenchRegenArgs, requests: usize, min: usize, vocab: usize) -> Vec<Request> {
+    let base = bench_tokens(a.prompt_tokens + requests, vocab);
+    let len = |i: usize| min + (7919 * i) % (a.prompt_tokens - min + 1);
+    (0..requests)
+        .map(|i| Request {
+            prompt_ids: base[i..i + len(i)].to_vec(),
+            max_new_tokens: a.new_tokens,
+            sampling: SamplingParams::default(), // greedy
+            stop_ids: vec![],
+            loop_window: 0,
+        })
+        .collect()
+}
+
+/// The table row (and the `--json` row) of a timed run: `tokens` generated in `secs`.
+fn report(a: &BenchRegenArgs, requests: usize, min: usize, secs: f64, tokens: usize) -> Result<()> {
     let steps = requests.div_ceil(a.slots) * a.new_tokens;
     let tok_s = tokens as f64 / secs;
     println!(

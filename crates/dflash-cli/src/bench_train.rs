@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 use dflash_model::models::drafter_init::random_weights;
+use dflash_model::Target;
 use dflash_train::anchors;
 use dflash_train::config::{LossKind, TrainConfig};
 use dflash_train::data::Sequence;
@@ -58,18 +59,7 @@ pub struct BenchTrainArgs {
 
 pub fn run(a: BenchTrainArgs) -> Result<()> {
     let (dev, dtype, cfg) = a.model.parse()?;
-    if a.block_size < 2 || a.seq_len < a.block_size + 1 || a.anchors == 0 || a.steps == 0 {
-        anyhow::bail!(
-            "--block-size must be >= 2, --seq-len > --block-size, --anchors and --steps >= 1"
-        );
-    }
-    if a.peak_tflops.is_some_and(|p| p.is_nan() || p <= 0.0) {
-        anyhow::bail!("--peak-tflops must be > 0");
-    }
-    if !dev.is_cpu() {
-        // the fused training kernels must match their CPU twins before their speed means anything
-        crate::check_cmd::kernel_rows(&dev, true)?;
-    }
+    check(&a, &dev)?;
     let (target, dcfg) = random_target(
         &a.model.shape,
         &cfg,
@@ -84,22 +74,85 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
 
     // one row of pseudo-random tokens, every token but the first supervised
     let vocab = target.vocab_size();
-    let ids = crate::bench_shape::bench_tokens(a.seq_len, vocab);
-    let mut loss_mask = vec![1u8; a.seq_len];
-    loss_mask[0] = 0;
-    let row = TrainingRow::single(Sequence { ids, loss_mask });
+    let row = bench_row(a.seq_len, vocab);
     let anchors = anchors::sample(row.anchor_candidates(), a.anchors, 0);
     let taps = td.drafter.target_layer_ids.clone();
     let shape = RowShape::of(&row.segs, &anchors, a.block_size);
     let flops = step_flops(&dcfg, taps.len(), vocab, &shape);
 
+    let inputs = StepInputs {
+        target: &target,
+        row: &row,
+        anchors: &anchors,
+        taps: &taps,
+        tc: &tc,
+    };
+    let times = time_steps(&a, &dev, &inputs, &mut td, &mut opt)?;
+    report(&a, times, anchors.len(), shape.block_rows, flops)
+}
+
+/// The flags checked; on a GPU, the fused training kernels checked against their CPU twins
+/// first.
+fn check(a: &BenchTrainArgs, dev: &candle_core::Device) -> Result<()> {
+    if a.block_size < 2 || a.seq_len < a.block_size + 1 || a.anchors == 0 || a.steps == 0 {
+        anyhow::bail!(
+            "--block-size must be >= 2, --seq-len > --block-size, --anchors and --steps >= 1"
+        );
+    }
+    if a.peak_tflops.is_some_and(|p| p.is_nan() || p <= 0.0) {
+        anyhow::bail!("--peak-tflops must be > 0");
+    }
+    if !dev.is_cpu() {
+        // the fused training kernels must match their CPU twins before their speed means anything
+        crate::check_cmd::kernel_rows(dev, true)?;
+    }
+    Ok(())
+}
+
+/// One row of `seq_len` pseudo-random tokens below `vocab`, every token but the first
+/// supervised.
+fn bench_row(seq_len: usize, vocab: usize) -> TrainingRow {
+    let ids = crate::bench_shape::bench_tokens(seq_len, vocab);
+    let mut loss_mask = vec![1u8; seq_len];
+    loss_mask[0] = 0;
+    TrainingRow::single(Sequence { ids, loss_mask })
+}
+
+/// What one training step reads: the target, the row and its anchors, the taps and the
+/// trainer's default hyper-parameters.
+struct StepInputs<'a> {
+    target: &'a Target,
+    row: &'a TrainingRow,
+    anchors: &'a [usize],
+    taps: &'a [usize],
+    tc: &'a TrainConfig,
+}
+
+/// The timed steps' seconds (the warm-up left out) and every step's loss (warm-up first).
+struct StepTimes {
+    feats: Vec<f64>,
+    step: Vec<f64>,
+    losses: Vec<f32>,
+}
+
+/// One untimed warm-up step, then `--steps` timed ones: each the target features, then the
+/// drafter's forward, loss, backward and AdamW update (the last one inside a profiler range
+/// with `--profile-step`).
+fn time_steps(
+    a: &BenchTrainArgs,
+    dev: &candle_core::Device,
+    s: &StepInputs,
+    td: &mut TrainableDrafter,
+    opt: &mut AdamW,
+) -> Result<StepTimes> {
+    let (target, row, anchors, tc) = (s.target, s.row, s.anchors, s.tc);
     let (mut t_feats, mut t_step, mut losses) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..=a.steps {
         dev.synchronize()?;
         let t = Instant::now();
         let feats = {
             let _p = tracing::info_span!(target: "phase", "target features").entered();
-            target_features(&target, &taps, &row, false)?
+            target_features(target, s.taps, row, false)?
         };
         dev.synchronize()?;
         let tf = t.elapsed().as_secs_f64();
@@ -111,7 +164,7 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
             selector_weight: tc.selector_loss_weight,
         };
         let mut step = || -> Result<candle_core::Tensor> {
-            let out = block_loss(&td.drafter, &target, &row, &feats, &anchors, obj)?;
+            let out = block_loss(&td.drafter, target, row, &feats, anchors, obj)?;
             if i == 0 && a.graph_census {
                 print_census(&out.loss);
             }
@@ -119,11 +172,11 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
                 let _p = tracing::info_span!(target: "phase", "backward").entered();
                 out.backward()?
             };
-            td.update(&target, &mut opt, td.grads_of(&g), tc.grad_clip, 1e-4)?;
+            td.update(target, opt, td.grads_of(&g), tc.grad_clip, 1e-4)?;
             Ok(out.loss)
         };
         let loss = if a.profile_step && i == a.steps {
-            dflash_model::cuda::launch_profile::profiled_range(&dev, &mut step)?
+            dflash_model::cuda::launch_profile::profiled_range(dev, &mut step)?
         } else {
             step()?
         };
@@ -135,11 +188,27 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
         // read after the timing: the same seed gives the same curve whichever kernels run
         losses.push(loss.to_dtype(candle_core::DType::F32)?.to_scalar::<f32>()?);
     }
-    let (tf, ts) = (median(t_feats), median(t_step));
+    Ok(StepTimes {
+        feats: t_feats,
+        step: t_step,
+        losses,
+    })
+}
+
+/// The table (and the `--json` row): the medians, rows and tokens per second, FLOPs and MFU.
+fn report(
+    a: &BenchTrainArgs,
+    times: StepTimes,
+    anchors: usize,
+    block_rows: usize,
+    flops: f64,
+) -> Result<()> {
+    let (tf, ts) = (median(times.feats), median(times.step));
+    let losses = times.losses;
     let tflops = flops / ts / 1e12;
     println!(
         "random {}-shaped target, {}-layer drafter (B = {}) on {} ({}): one row of {} tokens, {} anchors, median of {}\n",
-        a.model.shape, a.draft_layers, a.block_size, a.model.run_on.device, a.model.run_on.dtype, a.seq_len, anchors.len(), a.steps
+        a.model.shape, a.draft_layers, a.block_size, a.model.run_on.device, a.model.run_on.dtype, a.seq_len, anchors, a.steps
     );
     println!("| quantity | value |\n|---|---|");
     println!("| target features (forward, taps) | {:.1} ms |", tf * 1e3);
@@ -149,7 +218,7 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
     );
     println!(
         "| block rows / s (drafter step) | {:.0} |",
-        shape.block_rows as f64 / ts
+        block_rows as f64 / ts
     );
     println!(
         "| supervised tokens / s (features + step) | {:.0} |",
@@ -175,7 +244,7 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
             "mfu_pct": mfu,
             "tflop_per_step": flops / 1e12,
             "seq_len": a.seq_len,
-            "anchors": anchors.len(),
+            "anchors": anchors,
             "block_size": a.block_size,
             "draft_layers": a.draft_layers,
             "losses": losses,
