@@ -52,10 +52,6 @@ fn rel_logits_taps(got: &TargetOutput, cpu: &TargetOutput) -> Result<(f64, f64)>
     Ok((logits, taps))
 }
 
-/// Graphs kept from one generation to the next (`generate_with`, as `eval` and `bench decode`
-/// run them) decode what fresh graphs decode: three prompts in turn, the drafter drafting from
-/// a vocabulary subset (its head's weights made anew by each generation, while the kept draft
-/// graph reads the ones it was captured with), DFlash and DDTree-8.
 /// The checks' draft vocabulary: every other token, and the prompt's (the anchors' tokens are
 /// drafted from).
 fn check_vocab(lt: &LoadedTarget, req: &Request) -> DraftVocab {
@@ -70,6 +66,10 @@ fn check_vocab(lt: &LoadedTarget, req: &Request) -> DraftVocab {
     }
 }
 
+/// Graphs kept from one generation to the next (`generate_with`, as `eval` and `bench decode`
+/// run them) decode what fresh graphs decode: three prompts in turn, the drafter drafting from
+/// a vocabulary subset (its head's weights made anew by each generation, while the kept draft
+/// graph reads the ones it was captured with), DFlash and DDTree-8.
 fn kept_graphs_row(
     lt: &LoadedTarget,
     drafter_dir: &Option<PathBuf>,
@@ -238,6 +238,9 @@ pub fn kernel_rows(dev: &Device, print: bool) -> Result<Vec<(String, bool, Strin
     Ok(rows)
 }
 
+/// One check's row: its name, whether it passed, its numbers.
+type Row = (String, bool, String);
+
 pub fn run(a: DeviceCheckArgs) -> Result<()> {
     let (dtype, dev) = a.run_on.parse()?;
     let kernels = kernel_rows(&dev, false)?;
@@ -254,29 +257,15 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
     let prompt = cpu
         .tokenizer
         .prompt_ids("Explain in two sentences why the sky is blue.", true)?;
-    let fwd = |lt: &LoadedTarget| {
-        let mut c = lt.target.new_cache();
-        lt.target.forward_causal(&prompt, &mut c, &taps, &Rows::All)
-    };
-    let (oc, o32) = (fwd(&cpu)?, fwd(&gpu32)?);
-    let mut rows: Vec<(String, bool, String)> = kernels;
-    let (l32, t32) = rel_logits_taps(&o32, &oc)?;
-    rows.push((
-        "f32 logits and taps vs CPU".into(),
-        l32 <= 1e-4 && t32 <= 1e-4,
-        format!("logits {l32:.1e}, taps {t32:.1e} (≤ 1e-4)"),
-    ));
-    if let Some(g16) = &gpu16 {
-        let (l16, t16) = rel_logits_taps(&fwd(g16)?, &oc)?;
-        rows.push((
-            "bf16 logits and taps vs CPU f32".into(),
-            l16 <= a.bf16_tolerance && t16 <= a.bf16_tolerance,
-            format!(
-                "logits {l16:.1e}, taps {t16:.1e} (≤ {:.0e})",
-                a.bf16_tolerance
-            ),
-        ));
-    }
+    let mut rows: Vec<Row> = kernels;
+    rows.extend(forward_rows(
+        &a,
+        &prompt,
+        &taps,
+        &cpu,
+        &gpu32,
+        gpu16.as_ref(),
+    )?);
     let req = Request {
         prompt_ids: prompt.clone(),
         max_new_tokens: a.max_new_tokens,
@@ -287,143 +276,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
     let ar_cpu = generate(&cpu.target, None, Mode::Ar, &req, Default::default())?;
     let precisions = std::iter::once(("f32", &gpu32)).chain(gpu16.as_ref().map(|g| ("bf16", g)));
     for (name, lt) in precisions {
-        let t = Instant::now();
-        let ar = generate(&lt.target, None, Mode::Ar, &req, Default::default())?;
-        let ar_secs = t.elapsed().as_secs_f64();
-        if name == "f32" {
-            rows.push((
-                "AR on device = AR on CPU (T=0)".into(),
-                ar.new_tokens == ar_cpu.new_tokens,
-                format!("{} tokens", ar.new_tokens.len()),
-            ));
-            rows.push(sampled_row(lt, &cpu, &a.drafter, &req, false)?);
-            rows.push(sampled_row(lt, &cpu, &a.drafter, &req, true)?);
-        }
-        let d = drafter_for(lt, &a.drafter)?;
-        // each mode plain (speculative ones = AR), then with its verify forwards replayed
-        // from CUDA graphs (= the plain run)
-        let graphs = DecodeOptions {
-            cuda_graphs: true,
-            ..Default::default()
-        };
-        let ms_per_token = |g: &Generation| g.decode_secs * 1e3 / g.new_tokens.len() as f64;
-        for (mode, drafter) in [
-            (Mode::Ar, None),
-            (
-                Mode::Chain {
-                    block: d.block_size,
-                },
-                Some(&d),
-            ),
-            (
-                Mode::Tree {
-                    block: d.block_size,
-                    budget: 8,
-                    top_k: 0,
-                },
-                Some(&d),
-            ),
-        ] {
-            let plain = match drafter {
-                None => ar.clone(),
-                Some(d) => {
-                    let g = generate(&lt.target, Some(d), mode, &req, Default::default())?;
-                    let same = g.new_tokens == ar.new_tokens;
-                    rows.push((
-                        format!("{} = AR on device ({name})", mode.name()),
-                        same || name == "bf16",
-                        format!(
-                            "{}{} rounds; AR {:.2} ms/token",
-                            if same {
-                                ""
-                            } else {
-                                "differs from AR (bf16 rounds wide and narrow forwards differently; reported); "
-                            },
-                            g.rounds.len(),
-                            ar_secs * 1e3 / ar.new_tokens.len() as f64
-                        ),
-                    ));
-                    g
-                }
-            };
-            let g = generate(&lt.target, drafter, mode, &req, graphs)?;
-            let same = g.new_tokens == plain.new_tokens;
-            rows.push((
-                format!("{} with CUDA graphs = without ({name})", mode.name()),
-                same || name == "bf16",
-                format!(
-                    "{}{} rounds; {:.2} vs {:.2} ms/token decoding",
-                    if same {
-                        ""
-                    } else {
-                        "differs (bf16: attention over the fixed capacity rounds differently; reported); "
-                    },
-                    g.rounds.len(),
-                    ms_per_token(&g),
-                    ms_per_token(&plain)
-                ),
-            ));
-        }
-        if !lt.target.is_hybrid() {
-            rows.push(kept_graphs_row(lt, &a.drafter, &req, name)?);
-            // batched decoding (data regeneration): three prompts on two slots = AR for each,
-            // and its steps replayed from one CUDA graph = eager
-            let reqs: Vec<Request> = [&prompt[..], &prompt[..prompt.len() - 3], &prompt[2..]]
-                .iter()
-                .map(|p| Request {
-                    prompt_ids: p.to_vec(),
-                    ..req.clone()
-                })
-                .collect();
-            let eager = batched_tokens(lt, &reqs, false)?;
-            let graphed = batched_tokens(lt, &reqs, true)?;
-            let same_ar = equals_ar(lt, &reqs, &eager)?;
-            rows.push(equal_row(
-                format!("batched decoding (3 prompts, 2 slots) = AR on device ({name})"),
-                same_ar,
-                name,
-            ));
-            rows.push(equal_row(
-                format!("batched decoding with CUDA graphs = without ({name})"),
-                graphed == eager,
-                name,
-            ));
-            // at T > 0 (a plain temperature; top-k 20 with top-p): the same draws where the
-            // logits are as AR's, seeded per request
-            let sampled: Vec<Request> = reqs
-                .iter()
-                .enumerate()
-                .map(|(i, r)| Request {
-                    sampling: match i % 2 {
-                        0 => SamplingParams::new(0.8, 1.0, 0, 7 + i as u64),
-                        _ => SamplingParams::new(1.0, 0.9, 20, 7 + i as u64),
-                    }
-                    .expect("valid sampling parameters"),
-                    ..r.clone()
-                })
-                .collect();
-            let same_t = equals_ar(lt, &sampled, &batched_tokens(lt, &sampled, false)?)?;
-            rows.push(equal_row(
-                format!("batched decoding at T > 0 (3 prompts, 2 slots) = AR on device ({name})"),
-                same_t,
-                name,
-            ));
-        }
-        let p = dflash_eval::doctor::parity_diff(lt, &d, &prompt)?;
-        let agree = p.agreement_text();
-        if name == "f32" {
-            rows.push((
-                format!("train/infer parity ({name})"),
-                p.max_abs <= 1e-4,
-                format!("max |Δ logits| {:.1e} (≤ 1e-4); {agree}", p.max_abs),
-            ));
-        } else {
-            rows.push((
-                format!("train/infer parity ({name})"),
-                true,
-                format!("max |Δ logits| {:.1e}, {agree} (reported)", p.max_abs),
-            ));
-        }
+        rows.extend(device_rows(&a, name, lt, &cpu, &req, &ar_cpu)?);
     }
     println!("| check | result | numbers |\n|---|---|---|");
     for (c, ok, detail) in &rows {
@@ -434,4 +287,228 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
         bail!("{failed} device check(s) failed");
     }
     Ok(())
+}
+
+/// One prefill of `prompt` on the device, f32 (and bf16), against the CPU's: logits and taps.
+fn forward_rows(
+    a: &DeviceCheckArgs,
+    prompt: &[u32],
+    taps: &[usize],
+    cpu: &LoadedTarget,
+    gpu32: &LoadedTarget,
+    gpu16: Option<&LoadedTarget>,
+) -> Result<Vec<Row>> {
+    let fwd = |lt: &LoadedTarget| {
+        let mut c = lt.target.new_cache();
+        lt.target.forward_causal(prompt, &mut c, taps, &Rows::All)
+    };
+    let (oc, o32) = (fwd(cpu)?, fwd(gpu32)?);
+    let mut rows = Vec::new();
+    let (l32, t32) = rel_logits_taps(&o32, &oc)?;
+    rows.push((
+        "f32 logits and taps vs CPU".into(),
+        l32 <= 1e-4 && t32 <= 1e-4,
+        format!("logits {l32:.1e}, taps {t32:.1e} (≤ 1e-4)"),
+    ));
+    if let Some(g16) = gpu16 {
+        let (l16, t16) = rel_logits_taps(&fwd(g16)?, &oc)?;
+        rows.push((
+            "bf16 logits and taps vs CPU f32".into(),
+            l16 <= a.bf16_tolerance && t16 <= a.bf16_tolerance,
+            format!(
+                "logits {l16:.1e}, taps {t16:.1e} (≤ {:.0e})",
+                a.bf16_tolerance
+            ),
+        ));
+    }
+    Ok(rows)
+}
+
+/// The decoding checks of one precision (`name`) on the device: AR against the CPU's and the
+/// sampled rows (f32), each mode against AR and with CUDA graphs, kept graphs and batched
+/// decoding (attention-only targets), train/infer parity.
+fn device_rows(
+    a: &DeviceCheckArgs,
+    name: &str,
+    lt: &LoadedTarget,
+    cpu: &LoadedTarget,
+    req: &Request,
+    ar_cpu: &Generation,
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let t = Instant::now();
+    let ar = generate(&lt.target, None, Mode::Ar, req, Default::default())?;
+    let ar_secs = t.elapsed().as_secs_f64();
+    if name == "f32" {
+        rows.push((
+            "AR on device = AR on CPU (T=0)".into(),
+            ar.new_tokens == ar_cpu.new_tokens,
+            format!("{} tokens", ar.new_tokens.len()),
+        ));
+        rows.push(sampled_row(lt, cpu, &a.drafter, req, false)?);
+        rows.push(sampled_row(lt, cpu, &a.drafter, req, true)?);
+    }
+    let d = drafter_for(lt, &a.drafter)?;
+    rows.extend(mode_rows(name, lt, &d, req, &ar, ar_secs)?);
+    if !lt.target.is_hybrid() {
+        rows.push(kept_graphs_row(lt, &a.drafter, req, name)?);
+        rows.extend(batched_rows(name, lt, req)?);
+    }
+    rows.push(parity_row(name, lt, &d, &req.prompt_ids)?);
+    Ok(rows)
+}
+
+/// Each mode plain (speculative ones = AR, `ar` taking `ar_secs`), then with its verify
+/// forwards replayed from CUDA graphs (= the plain run).
+fn mode_rows(
+    name: &str,
+    lt: &LoadedTarget,
+    d: &Drafter,
+    req: &Request,
+    ar: &Generation,
+    ar_secs: f64,
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let graphs = DecodeOptions {
+        cuda_graphs: true,
+        ..Default::default()
+    };
+    for (mode, drafter) in [
+        (Mode::Ar, None),
+        (
+            Mode::Chain {
+                block: d.block_size,
+            },
+            Some(d),
+        ),
+        (
+            Mode::Tree {
+                block: d.block_size,
+                budget: 8,
+                top_k: 0,
+            },
+            Some(d),
+        ),
+    ] {
+        let plain = match drafter {
+            None => ar.clone(),
+            Some(d) => {
+                let g = generate(&lt.target, Some(d), mode, req, Default::default())?;
+                rows.push(equals_ar_row(name, mode, &g, ar, ar_secs));
+                g
+            }
+        };
+        let g = generate(&lt.target, drafter, mode, req, graphs)?;
+        rows.push(graphs_row(name, mode, &g, &plain));
+    }
+    Ok(rows)
+}
+
+/// A speculative mode's plain run `g` against AR's `ar` (which took `ar_secs`): equal in f32,
+/// reported in bf16.
+fn equals_ar_row(name: &str, mode: Mode, g: &Generation, ar: &Generation, ar_secs: f64) -> Row {
+    let same = g.new_tokens == ar.new_tokens;
+    (
+        format!("{} = AR on device ({name})", mode.name()),
+        same || name == "bf16",
+        format!(
+            "{}{} rounds; AR {:.2} ms/token",
+            if same {
+                ""
+            } else {
+                "differs from AR (bf16 rounds wide and narrow forwards differently; reported); "
+            },
+            g.rounds.len(),
+            ar_secs * 1e3 / ar.new_tokens.len() as f64
+        ),
+    )
+}
+
+/// A mode's run `g` with its verify forwards replayed from CUDA graphs against its `plain` run:
+/// equal in f32, reported in bf16.
+fn graphs_row(name: &str, mode: Mode, g: &Generation, plain: &Generation) -> Row {
+    let ms_per_token = |g: &Generation| g.decode_secs * 1e3 / g.new_tokens.len() as f64;
+    let same = g.new_tokens == plain.new_tokens;
+    (
+        format!("{} with CUDA graphs = without ({name})", mode.name()),
+        same || name == "bf16",
+        format!(
+            "{}{} rounds; {:.2} vs {:.2} ms/token decoding",
+            if same {
+                ""
+            } else {
+                "differs (bf16: attention over the fixed capacity rounds differently; reported); "
+            },
+            g.rounds.len(),
+            ms_per_token(g),
+            ms_per_token(plain)
+        ),
+    )
+}
+
+/// Batched decoding (data regeneration): three prompts on two slots = AR for each, and its
+/// steps replayed from one CUDA graph = eager; at T > 0 (a plain temperature; top-k 20 with
+/// top-p): the same draws where the logits are as AR's, seeded per request.
+fn batched_rows(name: &str, lt: &LoadedTarget, req: &Request) -> Result<Vec<Row>> {
+    let prompt = &req.prompt_ids;
+    let mut rows = Vec::new();
+    let reqs: Vec<Request> = [&prompt[..], &prompt[..prompt.len() - 3], &prompt[2..]]
+        .iter()
+        .map(|p| Request {
+            prompt_ids: p.to_vec(),
+            ..req.clone()
+        })
+        .collect();
+    let eager = batched_tokens(lt, &reqs, false)?;
+    let graphed = batched_tokens(lt, &reqs, true)?;
+    let same_ar = equals_ar(lt, &reqs, &eager)?;
+    rows.push(equal_row(
+        format!("batched decoding (3 prompts, 2 slots) = AR on device ({name})"),
+        same_ar,
+        name,
+    ));
+    rows.push(equal_row(
+        format!("batched decoding with CUDA graphs = without ({name})"),
+        graphed == eager,
+        name,
+    ));
+    let sampled: Vec<Request> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Request {
+            sampling: match i % 2 {
+                0 => SamplingParams::new(0.8, 1.0, 0, 7 + i as u64),
+                _ => SamplingParams::new(1.0, 0.9, 20, 7 + i as u64),
+            }
+            .expect("valid sampling parameters"),
+            ..r.clone()
+        })
+        .collect();
+    let same_t = equals_ar(lt, &sampled, &batched_tokens(lt, &sampled, false)?)?;
+    rows.push(equal_row(
+        format!("batched decoding at T > 0 (3 prompts, 2 slots) = AR on device ({name})"),
+        same_t,
+        name,
+    ));
+    Ok(rows)
+}
+
+/// Training-path vs inference-path drafter logits on `prompt`: ≤ 1e-4 in f32, reported in
+/// bf16.
+fn parity_row(name: &str, lt: &LoadedTarget, d: &Drafter, prompt: &[u32]) -> Result<Row> {
+    let p = dflash_eval::doctor::parity_diff(lt, d, prompt)?;
+    let agree = p.agreement_text();
+    Ok(if name == "f32" {
+        (
+            format!("train/infer parity ({name})"),
+            p.max_abs <= 1e-4,
+            format!("max |Δ logits| {:.1e} (≤ 1e-4); {agree}", p.max_abs),
+        )
+    } else {
+        (
+            format!("train/infer parity ({name})"),
+            true,
+            format!("max |Δ logits| {:.1e}, {agree} (reported)", p.max_abs),
+        )
+    })
 }
