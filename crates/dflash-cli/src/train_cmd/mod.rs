@@ -5,13 +5,16 @@ mod regen;
 mod vocab;
 
 use crate::args::DeviceArgs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use candle_core::{DType, Device};
 use clap::{Args, Subcommand};
 use dflash_model::io::loader::load_target;
 use dflash_train::config::{machine_fields, TrainConfig};
-use dflash_train::trainer::{train, TrainOptions};
+use dflash_train::trainer::{train, TrainOptions, TrainSummary};
+
+use crate::launch::RankEnv;
 
 #[derive(Subcommand, Debug)]
 pub enum DataCommand {
@@ -84,7 +87,36 @@ pub struct TrainArgs {
 }
 
 pub fn run_train(a: TrainArgs) -> Result<()> {
-    let cfg: TrainConfig = match &a.config {
+    let cfg = read_config(a.config.as_deref())?;
+    cfg.validate()?;
+    let rank = crate::launch::rank_env()?;
+    if a.gpus > 0 && rank.is_none() {
+        return launch_ranks(&a, &cfg);
+    }
+    // a launched rank trains on its own GPU
+    let (dtype, device) = rank_device(&a.run_on, rank.as_ref())?;
+    let lt = load_target(&a.target, dtype, &device)?;
+    if rank.as_ref().is_none_or(|r| r.rank == 0) {
+        eprintln!("{lt}");
+    }
+    let opts = TrainOptions {
+        resume: a.resume,
+        time_limit: time_limit(a.time_limit)?,
+        feature_cache_bytes: a.feature_cache_mb.saturating_mul(1 << 20),
+        plan_out: a.plan_out.clone(),
+    };
+    let s = match &rank {
+        None => train(&lt, &a.data, &a.out, cfg, &opts)?,
+        Some(r) => train_as_rank(&lt, &a, cfg, &opts, r, &device)?,
+    };
+    print_summary(&s);
+    Ok(())
+}
+
+/// The training config of `--config` (a recipe: machine fields are refused by name), or the
+/// paper's defaults.
+fn read_config(path: Option<&Path>) -> Result<TrainConfig> {
+    Ok(match path {
         Some(p) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
@@ -100,51 +132,28 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
                 .with_context(|| format!("{} is not a valid training config", p.display()))?
         }
         None => TrainConfig::default(),
+    })
+}
+
+/// `--gpus`: one process per GPU of each node, launched (a CUDA build), once the group and the
+/// split of `grad_accum` over its ranks are checked.
+fn launch_ranks(a: &TrainArgs, cfg: &TrainConfig) -> Result<()> {
+    let l = crate::launch::Launch {
+        gpus: a.gpus,
+        nnodes: a.nnodes,
+        node_rank: a.node_rank,
+        rendezvous: a.rendezvous.clone(),
     };
-    cfg.validate()?;
-    let rank = crate::launch::rank_env()?;
-    if a.gpus > 0 && rank.is_none() {
-        let l = crate::launch::Launch {
-            gpus: a.gpus,
-            nnodes: a.nnodes,
-            node_rank: a.node_rank,
-            rendezvous: a.rendezvous.clone(),
-        };
-        l.check()?;
-        dflash_train::collective::rank_slice(cfg.grad_accum, 0, l.world())?;
-        if !cfg!(feature = "cuda") {
-            anyhow::bail!(
-                "--gpus needs a CUDA build (scripts/cuda-build.sh): this binary has no NCCL"
-            );
-        }
-        return crate::launch::launch(&l);
+    l.check()?;
+    dflash_train::collective::rank_slice(cfg.grad_accum, 0, l.world())?;
+    if !cfg!(feature = "cuda") {
+        anyhow::bail!("--gpus needs a CUDA build (scripts/cuda-build.sh): this binary has no NCCL");
     }
-    let (dtype, device) = match &rank {
-        // a launched rank trains on its own GPU
-        Some(r) => (
-            dflash_model::dtype(&a.run_on.dtype)?,
-            dflash_model::device(&format!("cuda:{}", r.local_rank))?,
-        ),
-        None => a.run_on.parse()?,
-    };
-    let lt = load_target(&a.target, dtype, &device)?;
-    if rank.as_ref().is_none_or(|r| r.rank == 0) {
-        eprintln!("{lt}");
-    }
-    let opts = TrainOptions {
-        resume: a.resume,
-        time_limit: match a.time_limit {
-            Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t)),
-            Some(t) => anyhow::bail!("--time-limit must be a number of seconds >= 0 (got {t})"),
-            None => None,
-        },
-        feature_cache_bytes: a.feature_cache_mb.saturating_mul(1 << 20),
-        plan_out: a.plan_out.clone(),
-    };
-    let s = match &rank {
-        None => train(&lt, &a.data, &a.out, cfg, &opts)?,
-        Some(r) => train_as_rank(&lt, &a, cfg, &opts, r, &device)?,
-    };
+    crate::launch::launch(&l)
+}
+
+/// The last step's loss and τ, and the latest checkpoint.
+fn print_summary(s: &TrainSummary) {
     if let Some(m) = &s.last {
         eprintln!(
             "trained {} steps: loss {:.4}, simulated τ {:.2}{}",
@@ -159,7 +168,27 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
     if let Some(p) = &s.latest_checkpoint {
         eprintln!("latest checkpoint: {}", p.join("drafter").display());
     }
-    Ok(())
+}
+
+/// The dtype and device to run on: a launched rank's own GPU (`cuda:LOCAL_RANK`, at
+/// `--dtype`), else `--device` and `--dtype`.
+fn rank_device(run_on: &DeviceArgs, rank: Option<&RankEnv>) -> Result<(DType, Device)> {
+    Ok(match rank {
+        Some(r) => (
+            dflash_model::dtype(&run_on.dtype)?,
+            dflash_model::device(&format!("cuda:{}", r.local_rank))?,
+        ),
+        None => run_on.parse()?,
+    })
+}
+
+/// `--time-limit` as a duration: a number of seconds >= 0.
+fn time_limit(secs: Option<f64>) -> Result<Option<std::time::Duration>> {
+    Ok(match secs {
+        Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t)),
+        Some(t) => anyhow::bail!("--time-limit must be a number of seconds >= 0 (got {t})"),
+        None => None,
+    })
 }
 
 /// One launched rank's training (NCCL on its GPU).

@@ -1,12 +1,13 @@
 //! `dflash-rs data prompts`: a frozen prompt set, several sources cut, checked against the
 //! evaluation sets, templated and mixed by a seeded shuffle.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Args;
 use dflash_model::io::loader::dflash_home;
-use dflash_train::prompts;
+use dflash_train::overlap::Overlap;
+use dflash_train::prompts::{self, Prompt};
 
 #[derive(Args, Debug)]
 pub struct PromptsArgs {
@@ -52,6 +53,43 @@ pub struct PromptsArgs {
 pub(super) fn run_prompts(a: PromptsArgs) -> Result<()> {
     use rand::seq::SliceRandom;
     use rand::SeedableRng;
+    check_args(&a)?;
+    crate::args::OUT_REPLACEABLE.check_file(&a.out, a.force)?;
+    let (items, missing) = dflash_eval::datasets::item_texts(&dflash_home())?;
+    if a.drop_eval_overlap && !missing.is_empty() {
+        anyhow::bail!(
+            "--drop-eval-overlap needs every evaluation set in the asset cache ({}); missing: {} \
+             (scripts/fetch-assets.sh datasets)",
+            dflash_home().display(),
+            missing.join(", ")
+        );
+    }
+    let overlap = missing
+        .is_empty()
+        .then(|| Overlap::new(items.iter().map(String::as_str)));
+    let mut all = Vec::new();
+    for (k, src) in a.prompts.iter().enumerate() {
+        all.extend(source_prompts(&a, k, src, overlap.as_ref(), &missing)?);
+    }
+    all.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(a.seed));
+    if let Some(old) = &a.extend {
+        all = extended(old, all)?;
+    }
+    let mut text = String::new();
+    for p in &all {
+        text.push_str(&serde_json::to_string(
+            &serde_json::json!({ "messages": p.messages }),
+        )?);
+        text.push('\n');
+    }
+    dflash_model::io::atomic::write_file(&a.out, text.as_bytes())?;
+    eprintln!("wrote {}: {} prompts", a.out.display(), all.len());
+    Ok(())
+}
+
+/// `--limit` and `--template`: one for all sources or one per source; each template holds the
+/// prompt's slot.
+fn check_args(a: &PromptsArgs) -> Result<()> {
     if a.limit.len() > 1 && a.limit.len() != a.prompts.len() {
         anyhow::bail!(
             "{} --limit values for {} --prompts sources: give one for all, or one per source",
@@ -76,77 +114,66 @@ pub(super) fn run_prompts(a: PromptsArgs) -> Result<()> {
             prompts::TEMPLATE_SLOT
         );
     }
-    crate::args::OUT_REPLACEABLE.check_file(&a.out, a.force)?;
-    let (items, missing) = dflash_eval::datasets::item_texts(&dflash_home())?;
-    if a.drop_eval_overlap && !missing.is_empty() {
-        anyhow::bail!(
-            "--drop-eval-overlap needs every evaluation set in the asset cache ({}); missing: {} \
-             (scripts/fetch-assets.sh datasets)",
-            dflash_home().display(),
-            missing.join(", ")
-        );
-    }
-    let overlap = missing
-        .is_empty()
-        .then(|| dflash_train::overlap::Overlap::new(items.iter().map(String::as_str)));
-    let mut all = Vec::new();
-    for (k, src) in a.prompts.iter().enumerate() {
-        let mut ps = prompts::load(src, a.cap_per_file)?;
-        let n0 = ps.len();
-        match &overlap {
-            Some(o) => {
-                let quotes = |p: &prompts::Prompt| p.messages.iter().any(|m| o.hits(&m.content));
-                let hits = ps.iter().filter(|p| quotes(p)).count();
-                if a.drop_eval_overlap {
-                    ps.retain(|p| !quotes(p));
-                    eprintln!("{src}: {hits} of {n0} prompts quote an evaluation item: dropped");
-                } else {
-                    eprintln!("{src}: {hits} of {n0} prompts quote an evaluation item: kept (--drop-eval-overlap drops them)");
-                }
-            }
-            None => eprintln!(
-                "{src}: overlap with the evaluation sets not checked ({} not in the asset cache)",
-                missing.join(", ")
-            ),
-        }
-        if let Some(m) = a.max_chars {
-            ps.retain(|p| {
-                p.messages
-                    .iter()
-                    .map(|m| m.content.chars().count())
-                    .sum::<usize>()
-                    <= m
-            });
-        }
-        if let Some(&l) = a.limit.get(k).or(a.limit.first()) {
-            ps.truncate(l);
-        }
-        if let Some(t) = a.template.get(k).or(a.template.first()) {
-            let t = prompts::unescape_template(t);
-            ps.iter_mut().for_each(|p| prompts::apply_template(p, &t));
-        }
-        eprintln!("{src}: {} of {n0} prompts", ps.len());
-        all.extend(ps);
-    }
-    all.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(a.seed));
-    if let Some(old) = &a.extend {
-        let old = prompts::load(&format!("jsonl:{}", old.display()), usize::MAX)?;
-        let n_old = old.len();
-        let (ext, already) = prompts::extend(old, all);
-        eprintln!(
-            "extending {n_old} prompts: {} new, {already} already there",
-            ext.len() - n_old
-        );
-        all = ext;
-    }
-    let mut text = String::new();
-    for p in &all {
-        text.push_str(&serde_json::to_string(
-            &serde_json::json!({ "messages": p.messages }),
-        )?);
-        text.push('\n');
-    }
-    dflash_model::io::atomic::write_file(&a.out, text.as_bytes())?;
-    eprintln!("wrote {}: {} prompts", a.out.display(), all.len());
     Ok(())
+}
+
+/// Source `k` (`src`) loaded, its prompts that quote an evaluation item counted (dropped with
+/// `--drop-eval-overlap`; `overlap` is `None` when sets are `missing` from the asset cache),
+/// then cut to `--max-chars` and `--limit` and templated.
+fn source_prompts(
+    a: &PromptsArgs,
+    k: usize,
+    src: &str,
+    overlap: Option<&Overlap>,
+    missing: &[&str],
+) -> Result<Vec<Prompt>> {
+    let mut ps = prompts::load(src, a.cap_per_file)?;
+    let n0 = ps.len();
+    match overlap {
+        Some(o) => {
+            let quotes = |p: &Prompt| p.messages.iter().any(|m| o.hits(&m.content));
+            let hits = ps.iter().filter(|p| quotes(p)).count();
+            if a.drop_eval_overlap {
+                ps.retain(|p| !quotes(p));
+                eprintln!("{src}: {hits} of {n0} prompts quote an evaluation item: dropped");
+            } else {
+                eprintln!("{src}: {hits} of {n0} prompts quote an evaluation item: kept (--drop-eval-overlap drops them)");
+            }
+        }
+        None => eprintln!(
+            "{src}: overlap with the evaluation sets not checked ({} not in the asset cache)",
+            missing.join(", ")
+        ),
+    }
+    if let Some(m) = a.max_chars {
+        ps.retain(|p| {
+            p.messages
+                .iter()
+                .map(|m| m.content.chars().count())
+                .sum::<usize>()
+                <= m
+        });
+    }
+    if let Some(&l) = a.limit.get(k).or(a.limit.first()) {
+        ps.truncate(l);
+    }
+    if let Some(t) = a.template.get(k).or(a.template.first()) {
+        let t = prompts::unescape_template(t);
+        ps.iter_mut().for_each(|p| prompts::apply_template(p, &t));
+    }
+    eprintln!("{src}: {} of {n0} prompts", ps.len());
+    Ok(ps)
+}
+
+/// The frozen prompt file `old` continued: its prompts first, in its order, then those of
+/// `all` it does not hold yet.
+fn extended(old: &Path, all: Vec<Prompt>) -> Result<Vec<Prompt>> {
+    let old = prompts::load(&format!("jsonl:{}", old.display()), usize::MAX)?;
+    let n_old = old.len();
+    let (ext, already) = prompts::extend(old, all);
+    eprintln!(
+        "extending {n_old} prompts: {} new, {already} already there",
+        ext.len() - n_old
+    );
+    Ok(ext)
 }

@@ -1,14 +1,16 @@
 //! `dflash-rs data generate`: the target writes the responses of a prompt set (training shards
 //! and their manifest), in one process or one per GPU.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::Args;
 use dflash_model::io::loader::load_target;
+use dflash_train::data::Manifest;
 use dflash_train::prompts;
 use dflash_train::regen::{regenerate, RegenOptions};
 
+use super::{rank_device, time_limit};
 use crate::args::{DeviceArgs, SamplingArgs};
 
 #[derive(Args, Debug)]
@@ -71,39 +73,10 @@ pub(super) fn run_generate(a: GenerateDataArgs) -> Result<()> {
     if rank.is_none() {
         dflash_train::data::check_out(&a.out)?;
     }
-    let partition = dflash_train::regen_ranks::Partition {
-        world: a.gpus,
-        prompts_per_shard: a.shard_size,
-    };
     if a.gpus > 0 && rank.is_none() {
-        if !cfg!(feature = "cuda") {
-            anyhow::bail!("--gpus needs a CUDA build (scripts/cuda-build.sh)");
-        }
-        dflash_train::regen_ranks::start(&a.out, partition)?;
-        crate::launch::launch(&crate::launch::Launch {
-            gpus: a.gpus,
-            nnodes: 1,
-            node_rank: 0,
-            rendezvous: "127.0.0.1:29511".into(),
-        })?;
-        let m = dflash_train::regen_ranks::merge(&a.out)?;
-        eprintln!(
-            "merged {}: {} sequences, {} supervised tokens in {} shard(s) from {} ranks",
-            a.out.display(),
-            m.sequences(),
-            m.supervised_tokens(),
-            m.shards.len(),
-            a.gpus
-        );
-        return Ok(());
+        return launch_ranks(&a);
     }
-    let (dtype, device) = match &rank {
-        Some(r) => (
-            dflash_model::dtype(&a.run_on.dtype)?,
-            dflash_model::device(&format!("cuda:{}", r.local_rank))?,
-        ),
-        None => a.run_on.parse()?,
-    };
+    let (dtype, device) = rank_device(&a.run_on, rank.as_ref())?;
     let mut ps = prompts::load(&a.prompts, a.cap_per_file)?;
     if let Some(l) = a.limit {
         ps.truncate(l);
@@ -118,11 +91,7 @@ pub(super) fn run_generate(a: GenerateDataArgs) -> Result<()> {
         prompts_per_shard: a.shard_size,
         batch_size: a.batch_size,
         cuda_graphs: a.cuda_graphs,
-        time_limit: match a.time_limit {
-            Some(t) if t.is_finite() && t >= 0.0 => Some(std::time::Duration::from_secs_f64(t)),
-            Some(t) => anyhow::bail!("--time-limit must be a number of seconds >= 0 (got {t})"),
-            None => None,
-        },
+        time_limit: time_limit(a.time_limit)?,
         source: a.prompts.clone(),
         target_name: a.target.clone(),
     };
@@ -133,6 +102,42 @@ pub(super) fn run_generate(a: GenerateDataArgs) -> Result<()> {
         ),
         None => (regenerate(&lt, &ps, &a.out, &opts)?, a.out.clone()),
     };
+    report(&m, &out);
+    Ok(())
+}
+
+/// `--gpus`: the shards dealt round-robin to one launched process per GPU, then their streams
+/// merged into one manifest.
+fn launch_ranks(a: &GenerateDataArgs) -> Result<()> {
+    let partition = dflash_train::regen_ranks::Partition {
+        world: a.gpus,
+        prompts_per_shard: a.shard_size,
+    };
+    if !cfg!(feature = "cuda") {
+        anyhow::bail!("--gpus needs a CUDA build (scripts/cuda-build.sh)");
+    }
+    dflash_train::regen_ranks::start(&a.out, partition)?;
+    crate::launch::launch(&crate::launch::Launch {
+        gpus: a.gpus,
+        nnodes: 1,
+        node_rank: 0,
+        rendezvous: "127.0.0.1:29511".into(),
+    })?;
+    let m = dflash_train::regen_ranks::merge(&a.out)?;
+    eprintln!(
+        "merged {}: {} sequences, {} supervised tokens in {} shard(s) from {} ranks",
+        a.out.display(),
+        m.sequences(),
+        m.supervised_tokens(),
+        m.shards.len(),
+        a.gpus
+    );
+    Ok(())
+}
+
+/// What the run wrote to `out`: sequences, supervised tokens, shards, and the responses cut at
+/// a repetition loop.
+fn report(m: &Manifest, out: &Path) {
     eprintln!(
         "wrote {}: {} sequences, {} supervised tokens in {} shard(s)",
         out.display(),
@@ -148,5 +153,4 @@ pub(super) fn run_generate(a: GenerateDataArgs) -> Result<()> {
             m.loop_window
         );
     }
-    Ok(())
 }
