@@ -1,6 +1,7 @@
 //! Every code path `docs/DESIGN.md` names exists, so the design document cannot describe a
 //! layout the code left: a `dflash_*::module::Item` path resolves through the crate's module
-//! files to a file that defines or re-exports the item; a named source file exists under
+//! files to a file that defines or re-exports the item (a module of a directory: its `mod.rs`
+//! or a file under it, where the items it re-exports live); a named source file exists under
 //! `crates/`; a named test (a backticked snake_case name of three or more words) is a `fn`
 //! somewhere in the crates.
 
@@ -43,6 +44,20 @@ fn defines(src: &str, name: &str) -> bool {
     })
 }
 
+/// The source of the module in `file`: the file, and for a `mod.rs` every file under its
+/// directory too (the private submodules whose items it re-exports).
+fn module_source(file: &Path) -> String {
+    let mut src = std::fs::read_to_string(file).unwrap();
+    if file.ends_with("mod.rs") {
+        let mut subs = Vec::new();
+        files(file.parent().unwrap(), ".rs", &mut subs);
+        for p in subs.iter().filter(|p| p.as_path() != file) {
+            src.push_str(&std::fs::read_to_string(p).unwrap());
+        }
+    }
+    src
+}
+
 /// Resolve `dflash_x::a::b::C::m` through `crates/dflash-x/src`: the error, if it does not.
 fn resolve(path: &str) -> Result<(), String> {
     let mut segs = path.split("::");
@@ -61,8 +76,7 @@ fn resolve(path: &str) -> Result<(), String> {
             file = as_dir;
             dir = dir.join(seg);
         } else {
-            let src = std::fs::read_to_string(&file).unwrap();
-            if !defines(&src, seg) {
+            if !defines(&module_source(&file), seg) {
                 return Err(format!("{} has no `{seg}`", file.display()));
             }
         }
