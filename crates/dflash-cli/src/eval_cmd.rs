@@ -9,7 +9,8 @@ use dflash_core::sampling::SamplingParams;
 use dflash_engine::{Acceptance, ModeName};
 use dflash_eval::datasets;
 use dflash_eval::doctor::{doctor, Status, Tolerances};
-use dflash_eval::harness::{mode_specs, run, EvalDrafter, EvalOptions, ModeSpec, Run};
+use dflash_eval::harness::{mode_specs, run_journaled, EvalDrafter, EvalOptions, ModeSpec, Run};
+use dflash_eval::journal::Journal;
 use dflash_eval::report::{lossless_check, mode_reports, write, Report};
 use dflash_model::io::loader::{dflash_home, load_target, LoadedTarget};
 
@@ -42,7 +43,8 @@ pub struct EvalArgs {
     /// refused by name).
     #[arg(long)]
     pub force: bool,
-    /// Start no new item after this many seconds; the report covers the items finished.
+    /// Start no new item after this many seconds; the report covers the items finished, and
+    /// the same command again continues from them (`--out`'s runs.jsonl).
     #[arg(long)]
     pub time_limit: Option<f64>,
     /// Replay the verify forwards and the draft block from CUDA graphs (see `generate
@@ -67,8 +69,34 @@ pub struct EvalArgs {
     pub draft: crate::args::DraftProducts,
 }
 
+/// `eval --out`: an evaluation's own files (its journal, report and plots) are continued
+/// (the journal refuses other settings by name); anything else is refused unless `--force`
+/// replaces it.
+const EVAL_OUT: dflash_model::io::outputs::Output<'static> = dflash_model::io::outputs::Output {
+    flag: "--out",
+    own: &|n| {
+        [
+            JOURNAL,
+            "report.json",
+            "report.md",
+            "tau_histogram.svg",
+            "acceptance.svg",
+            "tau.svg",
+        ]
+        .contains(&n)
+            || (n.starts_with('.') && n.contains(".tmp-"))
+    },
+    forceable: true,
+};
+
+/// The journal of finished items in `--out` ([`dflash_eval::journal`]).
+const JOURNAL: &str = "runs.jsonl";
+
 pub fn run_eval(a: EvalArgs) -> Result<()> {
-    crate::args::OUT_REPLACEABLE.check_dir(&a.out, a.force)?;
+    EVAL_OUT.check_dir(&a.out, a.force)?;
+    if a.force {
+        let _ = std::fs::remove_file(a.out.join(JOURNAL));
+    }
     let sampling = a.sampling.params()?;
     let time_limit = time_limit(a.time_limit)?;
     let (dtype, device) = a.run_on.parse()?;
@@ -87,7 +115,17 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         specs.len(),
         a.dataset
     );
-    let runs = run(
+    std::fs::create_dir_all(&a.out)?;
+    let mut journal = Journal::open(&a.out.join(JOURNAL), &journal_key(&a, &lt, &items))?;
+    if !journal.done.is_empty() {
+        eprintln!(
+            "resuming: {} of {} items finished in {}",
+            journal.done.len(),
+            items.len(),
+            a.out.join(JOURNAL).display()
+        );
+    }
+    let runs = run_journaled(
         &lt,
         &drafters,
         &specs,
@@ -103,12 +141,40 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
             },
             warmup_tokens: a.warmup_tokens,
         },
+        Some(&mut journal),
     )?;
     let report = report_of(&a, &lt, &specs, items.len(), runs, &sampling)?;
     write(&report, &a.out)?;
     print_modes(&report);
     eprintln!("wrote {}/report.json, report.md and plots", a.out.display());
     lossless_verdict(&report)
+}
+
+/// What an evaluation's runs depend on: a journal of other settings is not resumed. The
+/// command line but for where it runs and writes (`--out`, `--force`, `--time-limit`,
+/// `--cuda-graphs`, `--warmup-tokens`), the target's and drafters' identity, the items.
+fn journal_key(
+    a: &EvalArgs,
+    lt: &LoadedTarget,
+    items: &[dflash_eval::datasets::EvalItem],
+) -> String {
+    let ids: Vec<&str> = items.iter().map(|i| i.id.as_str()).collect();
+    format!(
+        "target {} ({}) on {} {} {:?}; drafters {:?}; modes {:?}; block {:?}; max_new_tokens {}; acceptance {}; sampling {:?}; draft products {:?}; items {:?}",
+        a.target,
+        lt.source.display(),
+        a.run_on.device,
+        a.run_on.dtype,
+        a.run_on.cpu_products,
+        a.drafter,
+        a.modes.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+        a.block_size,
+        a.max_new_tokens,
+        a.acceptance,
+        a.sampling.params().ok(),
+        a.draft.draft_products,
+        ids
+    )
 }
 
 /// `--time-limit` as a duration: a number of seconds >= 0.
