@@ -324,3 +324,66 @@ fn a_session_moved_into_a_batch_goes_on_as_ar() {
         assert_eq!(ended[1].as_ref().unwrap(), &alone.new_tokens);
     }
 }
+
+/// The open batch laid out again between steps (grown, shrunk to its live count, a sequence
+/// cancelled) goes on with every sequence's own tokens: each equals its AR decode alone.
+#[test]
+fn a_batch_resized_between_steps_keeps_every_sequence() {
+    use dflash_engine::batched::Batch;
+    let t = tiny();
+    let base = tiny_prompt();
+    let reqs: Vec<Request> = (0..5)
+        .map(|i| {
+            let prompt: Vec<u32> = base.iter().skip(i % 3).copied().collect();
+            let sampling = match i % 2 {
+                0 => SamplingParams::default(),
+                _ => SamplingParams::new(0.9, 0.95, 0, 40 + i as u64).unwrap(),
+            };
+            req(&prompt, 12 + 3 * i, sampling, &[])
+        })
+        .collect();
+    let mut b = Batch::new(&t, 2, None).unwrap();
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); reqs.len()];
+    let mut ended: Vec<Option<Vec<u32>>> = vec![None; reqs.len()];
+    let mut take = |stepped: Vec<dflash_engine::batched::Stepped>, out: &mut Vec<Vec<u32>>| {
+        for s in stepped {
+            out[s.index].push(s.token);
+            if let Some(o) = s.done {
+                ended[s.index] = Some(o.new_tokens);
+            }
+        }
+    };
+    take(b.admit(&[(0, &reqs[0]), (1, &reqs[1])]).unwrap(), &mut out);
+    for _ in 0..3 {
+        take(b.step().unwrap(), &mut out);
+    }
+    b.resize(5).unwrap();
+    take(
+        b.admit(&[(2, &reqs[2]), (3, &reqs[3]), (4, &reqs[4])])
+            .unwrap(),
+        &mut out,
+    );
+    for _ in 0..4 {
+        take(b.step().unwrap(), &mut out);
+    }
+    assert!(b.cancel(3));
+    b.resize(4).unwrap();
+    while b.live() > 0 {
+        take(b.step().unwrap(), &mut out);
+        let live = b.live();
+        if live > 0 && 2 * live <= b.slots() {
+            b.resize(live).unwrap();
+        }
+    }
+    for (i, r) in reqs.iter().enumerate() {
+        let alone = decode(&t, None, Mode::Ar, r).new_tokens;
+        match i {
+            3 => assert_eq!(
+                out[3],
+                alone[..out[3].len()],
+                "the cancelled sequence's tokens"
+            ),
+            _ => assert_eq!(ended[i].as_ref().unwrap(), &alone, "request {i}"),
+        }
+    }
+}

@@ -227,11 +227,15 @@ impl<'e> Sched<'e> {
             }
             return;
         }
-        if self.batch.is_none() {
-            match Batch::new(&self.e.target, self.e.max_batch, None) {
-                Ok(b) => self.batch = Some(b),
-                Err(e) => return self.fail_waiting(&e.to_string()),
-            }
+        // the slots follow the live count: a step computes a row for every slot
+        let want = (live + self.solo.is_some() as usize + self.waiting.len()).min(self.e.max_batch);
+        let laid_out = match self.batch.as_mut() {
+            None => Batch::new(&self.e.target, want.max(1), None).map(|b| self.batch = Some(b)),
+            Some(b) if b.slots() < want => b.resize(want),
+            Some(_) => Ok(()),
+        };
+        if let Err(e) = laid_out {
+            return self.fail_waiting(&e.to_string());
         }
         if let Some((id, session)) = self.solo.take() {
             self.move_into_batch(id, session);
@@ -326,7 +330,10 @@ impl<'e> Sched<'e> {
             return;
         }
         match b.step() {
-            Ok(stepped) => self.deliver(stepped, false),
+            Ok(stepped) => {
+                self.deliver(stepped, false);
+                self.shrink();
+            }
             Err(e) => {
                 // the batch's state is unknown: every request in it fails
                 self.batch = None;
@@ -334,6 +341,18 @@ impl<'e> Sched<'e> {
                 for id in ids {
                     self.fail(id, &format!("decoding failed: {e}"));
                 }
+            }
+        }
+    }
+
+    /// Halve the batch's slots once half of them are free (its live sequences copied: halving
+    /// keeps the copies at a constant share of the steps).
+    fn shrink(&mut self) {
+        let Some(b) = self.batch.as_mut() else { return };
+        let live = b.live().max(1);
+        if 2 * live <= b.slots() {
+            if let Err(e) = b.resize(live) {
+                tracing::warn!("the batch keeps its slots: {e:#}");
             }
         }
     }

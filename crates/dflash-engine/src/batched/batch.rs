@@ -206,6 +206,44 @@ impl<'t> Batch<'t> {
         Ok(())
     }
 
+    /// Lay the batch out over `slots` slots (at least the live sequences, which keep their
+    /// order): their rows are copied into a new cache of that many sequences. A step computes
+    /// a row for every slot, live or not, so an open batch (the server's) follows its live
+    /// count. Example: 16 slots, 3 live in slots 2, 7, 9 → `resize(4)`: they move to slots
+    /// 0, 1, 2 and a step computes 4 rows instead of 16. Not with a CUDA graph (its shapes are
+    /// fixed).
+    pub fn resize(&mut self, slots: usize) -> Result<()> {
+        let live = self.live();
+        anyhow::ensure!(
+            self.graph.is_none(),
+            "a batch replayed from a CUDA graph has fixed slots"
+        );
+        anyhow::ensure!(
+            slots >= live.max(1),
+            "{slots} slots cannot hold {live} live sequences"
+        );
+        if slots == self.slot.len() {
+            return Ok(());
+        }
+        let len = self.cache.len();
+        let mut cache = self.target.new_batched_cache(slots, 64)?;
+        if len > 0 {
+            cache.grow_front(len)?;
+        }
+        let mut slot: Vec<Option<Live>> = Vec::with_capacity(slots);
+        for (old, l) in self.slot.iter_mut().enumerate() {
+            if let Some(l) = l.take() {
+                let (k, n) = (slot.len(), l.held);
+                cache.copy_sequence(k, len - n, &self.cache, old, len - n, n)?;
+                slot.push(Some(l));
+            }
+        }
+        slot.resize_with(slots, || None);
+        self.cache = cache;
+        self.slot = slot;
+        Ok(())
+    }
+
     /// Free the slot of the caller's `index` (a client that went away); whether it was live.
     pub fn cancel(&mut self, index: usize) -> bool {
         match self
