@@ -130,6 +130,7 @@ pub fn run(a: BenchRegenArgs) -> Result<()> {
         let mut tokens = 0;
         let opts = BatchedOptions {
             cuda_graphs: a.cuda_graphs,
+            ..Default::default()
         };
         generate_batched(&target, &reqs, a.slots, opts, |_, r| {
             tokens += r?.new_tokens.len();

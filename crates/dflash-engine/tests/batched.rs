@@ -18,7 +18,11 @@ fn run_batched_with(
     cuda_graphs: bool,
 ) -> Vec<Option<BatchedOutput>> {
     let mut out = vec![None; reqs.len()];
-    generate_batched(t, reqs, slots, BatchedOptions { cuda_graphs }, |i, r| {
+    let opts = BatchedOptions {
+        cuda_graphs,
+        ..Default::default()
+    };
+    generate_batched(t, reqs, slots, opts, |i, r| {
         assert!(out[i].is_none(), "request {i} reported twice");
         out[i] = r.ok();
         Ok(Flow::Continue)
@@ -386,4 +390,34 @@ fn a_batch_resized_between_steps_keeps_every_sequence() {
             _ => assert_eq!(ended[i].as_ref().unwrap(), &alone, "request {i}"),
         }
     }
+}
+
+/// Past `admit_until` no prompt is prefilled: the first prefill always runs, the sequences in
+/// the slots finish, the rest stay unstarted (a time-limited regeneration ends soon after its
+/// limit, however long the waiting prompts); without it every request finishes.
+#[test]
+fn no_prompt_is_prefilled_past_admit_until() {
+    let t = tiny();
+    let base = tiny_prompt();
+    let reqs: Vec<Request> = (0..6)
+        .map(|i| req(&base[i % 3..], 6 + i, SamplingParams::default(), &[]))
+        .collect();
+    let run = |admit_until| {
+        let mut done = Vec::new();
+        let opts = BatchedOptions {
+            admit_until,
+            ..Default::default()
+        };
+        generate_batched(&t, &reqs, 4, opts, |i, r| {
+            r.unwrap();
+            done.push(i);
+            Ok(Flow::Continue)
+        })
+        .unwrap();
+        done
+    };
+    // on the CPU a prefill forward holds one prompt: one request, the shortest
+    assert_eq!(run(Some(std::time::Instant::now())).len(), 1);
+    let later = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+    assert_eq!(run(Some(later)).len(), reqs.len());
 }

@@ -418,6 +418,7 @@ fn resume_and_decode(
         if !stop {
             let bopts = BatchedOptions {
                 cuda_graphs: opts.cuda_graphs,
+                admit_until: opts.time_limit.map(|l| t0 + l),
             };
             generate_batched(&lt.target, &reqs, opts.batch_size, bopts, |j, r| {
                 let i = index_of[j];

@@ -341,7 +341,10 @@ fn equal_row(what: String, same: bool, dtype: &str) -> (String, bool, String) {
 /// graph with `cuda_graphs`).
 fn batched_tokens(lt: &LoadedTarget, reqs: &[Request], cuda_graphs: bool) -> Result<Vec<Vec<u32>>> {
     let mut out = vec![Vec::new(); reqs.len()];
-    let opts = dflash_engine::batched::BatchedOptions { cuda_graphs };
+    let opts = dflash_engine::batched::BatchedOptions {
+        cuda_graphs,
+        ..Default::default()
+    };
     dflash_engine::batched::generate_batched(&lt.target, reqs, 2, opts, |i, r| {
         out[i] = r?.new_tokens;
         Ok(dflash_engine::batched::Flow::Continue)

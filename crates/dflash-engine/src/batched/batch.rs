@@ -173,6 +173,14 @@ impl<'t> Batch<'t> {
         self.slot.len()
     }
 
+    /// Prompts prefilled in one forward ([`PREFILL_CHUNK`] on a GPU, one on the CPU).
+    pub fn prefill_chunk(&self) -> usize {
+        match self.target.device.is_cpu() {
+            true => 1,
+            false => PREFILL_CHUNK,
+        }
+    }
+
     /// Prefill `reqs` (caller's index, request; at most [`Batch::free`]'s count, checked by
     /// [`crate::decode::check_request`]) into free slots, shortest first; each one's first
     /// token, and its output where that token ended it (the slot is then free again).
@@ -180,12 +188,8 @@ impl<'t> Batch<'t> {
         let mut reqs = reqs.to_vec();
         // prompts of similar lengths share a prefill forward: less left padding
         reqs.sort_by_key(|(_, r)| r.prompt_ids.len());
-        let chunk = match self.target.device.is_cpu() {
-            true => 1,
-            false => PREFILL_CHUNK,
-        };
         let mut out = Vec::new();
-        for part in reqs.chunks(chunk) {
+        for part in reqs.chunks(self.prefill_chunk()) {
             let (fresh, live) = self.prefill(part)?;
             for (j, l) in live.into_iter().enumerate() {
                 out.push(self.place(&fresh, j, l)?);

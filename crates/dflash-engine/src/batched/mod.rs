@@ -23,6 +23,8 @@
 //! C is prefilled alone: the cache (4 columns) is long enough, C goes to columns 0..4 of
 //! slot 0, and A keeps columns 0..4 of slot 1.
 
+use std::time::Instant;
+
 use anyhow::Result;
 
 use dflash_model::Target;
@@ -83,8 +85,9 @@ pub fn generate_batched(
         target,
         requests,
         done: &mut done,
-        queue: 0..requests.len(),
+        queue: (0..requests.len()).collect(),
         batch,
+        admit_until: opts.admit_until,
     }
     .run();
     dflash_model::profile::print_report("batched decoding");
@@ -100,14 +103,21 @@ pub struct BatchedOptions {
     /// column and slot, 256 slots × 4,096 columns = 24 GB). On the CPU the same fixed-layout
     /// steps run eagerly.
     pub cuda_graphs: bool,
+    /// Prefill no request after this instant (a time limit): the sequences in the slots go
+    /// on, so that the caller, stopping at the next one that finishes, keeps it, and a fill of
+    /// many long prompts does not run far past the limit (the first prefill always runs).
+    /// Example: 32 free slots, prompts of 3,000 tokens, a limit of 10 s → the prompts
+    /// prefilled by then decode, the next to finish ends the run.
+    pub admit_until: Option<std::time::Instant>,
 }
 
 struct Run<'a, 't, F> {
     target: &'a Target,
     requests: &'a [Request],
     done: &'a mut F,
-    queue: std::ops::Range<usize>,
+    queue: std::collections::VecDeque<usize>,
     batch: Batch<'t>,
+    admit_until: Option<std::time::Instant>,
 }
 
 /// Stop signal: `Err` carries real errors; `Ok(true)` means the caller asked to stop.
@@ -118,7 +128,9 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, '_, F> {
     fn take(&mut self, n: usize) -> Result<Option<Vec<usize>>> {
         let mut out = Vec::new();
         while out.len() < n {
-            let Some(i) = self.queue.next() else { break };
+            let Some(i) = self.queue.pop_front() else {
+                break;
+            };
             match check_request(self.target, &self.requests[i]) {
                 Ok(()) => out.push(i),
                 Err(e) => {
@@ -145,22 +157,21 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, '_, F> {
 
     fn run(mut self) -> Result<()> {
         let n_slots = self.batch.slots();
+        let mut admitted_any = false;
         loop {
+            let open = !admitted_any || self.admit_until.is_none_or(|t| Instant::now() < t);
             // 1. refill once 1/8 of the slots (at the start: all of them) are free
             let free = self.batch.free().len();
-            if free > 0 && free * 8 >= n_slots {
+            if open && free > 0 && free * 8 >= n_slots {
                 let Some(idx) = self.take(free)? else {
                     return Ok(());
                 };
-                let reqs: Vec<(usize, &Request)> =
-                    idx.iter().map(|&i| (i, &self.requests[i])).collect();
-                let stepped = self.batch.admit(&reqs)?;
-                if self.report(stepped)? {
+                if self.fill(idx, &mut admitted_any)? {
                     return Ok(());
                 }
             }
             if self.batch.live() == 0 {
-                if self.queue.is_empty() {
+                if self.queue.is_empty() || !open {
                     return Ok(());
                 }
                 continue;
@@ -171,5 +182,30 @@ impl<F: FnMut(usize, Result<BatchedOutput>) -> Result<Flow>> Run<'_, '_, F> {
                 return Ok(());
             }
         }
+    }
+
+    /// Prefill `idx` (shortest first: a forward pads its prompts to its longest), one
+    /// prefill forward's worth at a time; past [`BatchedOptions::admit_until`] the rest go
+    /// back to the queue. `Ok(true)`: stop.
+    fn fill(&mut self, mut idx: Vec<usize>, admitted_any: &mut bool) -> Stopped {
+        idx.sort_by_key(|&i| self.requests[i].prompt_ids.len());
+        let chunk = self.batch.prefill_chunk();
+        let mut parts = idx.chunks(chunk);
+        while let Some(part) = parts.next() {
+            if *admitted_any && self.admit_until.is_some_and(|t| Instant::now() >= t) {
+                for &i in parts.flat_map(|p| p.iter()).rev().chain(part.iter().rev()) {
+                    self.queue.push_front(i);
+                }
+                return Ok(false);
+            }
+            let reqs: Vec<(usize, &Request)> =
+                part.iter().map(|&i| (i, &self.requests[i])).collect();
+            let stepped = self.batch.admit(&reqs)?;
+            *admitted_any = true;
+            if self.report(stepped)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }
