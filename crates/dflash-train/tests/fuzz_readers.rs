@@ -1,7 +1,7 @@
 //! The training side's readers under mutation: a data directory (its `manifest.json` by
 //! JSON-aware mutations; a shard's JSONL by byte and JSON mutations, its manifest sha256 kept
 //! matching so the parser sees the bytes, or not, so the checksum refuses them), a JSONL prompt
-//! file, a ShareGPT file and a training config. Seeds: the test data of `dflash_testkit`
+//! file, a ShareGPT file, a training config and a checkpoint's trainer state. Seeds: the test data of `dflash_testkit`
 //! (sequences written by `data::write_shard`), prompt files in the formats `data generate`
 //! reads, `TrainConfig::default()`. Every case ends in `Ok` or a clear error
 //! ([`dflash_testkit::fuzz`]); the long runs are `-- --ignored fuzz_readers_long`.
@@ -136,12 +136,68 @@ fn fuzz_config(cases: usize, rng_seed: u64) -> Counts {
     )
 }
 
+/// A safetensors file with its JSON header mutated (the length prefix kept consistent), or
+/// its bytes.
+fn mutate_safetensors(st: &[u8], rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u8> {
+    let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
+    if rng.random_range(0..3) == 0 || n + 8 > st.len() {
+        return mutate_bytes(st, &small_u64s(st), rng);
+    }
+    let header = mutate_json(&st[8..8 + n], rng);
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&st[8 + n..]);
+    out
+}
+
+/// A checkpoint's trainer state (`state.json` by JSON-aware mutations, `moments.safetensors`
+/// by header and byte mutations), read as a resumed run reads it; the seed: AdamW moments of
+/// two small tensors written by `write_trainer_state`.
+fn fuzz_trainer_state(cases: usize, rng_seed: u64) -> Counts {
+    use candle_core::{Device, Tensor};
+    use dflash_train::checkpoint::{read_trainer_state, write_trainer_state, TrainerState};
+    let dir = dflash_testkit::tmp(&format!("fuzz-trainer-state-{rng_seed}"));
+    let names = vec!["a.weight".to_string(), "b.bias".to_string()];
+    let t = |n: usize| Tensor::arange(0f32, n as f32, &Device::Cpu).unwrap();
+    let state = TrainerState {
+        steps_done: 12,
+        epoch: 1,
+        position: 3,
+        adam_step: 12,
+        best_val_loss: Some(2.5),
+    };
+    write_trainer_state(&dir, &names, &[t(6), t(3)], &[t(6), t(3)], &state).unwrap();
+    let files = ["state.json", "moments.safetensors"];
+    let seeds: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| std::fs::read(dir.join(f)).unwrap())
+        .collect();
+    fuzz(
+        "trainer state",
+        &[&[0u8][..], &seeds[0]].concat(),
+        cases,
+        rng_seed,
+        |_, rng| match rng.random_range(0..2u8) {
+            0 => [&[0u8][..], &mutate_json(&seeds[0], rng)].concat(),
+            _ => [&[1u8][..], &mutate_safetensors(&seeds[1], rng)].concat(),
+        },
+        |case| {
+            let which = case[0] as usize;
+            std::fs::write(dir.join(files[which]), &case[1..])?;
+            let r = read_trainer_state(&dir, &names, &Device::Cpu).map(drop);
+            std::fs::write(dir.join(files[which]), &seeds[which])?;
+            r
+        },
+    )
+}
+
 #[test]
 fn fuzz_readers_seeded() {
     for (name, c) in [
         ("data", fuzz_data(1_500, 1)),
         ("prompts", fuzz_prompts(1_500, 2)),
         ("config", fuzz_config(1_500, 3)),
+        ("trainer state", fuzz_trainer_state(1_500, 4)),
     ] {
         eprintln!("{name}: {c:?}");
         assert!(c.ok > 0 && c.errors > 0, "{name}: {c:?}");
@@ -157,6 +213,7 @@ fn fuzz_readers_long() {
         ("data directory", fuzz_data(100_000, 7)),
         ("prompt files", fuzz_prompts(100_000, 8)),
         ("training config", fuzz_config(100_000, 9)),
+        ("trainer state", fuzz_trainer_state(100_000, 10)),
     ] {
         println!("{}", serde_json::json!({"reader": reader, "counts": c}));
     }
