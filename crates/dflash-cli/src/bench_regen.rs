@@ -1,7 +1,7 @@
 //! `dflash-rs bench regen`: data regeneration's decoding on a target shape with random weights
 //! — `--slots` sequences decoded together by [`dflash_engine::batched::generate_batched`] (the
 //! engine `data generate` runs), each from a prompt of `--prompt-tokens` to exactly
-//! `--new-tokens` (no stop token), greedy. Prints the generated tokens per second and the
+//! `--max-new-tokens` (no stop token), greedy. Prints the generated tokens per second and the
 //! time per batched step; `bench/regen_reference.py` times HF transformers' `generate` on the
 //! same shape and batch.
 
@@ -34,8 +34,8 @@ pub struct BenchRegenArgs {
     #[arg(long)]
     pub prompt_tokens_min: Option<usize>,
     /// Tokens generated per prompt (no stop token ends a sequence earlier).
-    #[arg(long, default_value_t = 512)]
-    pub new_tokens: usize,
+    #[arg(long, alias = "new-tokens", default_value_t = 512)]
+    pub max_new_tokens: usize,
     /// Replay each batched step from a CUDA graph (`data generate --cuda-graphs`).
     #[arg(long)]
     pub cuda_graphs: bool,
@@ -155,13 +155,13 @@ fn checked(
     dev: &candle_core::Device,
 ) -> Result<(usize, usize)> {
     let requests = a.requests.unwrap_or(a.slots);
-    if a.slots == 0 || requests == 0 || a.prompt_tokens == 0 || a.new_tokens == 0 {
-        anyhow::bail!("--slots, --requests, --prompt-tokens and --new-tokens must be >= 1");
+    if a.slots == 0 || requests == 0 || a.prompt_tokens == 0 || a.max_new_tokens == 0 {
+        anyhow::bail!("--slots, --requests, --prompt-tokens and --max-new-tokens must be >= 1");
     }
-    if a.prompt_tokens + a.new_tokens > cfg.max_position_embeddings {
+    if a.prompt_tokens + a.max_new_tokens > cfg.max_position_embeddings {
         anyhow::bail!(
-            "--prompt-tokens + --new-tokens = {} exceeds the shape's context ({})",
-            a.prompt_tokens + a.new_tokens,
+            "--prompt-tokens + --max-new-tokens = {} exceeds the shape's context ({})",
+            a.prompt_tokens + a.max_new_tokens,
             cfg.max_position_embeddings
         );
     }
@@ -176,14 +176,14 @@ fn checked(
 }
 
 /// The `requests` prompts of fixed pseudo-random ids, of lengths spread over `min ..=
-/// --prompt-tokens`, each decoded greedily to exactly `--new-tokens`.
+/// --prompt-tokens`, each decoded greedily to exactly `--max-new-tokens`.
 fn bench_requests(a: &BenchRegenArgs, requests: usize, min: usize, vocab: usize) -> Vec<Request> {
     let base = bench_tokens(a.prompt_tokens + requests, vocab);
     let len = |i: usize| min + (7919 * i) % (a.prompt_tokens - min + 1);
     (0..requests)
         .map(|i| Request {
             prompt_ids: base[i..i + len(i)].to_vec(),
-            max_new_tokens: a.new_tokens,
+            max_new_tokens: a.max_new_tokens,
             sampling: SamplingParams::default(), // greedy
             stop_ids: vec![],
             loop_window: 0,
@@ -193,7 +193,7 @@ fn bench_requests(a: &BenchRegenArgs, requests: usize, min: usize, vocab: usize)
 
 /// The table row (and the `--json` row) of a timed run: `tokens` generated in `secs`.
 fn report(a: &BenchRegenArgs, requests: usize, min: usize, secs: f64, tokens: usize) -> Result<()> {
-    let steps = requests.div_ceil(a.slots) * a.new_tokens;
+    let steps = requests.div_ceil(a.slots) * a.max_new_tokens;
     let tok_s = tokens as f64 / secs;
     println!(
         "| shape | slots | requests | prompt | new | seconds | tokens/s | ms per step (incl. prefill) |"
@@ -207,7 +207,7 @@ fn report(a: &BenchRegenArgs, requests: usize, min: usize, secs: f64, tokens: us
         "| {} | {} | {requests} | {prompt} | {} | {secs:.2} | {tok_s:.0} | {:.2} |",
         a.model.shape,
         a.slots,
-        a.new_tokens,
+        a.max_new_tokens,
         1e3 * secs / steps as f64
     );
     dflash_model::profile::print_report("bench regen");
@@ -219,7 +219,7 @@ fn report(a: &BenchRegenArgs, requests: usize, min: usize, secs: f64, tokens: us
             "requests": requests,
             "prompt_tokens": a.prompt_tokens,
             "prompt_tokens_min": min,
-            "new_tokens": a.new_tokens,
+            "new_tokens": a.max_new_tokens,
             "seconds": secs,
             "new_tok_s": tok_s,
             "ms_per_step": 1e3 * secs / steps as f64,

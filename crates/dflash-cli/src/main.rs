@@ -58,8 +58,6 @@ enum Command {
     Data(train_cmd::DataCommand),
     /// Train a drafter.
     Train(train_cmd::TrainArgs),
-    /// Plot a training run's loss and simulated τ (metrics.jsonl → SVG).
-    TrainCurves(train_cmd::CurvesArgs),
     /// Evaluate drafters: τ, DDTree-N, speed-up, losslessness, reports and plots.
     Eval(eval_cmd::EvalArgs),
     /// Check a target/drafter pair for train/eval mismatches.
@@ -127,7 +125,6 @@ fn main() {
         Command::Drafter(c) => drafter_cmd::run(c),
         Command::Data(c) => train_cmd::run_data(c),
         Command::Train(a) => train_cmd::run_train(a),
-        Command::TrainCurves(a) => train_cmd::run_curves(a),
         Command::Eval(a) => eval_cmd::run_eval(a),
         Command::Doctor(a) => eval_cmd::run_doctor(a),
         Command::Bench(BenchCommand::Decode(a)) => bench_cmd::run(a),

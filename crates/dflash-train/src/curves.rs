@@ -1,6 +1,6 @@
 //! Training curves as a self-contained SVG: loss (train and validation) and simulated τ
 //! (train, validation, and validation as decoding would measure it) against the optimizer step, from `metrics.jsonl`. Written beside
-//! every checkpoint (`OUT/curves.svg`) and by `dflash-rs train-curves` for any run.
+//! every checkpoint (`OUT/curves.svg`) and by `dflash-rs train curves` for any run.
 //!
 //! Train curves are smoothed with a centred moving average over `max(1, steps / 50)` steps
 //! (one sequence batch is noisy); validation points are drawn as they were measured.

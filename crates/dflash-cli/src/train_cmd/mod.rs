@@ -1,4 +1,4 @@
-//! `dflash-rs data …` (one file per command) and `dflash-rs train`, `train-curves`.
+//! `dflash-rs data …` (one file per command) and `dflash-rs train`, `train curves`.
 
 mod prompt_set;
 mod regen;
@@ -41,14 +41,17 @@ pub fn run_data(cmd: DataCommand) -> Result<()> {
 }
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct TrainArgs {
+    #[command(subcommand)]
+    pub sub: Option<TrainSub>,
     #[arg(long, default_value = "smollm2-135m")]
     pub target: String,
     /// A directory written by `dflash-rs data generate`.
-    #[arg(long)]
-    pub data: PathBuf,
-    #[arg(long)]
-    pub out: PathBuf,
+    #[arg(long, required = true)]
+    pub data: Option<PathBuf>,
+    #[arg(long, required = true)]
+    pub out: Option<PathBuf>,
     /// A JSON training config (see dflash_train::config::TrainConfig); missing fields take the paper's defaults.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -86,7 +89,26 @@ pub struct TrainArgs {
     pub run_on: DeviceArgs,
 }
 
+/// What `train` does besides training.
+#[derive(Subcommand, Debug)]
+pub enum TrainSub {
+    /// Plot a training run's loss and simulated τ (metrics.jsonl → SVG).
+    Curves(CurvesArgs),
+}
+
+impl TrainArgs {
+    /// `--data` and `--out` (clap requires both unless a subcommand is given).
+    fn paths(&self) -> Result<(&Path, &Path)> {
+        let data = self.data.as_deref().context("train needs --data DIR")?;
+        let out = self.out.as_deref().context("train needs --out DIR")?;
+        Ok((data, out))
+    }
+}
+
 pub fn run_train(a: TrainArgs) -> Result<()> {
+    if let Some(TrainSub::Curves(c)) = a.sub {
+        return run_curves(c);
+    }
     let cfg = read_config(a.config.as_deref())?;
     cfg.validate()?;
     let rank = crate::launch::rank_env()?;
@@ -106,7 +128,10 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         plan_out: a.plan_out.clone(),
     };
     let s = match &rank {
-        None => train(&lt, &a.data, &a.out, cfg, &opts)?,
+        None => {
+            let (data, out) = a.paths()?;
+            train(&lt, data, out, cfg, &opts)?
+        }
         Some(r) => train_as_rank(&lt, &a, cfg, &opts, r, &device)?,
     };
     print_summary(&s);
@@ -202,7 +227,8 @@ fn train_as_rank(
     device: &candle_core::Device,
 ) -> Result<dflash_train::trainer::TrainSummary> {
     let comm = crate::launch::nccl_rank(r, device)?;
-    dflash_train::trainer::train_rank(lt, &a.data, &a.out, cfg, opts, &comm)
+    let (data, out) = a.paths()?;
+    dflash_train::trainer::train_rank(lt, data, out, cfg, opts, &comm)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -234,7 +260,7 @@ pub struct CurvesArgs {
     pub force: bool,
 }
 
-pub fn run_curves(a: CurvesArgs) -> Result<()> {
+fn run_curves(a: CurvesArgs) -> Result<()> {
     crate::args::OUT_REPLACEABLE.check_file(&a.out, a.force)?;
     let m = if a.run.is_dir() {
         a.run.join("metrics.jsonl")
