@@ -98,8 +98,6 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let g = generate(&loaded.target, drafter.as_ref(), engine_mode, &req, opts)?;
     let seconds = t.elapsed().as_secs_f64();
     let text = loaded.tokenizer.decode(&g.new_tokens)?;
-    let stats = summarize(&[&g.rounds]);
-    let mode_name = engine_mode.name();
     // the AR baseline: the same request, the same loop with block 1
     let vs_ar = if a.compare_ar && mode.is_speculative() {
         let ar = generate(&loaded.target, None, Mode::Ar, &req, opts)?;
@@ -113,26 +111,58 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     } else {
         None
     };
-    if a.json {
-        let v = serde_json::json!({
-            "text": text,
+    let out = Outcome {
+        g: &g,
+        text: &text,
+        prompt_tokens: prompt_ids.len(),
+        seconds,
+        mode,
+        block,
+        vs_ar,
+    };
+    match a.json {
+        true => println!("{}", serde_json::to_string(&out.json())?),
+        false => out.print(),
+    }
+    Ok(())
+}
+
+/// What `generate` prints: the generation and how it was run.
+struct Outcome<'a> {
+    g: &'a dflash_engine::Generation,
+    text: &'a str,
+    prompt_tokens: usize,
+    seconds: f64,
+    mode: ModeName,
+    block: usize,
+    /// The speed-up over AR and, at T = 0, whether the output equals AR's.
+    vs_ar: Option<(f64, Option<bool>)>,
+}
+
+impl Outcome<'_> {
+    /// `--json`: one object.
+    fn json(&self) -> serde_json::Value {
+        let (g, seconds) = (self.g, self.seconds);
+        let stats = summarize(&[&g.rounds]);
+        serde_json::json!({
+            "text": self.text,
             "token_ids": g.new_tokens,
-            "prompt_tokens": prompt_ids.len(),
+            "prompt_tokens": self.prompt_tokens,
             "new_tokens": g.new_tokens.len(),
             "seconds": seconds,
             "prefill_seconds": g.prefill_secs,
             "decode_seconds": g.decode_secs,
             "tokens_per_second": g.new_tokens.len() as f64 / seconds,
-            "mode": mode_name,
-            "block_size": block,
-            "budget": match mode {
+            "mode": self.mode.with_block(self.block).name(),
+            "block_size": self.block,
+            "budget": match self.mode {
                 ModeName::Ddtree(n) => Some(n),
                 _ => None,
             },
             "auto": g.auto,
             "stopped_by_token": g.stopped_by_token,
-            "speedup_vs_ar": vs_ar.map(|v| v.0),
-            "equals_ar": vs_ar.and_then(|v| v.1),
+            "speedup_vs_ar": self.vs_ar.map(|v| v.0),
+            "equals_ar": self.vs_ar.and_then(|v| v.1),
             "stats": {
                 "tau_pooled": stats.tau_pooled,
                 "tau_mean_of_means": stats.tau_mean_of_means,
@@ -145,20 +175,25 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 "other_seconds": stats.other_secs,
                 "per_round": g.rounds,
             },
-        });
-        println!("{}", serde_json::to_string(&v)?);
-    } else {
-        println!("{text}");
+        })
+    }
+
+    /// The text on stdout, the figures on stderr.
+    fn print(&self) {
+        let (g, seconds) = (self.g, self.seconds);
+        let stats = summarize(&[&g.rounds]);
+        let mode_name = self.mode.with_block(self.block).name();
+        println!("{}", self.text);
         eprintln!(
             "[{mode_name}] {} new tokens in {:.2}s ({:.1} tok/s), prompt {} tokens, {} rounds, tau {:.2}",
             g.new_tokens.len(),
             seconds,
             g.new_tokens.len() as f64 / seconds,
-            prompt_ids.len(),
+            self.prompt_tokens,
             stats.rounds,
             stats.tau_pooled
         );
-        if let Some((speedup, same)) = vs_ar {
+        if let Some((speedup, same)) = self.vs_ar {
             eprintln!(
                 "[{mode_name}] speed-up over AR {speedup:.2}× (decode time per token){}",
                 match same {
@@ -169,5 +204,4 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             );
         }
     }
-    Ok(())
 }

@@ -86,6 +86,51 @@ fn check_same_prompts(
     Ok(())
 }
 
+/// Prompts `todo` decoded together (one batched forward per step over `opts.batch_size`
+/// slots), each reported to `finish` as it ends; a prompt that cannot be rendered is reported
+/// at once, without a sequence.
+fn decode_batched(
+    lt: &LoadedTarget,
+    prompts: &[Prompt],
+    opts: &RegenOptions,
+    todo: &[usize],
+    seed_of: &dyn Fn(usize) -> u64,
+    admit_until: Option<std::time::Instant>,
+    finish: &mut dyn FnMut(usize, Option<Regenerated>) -> Result<Flow>,
+) -> Result<()> {
+    // requests in prompt order
+    let (mut reqs, mut index_of) = (Vec::new(), Vec::new());
+    for &i in todo {
+        match build_request(lt, &prompts[i], opts, seed_of(i)) {
+            Ok(r) => {
+                index_of.push(i);
+                reqs.push(r);
+            }
+            Err(e) => {
+                tracing::warn!("prompt {i} skipped: {e:#}");
+                if finish(i, None)? == Flow::Stop {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    let bopts = BatchedOptions {
+        cuda_graphs: opts.cuda_graphs,
+        admit_until,
+    };
+    generate_batched(&lt.target, &reqs, opts.batch_size, bopts, |j, r| {
+        let i = index_of[j];
+        let seq = r
+            .map(|g| Regenerated {
+                seq: to_sequence(&reqs[j].prompt_ids, &g.new_tokens),
+                looped: g.stopped_by_loop,
+            })
+            .map_err(|e| tracing::warn!("prompt {i} skipped: {e:#}"))
+            .ok();
+        finish(i, seq)
+    })
+}
+
 /// Pending responses answer these prompts: each one's prompt tokens are its prompt's
 /// rendering (another file at the same path would mix two data sets).
 fn check_pending(
@@ -396,42 +441,11 @@ fn resume_and_decode(
             }
         }
     } else {
-        // requests in prompt order; a prompt that cannot be rendered is finished at once
-        let mut reqs = Vec::new();
-        let mut index_of = Vec::new();
-        let mut stop = false;
-        for (i, p) in prompts.iter().enumerate().skip(first) {
-            if resumed.contains(&i) {
-                continue;
-            }
-            match build_request(lt, p, opts, seed_of(i)) {
-                Ok(r) => {
-                    index_of.push(i);
-                    reqs.push(r);
-                }
-                Err(e) => {
-                    tracing::warn!("prompt {i} skipped: {e:#}");
-                    stop |= finish(i, None)? == Flow::Stop;
-                }
-            }
-        }
-        if !stop {
-            let bopts = BatchedOptions {
-                cuda_graphs: opts.cuda_graphs,
-                admit_until: opts.time_limit.map(|l| t0 + l),
-            };
-            generate_batched(&lt.target, &reqs, opts.batch_size, bopts, |j, r| {
-                let i = index_of[j];
-                let seq = r
-                    .map(|g| Regenerated {
-                        seq: to_sequence(&reqs[j].prompt_ids, &g.new_tokens),
-                        looped: g.stopped_by_loop,
-                    })
-                    .map_err(|e| tracing::warn!("prompt {i} skipped: {e:#}"))
-                    .ok();
-                finish(i, seq)
-            })?;
-        }
+        let todo: Vec<usize> = (first..prompts.len())
+            .filter(|i| !resumed.contains(i))
+            .collect();
+        let admit_until = opts.time_limit.map(|l| t0 + l);
+        decode_batched(lt, prompts, opts, &todo, &seed_of, admit_until, &mut finish)?;
     }
     if writer.next_shard < n_shards {
         eprintln!(
