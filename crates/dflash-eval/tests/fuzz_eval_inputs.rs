@@ -9,32 +9,13 @@ use std::path::Path;
 
 use candle_core::DType;
 use dflash_eval::doctor::{doctor_against, Tolerances};
-use dflash_testkit::fuzz::{fuzz, mutate_bytes, mutate_json, small_u64s, Counting, Counts};
+use dflash_testkit::fuzz::{
+    fuzz, mutate_json, mutate_jsonl, mutate_safetensors, small_u64s, Counting, Counts,
+};
 use rand::Rng;
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
-
-/// A JSONL text with one of its lines mutated as JSON, or the whole text as bytes.
-fn mutate_jsonl(seed: &[u8], rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u8> {
-    let lines: Vec<&[u8]> = seed
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .collect();
-    if rng.random_range(0..4) == 0 {
-        return mutate_bytes(seed, &small_u64s(seed), rng);
-    }
-    let k = rng.random_range(0..lines.len());
-    let mut out = Vec::new();
-    for (i, l) in lines.iter().enumerate() {
-        match i == k {
-            true => out.extend(mutate_json(l, rng)),
-            false => out.extend_from_slice(l),
-        }
-        out.push(b'\n');
-    }
-    out
-}
 
 /// The first `n` lines of a cached dataset file, or (MATH-500's JSON list) its first items.
 fn head(rel: &str, n: usize) -> Vec<u8> {
@@ -110,20 +91,6 @@ fn fuzz_datasets(cases: usize, rng_seed: u64) -> Counts {
             r
         },
     )
-}
-
-/// A safetensors file with its JSON header mutated (the length prefix kept consistent), or
-/// its bytes.
-fn mutate_safetensors(st: &[u8], fields: &[usize], rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u8> {
-    let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
-    if rng.random_range(0..3) == 0 || n + 8 > st.len() {
-        return mutate_bytes(st, fields, rng);
-    }
-    let header = mutate_json(&st[8..8 + n], rng);
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&header);
-    out.extend_from_slice(&st[8 + n..]);
-    out
 }
 
 /// Canary dumps of z-lab's package for the tiny target, checked by `doctor --against`.

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use dflash_model::models::drafter::Drafter;
 use dflash_model::Target;
-use dflash_testkit::fuzz::{fuzz, mutate_bytes, mutate_json, small_u64s, Counting, Counts};
+use dflash_testkit::fuzz::{fuzz, mutate_json, mutate_safetensors, small_u64s, Counting, Counts};
 use rand::Rng;
 
 #[global_allocator]
@@ -30,20 +30,6 @@ fn seed_files() -> [Vec<u8>; 3] {
         std::fs::read(dir.join(FILES[1])).unwrap(),
         serde_json::to_vec(&vocab).unwrap(),
     ]
-}
-
-/// A safetensors file with its JSON header mutated (the length prefix kept consistent), or
-/// its bytes.
-fn mutate_safetensors(st: &[u8], fields: &[usize], rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u8> {
-    let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
-    if rng.random_range(0..3) == 0 || n + 8 > st.len() {
-        return mutate_bytes(st, fields, rng);
-    }
-    let header = mutate_json(&st[8..8 + n], rng);
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&header);
-    out.extend_from_slice(&st[8 + n..]);
-    out
 }
 
 /// `cases` drafter directories, one file mutated in each (its index the case's first byte),

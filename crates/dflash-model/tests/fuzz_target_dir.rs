@@ -9,7 +9,7 @@
 
 use candle_core::{DType, Device};
 use dflash_model::io::loader::load_target;
-use dflash_testkit::fuzz::{fuzz, mutate_bytes, mutate_json, small_u64s, Counting, Counts};
+use dflash_testkit::fuzz::{fuzz, mutate_json, mutate_safetensors, small_u64s, Counting, Counts};
 use rand::Rng;
 
 #[global_allocator]
@@ -21,20 +21,6 @@ const FILES: [&str; 4] = [
     "tokenizer.json",
     "tokenizer_config.json",
 ];
-
-/// A safetensors file with its JSON header mutated (the length prefix kept consistent), or
-/// its bytes.
-fn mutate_safetensors(st: &[u8], fields: &[usize], rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u8> {
-    let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
-    if rng.random_range(0..3) == 0 || n + 8 > st.len() {
-        return mutate_bytes(st, fields, rng);
-    }
-    let header = mutate_json(&st[8..8 + n], rng);
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&header);
-    out.extend_from_slice(&st[8 + n..]);
-    out
-}
 
 fn fuzz_target_dir(cases: usize, rng_seed: u64) -> Counts {
     let src = dflash_testkit::fixtures().join("qwen3-tiny");

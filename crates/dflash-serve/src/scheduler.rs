@@ -423,6 +423,8 @@ impl<'e> Sched<'e> {
         let Some(a) = self.active.remove(&id) else {
             return;
         };
+        // the gauges before the client can see its end
+        self.metrics.queue(self.active.len(), self.waiting.len());
         self.metrics.request(match by_token {
             true => Outcome::Stop,
             false => Outcome::Length,
@@ -436,6 +438,7 @@ impl<'e> Sched<'e> {
     fn fail(&mut self, id: usize, why: &str) {
         if let Some(a) = self.active.remove(&id) {
             tracing::error!("request {id}: {why}");
+            self.metrics.queue(self.active.len(), self.waiting.len());
             self.metrics.request(Outcome::Abort);
             let _ = a.job.events.send(Event::Failed(why.to_string()));
         }

@@ -320,3 +320,40 @@ fn set(v: &mut serde_json::Value, path: &[Step], new: serde_json::Value, remove:
         _ => {}
     }
 }
+
+/// One mutation of a safetensors file: its JSON header by [`mutate_json`] (the length prefix
+/// kept consistent, so the parser reads the mutated shapes, dtypes and offsets), or one in
+/// three times its bytes by [`mutate_bytes`] at `fields`.
+pub fn mutate_safetensors(st: &[u8], fields: &[usize], rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
+    if rng.random_range(0..3) == 0 || n + 8 > st.len() {
+        return mutate_bytes(st, fields, rng);
+    }
+    let header = mutate_json(&st[8..8 + n], rng);
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&st[8 + n..]);
+    out
+}
+
+/// One mutation of a JSONL text: one of its lines by [`mutate_json`], or one in four times the
+/// whole text by [`mutate_bytes`].
+pub fn mutate_jsonl(seed: &[u8], rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let lines: Vec<&[u8]> = seed
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    if lines.is_empty() || rng.random_range(0..4) == 0 {
+        return mutate_bytes(seed, &small_u64s(seed), rng);
+    }
+    let k = rng.random_range(0..lines.len());
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        match i == k {
+            true => out.extend(mutate_json(l, rng)),
+            false => out.extend_from_slice(l),
+        }
+        out.push(b'\n');
+    }
+    out
+}

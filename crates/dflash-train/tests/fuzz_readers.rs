@@ -6,7 +6,9 @@
 //! reads, `TrainConfig::default()`. Every case ends in `Ok` or a clear error
 //! ([`dflash_testkit::fuzz`]); the long runs are `-- --ignored fuzz_readers_long`.
 
-use dflash_testkit::fuzz::{fuzz, mutate_bytes, mutate_json, small_u64s, Counting, Counts};
+use dflash_testkit::fuzz::{
+    fuzz, mutate_json, mutate_jsonl, mutate_safetensors, small_u64s, Counting, Counts,
+};
 use dflash_train::config::TrainConfig;
 use rand::Rng;
 use sha2::Digest;
@@ -19,27 +21,6 @@ fn sha256_hex(b: &[u8]) -> String {
         .iter()
         .map(|x| format!("{x:02x}"))
         .collect()
-}
-
-/// A JSONL text with one of its lines mutated as JSON, or the whole text as bytes.
-fn mutate_jsonl(seed: &[u8], rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u8> {
-    let lines: Vec<&[u8]> = seed
-        .split(|&b| b == b'\n')
-        .filter(|l| !l.is_empty())
-        .collect();
-    if lines.is_empty() || rng.random_range(0..4) == 0 {
-        return mutate_bytes(seed, &small_u64s(seed), rng);
-    }
-    let k = rng.random_range(0..lines.len());
-    let mut out = Vec::new();
-    for (i, l) in lines.iter().enumerate() {
-        match i == k {
-            true => out.extend(mutate_json(l, rng)),
-            false => out.extend_from_slice(l),
-        }
-        out.push(b'\n');
-    }
-    out
 }
 
 /// `cases` data directories: the case's first byte says what was mutated (0: the manifest,
@@ -136,20 +117,6 @@ fn fuzz_config(cases: usize, rng_seed: u64) -> Counts {
     )
 }
 
-/// A safetensors file with its JSON header mutated (the length prefix kept consistent), or
-/// its bytes.
-fn mutate_safetensors(st: &[u8], rng: &mut rand_chacha::ChaCha8Rng) -> Vec<u8> {
-    let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
-    if rng.random_range(0..3) == 0 || n + 8 > st.len() {
-        return mutate_bytes(st, &small_u64s(st), rng);
-    }
-    let header = mutate_json(&st[8..8 + n], rng);
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&header);
-    out.extend_from_slice(&st[8 + n..]);
-    out
-}
-
 /// A checkpoint's trainer state (`state.json` by JSON-aware mutations, `moments.safetensors`
 /// by header and byte mutations), read as a resumed run reads it; the seed: AdamW moments of
 /// two small tensors written by `write_trainer_state`.
@@ -179,7 +146,11 @@ fn fuzz_trainer_state(cases: usize, rng_seed: u64) -> Counts {
         rng_seed,
         |_, rng| match rng.random_range(0..2u8) {
             0 => [&[0u8][..], &mutate_json(&seeds[0], rng)].concat(),
-            _ => [&[1u8][..], &mutate_safetensors(&seeds[1], rng)].concat(),
+            _ => [
+                &[1u8][..],
+                &mutate_safetensors(&seeds[1], &small_u64s(&seeds[1]), rng),
+            ]
+            .concat(),
         },
         |case| {
             let which = case[0] as usize;
