@@ -33,23 +33,19 @@ impl Default for SamplingParams {
     }
 }
 
+/// A sampling parameter, as [`SamplingParams::check`] names the one at fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SamplingField {
+    Temperature,
+    TopP,
+    TopK,
+}
+
 impl SamplingParams {
     /// Checks the parameters as a user gives them: temperature >= 0, top-p in (0, 1], top-k >= 0.
     pub fn new(temperature: f64, top_p: f64, top_k: i64, seed: u64) -> Result<Self, CoreError> {
-        if !temperature.is_finite() || temperature < 0.0 {
-            return Err(CoreError::Sampling(format!(
-                "temperature must be >= 0, got {temperature}"
-            )));
-        }
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(CoreError::Sampling(format!(
-                "top-p must be in (0, 1], got {top_p}"
-            )));
-        }
-        if top_k < 0 {
-            return Err(CoreError::Sampling(format!(
-                "top-k must be >= 0, got {top_k}"
-            )));
+        if let Err((_, msg)) = Self::check(temperature, top_p, top_k) {
+            return Err(CoreError::Sampling(msg));
         }
         Ok(Self {
             temperature: temperature as f32,
@@ -58,6 +54,28 @@ impl SamplingParams {
             seed,
         })
     }
+    /// The rule [`SamplingParams::new`] checks, with the parameter at fault (an HTTP error
+    /// names it). Example: top-p 1.5 → `Err((SamplingField::TopP, "top-p must be in (0, 1], got 1.5"))`.
+    pub fn check(temperature: f64, top_p: f64, top_k: i64) -> Result<(), (SamplingField, String)> {
+        if !temperature.is_finite() || temperature < 0.0 {
+            let m = format!("temperature must be >= 0, got {temperature}");
+            return Err((SamplingField::Temperature, m));
+        }
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err((
+                SamplingField::TopP,
+                format!("top-p must be in (0, 1], got {top_p}"),
+            ));
+        }
+        if top_k < 0 {
+            return Err((
+                SamplingField::TopK,
+                format!("top-k must be >= 0, got {top_k}"),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }

@@ -8,7 +8,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use dflash_core::sampling::SamplingParams;
+use dflash_core::sampling::{SamplingField, SamplingParams};
 use dflash_model::io::tokenizer::ChatMessage;
 use serde_json::{json, Map, Value};
 
@@ -110,33 +110,24 @@ pub fn parse(body: &[u8], chat: bool) -> Result<Completion, ApiError> {
         }
     }
     let temperature = num(&o, "temperature")?.unwrap_or(1.0);
-    if temperature.is_nan() || temperature < 0.0 {
-        return Err(ApiError::invalid(
-            "temperature",
-            format!("temperature must be >= 0, got {temperature}"),
-        ));
-    }
     let top_p = num(&o, "top_p")?.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid(
-            "top_p",
-            format!("top_p must be in (0, 1], got {top_p}"),
-        ));
-    }
+    // -1 turns top-k off, as vLLM reads it; the rule itself is the engine's
     let top_k = match int(&o, "top_k")? {
-        Some(k) if k < -1 => {
-            return Err(ApiError::invalid(
-                "top_k",
-                format!("top_k must be >= 0 (or -1: off), got {k}"),
-            ))
-        }
-        Some(k) => k.max(0),
-        None => 0,
+        Some(-1) | None => 0,
+        Some(k) => k,
     };
     let seed = match int(&o, "seed")? {
         Some(s) => s as u64,
         None => 0,
     };
+    SamplingParams::check(temperature, top_p, top_k).map_err(|(field, msg)| {
+        let param = match field {
+            SamplingField::Temperature => "temperature",
+            SamplingField::TopP => "top_p",
+            SamplingField::TopK => "top_k",
+        };
+        ApiError::invalid(param, msg)
+    })?;
     let sampling = SamplingParams::new(temperature, top_p, top_k, seed)
         .map_err(|e| ApiError::invalid("temperature", e.to_string()))?;
     let include_usage = match o.get("stream_options") {
@@ -305,6 +296,7 @@ mod tests {
             (format!(r#"{{{m},"temperature":"hot"}}"#), "temperature"),
             (format!(r#"{{{m},"top_p":0}}"#), "top_p"),
             (format!(r#"{{{m},"top_p":1.5}}"#), "top_p"),
+            (format!(r#"{{{m},"top_k":-2}}"#), "top_k"),
             (format!(r#"{{{m},"n":2}}"#), "n"),
             (format!(r#"{{{m},"stream":"yes"}}"#), "stream"),
             (format!(r#"{{{m},"stop":[1]}}"#), "stop"),

@@ -11,7 +11,16 @@
 pub struct TextStream {
     stop: Vec<String>,
     ids: Vec<u32>,
-    /// Bytes of the decoded text already sent.
+    /// The text of `ids[..read]`, decoded a window at a time: decoding every token again at
+    /// each step would cost the square of the response's length.
+    text: String,
+    /// The window: `ids[prefix..read]` decode to the end of `text`; tokens after `read` are not
+    /// in it yet. A window starts where the text was whole (no cut character), so that
+    /// decoding it alone gives what decoding everything would (as TGI's and vLLM's
+    /// incremental detokenizers do).
+    prefix: usize,
+    read: usize,
+    /// Bytes of `text` already sent.
     sent: usize,
     /// The text ended at a stop string.
     pub stopped: bool,
@@ -22,6 +31,9 @@ impl TextStream {
         TextStream {
             stop,
             ids: Vec::new(),
+            text: String::new(),
+            prefix: 0,
+            read: 0,
             sent: 0,
             stopped: false,
         }
@@ -31,7 +43,23 @@ impl TextStream {
         &self.ids
     }
 
-    /// Add `tokens` (decoded by `decode` from all ids so far); the text that is final now.
+    /// The new text of the window, once it ends in a whole character (or `force`).
+    fn advance(
+        &mut self,
+        decode: &impl Fn(&[u32]) -> anyhow::Result<String>,
+        force: bool,
+    ) -> anyhow::Result<()> {
+        let before = decode(&self.ids[self.prefix..self.read])?;
+        let now = decode(&self.ids[self.prefix..])?;
+        if now.len() > before.len() && (force || !now.ends_with('\u{FFFD}')) {
+            self.text.push_str(now.get(before.len()..).unwrap_or(""));
+            self.prefix = self.read;
+            self.read = self.ids.len();
+        }
+        Ok(())
+    }
+
+    /// Add `tokens` (`decode` turns ids into text); the text that is final now.
     pub fn push(
         &mut self,
         tokens: &[u32],
@@ -41,31 +69,8 @@ impl TextStream {
             return Ok(String::new());
         }
         self.ids.extend_from_slice(tokens);
-        let text = decode(&self.ids)?;
-        // a stop string anywhere in the unsent text (it may begin in the held-back part)
-        let from = floor_char(&text, self.sent.saturating_sub(self.longest_stop()));
-        if let Some(at) = self
-            .stop
-            .iter()
-            .filter_map(|s| text[from..].find(s.as_str()).map(|i| from + i))
-            .min()
-        {
-            self.stopped = true;
-            let out = text.get(self.sent..at).unwrap_or("").to_string();
-            self.sent = at.max(self.sent);
-            return Ok(out);
-        }
-        let mut end = text.len();
-        if text.ends_with('\u{FFFD}') {
-            end = text.trim_end_matches('\u{FFFD}').len();
-        }
-        end = end.min(self.hold_back(&text[..end]));
-        if end <= self.sent {
-            return Ok(String::new());
-        }
-        let out = text[self.sent..end].to_string();
-        self.sent = end;
-        Ok(out)
+        self.advance(&decode, false)?;
+        Ok(self.release(false))
     }
 
     /// Whatever is still held back, at the end of the response.
@@ -76,10 +81,37 @@ impl TextStream {
         if self.stopped {
             return Ok(String::new());
         }
-        let text = decode(&self.ids)?;
-        let out = text.get(self.sent..).unwrap_or("").to_string();
-        self.sent = text.len();
-        Ok(out)
+        self.advance(&decode, true)?;
+        Ok(self.release(true))
+    }
+
+    /// The text after `sent` that is final: up to a stop string (which ends the response), or
+    /// (unless `all`) before a tail that could begin one.
+    fn release(&mut self, all: bool) -> String {
+        let text = &self.text;
+        // a stop string anywhere in the unsent text (it may begin in the held-back part)
+        let from = floor_char(text, self.sent.saturating_sub(self.longest_stop()));
+        if let Some(at) = self
+            .stop
+            .iter()
+            .filter_map(|s| text[from..].find(s.as_str()).map(|i| from + i))
+            .min()
+        {
+            self.stopped = true;
+            let out = text.get(self.sent..at).unwrap_or("").to_string();
+            self.sent = at.max(self.sent);
+            return out;
+        }
+        let end = match all {
+            true => text.len(),
+            false => self.hold_back(text),
+        };
+        if end <= self.sent {
+            return String::new();
+        }
+        let out = text[self.sent..end].to_string();
+        self.sent = end;
+        out
     }
 
     fn longest_stop(&self) -> usize {
@@ -145,16 +177,50 @@ mod tests {
 
     #[test]
     fn an_incomplete_character_waits_for_its_bytes() {
-        let d = pieces(&["x", "\u{FFFD}", "é"]);
-        let mut t = TextStream::new(vec![]);
-        assert_eq!(t.push(&[0, 1], &d).unwrap(), "x");
-        // the toy's second piece stands for half a character: the whole one replaces it
-        let whole = |ids: &[u32]| -> anyhow::Result<String> {
-            Ok(match ids.len() {
-                3 => "xé".to_string(),
-                _ => unreachable!(),
-            })
+        // token 1 is the first byte of "é", token 2 its second: alone, each decodes to U+FFFD
+        let d = |ids: &[u32]| -> anyhow::Result<String> {
+            let mut out = String::new();
+            let mut i = 0;
+            while i < ids.len() {
+                match (ids[i], ids.get(i + 1)) {
+                    (0, _) => out.push('x'),
+                    (1, Some(2)) => {
+                        out.push('é');
+                        i += 1;
+                    }
+                    _ => out.push('\u{FFFD}'),
+                }
+                i += 1;
+            }
+            Ok(out)
         };
-        assert_eq!(t.push(&[2], whole).unwrap(), "é");
+        let mut t = TextStream::new(vec![]);
+        // the window "x" + half a character waits for the character's second byte
+        assert_eq!(t.push(&[0, 1], d).unwrap(), "");
+        assert_eq!(t.push(&[2], d).unwrap(), "xé");
+        assert_eq!(t.push(&[0], d).unwrap(), "x");
+        assert_eq!(t.finish(d).unwrap(), "");
+    }
+
+    /// A real tokenizer's text streamed token by token is the text of all the tokens.
+    #[test]
+    fn streamed_text_is_the_whole_decode() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/qwen3-tiny");
+        let tk = dflash_model::io::tokenizer::TextTokenizer::from_dir(&dir, &[]).unwrap();
+        let ids = tk
+            .encode(
+                "Héllo wörld — a «test» of 😀 streaming, line\n\nbreaks.",
+                false,
+            )
+            .unwrap();
+        let d = |ids: &[u32]| tk.decode(ids);
+        let mut t = TextStream::new(vec![]);
+        let mut out = String::new();
+        for id in &ids {
+            out += &t.push(&[*id], d).unwrap();
+        }
+        out += &t.finish(d).unwrap();
+        assert_eq!(out, tk.decode(&ids).unwrap());
     }
 }
