@@ -242,13 +242,49 @@ fn tree_verify_equals_per_path_forwards_and_compacts() {
     assert!(c.keep_rows(&bad).is_err());
 }
 
-/// A forward from key intervals carries no parents for the linear-attention layers: refused by
-/// name for a hybrid target.
+/// A forward from key intervals of one sequence (the batched engine's prefill of a prompt)
+/// gives the dense causal forward's logits bit for bit; several sequences of several rows each
+/// are refused by name (the linear-attention layers advance a batch one row at a time).
 #[test]
-fn key_interval_forwards_refuse_a_hybrid_target() {
-    let t = hybrid(64);
+fn key_interval_forwards_of_a_hybrid_target() {
+    let t = hybrid(4);
+    let toks: Vec<u32> = (0..9).map(|i| (i * 37 + 5) % 256).collect();
+    let pos: Vec<usize> = (0..9).collect();
+    for split in [0usize, 3] {
+        // `split` rows prefilled first, then the rest from intervals / from the causal mask
+        let mut c1 = t.new_cache();
+        let mut c2 = t.new_cache();
+        if split > 0 {
+            let head = &toks[..split];
+            t.forward_causal(head, &mut c1, &[], &Rows::None).unwrap();
+            t.forward_causal(head, &mut c2, &[], &Rows::None).unwrap();
+        }
+        let n = toks.len() - split;
+        let iv: Vec<std::ops::Range<usize>> = (0..n).map(|r| 0..split + r + 1).collect();
+        let a = t
+            .forward_batch_intervals(
+                &toks[split..],
+                &pos[split..],
+                &[iv],
+                &mut c1,
+                &[],
+                &Rows::All,
+            )
+            .unwrap();
+        let b = t
+            .forward_causal(&toks[split..], &mut c2, &[], &Rows::All)
+            .unwrap();
+        let (a, b) = (a.logits.unwrap(), b.logits.unwrap());
+        assert_eq!(max_abs(&a, &b), 0.0, "split {split}");
+    }
     let e = t
-        .prepare_intervals(&[3, 4], &[0, 1], &[vec![0..1, 0..2]], 0, None)
+        .prepare_intervals(
+            &[3, 4, 5, 6],
+            &[0, 1, 0, 1],
+            &[vec![0..1, 0..2], vec![0..1, 0..2]],
+            0,
+            None,
+        )
         .err()
         .expect("refused");
     assert!(e.to_string().contains("attention-only target"), "{e}");

@@ -20,5 +20,5 @@ pub use stats::{assert_distributed_alike, chi_square_p, gamma_q};
 pub use targets::{
     decode, fresh_block, greedy, load, loop_prompt, loop_prompt_head, prefill_taps, quiet,
     replay_zlab_generation, req, sampled_counts, sampled_counts_with, signal_drafter, smollm2,
-    tiny, tiny_prompt, tiny_target_dir,
+    tiny, tiny_hybrid, tiny_prompt, tiny_target_dir,
 };

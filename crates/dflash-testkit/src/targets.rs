@@ -1,6 +1,6 @@
 //! Targets and drafters the tests run: the random tiny Qwen3 of `tests/fixtures/qwen3-tiny`
-//! (a word-level tokenizer "t0" … "t255"), z-lab's random drafters for it, and SmolLM2-135M
-//! from the asset cache.
+//! (a word-level tokenizer "t0" … "t255"), z-lab's random drafters for it, the random tiny
+//! Qwen3.5 hybrid, and SmolLM2-135M from the asset cache.
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +17,14 @@ use crate::paths::{fixtures, smollm2_gguf, tmp};
 pub fn tiny() -> Target {
     let (cfg, store) =
         load_hf_weights(&fixtures().join("qwen3-tiny"), DType::F32, &Device::Cpu).unwrap();
+    Target::load(cfg, &store).unwrap()
+}
+
+/// The random tiny Qwen3.5 hybrid of tests/fixtures/qwen35-tiny (three Gated DeltaNet and two
+/// gated attention layers; f32, CPU).
+pub fn tiny_hybrid() -> Target {
+    let (cfg, store) =
+        load_hf_weights(&fixtures().join("qwen35-tiny"), DType::F32, &Device::Cpu).unwrap();
     Target::load(cfg, &store).unwrap()
 }
 

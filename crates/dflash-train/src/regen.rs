@@ -428,7 +428,7 @@ fn resume_and_decode(
         })
     };
     let seed_of = |i: usize| opts.sampling.seed.wrapping_add(global(i) as u64);
-    if opts.batch_size <= 1 || lt.target.is_hybrid() {
+    if opts.batch_size <= 1 {
         for (i, p) in prompts.iter().enumerate().skip(first) {
             if resumed.contains(&i) {
                 continue;

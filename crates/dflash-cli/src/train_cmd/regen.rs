@@ -38,7 +38,7 @@ pub struct GenerateDataArgs {
     #[arg(long, default_value_t = 50)]
     pub cap_per_file: usize,
     /// Prompts decoded together, in one batched target forward per step (same tokens as one
-    /// at a time; attention-only targets, a hybrid target decodes one at a time).
+    /// at a time; a hybrid target's slots each keep their linear-attention state).
     #[arg(long, default_value_t = 1)]
     pub batch_size: usize,
     /// Replay each batched step from a CUDA graph (the batched cache then has a fixed

@@ -21,7 +21,8 @@ use crate::Request;
 /// (`chunk · heads · P²`) and its host-built masks, whatever the number of slots. On the CPU
 /// each prompt is prefilled alone: a left-padded prefill's matmuls sum over the batch's
 /// columns, so its rows would differ in their last bits from the prompt's own prefill, and
-/// integer products requantize those bits into other tokens.
+/// integer products requantize those bits into other tokens. A hybrid target prefills each
+/// prompt alone everywhere: its linear-attention state would take in the left padding.
 const PREFILL_CHUNK: usize = 16;
 
 /// The key interval of each row of a right-aligned sequence
@@ -135,14 +136,16 @@ pub struct Batch<'t> {
 
 impl<'t> Batch<'t> {
     /// `slots` empty slots; with `graph_cap` every step replays one CUDA graph over caches of
-    /// that many columns ([`GraphedBatch`]). Attention-only targets: the linear-attention
-    /// state of a hybrid target is one sequence's.
+    /// that many columns ([`GraphedBatch`]). A hybrid target's slots each keep their sequence's
+    /// linear-attention states ([`dflash_model::layers::gdn::GdnSlots`]).
     pub fn new(target: &'t Target, slots: usize, graph_cap: Option<usize>) -> Result<Self> {
         if slots == 0 {
             anyhow::bail!("batched decoding needs at least one slot");
         }
-        if target.is_hybrid() {
-            anyhow::bail!("batched decoding needs an attention-only target: the linear-attention layers of this hybrid target keep one sequence's state (use a batch size of 1)");
+        if graph_cap.is_some() && target.is_hybrid() && target.device.is_cuda() {
+            // capturing a step warms it up first and rolls the cache back, which slot states
+            // (they keep no rows) cannot do
+            anyhow::bail!("CUDA graphs of batched decoding take attention-only targets: run this hybrid target without --cuda-graphs");
         }
         let mut cache = target.new_batched_cache(slots, 64)?;
         let graph = match graph_cap {
@@ -173,9 +176,10 @@ impl<'t> Batch<'t> {
         self.slot.len()
     }
 
-    /// Prompts prefilled in one forward ([`PREFILL_CHUNK`] on a GPU, one on the CPU).
+    /// Prompts prefilled in one forward ([`PREFILL_CHUNK`] on a GPU, one on the CPU or for a
+    /// hybrid target).
     pub fn prefill_chunk(&self) -> usize {
-        match self.target.device.is_cpu() {
+        match self.target.device.is_cpu() || self.target.is_hybrid() {
             true => 1,
             false => PREFILL_CHUNK,
         }
@@ -289,6 +293,8 @@ impl<'t> Batch<'t> {
             &[],
             &Rows::Last,
         )?;
+        // a hybrid target's sequence joins a slot with its linear-attention state committed
+        cache.settle_linear()?;
         let logits = out.logits.unwrap().squeeze(1)?.to_vec2::<f32>()?;
         let live = part
             .iter()

@@ -1415,6 +1415,8 @@ ADAMW_FUSED(adamw_fused_bf16, __nv_bfloat16)
 // rows[i] = q | k | v | β | g (2·hk·dk + hv·dv + 2·hv floats); parents[i] = the row whose state
 // row i starts from (0xffffffff: the committed state `init`). out = o [n, hv·dv], then the
 // states [n, hv·dk·dv] (keep) or the state after the last row (!keep; rows form a chain).
+// Grid z: independent sequences of the same n rows and parents (a batched step): sequence z
+// reads rows[z·n …] and init[z], writes o[z·n …] and, after every sequence's o, its states.
 // ---------------------------------------------------------------------------------------------
 extern "C" __global__ void gdn_recurrence_f32(const float* rows, const float* init,
     const uint32_t* parents, float* out, int n, int hk, int hv, int dk, int dv, int keep) {
@@ -1432,7 +1434,11 @@ extern "C" __global__ void gdn_recurrence_f32(const float* rows, const float* in
     // a column past dv (the last tile of a dv that is not a multiple of 32) computes zeros
     const bool live = j0 + jj < dv;
     const int j = live ? j0 + jj : 0;
-    float* states = out + o_len;
+    const size_t z = blockIdx.z;
+    rows += z * n * (size_t)w;
+    init += z * sl;
+    float* states = out + (size_t)gridDim.z * o_len + z * (keep ? (size_t)n : 1) * sl;
+    out += z * o_len;
     for (int a = ta; a < dk; a += 4) S[a * 32 + jj] = live ? init[((size_t)h * dk + a) * dv + j] : 0.0f;
     int cur = -1;
     for (int i = 0; i < n; ++i) {
@@ -1491,11 +1497,11 @@ extern "C" __global__ void gdn_recurrence_f32(const float* rows, const float* in
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 
 extern "C" __global__ void gdn_prep_f32(const float* buf, const float* ba, const uint32_t* idx,
-    const float* consts, float* out, int hk, int hv, int dk, int dv, int K) {
+    const float* consts, float* out, int hk, int hv, int dk, int dv, int K, uint32_t zero_row) {
     const int i = blockIdx.x;
     const int kd = hk * dk, vd = hv * dv, c = 2 * kd + vd, w = c + 2 * hv;
-    // the zero row is the buffer's last: (K - 1) + n, with n = gridDim.x
-    const uint32_t zero_row = (uint32_t)(K - 1 + gridDim.x);
+    // zero_row: the buffer's last row (its rows: K - 1 + n for one sequence, every slot's
+    // K - 1 and its row for a batched step)
     float* o = out + (size_t)i * w;
     for (int ch = threadIdx.x; ch < c; ch += blockDim.x) {
         float acc = 0.0f;

@@ -12,7 +12,9 @@
 //! 2, new row 0, new row 1, new row 3) = indices (2, 3, 4, 6).
 //!
 //! # Shapes
-//! - `buf` `[K−1 + n + 1, C]` f32, `ba` `[n, 2·Hv]` (b | a), `idx` `[n, K]` u32;
+//! - `buf` `[K−1 + n + 1, C]` f32 (or any rows whose last is the zero row: a batched step's
+//!   is every slot's K−1 committed rows, then its new rows, [`crate::layers::gdn::slot_windows`]),
+//!   `ba` `[n, 2·Hv]` (b | a), `idx` `[n, K]` u32;
 //! - the layer's constants `[K·C + 2·Hv]`: the conv weight tap-major `[K, C]`, `dt_bias`,
 //!   `−exp(A_log)`;
 //! - out: rows `[n, 2·Hk·dk + Hv·dv + 2·Hv]` (q | k | v | β | g).
@@ -239,6 +241,8 @@ impl CustomOp3 for Prep {
             d.dv as i32,
             self.kernel as i32,
         );
+        // the buffer's last row is the zero row, as the CPU twin reads it
+        let zero_row = (l1.shape().dims()[0] - 1) as u32;
         with_held_view(&self.consts, "gdn prep constants", |consts| {
             launch!(
                 dev,
@@ -254,7 +258,8 @@ impl CustomOp3 for Prep {
                 hv,
                 dk,
                 dv,
-                k
+                k,
+                zero_row
             );
             Ok(())
         })?;

@@ -14,6 +14,12 @@
 //! - `init` `[Hv·dk·dv]` f32, the committed state;
 //! - `parents` `[n]` u32, `u32::MAX` for none (a parent precedes its child);
 //! - out: `o` `[n, Hv·dv]` and the states `[n or 1, Hv·dk·dv]`.
+//!
+//! **Several sequences** ([`gdn_recurrence_seqs`], batched decoding): `b` sequences of the same
+//! `n` rows and parents, each from its own committed state (`init` `[b, S]`); out: `o`
+//! `[b·n, Hv·dv]` and the states `[b·(n or 1), S]`, sequence-major. On a GPU one launch (a
+//! grid of `b` layers of blocks). Example: 3 slots of one AR step each → rows `[3, W]`, `init`
+//! `[3, S]`, parents `[-]`: slot 1's row starts from `init[1]`, its state comes back as row 1.
 
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
@@ -67,13 +73,28 @@ pub fn gdn_recurrence_with(
     dims: RecurrenceDims,
     keep_all: bool,
 ) -> Result<(Tensor, Tensor)> {
+    gdn_recurrence_seqs(rows, init, parents, parents_dev, dims, keep_all, 1)
+}
+
+/// [`gdn_recurrence_with`] over `seqs` sequences of `parents.len()` rows each (see the module
+/// doc): `rows` `[seqs · n, W]`, `init` `[seqs, S]`.
+pub fn gdn_recurrence_seqs(
+    rows: &Tensor,
+    init: &Tensor,
+    parents: &[Option<usize>],
+    parents_dev: &Tensor,
+    dims: RecurrenceDims,
+    keep_all: bool,
+    seqs: usize,
+) -> Result<(Tensor, Tensor)> {
     let n = parents.len();
-    if rows.dims2()? != (n, dims.row_len())
-        || init.elem_count() != dims.state_len()
+    if seqs == 0
+        || rows.dims2()? != (seqs * n, dims.row_len())
+        || init.elem_count() != seqs * dims.state_len()
         || parents_dev.dims() != [n]
     {
         candle_core::bail!(
-            "gdn recurrence: rows {:?} / state {:?} / parents {:?} do not fit {n} rows of {dims:?}",
+            "gdn recurrence: rows {:?} / state {:?} / parents {:?} do not fit {seqs} × {n} rows of {dims:?}",
             rows.dims(),
             init.dims(),
             parents_dev.dims()
@@ -90,13 +111,17 @@ pub fn gdn_recurrence_with(
     let out = rows.to_dtype(DType::F32)?.contiguous()?.apply_op3_no_bwd(
         &init.to_dtype(DType::F32)?.flatten_all()?.contiguous()?,
         parents_dev,
-        &Recurrence { dims, keep_all },
+        &Recurrence {
+            dims,
+            keep_all,
+            seqs,
+        },
     )?;
     let vd = dims.hv * dims.dv;
-    let m = if keep_all { n } else { 1 };
-    let o = out.narrow(0, 0, n * vd)?.reshape((n, vd))?;
+    let m = seqs * if keep_all { n } else { 1 };
+    let o = out.narrow(0, 0, seqs * n * vd)?.reshape((seqs * n, vd))?;
     let s = out
-        .narrow(0, n * vd, m * dims.state_len())?
+        .narrow(0, seqs * n * vd, m * dims.state_len())?
         .reshape((m, dims.state_len()))?;
     Ok((o, s))
 }
@@ -166,12 +191,15 @@ pub fn recurrence_host(
 struct Recurrence {
     dims: RecurrenceDims,
     keep_all: bool,
+    /// Sequences of `n` rows each, every one from its own committed state.
+    seqs: usize,
 }
 
 impl Recurrence {
+    /// The output's length for sequences of `n` rows: every row's `o`, then the states.
     fn out_len(&self, n: usize) -> usize {
         let d = self.dims;
-        n * d.hv * d.dv + if self.keep_all { n } else { 1 } * d.state_len()
+        self.seqs * (n * d.hv * d.dv + if self.keep_all { n } else { 1 } * d.state_len())
     }
 }
 
@@ -195,8 +223,21 @@ impl CustomOp3 for Recurrence {
             .iter()
             .map(|&p| (p != NO_PARENT).then_some(p as usize))
             .collect();
-        let n = parents.len();
-        let (mut o, s) = recurrence_host(self.dims, rows, init, &parents, self.keep_all);
+        let (n, d) = (parents.len(), self.dims);
+        let (w, sl) = (d.row_len(), d.state_len());
+        // each sequence as the one-sequence recurrence computes it
+        let (mut o, mut s) = (Vec::new(), Vec::new());
+        for q in 0..self.seqs {
+            let (oq, sq) = recurrence_host(
+                d,
+                &rows[q * n * w..(q + 1) * n * w],
+                &init[q * sl..(q + 1) * sl],
+                &parents,
+                self.keep_all,
+            );
+            o.extend(oq);
+            s.extend(sq);
+        }
         o.extend(s);
         Ok((CpuStorage::F32(o), Shape::from(self.out_len(n))))
     }
@@ -216,6 +257,7 @@ impl CustomOp3 for Recurrence {
         use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
         let d = self.dims;
         let n = l3.shape().elem_count();
+        let seqs = self.seqs as u32;
         let dev = s1.device().clone();
         let rows = view::<f32>(s1, l1, "gdn rows")?;
         let init = view::<f32>(s2, l2, "gdn state")?;
@@ -228,7 +270,8 @@ impl CustomOp3 for Recurrence {
             candle_core::bail!("gdn recurrence kernel: dk <= 256 expected, got {d:?}");
         }
         let cfg = LaunchConfig {
-            grid_dim: (d.hv as u32, d.dv.div_ceil(BV) as u32, 1),
+            // grid z: the sequences (the kernel offsets its rows, state and outputs by it)
+            grid_dim: (d.hv as u32, d.dv.div_ceil(BV) as u32, seqs),
             block_dim: (128, 1, 1),
             shared_mem_bytes: ((d.dk * BV + 2 * d.dk + 4 * BV + 2 * BV) * 4) as u32,
         };

@@ -63,7 +63,8 @@ impl KvCache {
 
     /// Batched caches: copy `n` committed columns of sequence `src_seq` of `src`, starting at
     /// column `src_col`, into sequence `seq` of this cache at columns `col .. col + n` (a prompt
-    /// prefilled on its own moves into a freed batch slot).
+    /// prefilled on its own moves into a freed batch slot). A linear-attention layer's slot
+    /// takes the sequence's state whatever `n` (a one-sequence source: its committed state).
     pub fn copy_sequence(
         &mut self,
         seq: usize,
@@ -83,6 +84,7 @@ impl KvCache {
                 src.len
             );
         }
+        self.copy_slot_states(seq, src, src_seq)?;
         for (dst, from) in self.layers.iter().zip(&src.layers) {
             if let (Some(d), Some(f)) = (dst, from) {
                 let part = |t: &Tensor| -> Result<Tensor> {

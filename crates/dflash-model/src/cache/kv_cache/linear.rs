@@ -4,12 +4,27 @@
 use candle_core::Result;
 
 use super::KvCache;
-use crate::layers::gdn::{GdnCache, GdnRows};
+use crate::layers::gdn::{GdnCache, GdnRows, GdnSlots};
 
 impl KvCache {
     /// Make `layer` a linear-attention layer with this (empty) state.
     pub fn set_gdn(&mut self, layer: usize, c: GdnCache) {
         self.gdn[layer] = Some(c);
+    }
+
+    /// Make `layer` of a batched cache a linear-attention layer with these slots' states.
+    pub fn set_gdn_slots(&mut self, layer: usize, s: GdnSlots) {
+        self.slots[layer] = Some(s);
+    }
+
+    /// The slots' states of `layer` in a batched cache (`None`: a one-sequence cache).
+    pub fn gdn_slots_mut(&mut self, layer: usize) -> Option<&mut GdnSlots> {
+        self.slots[layer].as_mut()
+    }
+
+    /// Whether this batched cache keeps linear-attention states per slot.
+    pub(super) fn has_slots(&self) -> bool {
+        self.slots.iter().any(|s| s.is_some())
     }
 
     pub fn gdn_mut(&mut self, layer: usize) -> Result<&mut GdnCache> {
@@ -89,6 +104,39 @@ impl KvCache {
     pub(super) fn refuse_gdn(&self, op: &str) -> Result<()> {
         if self.has_gdn() {
             candle_core::bail!("{op}: a cache with linear-attention state holds one sequence");
+        }
+        Ok(())
+    }
+
+    /// A batched cache's slot states cannot go back to an earlier row (they keep no rows).
+    pub(super) fn refuse_slots(&self, op: &str) -> Result<()> {
+        if self.has_slots() {
+            candle_core::bail!(
+                "{op}: the linear-attention states of a batched cache keep no rows to roll back to"
+            );
+        }
+        Ok(())
+    }
+
+    /// Slot `seq`'s linear-attention states from sequence `src_seq` of `src`: a one-sequence
+    /// cache's committed state (sequence 0, its last forward settled) or another batched
+    /// cache's slot.
+    pub(super) fn copy_slot_states(
+        &mut self,
+        seq: usize,
+        src: &KvCache,
+        src_seq: usize,
+    ) -> Result<()> {
+        let err = |e: anyhow::Error| candle_core::Error::Msg(format!("{e:#}"));
+        for (i, dst) in self.slots.iter_mut().enumerate() {
+            let Some(dst) = dst.as_mut() else { continue };
+            match (&src.slots[i], &src.gdn[i]) {
+                (Some(s), _) => dst.copy_slot(seq, s, src_seq).map_err(err)?,
+                (None, Some(g)) if src_seq == 0 => dst.place(seq, g).map_err(err)?,
+                _ => candle_core::bail!(
+                    "copy_sequence: layer {i} of the source keeps no linear-attention state for sequence {src_seq}"
+                ),
+            }
         }
         Ok(())
     }

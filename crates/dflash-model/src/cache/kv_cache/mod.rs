@@ -12,7 +12,7 @@
 
 use candle_core::{Result, Tensor};
 
-use crate::layers::gdn::GdnCache;
+use crate::layers::gdn::{GdnCache, GdnSlots};
 
 mod batch;
 mod linear;
@@ -30,8 +30,11 @@ struct LayerKv {
 #[derive(Debug)]
 pub struct KvCache {
     layers: Vec<Option<LayerKv>>,
-    /// Linear-attention layers (hybrid targets) keep a state instead of K/V rows.
+    /// Linear-attention layers (hybrid targets) keep a state instead of K/V rows: one
+    /// sequence's (with its last forward's rows, for rollback), or in a batched cache every
+    /// slot's committed state.
     gdn: Vec<Option<GdnCache>>,
+    slots: Vec<Option<GdnSlots>>,
     len: usize,
     pending: usize,
 }
@@ -52,6 +55,7 @@ impl Clone for KvCache {
         Self {
             layers,
             gdn: self.gdn.clone(),
+            slots: self.slots.clone(),
             len: self.len,
             pending: 0,
         }
@@ -63,6 +67,7 @@ impl KvCache {
         Self {
             layers: vec![None; num_layers],
             gdn: vec![None; num_layers],
+            slots: (0..num_layers).map(|_| None).collect(),
             len: 0,
             pending: 0,
         }

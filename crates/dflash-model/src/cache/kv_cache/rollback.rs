@@ -24,6 +24,9 @@ impl KvCache {
     /// [`KvCache::truncate`] (`settle`) or [`KvCache::drop_padding`].
     fn cut(&mut self, len: usize, settle: bool) -> Result<()> {
         let len = self.len.min(len);
+        if len < self.len {
+            self.refuse_slots("truncate")?;
+        }
         if self.has_gdn() {
             let base = self.gdn_base();
             if len < base {
@@ -51,6 +54,7 @@ impl KvCache {
         if let Some(&bad) = rows.iter().find(|&&r| r >= self.len) {
             candle_core::bail!("keep_rows: row {bad} is past the cache length {}", self.len);
         }
+        self.refuse_slots("keep_rows")?;
         if self.has_gdn() {
             // linear attention: the rows before the last forward stay whole; the kept rows of
             // the last forward must be a root-to-node path of its tree

@@ -1,5 +1,5 @@
 //! The Gated DeltaNet kernels against their CPU twins: the recurrence over a tree and a chain,
-//! the chunked rule over a prefill, a layer's prep and gated norm.
+//! the chunked rule over a prefill, a layer's prep and gated norm, a batched AR step.
 
 use candle_core::{DType, Device, Result, Tensor};
 
@@ -160,6 +160,52 @@ fn gdn_prep_and_norm(dev: &Device) -> Result<Vec<Tensor>> {
         .collect()
 }
 
+/// A batched AR step of 5 slots at the Qwen3.6-27B layer shape: the prep over each slot's own
+/// conv window ([`crate::layers::gdn::slot_windows`]: the buffer's rows past the first slot's
+/// window are conv rows, not the zero row) and the recurrence of each slot's row from its own
+/// state (one launch, [`crate::ops::gdn_recurrence::gdn_recurrence_seqs`]). `[prep rows, o,
+/// states]`, on the CPU.
+fn gdn_slots(dev: &Device) -> Result<Vec<Tensor>> {
+    use crate::layers::gdn::slot_windows;
+    use crate::ops::gdn_prep::gdn_prep;
+    use crate::ops::gdn_recurrence::{gdn_recurrence_seqs, RecurrenceDims, NO_PARENT};
+    let d = RecurrenceDims {
+        hk: 16,
+        hv: 48,
+        dk: 128,
+        dv: 128,
+    };
+    let (kk, b) = (4usize, 5usize);
+    let c = 2 * d.hk * d.dk + d.hv * d.dv;
+    let buf = Tensor::cat(
+        &[
+            fill(&[b * (kk - 1) + b, c], 60, 1.0)?,
+            Tensor::zeros((1, c), DType::F32, &Device::Cpu)?,
+        ],
+        0,
+    )?;
+    let ba = fill(&[b, 2 * d.hv], 61, 3.0)?;
+    let idx = Tensor::from_vec(slot_windows(b, kk), (b, kk), &Device::Cpu)?;
+    let consts = Tensor::cat(
+        &[
+            fill(&[kk * c], 62, 0.5)?,
+            fill(&[d.hv], 63, 1.0)?,
+            (fill(&[d.hv], 64, 1.0)?.exp()?.neg())?,
+        ],
+        0,
+    )?;
+    let on = |t: &Tensor| t.to_device(dev);
+    let prepped = gdn_prep(&on(&buf)?, &on(&ba)?, &on(&idx)?, &on(&consts)?, d, kk)?;
+    let (rows, _) = gdn_rows(d, b, 65)?;
+    let init = fill(&[b, d.state_len()], 66, 0.5)?;
+    let none = Tensor::from_vec(vec![NO_PARENT], 1, dev)?;
+    let (o, st) = gdn_recurrence_seqs(&on(&rows)?, &on(&init)?, &[None], &none, d, true, b)?;
+    [prepped, o, st]
+        .into_iter()
+        .map(|t| t.to_device(&Device::Cpu))
+        .collect()
+}
+
 /// The linear-attention recurrence (f32 state): every output and kept state
 pub(super) fn check_gdn(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
     let names = [
@@ -175,9 +221,11 @@ pub(super) fn check_gdn(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<(
     let mut got = gdn(dev)?;
     got.extend(gdn_prep_and_norm(dev)?);
     got.extend(gdn_chunk(dev)?);
+    got.extend(gdn_slots(dev)?);
     let mut want = gdn(&Device::Cpu)?;
     want.extend(gdn_prep_and_norm(&Device::Cpu)?);
     want.extend(gdn_chunk(&Device::Cpu)?);
+    want.extend(gdn_slots(&Device::Cpu)?);
     let names: Vec<&str> = names
         .into_iter()
         .chain([
@@ -187,6 +235,9 @@ pub(super) fn check_gdn(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<(
             "gdn chunked 27B-shape prefill state",
             "gdn chunked small prefill o",
             "gdn chunked small prefill state",
+            "gdn prep, batched step (5 slots' windows)",
+            "gdn batched step o (5 slots, one launch)",
+            "gdn batched step states (5 slots, one launch)",
         ])
         .collect();
     push_rows(checks, &names, &got, &want, DType::F32, 1e-5)?;

@@ -19,8 +19,8 @@ use crate::ops::gdn_recurrence::{gdn_recurrence_with, recurrence_host, NO_PARENT
 #[derive(Debug, Clone)]
 pub struct GdnRowsInput {
     pub parents: Vec<Option<usize>>,
-    parents_dev: Tensor,
-    windows: Tensor,
+    pub(super) parents_dev: Tensor,
+    pub(super) windows: Tensor,
 }
 
 impl GdnRowsInput {
@@ -34,6 +34,17 @@ impl GdnRowsInput {
             parents: parents.to_vec(),
             parents_dev: Tensor::from_vec(p, n, device)?,
             windows: Tensor::from_vec(window_index(parents, kernel), (n, kernel), device)?,
+        })
+    }
+
+    /// The rows of a batched AR step: one row per slot without a parent, each slot's window
+    /// over its own committed inputs ([`super::slot_windows`]). With one slot this is
+    /// [`GdnRowsInput::new`] of one row.
+    pub fn slots(slots: usize, kernel: usize, device: &Device) -> Result<Self> {
+        Ok(Self {
+            parents: vec![None],
+            parents_dev: Tensor::from_vec(vec![NO_PARENT], 1, device)?,
+            windows: Tensor::from_vec(super::slot_windows(slots, kernel), (slots, kernel), device)?,
         })
     }
 

@@ -39,11 +39,13 @@ use crate::io::weights::TensorStore;
 use crate::layers::mlp::load_linear;
 
 mod forward;
+mod slots;
 mod state;
 #[cfg(test)]
 mod tests;
 
 pub use forward::GdnRowsInput;
+pub use slots::{slot_windows, GdnSlots};
 pub use state::{GdnCache, GdnRows, GdnState};
 
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +63,10 @@ impl GdnDims {
     }
     fn state_len(&self) -> usize {
         self.hv * self.dk * self.dv
+    }
+    /// Values of one sequence's state: the conv window (`(K-1) · C`) and S.
+    pub fn slot_state_len(&self) -> usize {
+        (self.kernel - 1) * self.conv_dim() + self.state_len()
     }
     fn recurrence(&self) -> RecurrenceDims {
         RecurrenceDims {
@@ -142,6 +148,12 @@ impl GatedDeltaNet {
         cache: &mut GdnCache,
         chunk_min_rows: usize,
     ) -> Result<Tensor> {
+        if x.dim(0)? != 1 {
+            anyhow::bail!(
+                "a one-sequence linear-attention state got {} sequences (a batched forward needs a batched cache)",
+                x.dim(0)?
+            );
+        }
         if x.device().is_cpu() {
             self.forward_host(x, &rows.parents, cache, chunk_min_rows)
         } else {

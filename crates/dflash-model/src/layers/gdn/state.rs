@@ -79,6 +79,20 @@ impl GdnCache {
         Ok(self.committed.clone().expect("set above"))
     }
 
+    /// The committed state without allocating it here (zeros before the first forward).
+    pub fn committed_or_zero(&self) -> Result<GdnState> {
+        match &self.committed {
+            Some(c) => Ok(c.clone()),
+            None => {
+                let d = self.dims;
+                Ok(GdnState {
+                    conv: Tensor::zeros((d.kernel - 1, d.conv_dim()), DType::F32, &self.device)?,
+                    rec: Tensor::zeros(d.state_len(), DType::F32, &self.device)?,
+                })
+            }
+        }
+    }
+
     /// Rows appended by the last forward that are not settled yet.
     pub fn pending(&self) -> usize {
         self.last.as_ref().map(|l| l.parents.len()).unwrap_or(0)

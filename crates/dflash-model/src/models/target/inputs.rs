@@ -358,9 +358,12 @@ impl Target {
 
     /// [`Target::prepare`] from each row's key interval instead of dense visibility matrices
     /// (`rows[s][r]`: sequence `s`, row `r`, over `[cache | new]`, or the `cap` columns of the
-    /// fixed layout), for attention-only targets: the batched engine's prefills and steps, whose
-    /// dense masks would cost the host `b · n · (cache + n)` cells. Example: two sequences of one
-    /// AR step on a 40-column batched cache holding 12 and 30 rows → `[[28..41], [10..41]]`.
+    /// fixed layout): the batched engine's prefills and steps, whose dense masks would cost the
+    /// host `b · n · (cache + n)` cells. Example: two sequences of one AR step on a 40-column
+    /// batched cache holding 12 and 30 rows → `[[28..41], [10..41]]`. A hybrid target's
+    /// linear-attention layers take one sequence's rows (each row's parent: the row before it
+    /// where its interval reaches it) or one row per sequence (a batched step,
+    /// [`GdnRowsInput::slots`]); several sequences of several rows are refused.
     pub fn prepare_intervals(
         &self,
         tokens: &[u32],
@@ -370,15 +373,24 @@ impl Target {
         cap: Option<usize>,
     ) -> Result<ForwardInputs> {
         let b = rows.len();
-        if self.is_hybrid() {
-            bail!("a forward from key intervals needs an attention-only target: the linear-attention layers read each row's parent from the visibility");
-        }
         let n = rows_per_sequence(tokens, positions, b)?;
         check_capacity(n, cache_len, cap)?;
         if let Some(r) = rows.iter().find(|r| r.len() != n) {
             bail!("{} key intervals for a sequence of {n} new rows", r.len());
         }
         let cols = cap.unwrap_or(cache_len + n);
+        let gdn = match self.gdn_kernel() {
+            None => None,
+            Some(k) if n == 1 => Some(GdnRowsInput::slots(b, k, &self.device)?),
+            Some(k) if b == 1 => {
+                // new row r is column cache_len + r (in either layout)
+                let parents: Vec<Option<usize>> = (0..n)
+                    .map(|r| (r > 0 && rows[0][r].contains(&(cache_len + r - 1))).then(|| r - 1))
+                    .collect();
+                Some(GdnRowsInput::new(&parents, k, &self.device)?)
+            }
+            Some(_) => bail!("a forward of {b} sequences of {n} rows each needs an attention-only target: the linear-attention layers of this hybrid target advance several sequences one row at a time"),
+        };
         let iv = RowIntervals::from_rows(&rows.concat(), b, n, cols, &self.device)?;
         let (ids, rope, layout) = self.prepare_rows(tokens, positions, b, n, cache_len, cap)?;
         // f32 CPU inference of a few rows: each row over its own keys, as the sequence alone
@@ -390,7 +402,7 @@ impl Target {
             rope,
             mask: AttnMask::Intervals(iv),
             runs,
-            gdn: None,
+            gdn,
             b,
             n,
             cache_len,

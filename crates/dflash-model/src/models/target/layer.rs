@@ -223,7 +223,10 @@ impl Target {
                 )?,
                 Mixer::GatedDeltaNet(g) => {
                     let rows = gdn.as_ref().context("linear-attention rows not prepared")?;
-                    g.forward(&hn, rows, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?
+                    match cache.gdn_slots_mut(i) {
+                        Some(slots) => g.forward_slots(&hn, rows, slots)?,
+                        None => g.forward(&hn, rows, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?,
+                    }
                 }
             };
             let (x1, xn) =

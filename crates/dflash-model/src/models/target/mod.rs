@@ -22,7 +22,7 @@ use dflash_core::visibility::Visibility;
 
 use crate::cache::kv_cache::KvCache;
 use crate::io::weights::TensorStore;
-use crate::layers::gdn::{GatedDeltaNet, GdnCache, GdnDims};
+use crate::layers::gdn::{GatedDeltaNet, GdnCache, GdnDims, GdnSlots};
 use crate::layers::linear::Linear;
 use crate::layers::mlp::{load_linear, Mlp};
 use crate::layers::norm::RmsNorm;
@@ -277,18 +277,37 @@ impl Target {
         }
         c
     }
-    /// An empty batched cache of `b` sequences with room for `cap` rows (attention-only
-    /// targets; see [`KvCache::batched`]).
+    /// An empty batched cache of `b` sequences with room for `cap` rows (see
+    /// [`KvCache::batched`]); a hybrid target's linear-attention layers get one state per
+    /// sequence ([`crate::layers::gdn::GdnSlots`]).
     pub fn new_batched_cache(&self, b: usize, cap: usize) -> Result<KvCache> {
-        if self.is_hybrid() {
-            bail!("a batched cache needs an attention-only target: the linear-attention layers of this hybrid target keep one sequence's state");
-        }
         let shapes: Vec<Option<(usize, usize)>> = self
             .layers
             .iter()
-            .map(|_| Some((self.config.num_kv_heads(), self.config.head_dim())))
+            .map(|l| match l.mixer {
+                Mixer::Attention(_) => Some((self.config.num_kv_heads(), self.config.head_dim())),
+                Mixer::GatedDeltaNet(_) => None,
+            })
             .collect();
-        Ok(KvCache::batched(&shapes, b, cap, self.dtype, &self.device)?)
+        let mut c = KvCache::batched(&shapes, b, cap, self.dtype, &self.device)?;
+        for (i, l) in self.layers.iter().enumerate() {
+            if let Mixer::GatedDeltaNet(g) = &l.mixer {
+                c.set_gdn_slots(i, GdnSlots::new(g.dims, b, &self.device)?);
+            }
+        }
+        Ok(c)
+    }
+
+    /// Bytes of one sequence's linear-attention states in a batched cache (every layer's conv
+    /// window and recurrent state, f32; 0 for an attention-only target).
+    pub fn slot_state_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::GatedDeltaNet(g) => g.dims.slot_state_len() * 4,
+                Mixer::Attention(_) => 0,
+            })
+            .sum()
     }
     /// True when some layers are linear attention (their state is not a K/V row per token).
     pub fn is_hybrid(&self) -> bool {
