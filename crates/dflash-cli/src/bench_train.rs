@@ -172,7 +172,14 @@ fn time_steps(
                 let _p = tracing::info_span!(target: "phase", "backward").entered();
                 out.backward()?
             };
-            td.update(target, opt, td.grads_of(&g), tc.grad_clip, 1e-4)?;
+            td.update(
+                target,
+                opt,
+                td.grads_of(&g),
+                tc.grad_clip,
+                1e-4,
+                &dflash_train::collective::Single,
+            )?;
             Ok(out.loss)
         };
         let loss = if a.profile_step && i == a.steps {

@@ -21,6 +21,7 @@ pub mod regen;
 mod regen_pending;
 pub mod regen_ranks;
 pub mod selector_loss;
+pub mod shard;
 pub mod sharegpt;
 pub mod trainer;
 pub mod vocab;

@@ -1,5 +1,6 @@
 //! AdamW with explicit, saveable state (f32 master weights and moments), global-norm gradient
-//! clipping. Weight decay applies to matrices only (not to norm weights).
+//! clipping. Weight decay applies to matrices only (not to norm weights). The moments may be
+//! sharded over data-parallel ranks ([`AdamW::shard`], [`crate::shard`]).
 
 use anyhow::Result;
 use candle_core::{DType, Tensor, Var};
@@ -13,8 +14,18 @@ pub struct AdamW {
     /// Optimizer steps taken.
     pub step: usize,
     /// Per parameter `[2, n]`: the first moments, then the second, updated in place
-    /// ([`dflash_model::ops::adamw`]).
+    /// ([`dflash_model::ops::adamw`]); `[2, 0]` for a parameter another rank owns.
     state: Vec<Tensor>,
+    /// With optimizer-state sharding: each parameter's owner rank, and this rank
+    /// ([`crate::shard`]). `None`: this rank owns every parameter.
+    shards: Option<Shards>,
+}
+
+/// Which rank owns each parameter (keeps its moments and updates it), and this rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shards {
+    pub owners: Vec<usize>,
+    pub rank: usize,
 }
 
 impl AdamW {
@@ -35,12 +46,59 @@ impl AdamW {
                 .iter()
                 .map(|(_, p)| Tensor::zeros((2, p.elem_count()), p.dtype(), p.device()))
                 .collect::<candle_core::Result<_>>()?,
+            shards: None,
         })
+    }
+
+    /// Keep the moments of the parameters this rank owns only (`shards.owners[i]` for
+    /// `params[i]`, [`crate::shard::owners`]): the others' are dropped and [`Self::update`]
+    /// leaves those parameters alone (their owners update them; [`crate::shard::sync_weights`]
+    /// brings them here).
+    pub fn shard(&mut self, shards: Shards) -> Result<()> {
+        if shards.owners.len() != self.state.len() {
+            anyhow::bail!(
+                "optimizer sharding: {} owners for {} parameters",
+                shards.owners.len(),
+                self.state.len()
+            );
+        }
+        for (s, &o) in self.state.iter_mut().zip(&shards.owners) {
+            if o != shards.rank {
+                *s = Tensor::zeros((2, 0), s.dtype(), s.device())?;
+            }
+        }
+        self.shards = Some(shards);
+        Ok(())
+    }
+
+    /// Whether this rank keeps parameter `i`'s moments and updates it.
+    pub fn owns(&self, i: usize) -> bool {
+        self.shards.as_ref().is_none_or(|s| s.owners[i] == s.rank)
+    }
+
+    /// The sharding of the state over ranks ([`Self::shard`]; `None`: not sharded).
+    pub fn shards(&self) -> Option<&Shards> {
+        self.shards.as_ref()
+    }
+
+    /// Values of moments this rank holds (both moments of every parameter it owns).
+    pub fn state_len(&self) -> usize {
+        self.state.iter().map(|s| s.elem_count()).sum()
+    }
+
+    /// Parameter `i`'s moments `[2, n]` (empty for one another rank owns).
+    pub fn state_of(&self, i: usize) -> &Tensor {
+        &self.state[i]
     }
 
     /// The first (`which` 0) or second (1) moments, shaped as their parameters (views of the
     /// state: they follow later steps).
     fn moments(&self, params: &[(String, Var)], which: usize) -> Result<Vec<Tensor>> {
+        if self.shards.is_some() {
+            anyhow::bail!(
+                "the moments are sharded over ranks: gather them (shard::gather_moments)"
+            );
+        }
         self.state
             .iter()
             .zip(params)
@@ -68,7 +126,10 @@ impl AdamW {
                 self.state.len()
             );
         }
-        for ((s, m), v) in self.state.iter_mut().zip(m).zip(v) {
+        for (i, ((s, m), v)) in self.state.iter_mut().zip(m).zip(v).enumerate() {
+            if self.shards.as_ref().is_some_and(|s| s.owners[i] != s.rank) {
+                continue;
+            }
             let st = Tensor::stack(&[m.flatten_all()?, v.flatten_all()?], 0)?
                 .to_dtype(s.dtype())?
                 .to_device(s.device())?;
@@ -122,6 +183,11 @@ impl AdamW {
         let (b1, b2) = (self.beta1, self.beta2);
         let mut written = !copies.is_empty();
         for (i, ((s, (_, p)), g)) in self.state.iter().zip(params).zip(grads).enumerate() {
+            if !self.owns(i) {
+                // another rank's: updated there, its compute copy refreshed after the sync
+                written = false;
+                continue;
+            }
             let decay = if p.rank() >= 2 {
                 1.0 - lr * self.weight_decay
             } else {

@@ -137,6 +137,52 @@ fn two_and_four_cpu_ranks_equal_one_rank_bit_for_bit_including_resume() {
     assert!(two.join("curves.svg").exists());
 }
 
+/// With the optimizer's moments sharded, 2 and 4 ranks still write the one-rank run bit for
+/// bit, each rank keeping the moments of its own parameters only; a sharded run stopped on 4
+/// ranks resumes unsharded on 2 and sharded on 3 (the checkpoint's moments are the whole
+/// state either way).
+#[test]
+fn sharded_optimizer_ranks_equal_one_rank_bit_for_bit_including_resume() {
+    let (td, data) = data("ranks-sharded");
+    let lt = load(&td, DType::F32);
+    let cfg = config();
+    let one = tmp("ranks-sharded-one");
+    train(&lt, &data, &one, cfg.clone(), &TrainOptions::default()).unwrap();
+    let sharded = TrainOptions {
+        shard_optimizer: true,
+        ..Default::default()
+    };
+    for world in [2, 4] {
+        let out = tmp(&format!("ranks-sharded-{world}"));
+        for r in ranks(world, &lt, &data, &out, &cfg, &sharded) {
+            assert_eq!(r.unwrap().steps, 5);
+        }
+        assert_same_run(&one, &out, &format!("{world} sharded ranks"));
+    }
+    let split = tmp("ranks-sharded-split");
+    let zero = |shard_optimizer, resume| TrainOptions {
+        time_limit: Some(std::time::Duration::ZERO),
+        shard_optimizer,
+        resume,
+        ..Default::default()
+    };
+    for r in ranks(4, &lt, &data, &split, &cfg, &zero(true, false)) {
+        assert_eq!(r.unwrap().steps, 1);
+    }
+    for r in ranks(2, &lt, &data, &split, &cfg, &zero(false, true)) {
+        assert_eq!(r.unwrap().steps, 2);
+    }
+    let resume = TrainOptions {
+        resume: true,
+        shard_optimizer: true,
+        ..Default::default()
+    };
+    for r in ranks(4, &lt, &data, &split, &cfg, &resume) {
+        assert_eq!(r.unwrap().steps, 5);
+    }
+    assert_same_run(&one, &split, "sharded on 4, unsharded on 2, sharded on 4");
+}
+
 #[test]
 fn rows_that_do_not_split_evenly_over_the_ranks_are_refused_by_name() {
     let (td, data) = data("ranks-uneven");

@@ -132,7 +132,14 @@ fn loss_and_gradients_match_the_pytorch_reference() {
             let g = out.backward().unwrap();
             let grads = td.grads_of(&g);
             let norm = td
-                .update(&t, &mut opt, grads, f("grad_clip"), f("lr"))
+                .update(
+                    &t,
+                    &mut opt,
+                    grads,
+                    f("grad_clip"),
+                    f("lr"),
+                    &dflash_train::collective::Single,
+                )
                 .unwrap();
             let want_norm = tr["grad_norms"][step].as_f64().unwrap();
             assert!(

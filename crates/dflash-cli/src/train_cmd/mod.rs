@@ -71,6 +71,10 @@ pub struct TrainArgs {
     /// (bench/train_reference_run.py).
     #[arg(long)]
     pub plan_out: Option<PathBuf>,
+    /// Shard the optimizer's moments over the ranks (with --gpus): each rank keeps 1/N of them
+    /// and sends the parameters it updates to the others. The same run either way.
+    #[arg(long)]
+    pub shard_optimizer: bool,
     /// Train on this many GPUs of this node, one process (rank) each, the gradients summed
     /// through NCCL (a CUDA build); `grad_accum` rows per step are split evenly over the ranks
     /// of all nodes. 0: one process on --device.
@@ -126,6 +130,7 @@ pub fn run_train(a: TrainArgs) -> Result<()> {
         time_limit: time_limit(a.time_limit)?,
         feature_cache_bytes: a.feature_cache_mb.saturating_mul(1 << 20),
         plan_out: a.plan_out.clone(),
+        shard_optimizer: a.shard_optimizer,
     };
     let s = match &rank {
         None => {

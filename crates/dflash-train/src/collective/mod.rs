@@ -41,6 +41,15 @@ pub trait Collective: Sync {
     }
     /// Every rank's `v` (of the same length on every rank), concatenated in rank order.
     fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>>;
+    /// `root`'s `t`, on every rank (each passes a tensor of the same shape and dtype; only the
+    /// root's values are read). By default the sum of the root's `t` and every other rank's
+    /// zeros: the root's values (a zero's sign aside).
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        match self.rank() == root {
+            true => self.all_reduce_sum(t),
+            false => self.all_reduce_sum(&t.zeros_like()?),
+        }
+    }
     /// Wait until every rank got here.
     fn barrier(&self) -> Result<()>;
     /// True for [`Single`] only: the trainer then skips the sums (one rank of NCCL still runs
@@ -115,6 +124,9 @@ impl Collective for Single {
     fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>> {
         Ok(v.to_vec())
     }
+    fn broadcast(&self, t: &Tensor, _root: usize) -> Result<Tensor> {
+        Ok(t.clone())
+    }
     fn barrier(&self) -> Result<()> {
         Ok(())
     }
@@ -128,6 +140,8 @@ impl Collective for Single {
 #[derive(Default)]
 struct Slots {
     values: Vec<Vec<f64>>,
+    /// The root's tensor of the last broadcast.
+    sent: Option<Tensor>,
     sums: std::collections::HashMap<u64, Vec<Option<Tensor>>>,
 }
 
@@ -151,6 +165,7 @@ impl ThreadGroup {
         let barrier = Arc::new(Barrier::new(world));
         let slots = Arc::new(Mutex::new(Slots {
             values: vec![Vec::new(); world],
+            sent: None,
             sums: Default::default(),
         }));
         (0..world)
@@ -221,6 +236,17 @@ impl Collective for ThreadGroup {
         let all = self.lock()?.values.concat();
         self.barrier.wait();
         Ok(all)
+    }
+    /// The root's tensor itself (not a sum with zeros): every rank gets its bits.
+    fn broadcast(&self, t: &Tensor, root: usize) -> Result<Tensor> {
+        if self.rank == root {
+            self.lock()?.sent = Some(t.copy()?);
+        }
+        self.barrier.wait();
+        let got = self.lock()?.sent.clone();
+        // every rank has read it before the next broadcast's root replaces it
+        self.barrier.wait();
+        got.ok_or_else(|| anyhow::anyhow!("rank {}: rank {root} sent nothing", self.rank))
     }
     fn barrier(&self) -> Result<()> {
         self.barrier.wait();
@@ -338,6 +364,55 @@ mod tests {
             group[0].lock().unwrap().sums.is_empty(),
             "sums read are dropped"
         );
+    }
+
+    /// A broadcast gives every rank the root's bits (a negative zero too), and the default
+    /// (a sum with the others' zeros) the root's values.
+    #[test]
+    fn thread_ranks_broadcast_the_roots_tensor() {
+        struct BySum<'a>(&'a ThreadGroup);
+        impl Collective for BySum<'_> {
+            fn rank(&self) -> usize {
+                self.0.rank()
+            }
+            fn world(&self) -> usize {
+                self.0.world()
+            }
+            fn all_reduce_sum(&self, t: &Tensor) -> Result<Tensor> {
+                self.0.all_reduce_sum(t)
+            }
+            fn all_gather(&self, v: &[f64]) -> Result<Vec<f64>> {
+                self.0.all_gather(v)
+            }
+            fn barrier(&self) -> Result<()> {
+                self.0.barrier()
+            }
+        }
+        let group = ThreadGroup::new(3);
+        let out: Vec<(Vec<u32>, Vec<f32>)> = std::thread::scope(|s| {
+            let hs: Vec<_> = group
+                .iter()
+                .map(|g| {
+                    s.spawn(move || {
+                        let r = g.rank() as f32;
+                        let t = Tensor::new(&[r + 0.5, -0.0, 7.0 * r], &candle_core::Device::Cpu)
+                            .unwrap();
+                        let exact = g.broadcast(&t, 1).unwrap().to_vec1::<f32>().unwrap();
+                        let by_sum = BySum(g).broadcast(&t, 2).unwrap();
+                        (
+                            exact.iter().map(|x| x.to_bits()).collect(),
+                            by_sum.to_vec1::<f32>().unwrap(),
+                        )
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let root: Vec<u32> = [1.5f32, -0.0, 7.0].iter().map(|x| x.to_bits()).collect();
+        for (exact, by_sum) in out {
+            assert_eq!(exact, root);
+            assert_eq!(by_sum, vec![2.5, 0.0, 14.0]);
+        }
     }
 
     #[test]

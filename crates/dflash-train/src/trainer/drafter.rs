@@ -11,6 +11,7 @@ use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::Drafter;
 use dflash_model::Target;
 
+use crate::collective::Collective;
 use crate::optim::{clip_scale, AdamW};
 
 /// The trainable drafter: named variables (sorted), the frozen weights, and the drafter built
@@ -143,8 +144,10 @@ impl TrainableDrafter {
 
     /// One optimizer update from the summed gradients of a step's rows (a parameter without
     /// one counts as 0): global-norm clipping at `grad_clip`, AdamW at `lr`, the compute-dtype
-    /// copies refreshed. Returns the gradient norm before clipping; a non-finite norm leaves
-    /// the weights as they were. The trainer and `bench train` both update through here.
+    /// copies refreshed; with a sharded optimizer each rank updates its own parameters and
+    /// takes the others' from their owners through `comm`. Returns the gradient norm before
+    /// clipping; a non-finite norm leaves the weights as they were. The trainer and `bench
+    /// train` both update through here.
     pub fn update(
         &mut self,
         target: &Target,
@@ -152,6 +155,7 @@ impl TrainableDrafter {
         grads: Vec<Option<Tensor>>,
         grad_clip: f64,
         lr: f64,
+        comm: &dyn Collective,
     ) -> Result<f64> {
         let grads: Vec<Tensor> = grads
             .into_iter()
@@ -174,6 +178,11 @@ impl TrainableDrafter {
             let _p = tracing::info_span!(target: "phase", "optimizer").entered();
             opt.update_with_copies(&self.params, &grads, lr, scale, &self.compute)?
         };
+        if let Some(shards) = opt.shards() {
+            // the other ranks' parameters, as their owners updated them
+            let _p = tracing::info_span!(target: "phase", "optimizer shards").entered();
+            crate::shard::sync_weights(&self.params, shards, comm)?;
+        }
         let _p = tracing::info_span!(target: "phase", "refresh bf16 copies").entered();
         self.refresh(target, written)?;
         Ok(grad_norm)

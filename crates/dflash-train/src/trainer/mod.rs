@@ -83,6 +83,10 @@ pub struct TrainOptions {
     /// sequences' first rows and the anchors drawn — what a reference trainer needs to take
     /// the same steps (`bench/train_reference_run.py`).
     pub plan_out: Option<PathBuf>,
+    /// Shard the optimizer's moments over the ranks ([`crate::shard`]): each keeps those of
+    /// the parameters it owns (1/N of them) and sends their updates to the others. The same
+    /// run either way (checkpoints included); only the memory and the traffic change.
+    pub shard_optimizer: bool,
 }
 
 impl Default for TrainOptions {
@@ -93,6 +97,7 @@ impl Default for TrainOptions {
             time_limit: None,
             feature_cache_bytes: 8 << 30,
             plan_out: None,
+            shard_optimizer: false,
         }
     }
 }

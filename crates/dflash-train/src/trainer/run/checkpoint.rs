@@ -41,7 +41,9 @@ impl Run<'_> {
     /// validation loss is the lowest so far, the oldest checkpoints pruned, `curves.svg`.
     /// Rank 0 alone writes (the other ranks return at once).
     pub fn checkpoint(&mut self, m: &StepMetrics, val: Option<&Validation>) -> Result<()> {
-        let Some(fingerprint) = self.fingerprint.clone() else {
+        // a sharded optimizer's owners send rank 0 their moments: every rank takes part
+        let moments = crate::shard::gather_moments(&self.td.params, &self.opt, self.comm)?;
+        let (Some(fingerprint), Some((m1, m2))) = (self.fingerprint.clone(), moments) else {
             return Ok(());
         };
         let _p = tracing::info_span!(target: "phase", "checkpoint").entered();
@@ -71,13 +73,7 @@ impl Run<'_> {
         let dir = self.paths.step_dir(self.state.steps_done);
         replace_dir(&dir, |tmp| {
             write_drafter_files(&tmp.join("drafter"), &self.dcfg, &w, &rec)?;
-            write_trainer_state(
-                &tmp.join("trainer"),
-                &self.names,
-                &self.opt.m(&self.td.params)?,
-                &self.opt.v(&self.td.params)?,
-                &self.state,
-            )?;
+            write_trainer_state(&tmp.join("trainer"), &self.names, &m1, &m2, &self.state)?;
             write_checksums(tmp)
         })?;
         self.paths.set_latest(self.state.steps_done)?;

@@ -155,6 +155,7 @@ impl<'a> Run<'a> {
             grads,
             self.cfg.grad_clip,
             lr,
+            self.comm,
         )?;
         if !grad_norm.is_finite() {
             bail!(

@@ -63,7 +63,9 @@ impl<'a> Run<'a> {
             cfg.train_only.as_deref(),
         )?;
         let names: Vec<String> = td.params.iter().map(|(n, _)| n.clone()).collect();
-        let (opt, state) = optimizer(lt, &td, &names, &cfg, latest.as_deref(), lead)?;
+        let shards = (opts.shard_optimizer && !comm.is_single())
+            .then(|| crate::shard::plan(&td.params, comm));
+        let (opt, state) = optimizer(lt, &td, &names, &cfg, latest.as_deref(), shards, lead)?;
         let metrics_path = out.join("metrics.jsonl");
         let (metrics_file, fingerprint) = if lead {
             (
@@ -187,17 +189,22 @@ fn initial_weights(
     })
 }
 
-/// AdamW over the drafter's parameters and the trainer state: fresh, or the checkpoint's
-/// moments and state when resuming (said by rank 0).
+/// AdamW over the drafter's parameters (its moments sharded over the ranks with `shards`) and
+/// the trainer state: fresh, or the checkpoint's moments (this rank's part) and state when
+/// resuming (said by rank 0).
 fn optimizer(
     lt: &LoadedTarget,
     td: &TrainableDrafter,
     names: &[String],
     cfg: &TrainConfig,
     latest: Option<&Path>,
+    shards: Option<crate::optim::Shards>,
     lead: bool,
 ) -> Result<(AdamW, TrainerState)> {
     let mut opt = AdamW::new(&td.params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay)?;
+    if let Some(s) = shards {
+        opt.shard(s)?;
+    }
     let mut state = TrainerState {
         steps_done: 0,
         epoch: 0,
