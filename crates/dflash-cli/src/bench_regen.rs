@@ -144,7 +144,7 @@ pub fn run(a: BenchRegenArgs) -> Result<()> {
     }
     let _ = dflash_model::profile::report();
     let (secs, tokens) = run()?;
-    report(&a, requests, min, secs, tokens)
+    report(&a, requests, min, (secs, tokens), target.slot_state_bytes())
 }
 
 /// The flags checked against each other and the shape's context: `(requests, shortest
@@ -191,8 +191,15 @@ fn bench_requests(a: &BenchRegenArgs, requests: usize, min: usize, vocab: usize)
         .collect()
 }
 
-/// The table row (and the `--json` row) of a timed run: `tokens` generated in `secs`.
-fn report(a: &BenchRegenArgs, requests: usize, min: usize, secs: f64, tokens: usize) -> Result<()> {
+/// The table row (and the `--json` row) of a timed run: `tokens` generated in `secs`; a hybrid
+/// target's slots each hold `state_bytes` of linear-attention state beside their K/V rows.
+fn report(
+    a: &BenchRegenArgs,
+    requests: usize,
+    min: usize,
+    (secs, tokens): (f64, usize),
+    state_bytes: usize,
+) -> Result<()> {
     let steps = requests.div_ceil(a.slots) * a.max_new_tokens;
     let tok_s = tokens as f64 / secs;
     println!(
@@ -210,6 +217,14 @@ fn report(a: &BenchRegenArgs, requests: usize, min: usize, secs: f64, tokens: us
         a.max_new_tokens,
         1e3 * secs / steps as f64
     );
+    if state_bytes > 0 {
+        println!(
+            "linear-attention state per slot: {:.1} KiB ({} slots: {:.2} GiB)",
+            state_bytes as f64 / 1024.0,
+            a.slots,
+            (state_bytes * a.slots) as f64 / (1 << 30) as f64
+        );
+    }
     dflash_model::profile::print_report("bench regen");
     if let Some(path) = &a.json {
         let row = serde_json::json!({
@@ -224,6 +239,7 @@ fn report(a: &BenchRegenArgs, requests: usize, min: usize, secs: f64, tokens: us
             "new_tok_s": tok_s,
             "ms_per_step": 1e3 * secs / steps as f64,
             "cuda_graphs": a.cuda_graphs,
+            "slot_state_bytes": state_bytes,
             "device": a.model.run_on.device,
             "dtype": a.model.run_on.dtype,
         });
