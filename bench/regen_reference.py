@@ -30,7 +30,17 @@ def main():
     cfg = AutoConfig.from_pretrained(a.shape)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).cuda().eval()
-    vocab = cfg.vocab_size
+    vocab = getattr(cfg, "vocab_size", None) or cfg.text_config.vocab_size
+    # a hybrid's Gated DeltaNet layers run fla's kernels when fla imports, else torch's fallback
+    gdn = ""
+    text = getattr(cfg, "text_config", cfg)
+    if "linear_attention" in (getattr(text, "layer_types", None) or []):
+        try:
+            import fla  # noqa: F401
+
+            gdn = "+fla"
+        except ImportError:
+            gdn = "+torch-gdn"
     # the same prompt tokens as bench_tokens in dflash-rs: (17 + i * 7919) % vocab, prompt j
     # starting at offset j
     base = [(17 + i * 7919) % vocab for i in range(a.prompt_tokens + a.slots)]
@@ -64,7 +74,7 @@ def main():
         tokens = (out.shape[1] - a.prompt_tokens) * a.slots
         row = {
             "shape": a.shape,
-            "impl": f"transformers-{variant}",
+            "impl": f"transformers-{variant}" + gdn,
             "batch": a.slots,
             "requests": a.slots,
             "prompt_tokens": a.prompt_tokens,
