@@ -140,6 +140,38 @@ pub fn load_from<R: Read + Seek>(
     device: &Device,
 ) -> Result<GgufModel> {
     let file_len = file.seek(std::io::SeekFrom::End(0))?;
+    let content = parse(file, path)?;
+    let meta = Meta::read(&content, path)?;
+    check_extents(&content, file_len, path)?;
+    let tensors = read_tensors(&content, file, path, &meta, dtype, device)?;
+    let vocab_of = |name: &str| -> Option<usize> {
+        match (tensors.dense.get(name), tensors.deferred.get(name)) {
+            (Some(t), _) => t.dim(0).ok(),
+            (None, Some(q)) => Some(q.n),
+            (None, None) => None,
+        }
+    };
+    let vocab = vocab_of("model.embed_tokens.weight").context("GGUF has no token_embd.weight")?;
+    let tie = vocab_of("lm_head.weight").is_none();
+    let tokenizer = tokenizer_data(&content);
+    let config = meta.config(vocab, tie, &tokenizer);
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let store = TensorStore::new(tensors.dense, dtype, device.clone())
+        .with_quant(tensors.quant)
+        .with_deferred(tensors.deferred);
+    Ok(GgufModel {
+        config,
+        store,
+        tokenizer,
+        architecture: meta.arch,
+    })
+}
+
+/// The GGUF header and metadata of `file` (its magic checked first; candle's parser under
+/// `catch_unwind`).
+fn parse<R: Read + Seek>(file: &mut R, path: &Path) -> Result<Content> {
     file.rewind()?;
     let mut magic = [0u8; 4];
     file.read_exact(&mut magic).ok();
@@ -149,45 +181,105 @@ pub fn load_from<R: Read + Seek>(
     file.rewind()?;
     let parsed =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Content::read(&mut *file)));
-    let content = match parsed {
+    match parsed {
         Ok(c) => {
-            c.map_err(|e| anyhow::anyhow!("{} is not a readable GGUF file: {e}", path.display()))?
+            c.map_err(|e| anyhow::anyhow!("{} is not a readable GGUF file: {e}", path.display()))
         }
         Err(_) => bail!(
             "{} is not a readable GGUF file: its header is inconsistent (e.g. an alignment of 0)",
             path.display()
         ),
-    };
+    }
+}
 
-    let arch = meta(&content, "general.architecture")?
-        .to_string()
-        .map_err(|e| anyhow::anyhow!("general.architecture: {e}"))?
-        .clone();
-    let model_type = match arch.as_str() {
-        "llama" | "qwen2" | "qwen3" => arch.clone(),
-        other => bail!(
-            "unknown architecture '{other}' in {} (supported: llama, qwen2, qwen3)",
-            path.display()
-        ),
-    };
-    let k = |s: &str| format!("{arch}.{s}");
-    let hidden = meta_u32(&content, &k("embedding_length"))? as usize;
-    let layers = meta_u32(&content, &k("block_count"))? as usize;
-    let heads = meta_u32(&content, &k("attention.head_count"))? as usize;
-    let kv_heads = meta_opt_u32(&content, &k("attention.head_count_kv"))
-        .map(|x| x as usize)
-        .unwrap_or(heads);
-    let head_dim = meta_opt_u32(&content, &k("attention.key_length")).map(|x| x as usize);
-    let inter = meta_u32(&content, &k("feed_forward_length"))? as usize;
-    let eps = meta_f32(&content, &k("attention.layer_norm_rms_epsilon"))? as f64;
-    let theta = content
-        .metadata
-        .get(&k("rope.freq_base"))
-        .and_then(|v| v.to_f32().ok())
-        .unwrap_or(10_000.0) as f64;
-    let ctx = meta_opt_u32(&content, &k("context_length")).unwrap_or(2048) as usize;
+/// The model's shape as the metadata gives it (`{arch}.embedding_length`, …).
+struct Meta {
+    arch: String,
+    model_type: String,
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: Option<usize>,
+    inter: usize,
+    eps: f64,
+    theta: f64,
+    ctx: usize,
+}
 
-    // Every tensor must lie inside the file: a truncated download is caught here, not as a panic.
+impl Meta {
+    fn read(content: &Content, path: &Path) -> Result<Self> {
+        let arch = meta(content, "general.architecture")?
+            .to_string()
+            .map_err(|e| anyhow::anyhow!("general.architecture: {e}"))?
+            .clone();
+        let model_type = match arch.as_str() {
+            "llama" | "qwen2" | "qwen3" => arch.clone(),
+            other => bail!(
+                "unknown architecture '{other}' in {} (supported: llama, qwen2, qwen3)",
+                path.display()
+            ),
+        };
+        let k = |s: &str| format!("{arch}.{s}");
+        let heads = meta_u32(content, &k("attention.head_count"))? as usize;
+        Ok(Self {
+            hidden: meta_u32(content, &k("embedding_length"))? as usize,
+            layers: meta_u32(content, &k("block_count"))? as usize,
+            heads,
+            kv_heads: meta_opt_u32(content, &k("attention.head_count_kv"))
+                .map(|x| x as usize)
+                .unwrap_or(heads),
+            head_dim: meta_opt_u32(content, &k("attention.key_length")).map(|x| x as usize),
+            inter: meta_u32(content, &k("feed_forward_length"))? as usize,
+            eps: meta_f32(content, &k("attention.layer_norm_rms_epsilon"))? as f64,
+            theta: content
+                .metadata
+                .get(&k("rope.freq_base"))
+                .and_then(|v| v.to_f32().ok())
+                .unwrap_or(10_000.0) as f64,
+            ctx: meta_opt_u32(content, &k("context_length")).unwrap_or(2048) as usize,
+            arch,
+            model_type,
+        })
+    }
+
+    /// The target config of this metadata, with the vocabulary and tying the tensors show.
+    fn config(&self, vocab: usize, tie: bool, tokenizer: &GgufTokenizerData) -> TargetConfig {
+        TargetConfig {
+            architectures: vec![],
+            model_type: self.model_type.clone(),
+            hidden_size: self.hidden,
+            intermediate_size: self.inter,
+            num_hidden_layers: self.layers,
+            num_attention_heads: self.heads,
+            num_key_value_heads: Some(self.kv_heads),
+            head_dim: self.head_dim,
+            rms_norm_eps: self.eps,
+            rope_theta: Some(self.theta),
+            rope_parameters: None,
+            rope_scaling: None,
+            vocab_size: vocab,
+            max_position_embeddings: self.ctx,
+            tie_word_embeddings: tie,
+            attention_bias: Some(self.arch == "qwen2"),
+            bos_token_id: tokenizer.bos_id.map(TokenIds::One),
+            eos_token_id: tokenizer.eos_id.map(TokenIds::One),
+            torch_dtype: None,
+            layer_types: None,
+            full_attention_interval: None,
+            partial_rotary_factor: None,
+            linear_conv_kernel_dim: None,
+            linear_key_head_dim: None,
+            linear_value_head_dim: None,
+            linear_num_key_heads: None,
+            linear_num_value_heads: None,
+            extra: Map::new(),
+        }
+    }
+}
+
+/// Every tensor must lie inside the file: a truncated download is caught here, not as a panic.
+fn check_extents(content: &Content, file_len: u64, path: &Path) -> Result<()> {
     for (name, info) in content.tensor_infos.iter() {
         let dims = info.shape.dims();
         let n = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
@@ -215,11 +307,59 @@ pub fn load_from<R: Read + Seek>(
             ),
         }
     }
+    Ok(())
+}
 
-    let mut tensors = HashMap::new();
-    let mut quant = HashMap::new();
-    // weights held only as their blocks: streamed on the CPU, never dequantized whole
-    let mut deferred = HashMap::new();
+/// A GGUF's tensors under HF names: dequantized ones, quantized weights that also keep their
+/// blocks for the CPU's panels, and (while streaming is on) weights held as blocks only.
+struct Tensors {
+    dense: HashMap<String, Tensor>,
+    quant: HashMap<String, std::sync::Arc<QuantBlocks>>,
+    deferred: HashMap<String, std::sync::Arc<QuantBlocks>>,
+}
+
+/// The heads whose rows a llama GGUF stores permuted for `hf` (its q or k projection).
+fn permuted_heads(meta: &Meta, hf: &str) -> Option<usize> {
+    if meta.model_type != "llama" {
+        return None;
+    }
+    let is = |p: &str| hf.ends_with(&format!("{p}.weight")) || hf.ends_with(&format!("{p}.bias"));
+    if is("self_attn.q_proj") {
+        Some(meta.heads)
+    } else if is("self_attn.k_proj") {
+        Some(meta.kv_heads)
+    } else {
+        None
+    }
+}
+
+/// The quantized kinds whose blocks the CPU panels stream (exact).
+fn streamed_kind(d: GgmlDType) -> Option<QuantKind> {
+    match d {
+        GgmlDType::Q4_1 => Some(QuantKind::Q4_1),
+        GgmlDType::Q8_0 => Some(QuantKind::Q8_0),
+        GgmlDType::Q4_0 => Some(QuantKind::Q4_0),
+        GgmlDType::Q5_0 => Some(QuantKind::Q5_0),
+        GgmlDType::Q4K => Some(QuantKind::Q4K),
+        GgmlDType::Q6K => Some(QuantKind::Q6K),
+        _ => None,
+    }
+}
+
+/// Every tensor of `content` read (in name order), renamed and its rows in the model's order.
+fn read_tensors<R: Read + Seek>(
+    content: &Content,
+    file: &mut R,
+    path: &Path,
+    meta: &Meta,
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensors> {
+    let mut out = Tensors {
+        dense: HashMap::new(),
+        quant: HashMap::new(),
+        deferred: HashMap::new(),
+    };
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     names.sort();
     for name in names {
@@ -227,136 +367,70 @@ pub fn load_from<R: Read + Seek>(
             .tensor(&mut *file, name, &Device::Cpu)
             .map_err(|e| anyhow::anyhow!("reading tensor '{name}' from {}: {e}", path.display()))?;
         let hf = hf_name(name).unwrap_or_else(|| format!("gguf.{name}"));
-        // the row order the model uses: a llama GGUF stores q/k rows permuted
-        let mut row_heads = None;
-        if model_type == "llama" {
-            if hf.ends_with("self_attn.q_proj.weight") || hf.ends_with("self_attn.q_proj.bias") {
-                row_heads = Some(heads);
-            } else if hf.ends_with("self_attn.k_proj.weight")
-                || hf.ends_with("self_attn.k_proj.bias")
-            {
-                row_heads = Some(kv_heads);
-            }
-        }
-        // a Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K weight also keeps its blocks, for the CPU panels to
-        // stream (exact); while streaming is on, only its blocks (the store dequantizes them
-        // on demand)
-        let kind = match q.dtype() {
-            GgmlDType::Q4_1 => Some(QuantKind::Q4_1),
-            GgmlDType::Q8_0 => Some(QuantKind::Q8_0),
-            GgmlDType::Q4_0 => Some(QuantKind::Q4_0),
-            GgmlDType::Q5_0 => Some(QuantKind::Q5_0),
-            GgmlDType::Q4K => Some(QuantKind::Q4K),
-            GgmlDType::Q6K => Some(QuantKind::Q6K),
-            _ => None,
-        };
+        let row_heads = permuted_heads(meta, &hf);
         let dims = q.shape().dims().to_vec();
-        if let (Some(kind), &[n, kdim], DType::F32, true) =
-            (kind, dims.as_slice(), dtype, device.is_cpu())
-        {
+        // a quantized weight also keeps its blocks, for the CPU panels to stream; while
+        // streaming is on, only its blocks (the store dequantizes them on demand)
+        if let (Some(kind), &[n, kdim], DType::F32, true) = (
+            streamed_kind(q.dtype()),
+            dims.as_slice(),
+            dtype,
+            device.is_cpu(),
+        ) {
             let blocks = QuantBlocks::new(kind, n, kdim, q.data()?.into_owned())?;
             let blocks = match row_heads {
-                Some(h) => {
-                    let order = Tensor::arange(0f32, n as f32, &Device::Cpu)?.reshape((n, 1))?;
-                    let from: Vec<usize> = unpermute_rows(&order, h)?
-                        .flatten_all()?
-                        .to_vec1::<f32>()?
-                        .into_iter()
-                        .map(|r| r as usize)
-                        .collect();
-                    blocks.with_rows(&from)
-                }
+                Some(h) => blocks.with_rows(&unpermuted_order(n, h)?),
                 None => blocks,
             };
             if crate::cpu::quant::streaming() {
-                deferred.insert(hf, std::sync::Arc::new(blocks));
+                out.deferred.insert(hf, std::sync::Arc::new(blocks));
                 continue;
             }
-            quant.insert(hf.clone(), std::sync::Arc::new(blocks));
+            out.quant.insert(hf.clone(), std::sync::Arc::new(blocks));
         }
         let mut t = q.dequantize(&Device::Cpu)?;
         if let Some(h) = row_heads {
             t = unpermute_rows(&t, h)?;
         }
-        tensors.insert(hf, t.to_dtype(dtype)?.to_device(device)?);
+        out.dense.insert(hf, t.to_dtype(dtype)?.to_device(device)?);
     }
-    let vocab_of = |name: &str| -> Option<usize> {
-        match (tensors.get(name), deferred.get(name)) {
-            (Some(t), _) => t.dim(0).ok(),
-            (None, Some(q)) => Some(q.n),
-            (None, None) => None,
-        }
-    };
-    let vocab = vocab_of("model.embed_tokens.weight").context("GGUF has no token_embd.weight")?;
-    let tie = vocab_of("lm_head.weight").is_none();
-    let tokenizer = GgufTokenizerData {
-        model: content
+    Ok(out)
+}
+
+/// The source row of each of `n` rows after [`unpermute_rows`] over `heads` heads.
+fn unpermuted_order(n: usize, heads: usize) -> Result<Vec<usize>> {
+    let order = Tensor::arange(0f32, n as f32, &Device::Cpu)?.reshape((n, 1))?;
+    Ok(unpermute_rows(&order, heads)?
+        .flatten_all()?
+        .to_vec1::<f32>()?
+        .into_iter()
+        .map(|r| r as usize)
+        .collect())
+}
+
+/// The embedded tokenizer's metadata (`tokenizer.ggml.*`, the chat template).
+fn tokenizer_data(content: &Content) -> GgufTokenizerData {
+    let string = |k: &str| {
+        content
             .metadata
-            .get("tokenizer.ggml.model")
+            .get(k)
             .and_then(|v| v.to_string().ok().cloned())
-            .unwrap_or_default(),
-        pre: content
-            .metadata
-            .get("tokenizer.ggml.pre")
-            .and_then(|v| v.to_string().ok().cloned()),
-        tokens: meta_strings(&content, "tokenizer.ggml.tokens").unwrap_or_default(),
-        merges: meta_strings(&content, "tokenizer.ggml.merges").unwrap_or_default(),
+    };
+    GgufTokenizerData {
+        model: string("tokenizer.ggml.model").unwrap_or_default(),
+        pre: string("tokenizer.ggml.pre"),
+        tokens: meta_strings(content, "tokenizer.ggml.tokens").unwrap_or_default(),
+        merges: meta_strings(content, "tokenizer.ggml.merges").unwrap_or_default(),
         token_types: content
             .metadata
             .get("tokenizer.ggml.token_type")
             .and_then(|v| v.to_vec().ok())
             .map(|v| v.iter().map(|x| x.to_i32().unwrap_or(1)).collect())
             .unwrap_or_default(),
-        bos_id: meta_opt_u32(&content, "tokenizer.ggml.bos_token_id"),
-        eos_id: meta_opt_u32(&content, "tokenizer.ggml.eos_token_id"),
-        chat_template: content
-            .metadata
-            .get("tokenizer.chat_template")
-            .and_then(|v| v.to_string().ok().cloned()),
-    };
-
-    let config = TargetConfig {
-        architectures: vec![],
-        model_type,
-        hidden_size: hidden,
-        intermediate_size: inter,
-        num_hidden_layers: layers,
-        num_attention_heads: heads,
-        num_key_value_heads: Some(kv_heads),
-        head_dim,
-        rms_norm_eps: eps,
-        rope_theta: Some(theta),
-        rope_parameters: None,
-        rope_scaling: None,
-        vocab_size: vocab,
-        max_position_embeddings: ctx,
-        tie_word_embeddings: tie,
-        attention_bias: Some(arch == "qwen2"),
-        bos_token_id: tokenizer.bos_id.map(TokenIds::One),
-        eos_token_id: tokenizer.eos_id.map(TokenIds::One),
-        torch_dtype: None,
-        layer_types: None,
-        full_attention_interval: None,
-        partial_rotary_factor: None,
-        linear_conv_kernel_dim: None,
-        linear_key_head_dim: None,
-        linear_value_head_dim: None,
-        linear_num_key_heads: None,
-        linear_num_value_heads: None,
-        extra: Map::new(),
-    };
-    config
-        .validate()
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let store = TensorStore::new(tensors, dtype, device.clone())
-        .with_quant(quant)
-        .with_deferred(deferred);
-    Ok(GgufModel {
-        config,
-        store,
-        tokenizer,
-        architecture: arch,
-    })
+        bos_id: meta_opt_u32(content, "tokenizer.ggml.bos_token_id"),
+        eos_id: meta_opt_u32(content, "tokenizer.ggml.eos_token_id"),
+        chat_template: string("tokenizer.chat_template"),
+    }
 }
 
 #[cfg(test)]
