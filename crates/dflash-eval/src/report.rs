@@ -329,6 +329,15 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
         &out.join("report.json"),
         (serde_json::to_string_pretty(report)? + "\n").as_bytes(),
     )?;
+    write_plots(report, out)?;
+    write_file(&out.join("report.md"), markdown(report).as_bytes())?;
+    Ok(())
+}
+
+/// The plots: τ per mode, the histogram of tokens committed per round, the acceptance per
+/// draft position.
+fn write_plots(report: &Report, out: &Path) -> Result<()> {
+    use dflash_model::io::atomic::write_file;
     let spec: Vec<&ModeReport> = report.modes.iter().filter(|m| m.mode != "ar").collect();
     // τ histogram (fraction of rounds committing t tokens)
     let maxt = report
@@ -401,6 +410,12 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
         .as_bytes(),
     )?;
 
+    Ok(())
+}
+
+/// report.md: the run's settings, one row per mode, the acceptance per position and the
+/// losslessness check.
+fn markdown(report: &Report) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# dflash-rs evaluation: {}\n", report.dataset);
     let _ = writeln!(md, "- command: `{}`", report.command);
@@ -451,6 +466,13 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
             m.tau.other_secs
         );
     }
+    lossless_markdown(report, &mut md);
+    md
+}
+
+/// report.md's acceptance per position and losslessness sections.
+fn lossless_markdown(report: &Report, md: &mut String) {
+    let spec: Vec<&ModeReport> = report.modes.iter().filter(|m| m.mode != "ar").collect();
     let _ = writeln!(md, "\nPer-position acceptance (k = 1 …):\n");
     for m in &spec {
         let v: Vec<String> = m
@@ -499,8 +521,6 @@ pub fn write(report: &Report, out: &Path) -> Result<()> {
         md,
         "\n![τ](tau.svg) ![histogram](tau_histogram.svg) ![acceptance](acceptance.svg)"
     );
-    write_file(&out.join("report.md"), md.as_bytes())?;
-    Ok(())
 }
 
 #[cfg(test)]
