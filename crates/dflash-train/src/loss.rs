@@ -13,7 +13,7 @@
 //! A DFlash2 drafter adds its selector's term ([`crate::selector_loss`]) times
 //! `selector_weight`, and its acceptance counts come from the selector's top-1.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, D};
 use dflash_core::stats::AcceptCounts;
@@ -187,22 +187,7 @@ pub fn block_loss(
         .iter()
         .flat_map(|&a| drafter.block_tokens(row.seq.ids[a], block))
         .collect();
-    let phase = tracing::info_span!(target: "phase", "drafter layers").entered();
-    let emb = drafter.embed_block(target, &block_tokens)?;
-    let layout = DraftLayout::Training {
-        segs: &row.segs,
-        anchors,
-        block,
-    };
-    // the taped forward, whose written backward follows the loss's (`LossOutput::backward`);
-    // with DFLASH_DISABLED_KERNELS=train-tape, candle's autograd through the traced forward
-    let (hidden, tape) = if drafter.trains_taped() {
-        let t = drafter.forward_taped(&feats.taps, &emb, layout)?;
-        (t.hidden.clone(), Some(t))
-    } else {
-        (drafter.forward(&feats.taps, &emb, layout, None)?, None)
-    };
-    drop(phase);
+    let (hidden, tape) = block_hidden(drafter, target, row, feats, anchors, &block_tokens)?;
     // block rows 1..B of every block (row 0, the anchor, is never trained): a narrow of
     // [anchors, B, h], whose backward is a zero-padded copy (not an index_add)
     let h = hidden.dim(2)?;
@@ -217,49 +202,8 @@ pub fn block_loss(
         bail!("no supervised label in any block");
     }
     let (per_row, pred, logits) = match kind {
-        LossKind::Ce => match target.lm_head_weight() {
-            // the head and the loss as one node (no selector reads the logits' graph): the
-            // logits' gradients are never accumulated, the rows' come from them directly
-            Some(w) if drafter.logits_are_the_heads() && drafter.selector.is_none() => {
-                let _p = tracing::info_span!(target: "phase", "LM head + loss").entered();
-                let x = hidden_rows.squeeze(0)?;
-                let w = w.to_dtype(x.dtype())?;
-                linear_cross_entropy_rows(&x, &w, &labels)?
-            }
-            _ => {
-                let phase = tracing::info_span!(target: "phase", "LM head").entered();
-                // logits in the model's dtype, into the fused cross-entropy (f32 inside)
-                let logits = drafter.training_logits(target, &hidden_rows)?.squeeze(0)?; // [R, V]
-                drop(phase);
-                let _loss = tracing::info_span!(target: "phase", "loss").entered();
-                let (per_row, pred) = cross_entropy_rows(&logits, &labels)?;
-                (per_row, pred, logits)
-            }
-        },
-        LossKind::Kl => {
-            let phase = tracing::info_span!(target: "phase", "LM head").entered();
-            let logits = drafter.logits(target, &hidden_rows)?.squeeze(0)?; // [R, V] f32
-            drop(phase);
-            let _loss = tracing::info_span!(target: "phase", "loss").entered();
-            let tl = feats
-                .target_logits
-                .as_ref()
-                .expect("KL needs target logits");
-            // the target's prediction of token a+k is its logits at position a+k-1
-            let pos: Vec<u32> = anchors
-                .iter()
-                .flat_map(|&a| (1..block).map(move |k| (a + k - 1).min(row.len() - 1) as u32))
-                .collect();
-            let tl = tl
-                .index_select(&Tensor::from_vec(pos, n_rows, &dev)?, 0)?
-                .to_dtype(logits.dtype())?;
-            let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-            let tlogp = candle_nn::ops::log_softmax(&tl, D::Minus1)?;
-            let p = tlogp.exp()?;
-            let per_row = (p * (tlogp - &logp)?)?.sum(D::Minus1)?;
-            let pred: Vec<u32> = logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1()?;
-            (per_row, pred, logits)
-        }
+        LossKind::Ce => ce_rows(drafter, target, &hidden_rows, &labels)?,
+        LossKind::Kl => kl_rows(drafter, target, &hidden_rows, feats, row, anchors, block)?,
     };
     let w = Tensor::from_vec(weights.clone(), weights.len(), &dev)?.to_dtype(per_row.dtype())?;
     let mut loss = ((per_row * w)?.sum_all()? / wsum)?;
@@ -288,15 +232,7 @@ pub fn block_loss(
         pred = term.top1;
         selector_covered = Some(term.covered);
     }
-    let _counts = tracing::info_span!(target: "phase", "acceptance counts").entered();
-    // acceptance counts from the argmax: a draft without a supervised label ends the walk
-    let mut counts = AcceptCounts::new(block - 1);
-    let mut accepted = Vec::with_capacity(anchors.len());
-    for (j, &a) in anchors.iter().enumerate() {
-        let rows = j * (block - 1)..(j + 1) * (block - 1);
-        let k = counts.add_block(rows.map(|r| (weights[r] != 0.0).then(|| pred[r] == labels[r])));
-        accepted.push((a, k));
-    }
+    let (counts, accepted) = acceptance(anchors, block, &weights, &pred, &labels);
     Ok(LossOutput {
         loss,
         weight_sum: wsum,
@@ -306,4 +242,115 @@ pub fn block_loss(
         selector_covered,
         tape,
     })
+}
+
+/// The drafter's hidden states of `anchors`' blocks (`block_tokens`, block after block), and
+/// the tape of the taped forward, whose written backward follows the loss's
+/// (`LossOutput::backward`; with `--disable-kernels train-tape`, candle's autograd through the
+/// traced forward instead).
+fn block_hidden(
+    drafter: &Drafter,
+    target: &Target,
+    row: &TrainingRow,
+    feats: &Features,
+    anchors: &[usize],
+    block_tokens: &[u32],
+) -> Result<(Tensor, Option<Tape>)> {
+    let _phase = tracing::info_span!(target: "phase", "drafter layers").entered();
+    let emb = drafter.embed_block(target, block_tokens)?;
+    let layout = DraftLayout::Training {
+        segs: &row.segs,
+        anchors,
+        block: block_tokens.len() / anchors.len(),
+    };
+    Ok(if drafter.trains_taped() {
+        let t = drafter.forward_taped(&feats.taps, &emb, layout)?;
+        (t.hidden.clone(), Some(t))
+    } else {
+        (drafter.forward(&feats.taps, &emb, layout, None)?, None)
+    })
+}
+
+/// Hard cross-entropy of the trained rows against their labels: `(per-row loss, the argmax,
+/// the logits)`.
+fn ce_rows(
+    drafter: &Drafter,
+    target: &Target,
+    hidden_rows: &Tensor,
+    labels: &[u32],
+) -> Result<(Tensor, Vec<u32>, Tensor)> {
+    Ok(match target.lm_head_weight() {
+        // the head and the loss as one node (no selector reads the logits' graph): the
+        // logits' gradients are never accumulated, the rows' come from them directly
+        Some(w) if drafter.logits_are_the_heads() && drafter.selector.is_none() => {
+            let _p = tracing::info_span!(target: "phase", "LM head + loss").entered();
+            let x = hidden_rows.squeeze(0)?;
+            let w = w.to_dtype(x.dtype())?;
+            linear_cross_entropy_rows(&x, &w, labels)?
+        }
+        _ => {
+            let phase = tracing::info_span!(target: "phase", "LM head").entered();
+            // logits in the model's dtype, into the fused cross-entropy (f32 inside)
+            let logits = drafter.training_logits(target, hidden_rows)?.squeeze(0)?; // [R, V]
+            drop(phase);
+            let _loss = tracing::info_span!(target: "phase", "loss").entered();
+            let (per_row, pred) = cross_entropy_rows(&logits, labels)?;
+            (per_row, pred, logits)
+        }
+    })
+}
+
+/// KL(target ‖ drafter) of the trained rows: the target's prediction of token a+k is its
+/// logits at position a+k-1. `(per-row loss, the argmax, the logits)`.
+fn kl_rows(
+    drafter: &Drafter,
+    target: &Target,
+    hidden_rows: &Tensor,
+    feats: &Features,
+    row: &TrainingRow,
+    anchors: &[usize],
+    block: usize,
+) -> Result<(Tensor, Vec<u32>, Tensor)> {
+    let phase = tracing::info_span!(target: "phase", "LM head").entered();
+    let logits = drafter.logits(target, hidden_rows)?.squeeze(0)?; // [R, V] f32
+    drop(phase);
+    let _loss = tracing::info_span!(target: "phase", "loss").entered();
+    let tl = feats
+        .target_logits
+        .as_ref()
+        .context("the KL loss needs the target's logits")?;
+    let pos: Vec<u32> = anchors
+        .iter()
+        .flat_map(|&a| (1..block).map(move |k| (a + k - 1).min(row.len() - 1) as u32))
+        .collect();
+    let n = pos.len();
+    let tl = tl
+        .index_select(&Tensor::from_vec(pos, n, logits.device())?, 0)?
+        .to_dtype(logits.dtype())?;
+    let logp = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+    let tlogp = candle_nn::ops::log_softmax(&tl, D::Minus1)?;
+    let p = tlogp.exp()?;
+    let per_row = (p * (tlogp - &logp)?)?.sum(D::Minus1)?;
+    let pred: Vec<u32> = logits.argmax(D::Minus1)?.to_dtype(DType::U32)?.to_vec1()?;
+    Ok((per_row, pred, logits))
+}
+
+/// Acceptance counts from the argmax `pred` of every block's trained rows: a draft without a
+/// supervised label ends the walk. Also each anchor's accepted count.
+fn acceptance(
+    anchors: &[usize],
+    block: usize,
+    weights: &[f32],
+    pred: &[u32],
+    labels: &[u32],
+) -> (AcceptCounts, Vec<(usize, usize)>) {
+    let _counts = tracing::info_span!(target: "phase", "acceptance counts").entered();
+    let mut counts = AcceptCounts::new(block - 1);
+    let mut accepted = Vec::with_capacity(anchors.len());
+    for (j, &a) in anchors.iter().enumerate() {
+        let rows = j * (block - 1)..(j + 1) * (block - 1);
+        let k = counts.add_block(rows.map(|r| (weights[r] != 0.0).then(|| pred[r] == labels[r])));
+        accepted.push((a, k));
+    }
+    (counts, accepted)
 }
