@@ -78,126 +78,141 @@ pub fn item_texts(home: &Path) -> Result<(Vec<String>, Vec<&'static str>)> {
 
 /// Load a named dataset (from the asset cache under `home`) or a JSONL file; at most `limit` items.
 pub fn load(name_or_file: &str, home: &Path, limit: Option<usize>) -> Result<Vec<EvalItem>> {
-    let mut items = Vec::new();
-    if NAMES.contains(&name_or_file) {
-        let path = path_of(home, name_or_file);
-        if !path.exists() {
-            bail!("dataset '{name_or_file}' is not in the asset cache ({}): run scripts/fetch-assets.sh datasets", path.display());
-        }
-        match name_or_file {
-            "gsm8k" => {
-                for (i, v) in jsonl_values(&read_text(&path)?, &path)?.iter().enumerate() {
-                    items.push(EvalItem {
-                        id: format!("gsm8k-{i}"),
-                        turns: vec![format!("{}{MATH_SUFFIX}", field(v, "question", &path)?)],
-                    });
-                }
-            }
-            "humaneval" => {
-                let mut s = String::new();
-                flate2::read::GzDecoder::new(std::fs::File::open(&path)?)
-                    .read_to_string(&mut s)
-                    .with_context(|| format!("reading {}", path.display()))?;
-                for v in jsonl_values(&s, &path)? {
-                    let p = field(&v, "prompt", &path)?;
-                    items.push(EvalItem {
-                        id: field(&v, "task_id", &path)
-                            .unwrap_or("humaneval")
-                            .to_string(),
-                        turns: vec![format!("{HUMANEVAL_PREFIX}{p}{HUMANEVAL_SUFFIX}")],
-                    });
-                }
-            }
-            "mt-bench" => {
-                for v in jsonl_values(&read_text(&path)?, &path)? {
-                    let turns: Vec<String> = v
-                        .get("turns")
-                        .and_then(|t| t.as_array())
-                        .context("mt-bench item without turns")?
-                        .iter()
-                        .filter_map(|t| t.as_str().map(str::to_string))
-                        .collect();
-                    let id = v
-                        .get("question_id")
-                        .map(|q| q.to_string())
-                        .unwrap_or_default();
-                    items.push(EvalItem {
-                        id: format!("mt-bench-{id}"),
-                        turns,
-                    });
-                }
-            }
-            _ => {
-                let all: Vec<Value> = serde_json::from_str(&read_text(&path)?)
-                    .with_context(|| format!("parsing {}", path.display()))?;
-                for (i, v) in all
-                    .iter()
-                    .filter(|v| v.get("data_source").and_then(|d| d.as_str()) == Some("MATH500"))
-                    .enumerate()
-                {
-                    items.push(EvalItem {
-                        id: format!("math500-{i}"),
-                        turns: vec![format!("{}{MATH_SUFFIX}", field(v, "question", &path)?)],
-                    });
-                }
-            }
-        }
-    } else {
-        let path = PathBuf::from(name_or_file);
-        let f = std::fs::File::open(&path).with_context(|| {
-            format!(
-                "'{name_or_file}' is neither a dataset ({}) nor a readable file",
-                NAMES.join(", ")
-            )
-        })?;
-        for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
-            let line = line.with_context(|| format!("{} line {}", path.display(), i + 1))?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let v: Value = serde_json::from_str(&line)
-                .with_context(|| format!("{} line {}", path.display(), i + 1))?;
-            let turns = if let Some(p) = v.get("prompt").and_then(|p| p.as_str()) {
-                vec![p.to_string()]
-            } else if let Some(m) = v.get("messages").and_then(|m| m.as_array()) {
-                m.iter()
-                    .filter(|t| t.get("role").and_then(|r| r.as_str()) == Some("user"))
-                    .filter_map(|t| {
-                        t.get("content")
-                            .and_then(|c| c.as_str())
-                            .map(str::to_string)
-                    })
-                    .collect()
-            } else {
-                bail!(
-                    "{} line {}: no 'prompt' or 'messages'",
-                    path.display(),
-                    i + 1
-                );
-            };
-            if turns.is_empty() || turns.iter().any(|t| t.trim().is_empty()) {
-                bail!(
-                    "{} line {}: {}",
-                    path.display(),
-                    i + 1,
-                    if turns.is_empty() {
-                        "no user turn in 'messages'"
-                    } else {
-                        "the prompt is empty"
-                    }
-                );
-            }
-            items.push(EvalItem {
-                id: format!("item-{i}"),
-                turns,
-            });
-        }
-    }
+    let mut items = match NAMES.contains(&name_or_file) {
+        true => load_named(name_or_file, home)?,
+        false => load_jsonl(name_or_file)?,
+    };
     if let Some(l) = limit {
         items.truncate(l);
     }
     if items.is_empty() {
         bail!("no items in {name_or_file}");
+    }
+    Ok(items)
+}
+
+/// A pinned dataset of the asset cache, each item's turns as the evaluation asks them.
+fn load_named(name: &str, home: &Path) -> Result<Vec<EvalItem>> {
+    let mut items = Vec::new();
+    let path = path_of(home, name);
+    if !path.exists() {
+        bail!(
+            "dataset '{name}' is not in the asset cache ({}): run scripts/fetch-assets.sh datasets",
+            path.display()
+        );
+    }
+    match name {
+        "gsm8k" => {
+            for (i, v) in jsonl_values(&read_text(&path)?, &path)?.iter().enumerate() {
+                items.push(EvalItem {
+                    id: format!("gsm8k-{i}"),
+                    turns: vec![format!("{}{MATH_SUFFIX}", field(v, "question", &path)?)],
+                });
+            }
+        }
+        "humaneval" => {
+            let mut s = String::new();
+            flate2::read::GzDecoder::new(std::fs::File::open(&path)?)
+                .read_to_string(&mut s)
+                .with_context(|| format!("reading {}", path.display()))?;
+            for v in jsonl_values(&s, &path)? {
+                let p = field(&v, "prompt", &path)?;
+                items.push(EvalItem {
+                    id: field(&v, "task_id", &path)
+                        .unwrap_or("humaneval")
+                        .to_string(),
+                    turns: vec![format!("{HUMANEVAL_PREFIX}{p}{HUMANEVAL_SUFFIX}")],
+                });
+            }
+        }
+        "mt-bench" => {
+            for v in jsonl_values(&read_text(&path)?, &path)? {
+                let turns: Vec<String> = v
+                    .get("turns")
+                    .and_then(|t| t.as_array())
+                    .context("mt-bench item without turns")?
+                    .iter()
+                    .filter_map(|t| t.as_str().map(str::to_string))
+                    .collect();
+                let id = v
+                    .get("question_id")
+                    .map(|q| q.to_string())
+                    .unwrap_or_default();
+                items.push(EvalItem {
+                    id: format!("mt-bench-{id}"),
+                    turns,
+                });
+            }
+        }
+        _ => {
+            let all: Vec<Value> = serde_json::from_str(&read_text(&path)?)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            for (i, v) in all
+                .iter()
+                .filter(|v| v.get("data_source").and_then(|d| d.as_str()) == Some("MATH500"))
+                .enumerate()
+            {
+                items.push(EvalItem {
+                    id: format!("math500-{i}"),
+                    turns: vec![format!("{}{MATH_SUFFIX}", field(v, "question", &path)?)],
+                });
+            }
+        }
+    }
+    Ok(items)
+}
+
+/// A JSONL file of `{"prompt": …}` or `{"messages": [...]}` lines (the user turns).
+fn load_jsonl(name_or_file: &str) -> Result<Vec<EvalItem>> {
+    let mut items = Vec::new();
+    let path = PathBuf::from(name_or_file);
+    let f = std::fs::File::open(&path).with_context(|| {
+        format!(
+            "'{name_or_file}' is neither a dataset ({}) nor a readable file",
+            NAMES.join(", ")
+        )
+    })?;
+    for (i, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(&line)
+            .with_context(|| format!("{} line {}", path.display(), i + 1))?;
+        let turns = if let Some(p) = v.get("prompt").and_then(|p| p.as_str()) {
+            vec![p.to_string()]
+        } else if let Some(m) = v.get("messages").and_then(|m| m.as_array()) {
+            m.iter()
+                .filter(|t| t.get("role").and_then(|r| r.as_str()) == Some("user"))
+                .filter_map(|t| {
+                    t.get("content")
+                        .and_then(|c| c.as_str())
+                        .map(str::to_string)
+                })
+                .collect()
+        } else {
+            bail!(
+                "{} line {}: no 'prompt' or 'messages'",
+                path.display(),
+                i + 1
+            );
+        };
+        if turns.is_empty() || turns.iter().any(|t| t.trim().is_empty()) {
+            bail!(
+                "{} line {}: {}",
+                path.display(),
+                i + 1,
+                if turns.is_empty() {
+                    "no user turn in 'messages'"
+                } else {
+                    "the prompt is empty"
+                }
+            );
+        }
+        items.push(EvalItem {
+            id: format!("item-{i}"),
+            turns,
+        });
     }
     Ok(items)
 }
