@@ -12,6 +12,7 @@
 
 mod inputs;
 mod layer;
+mod load;
 
 pub use inputs::{CacheLayout, ForwardInputs};
 
@@ -21,14 +22,12 @@ use dflash_core::config::TargetConfig;
 use dflash_core::visibility::Visibility;
 
 use crate::cache::kv_cache::KvCache;
-use crate::io::weights::TensorStore;
-use crate::layers::gdn::{GatedDeltaNet, GdnCache, GdnDims, GdnSlots};
+use crate::layers::gdn::{GdnCache, GdnSlots};
 use crate::layers::linear::Linear;
-use crate::layers::mlp::{load_linear, Mlp};
 use crate::layers::norm::RmsNorm;
 use crate::layers::rope::Rope;
-use crate::models::families::{spec_for, FamilySpec};
-use layer::{Attention, DecoderLayer, Mixer};
+use crate::models::families::FamilySpec;
+use layer::{DecoderLayer, Mixer};
 
 /// Which rows get logits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,123 +148,6 @@ impl Target {
             l.mlp.stack_gate_up()?;
         }
         Ok(())
-    }
-
-    /// Build a target from HF-named weights (`model.layers.{i}.self_attn.q_proj.weight`, …).
-    pub fn load(config: TargetConfig, store: &TensorStore) -> Result<Self> {
-        config.validate()?;
-        let spec = spec_for(&config)?;
-        let (h, nh, nkv, hd) = (
-            config.hidden_size,
-            config.num_attention_heads,
-            config.num_kv_heads(),
-            config.head_dim(),
-        );
-        let eps = config.rms_norm_eps;
-        let zc = spec.zero_centred_norm;
-        let norm = |name: &str, dim: usize| -> Result<RmsNorm> {
-            let w = store.get(name, &[dim])?;
-            Ok(if zc {
-                RmsNorm::zero_centred(w, eps)
-            } else {
-                RmsNorm::new(w, eps)
-            })
-        };
-        let q_out = if spec.gated_q { 2 * nh * hd } else { nh * hd };
-        let types = config.resolved_layer_types();
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for (i, ty) in types.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            let mixer = if ty == "linear_attention" {
-                let dims = GdnDims {
-                    hk: config.linear_num_key_heads.unwrap_or(0),
-                    hv: config.linear_num_value_heads.unwrap_or(0),
-                    dk: config.linear_key_head_dim.unwrap_or(0),
-                    dv: config.linear_value_head_dim.unwrap_or(0),
-                    kernel: config.linear_conv_kernel_dim.unwrap_or(0),
-                };
-                Mixer::GatedDeltaNet(GatedDeltaNet::load(
-                    store,
-                    &format!("{p}.linear_attn"),
-                    h,
-                    dims,
-                    eps,
-                )?)
-            } else {
-                let a = format!("{p}.self_attn");
-                let qk_norm = |n: &str| -> Result<Option<RmsNorm>> {
-                    Ok(if spec.qk_norm {
-                        Some(norm(&format!("{a}.{n}.weight"), hd)?)
-                    } else {
-                        None
-                    })
-                };
-                let attn = Attention {
-                    q_proj: load_linear(store, &format!("{a}.q_proj"), q_out, h, spec.qkv_bias)?,
-                    k_proj: load_linear(store, &format!("{a}.k_proj"), nkv * hd, h, spec.qkv_bias)?,
-                    v_proj: load_linear(store, &format!("{a}.v_proj"), nkv * hd, h, spec.qkv_bias)?,
-                    o_proj: load_linear(store, &format!("{a}.o_proj"), h, nh * hd, false)?,
-                    q_norm: qk_norm("q_norm")?,
-                    k_norm: qk_norm("k_norm")?,
-                    heads: nh,
-                    kv_heads: nkv,
-                    head_dim: hd,
-                    gated: spec.gated_q,
-                    qkv: None,
-                };
-                Mixer::Attention(attn)
-            };
-            layers.push(DecoderLayer {
-                input_layernorm: norm(&format!("{p}.input_layernorm.weight"), h)?,
-                mixer,
-                post_attention_layernorm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                mlp: Mlp::load(store, &format!("{p}.mlp"), h, config.intermediate_size)?,
-            });
-        }
-        // the LM head: its own weight, or tied to the embeddings
-        let embed_name = "model.embed_tokens.weight";
-        let head_name = if store.contains("lm_head.weight") {
-            "lm_head.weight"
-        } else {
-            embed_name
-        };
-        let vocab_shape = [config.vocab_size, h];
-        // under `DFLASH_CPU_QUANT=q8` the exact products' arg-max: 8-bit rows alone move
-        // SmolLM2's last logits by 6 % and flip it (tests/gguf_targets.rs), so a Q8_0 head
-        // recomputes exactly the columns that could be a row's arg-max (`cpu::screen`)
-        let lm_head = match store.quant(head_name, &vocab_shape) {
-            Some(q) => Linear::from_blocks_head(&q, None, || store.get(head_name, &vocab_shape))?,
-            None => Linear::new_exact(store.get(head_name, &vocab_shape)?, None),
-        };
-        // quantized embeddings are looked up from panels: the tied LM head's, or their own
-        let embed_tokens = match (lm_head.panels(), store.quant(embed_name, &vocab_shape)) {
-            (Some(p), _) if p.is_quantized() && head_name == embed_name => {
-                Embeddings::Panels(p.clone())
-            }
-            (_, Some(q)) if crate::cpu::panels::Panels::supported() => Embeddings::Panels(
-                std::sync::Arc::new(crate::cpu::panels::Panels::pack_quantized(&q)),
-            ),
-            // tied: the head's tensor (one copy)
-            _ if head_name == embed_name => Embeddings::Table(lm_head.weight()?),
-            _ => Embeddings::Table(store.get(embed_name, &vocab_shape)?),
-        };
-        // partial RoPE rotates the first head_dim · partial_rotary_factor features (qwen3_5)
-        let rotary = ((hd as f64 * config.rotary_fraction()) as usize) & !1;
-        let rope = Rope::new(rotary, config.rope_theta());
-        Ok(Self {
-            spec,
-            embed_tokens,
-            layers,
-            norm: norm("model.norm.weight", h)?,
-            lm_head,
-            rope,
-            gdn_chunk_min_rows: 64,
-            dtype: store.dtype,
-            device: store.device.clone(),
-            loaded_tensors: store.used(),
-            ignored_tensors: store.unused(),
-            config,
-        })
     }
 
     pub fn new_cache(&self) -> KvCache {
