@@ -256,7 +256,6 @@ impl Target {
         cap: Option<usize>,
         fixed_intervals: bool,
     ) -> Result<ForwardInputs> {
-        let mask_cols = cap;
         let b = masks.len();
         let n = rows_per_sequence(tokens, positions, b)?;
         check_capacity(n, cache_len, cap)?;
@@ -286,6 +285,40 @@ impl Target {
             )?),
             None => None,
         };
+        let mask = self.attention_rule(masks, n, cap, fixed_intervals)?;
+        // f32 CPU inference of a few rows: each row over its own keys (bit-identical rows
+        // whatever the other rows, e.g. a tree's verify row and the AR step of the same tokens)
+        // (several sequences one after the other: each gets the bits it gets alone)
+        let runs = (masks.len() == b
+            && cap.is_none()
+            && row_attention::serves(&self.device, self.dtype, b, n))
+        .then(|| KeyRuns::from_masks(masks));
+        Ok(ForwardInputs {
+            ids,
+            rope,
+            mask,
+            runs,
+            gdn,
+            b,
+            n,
+            cache_len,
+            layout,
+        })
+    }
+
+    /// How the attention of a forward of `masks` (one per sequence, `n` rows each) reads its
+    /// keys, chosen once per forward: one interval of keys per row where every row has one
+    /// (the fused interval softmax), the tree kernel's windows beside the additive mask for a
+    /// tree's verify on a CUDA device in bf16, else the additive mask; over `cap` columns in
+    /// the fixed layout (`fixed_intervals`: a chain's captured forward, which keeps intervals).
+    fn attention_rule(
+        &self,
+        masks: &[Visibility],
+        n: usize,
+        cap: Option<usize>,
+        fixed_intervals: bool,
+    ) -> Result<AttnMask> {
+        let b = masks.len();
         // in the attention scores' dtype: no cast per layer (−1 kernel per layer)
         let cd = crate::layers::norm::compute_dtype(self.dtype);
         // one sequence's rows that are not one interval each (a tree's verify), or every
@@ -317,7 +350,7 @@ impl Target {
                 _ => RowIntervals::widened(masks, cols, &self.device)?,
             })
         };
-        let mask = match (mask_cols, masks) {
+        Ok(match (cap, masks) {
             (Some(cols), [one]) => match fixed_intervals {
                 true => match intervals(cols)? {
                     Some(iv) => AttnMask::Intervals(iv),
@@ -335,24 +368,6 @@ impl Target {
                 (None, [one]) => tree_mask(one, one.cols)?,
                 (None, _) => AttnMask::Additive(mask_tensors(masks, cd, &self.device)?),
             },
-        };
-        // f32 CPU inference of a few rows: each row over its own keys (bit-identical rows
-        // whatever the other rows, e.g. a tree's verify row and the AR step of the same tokens)
-        // (several sequences one after the other: each gets the bits it gets alone)
-        let runs = (masks.len() == b
-            && mask_cols.is_none()
-            && row_attention::serves(&self.device, self.dtype, b, n))
-        .then(|| KeyRuns::from_masks(masks));
-        Ok(ForwardInputs {
-            ids,
-            rope,
-            mask,
-            runs,
-            gdn,
-            b,
-            n,
-            cache_len,
-            layout,
         })
     }
 
