@@ -14,7 +14,7 @@ use candle_core::DType;
 use clap::Args;
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::{decode_secs_per_token, summarize, RoundOutcome};
-use dflash_engine::{generate_with, DecodeOptions, GraphCache, ModeName, Request};
+use dflash_engine::{generate, DecodeOptions, GraphCache, ModeName, Request};
 use dflash_eval::harness::{mode_specs, EvalDrafter, ModeSpec};
 use dflash_model::io::loader::load_target;
 use dflash_model::io::weights::TensorStore;
@@ -238,7 +238,7 @@ fn decode_mode(
                 loop_window: 0,
             };
             dev.synchronize()?;
-            let g = generate_with(target, d, spec.mode, &req, opts, &mut graphs)?;
+            let g = generate(target, d, spec.mode, &req, opts, Some(&mut graphs))?;
             dev.synchronize()?;
             tpots.push(decode_secs_per_token(g.decode_secs, g.new_tokens.len()));
             rounds.push(g.rounds);

@@ -95,12 +95,19 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         acceptance: a.acceptance,
         ..Default::default()
     };
-    let g = generate(&loaded.target, drafter.as_ref(), engine_mode, &req, opts)?;
+    let g = generate(
+        &loaded.target,
+        drafter.as_ref(),
+        engine_mode,
+        &req,
+        opts,
+        None,
+    )?;
     let seconds = t.elapsed().as_secs_f64();
     let text = loaded.tokenizer.decode(&g.new_tokens)?;
     // the AR baseline: the same request, the same loop with block 1
     let vs_ar = if a.compare_ar && mode.is_speculative() {
-        let ar = generate(&loaded.target, None, Mode::Ar, &req, opts)?;
+        let ar = generate(&loaded.target, None, Mode::Ar, &req, opts, None)?;
         let per_token = |x: &dflash_engine::Generation| {
             dflash_core::stats::decode_secs_per_token(x.decode_secs, x.new_tokens.len())
         };

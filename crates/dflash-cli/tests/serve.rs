@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, DecodeOptions, Mode};
+use dflash_engine::{generate, Mode};
 use dflash_testkit::http::ServerProcess;
 use dflash_testkit::{fixtures, req, smollm2};
 use serde_json::{json, Value};
@@ -116,7 +116,7 @@ fn ar_reference(n: usize, q8: bool) -> Vec<Vec<u32>> {
             .map(|p| {
                 let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
                 let r = req(&ids, n, SamplingParams::default(), &lt.tokenizer.stop_ids);
-                let g = generate(&lt.target, None, Mode::Ar, &r, DecodeOptions::default());
+                let g = generate(&lt.target, None, Mode::Ar, &r, Default::default(), None);
                 g.unwrap().new_tokens
             })
             .collect()

@@ -2,7 +2,7 @@
 //! generation captures its verify forward and its draft block once and replays them every
 //! round; an evaluation of many prompts in one process keeps the caches (at a fixed capacity)
 //! and their graphs, so that only the first generation of a mode pays the captures
-//! ([`crate::decode::generate_with`]).
+//! ([`crate::decode::generate`] with a [`GraphCache`]).
 //!
 //! A kept set serves a later generation of the same target, drafter, verify rows and block
 //! whose prompt plus new tokens fit its capacity; otherwise it is dropped and a new one is

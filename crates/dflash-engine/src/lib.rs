@@ -6,8 +6,6 @@ pub mod decode;
 pub mod graph_cache;
 pub mod mode;
 
-pub use decode::{
-    generate, generate_with, Acceptance, DecodeOptions, Generation, Request, Session,
-};
+pub use decode::{generate, Acceptance, DecodeOptions, Generation, Request, Session};
 pub use graph_cache::GraphCache;
 pub use mode::{Mode, ModeName};

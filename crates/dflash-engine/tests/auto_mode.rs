@@ -131,7 +131,8 @@ fn seeded_auto_at_t_above_0_draws_ars_tokens() {
                 acceptance: Acceptance::ExactMatch,
                 ..Default::default()
             };
-            let g = dflash_engine::generate(&lt.target, Some(&bundled), mode, &r, opts).unwrap();
+            let g =
+                dflash_engine::generate(&lt.target, Some(&bundled), mode, &r, opts, None).unwrap();
             assert_eq!(g.new_tokens, ar.new_tokens, "{} on prompt {i}", mode.name());
         }
     }

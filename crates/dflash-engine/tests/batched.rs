@@ -48,7 +48,7 @@ fn run_batched(t: &Target, reqs: &[Request], slots: usize) -> Vec<Option<Batched
 fn assert_equals_ar(t: &Target, reqs: &[Request], slots: usize) {
     let batched = run_batched(t, reqs, slots);
     for (i, r) in reqs.iter().enumerate() {
-        match generate(t, None, Mode::Ar, r, Default::default()) {
+        match generate(t, None, Mode::Ar, r, Default::default(), None) {
             Ok(ar) => {
                 let b = batched[i].as_ref().unwrap();
                 assert_eq!(b.new_tokens, ar.new_tokens, "request {i}, {slots} slots");
@@ -137,7 +137,15 @@ fn batched_equals_sequential_on_tiny_target_with_sampling() {
     // one request that cannot fit the context: reported as an error, others unaffected
     let ctx = t.config.max_position_embeddings;
     reqs.push(req(&base, ctx, SamplingParams::default(), &[]));
-    assert!(generate(&t, None, Mode::Ar, reqs.last().unwrap(), Default::default()).is_err());
+    assert!(generate(
+        &t,
+        None,
+        Mode::Ar,
+        reqs.last().unwrap(),
+        Default::default(),
+        None
+    )
+    .is_err());
     for slots in [1, 2, 4, 16] {
         assert_equals_ar(&t, &reqs, slots);
     }
@@ -302,7 +310,8 @@ fn a_session_moved_into_a_batch_goes_on_as_ar() {
     ] {
         let r = req(&ids, 48, sampling, &[]);
         let ar = decode(&lt.target, None, Mode::Ar, &r);
-        let mut s = Session::start(&lt.target, Some(&d), auto, &r, Default::default()).unwrap();
+        let mut s =
+            Session::start(&lt.target, Some(&d), auto, &r, Default::default(), None).unwrap();
         for _ in 0..3 {
             s.round().unwrap();
         }

@@ -308,7 +308,7 @@ fn ddtree_with_dflash2_equals_ar() {
 /// does) equals AR at T = 0 in chain and tree modes.
 #[test]
 fn dflash2_with_fixed_shapes_equals_ar() {
-    use dflash_engine::{generate, generate_with, DecodeOptions, GraphCache};
+    use dflash_engine::{generate, DecodeOptions, GraphCache};
     let t = tiny();
     let d = quiet_dflash2(&t);
     let opts = DecodeOptions {
@@ -327,9 +327,9 @@ fn dflash2_with_fixed_shapes_equals_ar() {
         for prompt in [loop_prompt(), tiny_prompt()] {
             let r = req(&prompt, 30, SamplingParams::default(), &[]);
             let want = greedy(&t, &prompt, 30);
-            let g = generate(&t, Some(&d), mode, &r, opts).unwrap();
+            let g = generate(&t, Some(&d), mode, &r, opts, None).unwrap();
             assert_eq!(g.new_tokens, want, "{}", mode.name());
-            let k = generate_with(&t, Some(&d), mode, &r, opts, &mut kept).unwrap();
+            let k = generate(&t, Some(&d), mode, &r, opts, Some(&mut kept)).unwrap();
             assert_eq!(k.new_tokens, want, "{} kept", mode.name());
         }
     }

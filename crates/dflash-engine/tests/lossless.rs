@@ -5,7 +5,7 @@
 
 use candle_core::{DType, Device};
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, generate_with, Acceptance, DecodeOptions, GraphCache, Mode};
+use dflash_engine::{generate, Acceptance, DecodeOptions, GraphCache, Mode};
 use dflash_model::io::loader::load_target;
 use dflash_model::io::weights::TensorStore;
 use dflash_model::models::drafter::Drafter;
@@ -88,7 +88,7 @@ fn fixed_shape_verify_decodes_like_the_plain_loop() {
         let r = req(&tiny_prompt(), n, SamplingParams::default(), &[]);
         let d = (mode != Mode::Ar).then_some(&d);
         let plain = decode(&t, d, mode, &r);
-        let fixed = generate(&t, d, mode, &r, opts).unwrap();
+        let fixed = generate(&t, d, mode, &r, opts, None).unwrap();
         assert_eq!(fixed.new_tokens, plain.new_tokens, "{}", mode.name());
         let acc = |g: &dflash_engine::Generation| -> Vec<usize> {
             g.rounds.iter().map(|r| r.accepted).collect()
@@ -115,7 +115,7 @@ fn drafts_kept_on_the_device_decode_like_drafts_read_back() {
                     drafts_to_host,
                     ..Default::default()
                 };
-                generate(&t, Some(&d), mode, &r, opts).unwrap()
+                generate(&t, Some(&d), mode, &r, opts, None).unwrap()
             };
             let (kept, read) = (run(false), run(true));
             let rounds = |g: &dflash_engine::Generation| -> Vec<(usize, Option<u32>)> {
@@ -132,9 +132,9 @@ fn drafts_kept_on_the_device_decode_like_drafts_read_back() {
     }
 }
 
-/// Fixed-shape forwards kept from one generation to the next (`generate_with`, as `eval`
-/// runs its prompts) decode what fresh ones decode, round for round; a generation that does
-/// not fit the kept capacity makes a new set, and a later one that fits reuses it.
+/// Fixed-shape forwards kept from one generation to the next (`generate` with a `GraphCache`,
+/// as `eval` runs its prompts) decode what fresh ones decode, round for round; a generation
+/// that does not fit the kept capacity makes a new set, and a later one that fits reuses it.
 #[test]
 fn kept_fixed_shape_forwards_decode_like_fresh_ones() {
     let t = tiny();
@@ -161,8 +161,8 @@ fn kept_fixed_shape_forwards_decode_like_fresh_ones() {
             (tiny_prompt()[..5].to_vec(), 40),
         ] {
             let r = req(&prompt, n, SamplingParams::default(), &[]);
-            let fresh = generate(&t, d, mode, &r, opts).unwrap();
-            let kept = generate_with(&t, d, mode, &r, opts, &mut graphs).unwrap();
+            let fresh = generate(&t, d, mode, &r, opts, None).unwrap();
+            let kept = generate(&t, d, mode, &r, opts, Some(&mut graphs)).unwrap();
             assert_eq!(kept.new_tokens, fresh.new_tokens, "{}", mode.name());
             let acc = |g: &dflash_engine::Generation| -> Vec<usize> {
                 g.rounds.iter().map(|r| r.accepted).collect()

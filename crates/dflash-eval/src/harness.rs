@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use dflash_core::sampling::SamplingParams;
 use dflash_core::stats::RoundOutcome;
-use dflash_engine::{generate_with, Generation, GraphCache, Mode, ModeName, Request};
+use dflash_engine::{generate, Generation, GraphCache, Mode, ModeName, Request};
 use dflash_model::io::loader::LoadedTarget;
 use dflash_model::io::tokenizer::ChatMessage;
 use dflash_model::models::drafter::Drafter;
@@ -213,13 +213,13 @@ fn decode_turn(
         stop_ids: lt.tokenizer.stop_ids.clone(),
         loop_window: 0,
     };
-    generate_with(
+    generate(
         &lt.target,
         spec.drafter.map(|d| &drafters[d].drafter),
         spec.mode,
         &req,
         opts.decode,
-        graphs,
+        Some(graphs),
     )
 }
 

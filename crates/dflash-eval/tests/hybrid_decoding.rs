@@ -88,7 +88,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
             cuda_graphs: true,
             ..Default::default()
         };
-        let g = generate(&lt.target, None, Mode::Ar, &req, fixed).unwrap();
+        let g = generate(&lt.target, None, Mode::Ar, &req, fixed, None).unwrap();
         assert_eq!(g.new_tokens, ar.new_tokens, "AR with the fixed layout");
         for mode in [
             Mode::Chain { block: 6 },
@@ -111,7 +111,7 @@ fn chain_and_tree_are_lossless_on_a_hybrid_target() {
                 "{} differs from AR",
                 mode.name()
             );
-            let f = generate(&lt.target, Some(&d), mode, &req, fixed).unwrap();
+            let f = generate(&lt.target, Some(&d), mode, &req, fixed, None).unwrap();
             assert_eq!(
                 f.new_tokens,
                 ar.new_tokens,

@@ -278,7 +278,7 @@ impl<'e> Sched<'e> {
             Some(_) => self.e.mode,
             None => Mode::Ar,
         };
-        match Session::start(&self.e.target, drafter, mode, &job.req, self.e.opts) {
+        match Session::start(&self.e.target, drafter, mode, &job.req, self.e.opts, None) {
             Ok(session) => {
                 self.metrics.prompt(job.req.prompt_ids.len());
                 self.active.insert(id, Active::new(job));
@@ -372,7 +372,7 @@ impl<'e> Sched<'e> {
     }
 
     fn finish_solo(&mut self, id: usize, session: Session<'e>) {
-        let g = session.finish();
+        let g = session.finish(None);
         self.send(id, &g.new_tokens);
         self.finish(id, g.stopped_by_token || g.stopped_by_loop);
     }

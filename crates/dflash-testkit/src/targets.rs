@@ -91,7 +91,7 @@ pub fn req(prompt: &[u32], n: usize, sampling: SamplingParams, stop: &[u32]) -> 
 /// One generation with the default decode options (no CUDA graphs, the residual rule at
 /// T > 0); a failure panics with its message.
 pub fn decode(t: &Target, drafter: Option<&Drafter>, mode: Mode, r: &Request) -> Generation {
-    generate(t, drafter, mode, r, Default::default()).unwrap()
+    generate(t, drafter, mode, r, Default::default(), None).unwrap()
 }
 
 /// Greedy continuation with the KV cache, one token per forward, as the references do it.
@@ -156,7 +156,7 @@ pub fn sampled_counts_with(
     for s in 0..n {
         let sp = SamplingParams::new(temperature, top_p, top_k, seed0 + s).unwrap();
         let d = (mode != Mode::Ar).then_some(drafter).flatten();
-        let g = generate(t, d, mode, &req(&prompt, 3, sp, &[]), opts).unwrap();
+        let g = generate(t, d, mode, &req(&prompt, 3, sp, &[]), opts, None).unwrap();
         rounds += g.rounds.iter().filter(|r| r.accepted > 0).count();
         drafts += g.rounds.iter().map(|r| r.accepted).sum::<usize>();
         c[0][g.new_tokens[1] as usize] += 1;

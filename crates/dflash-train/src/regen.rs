@@ -219,7 +219,7 @@ fn regenerate_one_ended(
     seed: u64,
 ) -> Result<Regenerated> {
     let req = build_request(lt, prompt, opts, seed)?;
-    let g = generate(&lt.target, None, Mode::Ar, &req, Default::default())?;
+    let g = generate(&lt.target, None, Mode::Ar, &req, Default::default(), None)?;
     Ok(Regenerated {
         seq: to_sequence(&req.prompt_ids, &g.new_tokens),
         looped: g.stopped_by_loop,

@@ -7,9 +7,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::{
-    generate, generate_with, DecodeOptions, Generation, GraphCache, Mode, Request,
-};
+use dflash_engine::{generate, DecodeOptions, Generation, GraphCache, Mode, Request};
 use dflash_model::io::loader::LoadedTarget;
 use dflash_model::models::draft_vocab::DraftVocab;
 use dflash_model::models::drafter::Drafter;
@@ -29,7 +27,7 @@ pub(super) fn device_rows(
 ) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     let t = Instant::now();
-    let ar = generate(&lt.target, None, Mode::Ar, req, Default::default())?;
+    let ar = generate(&lt.target, None, Mode::Ar, req, Default::default(), None)?;
     let ar_secs = t.elapsed().as_secs_f64();
     if name == "f32" {
         rows.push((
@@ -85,12 +83,12 @@ fn mode_rows(
         let plain = match drafter {
             None => ar.clone(),
             Some(d) => {
-                let g = generate(&lt.target, Some(d), mode, req, Default::default())?;
+                let g = generate(&lt.target, Some(d), mode, req, Default::default(), None)?;
                 rows.push(equals_ar_row(name, mode, &g, ar, ar_secs));
                 g
             }
         };
-        let g = generate(&lt.target, drafter, mode, req, graphs)?;
+        let g = generate(&lt.target, drafter, mode, req, graphs, None)?;
         rows.push(graphs_row(name, mode, &g, &plain));
     }
     Ok(rows)
@@ -222,8 +220,8 @@ fn check_vocab(lt: &LoadedTarget, req: &Request) -> DraftVocab {
     }
 }
 
-/// Graphs kept from one generation to the next (`generate_with`, as `eval` and `bench decode`
-/// run them) decode what fresh graphs decode: three prompts in turn, the drafter drafting from
+/// Graphs kept from one generation to the next (`generate` with a `GraphCache`, as `eval` and
+/// `bench decode` run them) decode what fresh graphs decode: three prompts in turn, the drafter drafting from
 /// a vocabulary subset (its head's weights made anew by each generation, while the kept draft
 /// graph reads the ones it was captured with), DFlash and DDTree-8.
 fn kept_graphs_row(
@@ -257,8 +255,8 @@ fn kept_graphs_row(
                 prompt_ids: prompt.to_vec(),
                 ..req.clone()
             };
-            let fresh = generate(&lt.target, Some(&d), mode, &r, opts)?;
-            let k = generate_with(&lt.target, Some(&d), mode, &r, opts, &mut kept)?;
+            let fresh = generate(&lt.target, Some(&d), mode, &r, opts, None)?;
+            let k = generate(&lt.target, Some(&d), mode, &r, opts, Some(&mut kept))?;
             same &= k.new_tokens == fresh.new_tokens;
             gens += 1;
         }
@@ -312,7 +310,7 @@ fn sampled_row(
                 },
             };
             Ok((
-                generate(&lt.target, Some(&d), mode, &req, Default::default())?,
+                generate(&lt.target, Some(&d), mode, &req, Default::default(), None)?,
                 mode,
             ))
         };
@@ -358,7 +356,7 @@ fn batched_tokens(lt: &LoadedTarget, reqs: &[Request], cuda_graphs: bool) -> Res
 /// Whether each request's `tokens` are the ones AR gives it alone.
 fn equals_ar(lt: &LoadedTarget, reqs: &[Request], tokens: &[Vec<u32>]) -> Result<bool> {
     for (r, t) in reqs.iter().zip(tokens) {
-        if generate(&lt.target, None, Mode::Ar, r, Default::default())?.new_tokens != *t {
+        if generate(&lt.target, None, Mode::Ar, r, Default::default(), None)?.new_tokens != *t {
             return Ok(false);
         }
     }

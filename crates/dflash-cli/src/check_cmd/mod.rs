@@ -118,7 +118,7 @@ pub fn run(a: DeviceCheckArgs) -> Result<()> {
         stop_ids: vec![],
         loop_window: 0,
     };
-    let ar_cpu = generate(&cpu.target, None, Mode::Ar, &req, Default::default())?;
+    let ar_cpu = generate(&cpu.target, None, Mode::Ar, &req, Default::default(), None)?;
     let precisions = std::iter::once(("f32", &gpu32)).chain(gpu16.as_ref().map(|g| ("bf16", g)));
     for (name, lt) in precisions {
         rows.extend(device_rows(&a, name, lt, &cpu, &req, &ar_cpu)?);

@@ -57,76 +57,42 @@
 //! z-lab's `_rejection_sample` does); a DDTree at T = 0 is built best-first from the
 //! selector's candidates ranked after each node's own token; a DDTree at T > 0 draws from the
 //! draft logits as for a DFlash drafter.
-
-use std::time::Instant;
+//!
+//! **Proposers.** Each method is a type (module `proposers`): `Ar` (the anchor alone), `Chain`
+//! (DFlash), `Selector` (DFlash2's chain), `Tree` (DDTree) and `Auto` (`--mode auto`'s policy,
+//! choosing a budget each round). A proposer returns a `Proposal`: the tree and how the walk
+//! judges it (`Judge`: the target's own token per row, a sampled chain or tree with its `q`s,
+//! or a round on the device), so that the verify and the walk read the proposal, not the mode.
+//! `Decoding` holds the loop's state (caches, context features, sampler, tokens, rounds, fixed-
+//! shape forwards); a [`Session`] pairs it with its proposer, and the server's speculative
+//! requests are sessions too. Example: `--mode dflash`, B = 4, T = 0, a drafter without a
+//! selector → `Chain` stages the verify of `[x, x, x, x]`, keeps its drafts (a, b, c) on the
+//! device and returns `Judge::Device`; the verify reads back `[a, b, c, a, b, z, ·]` (the drafts,
+//! then the target's arg-max per row) and the walk commits [a, b, z].
 
 use anyhow::{bail, Result};
 use candle_core::Tensor;
 use dflash_core::loops::LoopDetector;
-use dflash_core::sampled_tree::{place_draws, sampled_shape};
 use dflash_core::sampling::{Sampler, SamplingParams};
-use dflash_core::selector;
 use dflash_core::stats::RoundOutcome;
 use dflash_core::tree::DraftTree;
-use dflash_model::cuda::graphed::{GraphedForward, Staged};
+use dflash_model::cuda::graphed::GraphedForward;
 use dflash_model::cuda::graphed_draft::GraphedDraft;
-
-use crate::graph_cache::{self, GraphCache, Kept};
 use dflash_model::models::draft_vocab::DraftHead;
-use dflash_model::models::drafter::{BlockAt, Drafter};
-use dflash_model::models::target::ForwardInputs;
-use dflash_model::ops::sample_rows::{draw_rows, judge_rows, rule_probs, Uniforms};
-use dflash_model::ops::sampled_tree::{draw_distinct, walk_sampled_tree};
-use dflash_model::ops::top_k::top_k_rows;
-use dflash_model::{KvCache, Rows, Target, TargetOutput};
+use dflash_model::models::drafter::Drafter;
+use dflash_model::{KvCache, Target};
 
+use crate::graph_cache::GraphCache;
 pub use crate::mode::Mode;
 
-mod propose;
+mod decoding;
+mod proposal;
+mod proposers;
 mod session;
 mod verify;
 
+use proposal::{Judge, Proposal};
 pub use session::Session;
-
-/// A round's drafts drawn from the drafter's distributions, with what the walk judges them by.
-enum Sampled {
-    /// A chain: the distribution of each draft.
-    Chain(Vec<Vec<f32>>),
-    /// A tree with its per-depth distributions.
-    Tree(dflash_core::sampled_tree::SampledTree),
-    /// A tree drawn where the logits are: each depth's draft distribution (`[depths, vocab]`,
-    /// there) and the round's uniform numbers (the draws', then the walk's from `from`).
-    TreeOnDevice { q: Tensor, u: Uniforms, from: usize },
-}
-
-/// A chain round kept on the device: its drafts (`[n]` u32, the verify's ids) and how the
-/// verify's rows decide them.
-struct DeviceRound {
-    drafts: Tensor,
-    judged_by: OnDevice,
-    /// The verify's inputs, uploaded before the draft ran (an upload waits for the device's
-    /// queue: after the draft, it would wait for the draft).
-    staged: StagedVerify,
-}
-
-/// How a round on the device decides its drafts from the verify's rows.
-enum OnDevice {
-    /// T = 0: the target's arg-max of every row.
-    Argmax,
-    /// The exact match at T > 0: the target's own draw at every row (`n + 1` uniform numbers,
-    /// one per row); the walk keeps a draft while it equals the draw of the row before it.
-    Draws(Uniforms),
-    /// The residual rule: the drafter's distributions `[n, vocab]` the drafts were drawn
-    /// from, with the round's uniform numbers (`3n + 1`: the drafts' draws, then the
-    /// verdicts', then the bonuses', then the last row's draw).
-    Judge(Tensor, Uniforms),
-}
-
-/// A verify's inputs built and uploaded ahead of its forward.
-enum StagedVerify {
-    Graphed(Staged),
-    Eager(ForwardInputs),
-}
 
 /// One generation request.
 #[derive(Debug, Clone)]
@@ -265,30 +231,22 @@ impl std::str::FromStr for Acceptance {
 }
 
 /// Generate: prefill, then rounds of propose → verify → walk → commit until `max_new_tokens`
-/// or a stop token. Modes other than [`Mode::Ar`] need a drafter.
+/// or a stop token. Modes other than [`Mode::Ar`] need a drafter. With `graphs`, the
+/// generation starts from the fixed-shape forwards kept there (with
+/// [`DecodeOptions::cuda_graphs`]: the caches at a fixed capacity and their CUDA graphs) and
+/// leaves its own for the next generation of the same target, drafter and mode
+/// ([`crate::graph_cache`]); the tokens are the same with or without.
 pub fn generate(
     target: &Target,
     drafter: Option<&Drafter>,
     mode: Mode,
     req: &Request,
     opts: DecodeOptions,
+    mut graphs: Option<&mut GraphCache>,
 ) -> Result<Generation> {
-    session::run_generation(target, drafter, mode, req, opts, None)
-}
-
-/// [`generate`] keeping its fixed-shape forwards (with [`DecodeOptions::cuda_graphs`]: the
-/// caches at a fixed capacity and their CUDA graphs) in `graphs` for the next generation of
-/// the same target, drafter and mode, and starting from the ones kept there
-/// ([`crate::graph_cache`]). The tokens are [`generate`]'s.
-pub fn generate_with(
-    target: &Target,
-    drafter: Option<&Drafter>,
-    mode: Mode,
-    req: &Request,
-    opts: DecodeOptions,
-    graphs: &mut GraphCache,
-) -> Result<Generation> {
-    session::run_generation(target, drafter, mode, req, opts, Some(graphs))
+    let mut session = Session::start(target, drafter, mode, req, opts, graphs.as_deref_mut())?;
+    while session.round()?.is_some() {}
+    Ok(session.finish(graphs))
 }
 
 /// Rows of every verify forward of `mode` (shorter ones are padded): the block, or a tree's
@@ -301,58 +259,46 @@ fn verify_rows(mode: Mode) -> usize {
     }
 }
 
-/// `--mode auto`'s state: the policy, and this round's choice.
-struct AutoRound {
-    policy: dflash_core::auto::AutoPolicy,
-    /// Whether this round drafted, its budget and the drafter's raw expectation for it.
-    drafted: bool,
-    budget: usize,
-    expected: f64,
+/// The drafter's side of a generation: its cache, its fixed-shape block, its vocabulary head
+/// and the context features it has not seen yet.
+struct Drafting<'a> {
+    drafter: &'a Drafter,
+    cache: KvCache,
+    /// The draft block's fixed-shape forward (`--cuda-graphs`).
+    graph: Option<GraphedDraft>,
+    /// The drafter's vocabulary head (its drafts' subset), once per decode.
+    head: Option<DraftHead>,
+    /// Context features committed since the drafter last ran, `[1, m, taps × hidden]`.
+    ctx: Tensor,
 }
 
-/// The state of one generation between rounds.
+/// The state of one generation between rounds: what every method's loop shares. How a round
+/// proposes is its proposer's ([`proposers`]); what the walk needs travels in the proposal.
+/// Between rounds the target cache holds the committed rows up to the anchor, which is not in
+/// it: `cache.len() == start`. Example: a 20-token prompt → `start` 20, `new_tokens` [x];
+/// a round that commits [a, b, z] → `start` 23, `new_tokens` [x, a, b, z], 23 cache rows.
 struct Decoding<'a> {
     target: &'a Target,
-    /// The drafter, when the mode drafts (block > 1).
-    drafter: Option<&'a Drafter>,
-    mode: Mode,
+    /// The drafter's side, when the mode drafts (block > 1).
+    drafting: Option<Drafting<'a>>,
     req: Request,
     taps: Vec<usize>,
     sampler: Sampler,
     cache: KvCache,
     /// Fixed-shape verify forwards (`--cuda-graphs`).
     graphed: Option<GraphedForward>,
-    /// The drafter's cache and its vocabulary head (once per decode).
-    draft_cache: Option<KvCache>,
-    /// The draft block's fixed-shape forward (`--cuda-graphs`).
-    draft_graph: Option<GraphedDraft>,
     /// Whether the fixed-shape forwards go back to a [`GraphCache`] at the end
-    /// ([`Decoding::kept`] gathers them), and whether they came from one.
+    /// ([`Decoding::take_kept`] gathers them), and whether they came from one.
     keep: bool,
     reused: bool,
-    head: Option<DraftHead>,
-    /// Context features committed since the drafter last ran, `[1, m, taps × hidden]`.
-    ctx: Option<Tensor>,
-    /// The chain's acceptance at T > 0.
+    /// Rows of a round's block and of every verify (a tree's budget plus its root): the
+    /// shape of the fixed-shape forwards.
+    block: usize,
+    rows: usize,
+    /// The acceptance at T > 0 (`--mode auto`: the exact match, its trees are greedy).
     acceptance: Acceptance,
-    /// The drafter's distribution of each draft of this round, dense over the vocabulary, when
-    /// the drafts were sampled (speculative sampling).
-    /// The round's drafts when they were drawn from the drafter's distributions (T > 0 with
-    /// the residual rule): the walk judges them against those distributions.
-    sampled: Option<Sampled>,
-    /// The round kept on the device ([`Decoding::round_on_device`]) between its draft and its
-    /// verify.
-    device_round: Option<DeviceRound>,
-    /// What the verify of such a round read back: its drafts, then (T = 0) the target's token
-    /// per row or (T > 0) each draft's verdict and bonus and the last row's draw.
-    read_back: Option<Vec<u32>>,
     /// Whether rounds stay on the device where they can (`DFLASH_DISABLED_KERNELS=one-sync`: no).
     one_sync: bool,
-    /// `--mode auto`'s policy and this round's choice.
-    auto: Option<AutoRound>,
-    /// Whether the drafter ran this round (it then took the context features in `ctx`; a round
-    /// without a draft adds its rows to them).
-    drafted: bool,
     /// Position of the anchor: the last committed token, not yet in the target cache.
     start: usize,
     new_tokens: Vec<u32>,
@@ -362,178 +308,4 @@ struct Decoding<'a> {
     looped: bool,
     loops: LoopDetector,
     prefill_secs: f64,
-}
-
-impl<'a> Decoding<'a> {
-    /// Check the request, prefill the whole prompt (causal, taps of every prompt row) and
-    /// sample the first token: the first round's anchor.
-    fn prefill(
-        target: &'a Target,
-        drafter: Option<&'a Drafter>,
-        mode: Mode,
-        req: &Request,
-        opts: DecodeOptions,
-        kept: Option<Kept>,
-        keep: bool,
-    ) -> Result<Self> {
-        check_request(target, req)?;
-        let block_size = mode.block();
-        if block_size == 0 {
-            bail!("block size must be >= 1");
-        }
-        if let Mode::Tree { budget: 0, .. } = mode {
-            bail!("the tree budget must be >= 1");
-        }
-        let drafter = match (drafter, block_size > 1) {
-            (Some(d), true) => Some(d),
-            (None, true) => bail!("{} needs a drafter", mode.name()),
-            _ => None,
-        };
-        if let Some(d) = drafter {
-            if block_size > d.block_size {
-                tracing::warn!(
-                    "block size {block_size} is larger than the drafter's trained block {}",
-                    d.block_size
-                );
-            }
-        }
-        let taps: Vec<usize> = drafter
-            .map(|d| d.target_layer_ids.clone())
-            .unwrap_or_default();
-        let mut sampler = Sampler::new(req.sampling);
-        let max_len = req.prompt_ids.len() + req.max_new_tokens;
-
-        let rows = verify_rows(mode);
-        // the draft block as one graph: a round's context rows (at most a block) padded to a
-        // block, then the block, after at most max_len rows
-        let (cap, draft_cap) = (max_len + rows, max_len + 2 * block_size);
-        let (cap, draft_cap) = if keep {
-            (graph_cache::rounded(cap), graph_cache::rounded(draft_cap))
-        } else {
-            (cap, draft_cap)
-        };
-        let owner = graph_cache::owner(target, drafter);
-        let kept = match kept {
-            Some(k) if keep => k.take_for(owner, rows, block_size, cap, draft_cap)?,
-            _ => None,
-        };
-        let reused = kept.is_some();
-        let (mut cache, kept_graphed, kept_draft, kept_head) = match kept {
-            Some(k) => (k.cache, Some(k.graphed), k.draft, k.head),
-            None => (target.new_cache(), None, None, None),
-        };
-
-        let t0 = Instant::now();
-        let out = target.forward_causal(&req.prompt_ids, &mut cache, &taps, &Rows::Last)?;
-        let first = sampler.sample(&row(out.logits.as_ref().unwrap(), 0)?);
-        let ctx = match drafter {
-            Some(_) => Some(Target::concat_taps(&out.taps)?.unsqueeze(0)?),
-            None => None,
-        };
-        let graphed = match (opts.cuda_graphs, kept_graphed) {
-            (true, Some(g)) => Some(g),
-            // chains (AR, DFlash) attend over each row's interval of keys; trees need the mask
-            (true, None) => {
-                let g = GraphedForward::new(&mut cache, cap, rows)?;
-                Some(match mode {
-                    Mode::Tree { .. } | Mode::Auto { .. } => g,
-                    _ => g.chains(),
-                })
-            }
-            _ => None,
-        };
-        let (mut draft_cache, draft_graph) = match kept_draft {
-            Some((c, g)) => (Some(c), Some(g)),
-            None => (drafter.map(|d| d.new_cache()), None),
-        };
-        let draft_graph = match (opts.cuda_graphs, drafter, draft_cache.as_mut(), draft_graph) {
-            (true, _, _, Some(g)) => Some(g),
-            (true, Some(_), Some(c), None) => Some(GraphedDraft::new(c, draft_cap, block_size)?),
-            _ => None,
-        };
-        let prefill_secs = t0.elapsed().as_secs_f64();
-        let mut loops = LoopDetector::new(req.loop_window);
-        let looped = loops.push(first);
-        // the kept head is the one the kept draft graph reads; a head built for this generation
-        // alone also drafts the prompt's tokens (`DraftVocab::with_tokens`), one kept for later
-        // generations (their graphs read its rows) the subset alone
-        let head = match (kept_head, drafter.and_then(|d| d.draft_vocab.as_ref())) {
-            (Some(h), _) => Some(h),
-            (None, Some(v)) if keep || prompt_tokens_off() => Some(DraftHead::new(target, v)?),
-            (None, Some(v)) => Some(DraftHead::new(target, &v.with_tokens(&req.prompt_ids))?),
-            (None, None) => None,
-        };
-        Ok(Self {
-            target,
-            drafter,
-            mode,
-            req: req.clone(),
-            taps,
-            sampler,
-            cache,
-            graphed,
-            draft_cache,
-            draft_graph,
-            keep,
-            reused,
-            head,
-            ctx,
-            // auto drafts greedy trees, which the exact match walks at T > 0
-            acceptance: match mode {
-                Mode::Auto { .. } => Acceptance::ExactMatch,
-                _ => opts.acceptance,
-            },
-            sampled: None,
-            device_round: None,
-            read_back: None,
-            one_sync: !opts.drafts_to_host && one_sync_on(),
-            auto: match mode {
-                Mode::Auto { max_budget, .. } => Some(AutoRound {
-                    policy: dflash_core::auto::AutoPolicy::new(max_budget),
-                    drafted: false,
-                    budget: 0,
-                    expected: 0.0,
-                }),
-                _ => None,
-            },
-            drafted: false,
-            start: req.prompt_ids.len(),
-            stopped: req.stop_ids.contains(&first) || looped,
-            looped,
-            loops,
-            new_tokens: vec![first],
-            rounds: Vec::new(),
-            prefill_secs,
-        })
-    }
-
-    /// The fixed-shape forwards for the next generation ([`GraphCache`]), when they are kept:
-    /// the target's cache and verify graphs, and the drafter's cache and draft graph.
-    fn take_kept(&mut self) -> Option<Kept> {
-        if !self.keep {
-            return None;
-        }
-        let graphed = self.graphed.take()?;
-        let draft = match (self.draft_cache.take(), self.draft_graph.take()) {
-            (Some(c), Some(g)) => Some((c, g)),
-            _ => None,
-        };
-        Some(Kept {
-            owner: graph_cache::owner(self.target, self.drafter),
-            rows: verify_rows(self.mode),
-            block: self.mode.block(),
-            cache: std::mem::replace(&mut self.cache, KvCache::new(0)),
-            graphed,
-            draft,
-            head: self.head.take(),
-        })
-    }
-
-    /// The next round's depth (rows of its block, cut at the length cap), or `None` when the
-    /// generation is done.
-    fn next_depth(&self) -> Option<usize> {
-        let max_len = self.req.prompt_ids.len() + self.req.max_new_tokens;
-        (self.start + 1 < max_len && !self.stopped)
-            .then(|| self.mode.block().min(max_len - self.start))
-    }
 }

@@ -9,32 +9,25 @@ use dflash_core::stats::RoundOutcome;
 use dflash_model::models::drafter::Drafter;
 use dflash_model::{KvCache, Target};
 
-use super::{DecodeOptions, Decoding, Generation, Mode, Request};
+use super::proposers::{self, Proposer};
+use super::{DecodeOptions, Decoding, Generation, Mode, Proposal, Request};
 use crate::batched::Live;
 use crate::graph_cache::GraphCache;
 
-/// A generation between rounds. Example: `start` prefills a 20-token prompt and samples the
-/// first token; each `round` then commits 1 … B tokens (`new_tokens` grows by them) until
-/// `done`.
+/// A generation between rounds: the loop's state and the proposer of its mode. Example:
+/// `start` prefills a 20-token prompt and samples the first token; each `round` then commits
+/// 1 … B tokens (`new_tokens` grows by them) until `done`.
 pub struct Session<'a> {
     run: Decoding<'a>,
+    proposer: Box<dyn Proposer>,
     decode_secs: f64,
 }
 
 impl<'a> Session<'a> {
-    /// Check the request, prefill its prompt and sample its first token.
+    /// Check the request, prefill its prompt and sample its first token. With `graphs`, from
+    /// the fixed-shape forwards kept there when they fit ([`Session::finish`] gives the
+    /// session's back).
     pub fn start(
-        target: &'a Target,
-        drafter: Option<&'a Drafter>,
-        mode: Mode,
-        req: &Request,
-        opts: DecodeOptions,
-    ) -> Result<Self> {
-        Self::start_kept(target, drafter, mode, req, opts, None)
-    }
-
-    /// [`Session::start`] from the fixed-shape forwards kept in `graphs` (when there are).
-    fn start_kept(
         target: &'a Target,
         drafter: Option<&'a Drafter>,
         mode: Mode,
@@ -42,11 +35,23 @@ impl<'a> Session<'a> {
         opts: DecodeOptions,
         graphs: Option<&mut GraphCache>,
     ) -> Result<Self> {
+        let proposer = proposers::for_mode(mode, drafter);
+        let opts = DecodeOptions {
+            acceptance: proposer.acceptance(opts.acceptance),
+            ..opts
+        };
         let keep = graphs.is_some() && opts.cuda_graphs && !target.is_hybrid();
-        let kept = graphs.and_then(|g| g.kept.take());
+        let (kept, reused) = match graphs {
+            Some(g) => (g.kept.take(), Some(&mut g.reused)),
+            None => (None, None),
+        };
         let run = Decoding::prefill(target, drafter, mode, req, opts, kept, keep)?;
+        if let Some(r) = reused {
+            *r += run.reused as usize;
+        }
         Ok(Session {
             run,
+            proposer,
             decode_secs: 0.0,
         })
     }
@@ -73,33 +78,42 @@ impl<'a> Session<'a> {
         };
         let t = Instant::now();
         let run = &mut self.run;
-        let mut tree = run.propose(depth)?;
+        let mut proposal = match depth > 1 {
+            true => self.proposer.propose(run, depth)?,
+            // no room for drafts: the anchor alone, whatever the method
+            false => Proposal::anchor_alone(run.anchor()),
+        };
         let draft_secs = t.elapsed().as_secs_f64();
         let tv = Instant::now();
-        let (out, cache_len) = run.verify(&tree)?;
+        let (out, cache_len) = run.verify(&mut proposal)?;
         let verify_secs = tv.elapsed().as_secs_f64();
         let to = Instant::now();
-        let (path, bonus) = run.walk(&mut tree, &out)?;
-        let produced = run.commit(&tree, &path, bonus, &out, cache_len)?;
+        let (path, bonus) = run.walk(&mut proposal, &out)?;
+        let produced = run.commit(&proposal, &path, bonus, &out, cache_len)?;
+        let size = proposal.tree.len() - 1;
         let round = RoundOutcome {
-            drafted: tree.len() - 1,
+            drafted: size,
             accepted: path.len(),
             tau_round: produced,
             bonus: (produced == path.len() + 1).then_some(bonus),
             draft_secs,
             verify_secs,
             other_secs: to.elapsed().as_secs_f64(),
-            tree_size: matches!(run.mode, Mode::Tree { .. } | Mode::Auto { .. })
-                .then_some(tree.len() - 1),
+            tree_size: self.proposer.trees().then_some(size),
         };
-        run.observe_auto(&round);
+        self.proposer.observe(&round);
         run.rounds.push(round);
         self.decode_secs += t.elapsed().as_secs_f64();
         Ok(self.run.rounds.last())
     }
 
-    /// The generation as [`super::generate`] reports it.
-    pub fn finish(self) -> Generation {
+    /// The generation as [`super::generate`] reports it. With `graphs`, the session's
+    /// fixed-shape forwards go back there for the next generation when they are kept (it
+    /// started from the same `graphs`, with [`DecodeOptions::cuda_graphs`]).
+    pub fn finish(mut self, graphs: Option<&mut GraphCache>) -> Generation {
+        if let Some(g) = graphs {
+            g.kept = self.run.take_kept();
+        }
         let run = self.run;
         Generation {
             new_tokens: run.new_tokens,
@@ -108,7 +122,7 @@ impl<'a> Session<'a> {
             decode_secs: self.decode_secs,
             stopped_by_token: run.stopped && !run.looped,
             stopped_by_loop: run.looped,
-            auto: run.auto.as_ref().map(|a| a.policy.stats()),
+            auto: self.proposer.stats(),
         }
     }
 
@@ -140,23 +154,4 @@ impl<'a> Session<'a> {
         );
         Ok((run.cache, live))
     }
-}
-
-pub(super) fn run_generation(
-    target: &Target,
-    drafter: Option<&Drafter>,
-    mode: Mode,
-    req: &Request,
-    opts: DecodeOptions,
-    mut graphs: Option<&mut GraphCache>,
-) -> Result<Generation> {
-    let mut session = Session::start_kept(target, drafter, mode, req, opts, graphs.as_deref_mut())?;
-    if let Some(g) = graphs.as_mut() {
-        g.reused += session.run.reused as usize;
-    }
-    while session.round()?.is_some() {}
-    if let Some(g) = graphs {
-        g.kept = session.run.take_kept();
-    }
-    Ok(session.finish())
 }

@@ -1,16 +1,26 @@
 //! Stages 2–4 of a round: verify the proposal in one target forward, walk it with the target's
 //! own samples, commit the accepted path and the bonus.
 
+use dflash_model::ops::argmax::{argmax_rows, argmax_rows_kept};
+use dflash_model::ops::sample_rows::{draw_rows, judge_rows, Uniforms};
+use dflash_model::ops::sampled_tree::walk_sampled_tree;
+use dflash_model::{Rows, TargetOutput};
+
+use super::proposal::{DeviceRound, OnDevice, ReadBack, StagedVerify};
 use super::*;
 
 impl Decoding<'_> {
     /// Stage 2, verify: the whole proposal in ONE target forward (the ancestor-only mask); returns
-    /// the forward's logits and taps, and the cache length before it.
-    pub(super) fn verify(&mut self, tree: &DraftTree) -> Result<(TargetOutput, usize)> {
+    /// the forward's logits and taps, and the cache length before it. A round on the device
+    /// runs its staged forward and leaves what it read back in the proposal's judge.
+    pub(super) fn verify(&mut self, p: &mut Proposal) -> Result<(TargetOutput, usize)> {
         let cache_len = self.cache.len();
-        if let Some(round) = self.device_round.take() {
-            return Ok((self.verify_on_device(round)?, cache_len));
+        if let Some(round) = p.judge.take_device() {
+            let (out, read) = self.verify_on_device(round)?;
+            p.judge = Judge::Read(read);
+            return Ok((out, cache_len));
         }
+        let tree = &p.tree;
         let (positions, visibility) = (tree.positions(self.start), tree.visibility(cache_len));
         let out = match self.graphed.as_mut() {
             Some(g) => g.forward(
@@ -37,7 +47,7 @@ impl Decoding<'_> {
     /// are, then the round's one read of the device (charged to the verify): the drafts and
     /// the target's arg-max of every row (T = 0), or each draft's verdict and bonus and the
     /// last row's draw (T > 0).
-    pub(super) fn verify_on_device(&mut self, round: DeviceRound) -> Result<TargetOutput> {
+    fn verify_on_device(&mut self, round: DeviceRound) -> Result<(TargetOutput, ReadBack)> {
         let DeviceRound {
             drafts,
             judged_by,
@@ -60,7 +70,7 @@ impl Decoding<'_> {
         let logits = out.logits.as_ref().unwrap();
         let n = drafts.dims1()?;
         let tail = match &judged_by {
-            OnDevice::Argmax => dflash_model::ops::argmax::argmax_rows_kept(logits)?,
+            OnDevice::Argmax => argmax_rows_kept(logits)?,
             OnDevice::Draws(u) => draw_rows(&self.probs(logits)?, u, 0)?,
             OnDevice::Judge(q, u) => {
                 let p = self.probs(logits)?;
@@ -69,32 +79,25 @@ impl Decoding<'_> {
                 Tensor::cat(&[&verdicts.flatten_all()?, &last], 0)?
             }
         };
-        self.read_back = Some(Tensor::cat(&[&drafts, &tail], 0)?.to_vec1::<u32>()?);
-        Ok(out)
+        let read = Tensor::cat(&[&drafts, &tail], 0)?.to_vec1::<u32>()?;
+        Ok(match judged_by {
+            OnDevice::Judge(..) => (out, ReadBack::Verdicts(read)),
+            OnDevice::Argmax | OnDevice::Draws(_) => (out, ReadBack::Tokens(read)),
+        })
     }
 
-    /// Stage 3, walk: the tree walked with the target's own samples: the accepted path (tree rows) and the
-    /// bonus token.
+    /// Stage 3, walk: the tree walked with the target's own samples, as its proposal's judge
+    /// says: the accepted path (tree rows) and the bonus token.
     pub(super) fn walk(
         &mut self,
-        tree: &mut DraftTree,
+        p: &mut Proposal,
         out: &TargetOutput,
     ) -> Result<(Vec<usize>, u32)> {
         let _p = tracing::info_span!(target: "phase", "sample").entered();
         let logits = out.logits.as_ref().unwrap();
-        if let Some(read) = self.read_back.take() {
-            let n = tree.len() - 1;
-            tree.tokens[1..].copy_from_slice(&read[..n]);
-            if !self.samples_drafts() {
-                // the target's token of every row: its arg-max, or its draw (the exact match)
-                return tree.walk(|r| Ok::<u32, anyhow::Error>(read[n + r]));
-            }
-            // the first rejected draft ends the round with its bonus; else the last row's draw
-            let verdicts = &read[n..3 * n];
-            return Ok(match verdicts.chunks(2).position(|v| v[0] == 0) {
-                Some(k) => ((1..=k).collect(), verdicts[2 * k + 1]),
-                None => ((1..=n).collect(), read[3 * n]),
-            });
+        let (tree, judge) = (&mut p.tree, std::mem::replace(&mut p.judge, Judge::Target));
+        if let Judge::Read(read) = judge {
+            return walk_read(tree, read);
         }
         if tree.len() == 1 && self.samples_on_device() {
             // AR (or a round with no room for drafts) at T > 0: one draw on the device
@@ -102,27 +105,32 @@ impl Decoding<'_> {
             let p = self.probs(logits)?;
             return Ok((vec![], draw_rows(&p, &u, 0)?.to_vec1::<u32>()?[0]));
         }
-        match self.sampled.take() {
-            Some(Sampled::Chain(qs)) => {
+        match judge {
+            Judge::Chain(qs) => {
                 // a chain's rows are 0 (the anchor), 1 … n (the drafts)
                 let (kept, bonus) = self
                     .sampler
                     .walk_chain(&tree.tokens[1..], &qs, |r| row(logits, r))?;
-                return Ok(((1..=kept).collect(), bonus));
+                Ok(((1..=kept).collect(), bonus))
             }
-            Some(Sampled::Tree(st)) => {
-                return self.sampler.walk_sampled_tree(&st, |r| row(logits, r));
-            }
-            Some(Sampled::TreeOnDevice { q, u, from }) => {
+            Judge::Tree(st) => self.sampler.walk_sampled_tree(&st, |r| row(logits, r)),
+            Judge::TreeOnDevice { q, u, from } => {
                 let params = &self.sampler.params;
-                return Ok(walk_sampled_tree(logits, params, &q, tree, &u, from)?);
+                Ok(walk_sampled_tree(logits, params, &q, tree, &u, from)?)
             }
-            None => {}
+            Judge::Target => self.walk_by_target(tree, logits),
+            // the verify turned a round on the device into what it read back, walked above
+            Judge::Device(_) | Judge::Read(_) => bail!("a round on the device walked unverified"),
         }
+    }
+
+    /// The walk by the target's own token at every row: its arg-max (T = 0) or its draw (the
+    /// exact match), a draft kept while it equals the token of the row before it.
+    fn walk_by_target(&mut self, tree: &DraftTree, logits: &Tensor) -> Result<(Vec<usize>, u32)> {
         if self.sampler.params.is_greedy() {
             // T = 0: the target's token of every row, picked on the device (one index per row
             // leaves it, not the rows), by the host's rule
-            let best = dflash_model::ops::argmax::argmax_rows(logits)?;
+            let best = argmax_rows(logits)?;
             return tree.walk(|r| Ok::<u32, anyhow::Error>(best[r]));
         }
         if self.samples_on_device() {
@@ -146,14 +154,14 @@ impl Decoding<'_> {
     /// tokens the round committed (τ_round).
     pub(super) fn commit(
         &mut self,
-        tree: &DraftTree,
+        p: &Proposal,
         path: &[usize],
         bonus: u32,
         out: &TargetOutput,
         cache_len: usize,
     ) -> Result<usize> {
         let max_len = self.req.prompt_ids.len() + self.req.max_new_tokens;
-        let mut produced_tokens: Vec<u32> = path.iter().map(|&r| tree.tokens[r]).collect();
+        let mut produced_tokens: Vec<u32> = path.iter().map(|&r| p.tree.tokens[r]).collect();
         produced_tokens.push(bonus);
         let mut produced = produced_tokens.len().min(max_len - self.start - 1);
         for (i, t) in produced_tokens[..produced].iter().enumerate() {
@@ -179,7 +187,7 @@ impl Decoding<'_> {
             .take(produced)
             .collect();
         compact_cache(&mut self.cache, cache_len, &kept)?;
-        if self.drafter.is_some() {
+        if let Some(dr) = self.drafting.as_mut() {
             let idx = Tensor::new(
                 kept.iter().map(|&r| r as u32).collect::<Vec<_>>(),
                 &self.target.device,
@@ -188,11 +196,34 @@ impl Decoding<'_> {
                 .index_select(&idx, 0)?
                 .unsqueeze(0)?;
             // a round without a draft leaves the drafter's context to the next draft
-            self.ctx = Some(match (self.ctx.take(), self.drafted) {
-                (Some(old), false) => Tensor::cat(&[&old, &new], 1)?,
-                _ => new,
-            });
+            dr.ctx = match p.drafted {
+                false => Tensor::cat(&[&dr.ctx, &new], 1)?,
+                true => new,
+            };
         }
         Ok(produced)
+    }
+}
+
+/// The walk of a round on the device from what its verify read back: the drafts go into the
+/// tree's placeholders; then the target's token per row decides them, or (the residual rule)
+/// the first rejected draft ends the round with its bonus, else the last row's draw is the
+/// bonus. Example: drafts (a, b, c), verdicts kept, kept, rejected with z → path [1, 2], z.
+fn walk_read(tree: &mut DraftTree, read: ReadBack) -> Result<(Vec<usize>, u32)> {
+    let n = tree.len() - 1;
+    match read {
+        ReadBack::Tokens(read) => {
+            tree.tokens[1..].copy_from_slice(&read[..n]);
+            // the target's token of every row: its arg-max, or its draw (the exact match)
+            tree.walk(|r| Ok::<u32, anyhow::Error>(read[n + r]))
+        }
+        ReadBack::Verdicts(read) => {
+            tree.tokens[1..].copy_from_slice(&read[..n]);
+            let verdicts = &read[n..3 * n];
+            Ok(match verdicts.chunks(2).position(|v| v[0] == 0) {
+                Some(k) => ((1..=k).collect(), verdicts[2 * k + 1]),
+                None => ((1..=n).collect(), read[3 * n]),
+            })
+        }
     }
 }

@@ -147,6 +147,7 @@ pub fn measured_tau(
             },
             &req,
             Default::default(),
+            None,
         )?;
         let n = g.new_tokens.len().min(end - p);
         other_text += usize::from(g.new_tokens[..n] != s.ids[p..p + n]);
