@@ -151,6 +151,54 @@ fn a_hybrid_batch_resized_between_steps_keeps_every_sequence() {
     }
 }
 
+/// A speculative session of the hybrid target (a DFlash chain and auto's trees) moved into a
+/// batch after a few rounds goes on as AR there, its linear-attention state with it: its tokens
+/// are AR's alone, at T = 0 and seeded at T > 0, beside another request in the batch.
+#[test]
+fn a_hybrid_session_moved_into_a_batch_goes_on_as_ar() {
+    use dflash_engine::Session;
+    let t = tiny_hybrid();
+    let d = dflash_model::models::drafter::Drafter::load_dir(
+        &fixtures().join("dflash-tiny/hybrid"),
+        &t,
+    )
+    .unwrap();
+    let other = req(&prompt(2), 20, SamplingParams::default(), &[]);
+    let modes = [
+        Mode::Chain {
+            block: d.block_size,
+        },
+        Mode::Auto {
+            block: d.block_size,
+            max_budget: 8,
+        },
+    ];
+    for (mode, sampling) in modes.into_iter().zip([
+        SamplingParams::default(),
+        SamplingParams::new(0.8, 1.0, 0, 5).unwrap(),
+    ]) {
+        let r = req(&prompt(3), 40, sampling, &[]);
+        let ar = decode(&t, None, Mode::Ar, &r);
+        let mut s = Session::start(&t, Some(&d), mode, &r, Default::default(), None).unwrap();
+        for _ in 0..3 {
+            s.round().unwrap();
+        }
+        let before = s.new_tokens().len();
+        let (cache, live) = s.into_live(0).unwrap();
+        let mut b = Batch::new(&t, 2, None).unwrap();
+        b.adopt(&cache, live).unwrap();
+        let first = b.admit(&[(1, &other)]).unwrap();
+        let mut out: Vec<Vec<u32>> = vec![ar.new_tokens[..before].to_vec(), vec![first[0].token]];
+        while b.live() > 0 {
+            for st in b.step().unwrap() {
+                out[st.index].push(st.token);
+            }
+        }
+        assert_eq!(out[0], ar.new_tokens, "{mode:?} {sampling:?}");
+        assert_eq!(out[1], decode(&t, None, Mode::Ar, &other).new_tokens);
+    }
+}
+
 /// A batched hybrid cache keeps no rows to roll back to: a speculative verify's rollback on it
 /// is refused by name, never silently wrong.
 #[test]

@@ -127,7 +127,7 @@ struct Active {
 
 /// Run the scheduler until `jobs` closes and every request in flight has ended.
 pub fn run(engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, queued: Arc<AtomicUsize>) {
-    let batchable = engine.max_batch > 1 && !engine.target.is_hybrid();
+    let batchable = engine.max_batch > 1;
     let mut s = Sched {
         e: &engine,
         batch: None,

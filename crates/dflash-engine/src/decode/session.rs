@@ -129,14 +129,16 @@ impl<'a> Session<'a> {
     /// Continue this generation as AR in a [`crate::batched::Batch`] (`Batch::adopt`): its
     /// target cache (the committed rows, the last token not in it) and its sequence under the
     /// caller's `index`. The tokens go on as AR's would: at T = 0 the same, at T > 0 from the
-    /// same seeded stream. Not for a session with fixed-shape forwards (`--cuda-graphs`) or of
-    /// a hybrid target (a batch takes neither), nor one that has ended.
+    /// same seeded stream (a hybrid target's linear-attention state goes with it, settled at
+    /// the committed prefix). Not for a session with fixed-shape forwards (`--cuda-graphs`: a
+    /// batch does not take them), nor one that has ended.
     pub fn into_live(self, index: usize) -> Result<(KvCache, Live)> {
-        let run = self.run;
+        let mut run = self.run;
         anyhow::ensure!(
-            run.graphed.is_none() && !run.target.is_hybrid(),
-            "a session with CUDA graphs or of a hybrid target cannot move into a batch"
+            run.graphed.is_none(),
+            "a session with CUDA graphs cannot move into a batch"
         );
+        run.cache.settle_linear()?;
         anyhow::ensure!(run.next_depth().is_some(), "the session has ended");
         anyhow::ensure!(
             run.cache.len() == run.start,
