@@ -243,10 +243,20 @@ impl Target {
             }
         }
         cache.commit(n);
+        let logits = self.logits_of(&x, rows, n)?;
+        Ok(TargetOutput {
+            logits,
+            taps: tap_out.into_iter().map(|t| t.unwrap()).collect(),
+        })
+    }
+
+    /// The logits of `rows` of the last layer's output `x` (`[b, n, hidden]`): the final norm
+    /// and the LM head on those rows only.
+    fn logits_of(&self, x: &Tensor, rows: &Rows, n: usize) -> Result<Option<Tensor>> {
         let sel = match rows {
-            Rows::None => None,
-            Rows::All => Some(x.clone()),
-            Rows::Last => Some(x.narrow(1, n - 1, 1)?),
+            Rows::None => return Ok(None),
+            Rows::All => x.clone(),
+            Rows::Last => x.narrow(1, n - 1, 1)?,
             Rows::These(r) => {
                 if let Some(&bad) = r.iter().find(|&&i| i >= n) {
                     bail!("logit row {bad} is out of range for {n} rows");
@@ -256,16 +266,11 @@ impl Target {
                     r.len(),
                     &self.device,
                 )?;
-                Some(x.index_select(&idx, 1)?)
+                x.index_select(&idx, 1)?
             }
         };
-        let logits = match sel {
-            Some(s) => Some(self.lm_head(&norms().in_scope(|| self.norm.forward(&s))?)?),
-            None => None,
-        };
-        Ok(TargetOutput {
-            logits,
-            taps: tap_out.into_iter().map(|t| t.unwrap()).collect(),
-        })
+        let normed = tracing::info_span!(target: "phase", "norms + residuals")
+            .in_scope(|| self.norm.forward(&sel))?;
+        Ok(Some(self.lm_head(&normed)?))
     }
 }
