@@ -29,7 +29,9 @@ def main():
 
     cfg = AutoConfig.from_pretrained(a.shape)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).cuda().eval()
+    # initialised where it runs (a large shape's random init on the host takes minutes)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).eval()
     vocab = getattr(cfg, "vocab_size", None) or cfg.text_config.vocab_size
     # a hybrid's Gated DeltaNet layers run fla's kernels when fla imports, else torch's fallback
     gdn = ""
