@@ -221,32 +221,28 @@ fn relative_links_resolve() {
     assert_eq!(links("[a](b.md#x) [c](https://e.org) [d](#top)"), ["b.md"]);
 }
 
-/// Sources the project may not yet split: `fused.cu` holds every CUDA kernel and splits by
-/// family only where a CUDA build checks it.
-const LONG_SOURCES_ALLOWED: &[&str] = &["crates/dflash-model/src/cuda/fused.cu"];
-
-/// Every source file of the crates, scripts and references (`.rs`, `.cu`, `.py`, `.sh`), one
-/// concern each, is at most 600 lines.
-#[test]
-fn every_source_file_is_at_most_600_lines() {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(dir).unwrap().flatten() {
-            let p = e.path();
-            let name = e.file_name().to_string_lossy().into_owned();
-            if p.is_dir() && !name.starts_with('.') && name != "target" {
-                walk(&p, out);
-            } else if ["rs", "cu", "py", "sh"]
-                .iter()
-                .any(|x| name.ends_with(&format!(".{x}")))
-            {
-                out.push(p);
-            }
+/// Every file under `dir` (recursively, past hidden folders and `target`) whose name ends in
+/// one of `extensions`.
+fn sources(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() && !name.starts_with('.') && name != "target" {
+            sources(&p, extensions, out);
+        } else if extensions.iter().any(|x| name.ends_with(&format!(".{x}"))) {
+            out.push(p);
         }
     }
+}
+
+/// Every source file of the crates, scripts and references (`.rs`, `.cu`, `.cuh`, `.py`,
+/// `.sh`), one concern each, is at most 600 lines.
+#[test]
+fn every_source_file_is_at_most_600_lines() {
     let root = repo_root();
     let mut files = Vec::new();
     for d in ["crates", "scripts", "bench", "tests"] {
-        walk(&root.join(d), &mut files);
+        sources(&root.join(d), &["rs", "cu", "cuh", "py", "sh"], &mut files);
     }
     assert!(files.len() > 100, "the sources were not found");
     let long: Vec<String> = files
@@ -257,7 +253,6 @@ fn every_source_file_is_at_most_600_lines() {
                 .to_string_lossy()
                 .replace('\\', "/")
         })
-        .filter(|n| !LONG_SOURCES_ALLOWED.contains(&n.as_str()))
         .filter_map(|n| {
             let lines = std::fs::read_to_string(root.join(&n)).ok()?.lines().count();
             (lines > MAX_LINES).then(|| format!("{n}: {lines} lines"))
@@ -268,4 +263,34 @@ fn every_source_file_is_at_most_600_lines() {
         "sources over {MAX_LINES} lines:\n{}",
         long.join("\n")
     );
+}
+
+/// The CUDA kernels build as one unit, `src/cuda/kernels.cu`, that includes each family's `.cu`
+/// (beside the Rust module that launches it): a `.cu` it does not include would build nowhere
+/// and its kernels would be missing from the PTX module at run time. So every other `.cu` of
+/// dflash-model is included by the unit, once, and the unit includes nothing else.
+#[test]
+fn every_cuda_family_is_in_the_kernel_unit() {
+    let src = repo_root().join("crates/dflash-model/src");
+    let unit = src.join("cuda/kernels.cu").canonicalize().unwrap();
+    let mut included: Vec<PathBuf> = std::fs::read_to_string(&unit)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("#include \""))
+        .filter_map(|l| l.split('"').next())
+        .map(|p| src.join("cuda").join(p).canonicalize().unwrap())
+        .collect();
+    let mut families = Vec::new();
+    sources(&src, &["cu"], &mut families);
+    let mut families: Vec<PathBuf> = families
+        .into_iter()
+        .map(|p| p.canonicalize().unwrap())
+        .filter(|p| *p != unit)
+        .collect();
+    assert!(families.len() > 20, "the kernel families were not found");
+    let missing: Vec<_> = families.iter().filter(|f| !included.contains(f)).collect();
+    assert!(missing.is_empty(), "not included by the unit: {missing:?}");
+    included.sort();
+    families.sort();
+    assert_eq!(included, families, "each .cu once, and nothing else");
 }

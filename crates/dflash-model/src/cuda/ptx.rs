@@ -1,15 +1,16 @@
-//! dflash-rs's own CUDA kernels (`src/cuda/fused.cu` and the files it includes, compiled to PTX
-//! by `build.rs`): training (the drafter's block softmax, the fused cross-entropy, RMSNorm and
-//! SwiGLU backwards, AdamW), the target's attention (interval, decode and prefill kernels), the
-//! decode layer's fused kernels and the Gated DeltaNet rule. Each is launched by the Rust module
-//! that holds its CPU twin (`crate::ops::*`); loaded once per device through candle's
-//! custom-module cache.
+//! dflash-rs's own CUDA kernels (`src/cuda/kernels.cu`, the unit that includes each family's
+//! source, compiled to one PTX module by `build.rs`): training (the drafter's block softmax, the
+//! fused cross-entropy, RMSNorm and SwiGLU backwards, AdamW), the target's attention (interval,
+//! decode and prefill kernels), sampling, the decode layer's fused kernels and the Gated DeltaNet
+//! rule. Each is launched by the Rust module that holds its CPU twin (`crate::ops::*`), whose
+//! CUDA source sits beside it (`src/ops/gemv.cu` beside `src/ops/gemv.rs`); loaded once per
+//! device through candle's custom-module cache.
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig};
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result};
 
-pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fused.ptx"));
+pub const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
 pub const MODULE: &str = "dflash_train";
 
 /// The kernel name `{name}_{f32|bf16}` for `dtype`.
@@ -43,7 +44,8 @@ macro_rules! launch {
         }
         let mut b = f.builder();
         $( b.arg(&$arg); )+
-        // SAFETY: the arguments follow the kernel's signature in src/cuda/fused.cu.
+        // SAFETY: the arguments follow the kernel's signature in its family's source
+        // (src/ops/*.cu, gathered by src/cuda/kernels.cu).
         unsafe { b.launch($cfg) }.w()?;
     }};
 }

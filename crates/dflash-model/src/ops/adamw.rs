@@ -12,7 +12,7 @@
 //! `m ← m·β1 + g·(1 − β1)`, `v ← v·β2 + g²·(1 − β2)`,
 //! `w ← w·decay − lr · (m·(1/c1)) / (sqrt(v·(1/c2)) + ε)` with `c_i = 1 − β_i^t` and
 //! `decay = 1 − lr·wd` (1 for vectors). The CUDA kernel (`adamw_fused_*` in
-//! `src/cuda/fused.cu`) rounds every operation the same way (no fused multiply-add), so the GPU
+//! `src/ops/adamw.cu`) rounds every operation the same way (no fused multiply-add), so the GPU
 //! and its CPU twin agree bit for bit; its bf16 copy rounds as a cast does. Example: w = 1, g = 0.5,
 //! m = v = 0, β = (0.9, 0.999), t = 1, lr = 0.1, no decay → m = 0.05, v = 0.00025,
 //! w = 1 − 0.1 · 0.5 / (0.5 + ε) ≈ 0.9.

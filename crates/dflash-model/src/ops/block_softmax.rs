@@ -16,7 +16,7 @@
 //! row 0 of head 0 with scores ctx [1, 2, 3, 9, 9], blk [0, 0] at scale 1 gets
 //! softmax([1, 2, 3, 0, 0]) over those five columns and 0 at context keys 3 and 4.
 //!
-//! On the CPU the rows run in Rust (the reference); with CUDA, `src/cuda/fused.cu`.
+//! On the CPU the rows run in Rust (the reference); with CUDA, `src/ops/block_softmax.cu`.
 
 use std::ops::Range;
 

@@ -249,7 +249,7 @@ fn prep_on_device(
     let per_chunk = CHUNK * (d.dv + 3 * d.dk + CHUNK) + CHUNK;
     let scratch = alloc::<f32>(dev, d.hv * nc * per_chunk)?;
     let (ni, hk, hv, dk, dv) = (n as i32, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32);
-    // shared memory as src/cuda/fused.cu lays it out; two blocks of each kernel fit an SM of
+    // shared memory as src/ops/gdn_chunk.cu lays it out; two blocks of each kernel fit an SM of
     // the H100/H200 (228 KiB) at head size 128
     let (ks, vs, gcp) = (d.dk + 4, d.dk.max(d.dv) + 4, CHUNK + 4);
     let prep = LaunchConfig {

@@ -10,17 +10,18 @@
 //! block reads columns 960..1000 and slot 1's 300..1000; the matmul path reads all 1,000 of
 //! both and writes and reads `256 · 9 · 1,000` scores per layer.
 //!
-//! Three kernels, each with an online softmax in f32 per row and the splits of the keys merged
-//! in a second kernel when there are several:
+//! Three kernels (in `src/ops/interval_attention.cu`, the tensor-core one in
+//! `src/ops/mma_attention.cu`), each with an online softmax in f32 per row and the splits of the
+//! keys merged in a second kernel when there are several:
 //! - one query row in each of several sequences and at most 8 query heads per K/V head (the
-//!   AR steps of a regeneration's slots), `decode_attn_*` (`src/cuda/fused.cu`): a block per
+//!   AR steps of a regeneration's slots), `decode_attn_*`: a block per
 //!   (sequence, K/V head, split), K/V rows loaded straight into registers with several loads in
 //!   flight per lane; `DFLASH_DISABLED_KERNELS=decode-attention` hands these to the last kernel;
 //! - in bf16, more than 4 query rows per K/V head (a verify), `verify_attn_*`
-//!   (`src/cuda/mma_attn.cuh`): a block per (sequence, K/V head, split) holds all the K/V head's
+//!   (tensor cores): a block per (sequence, K/V head, split) holds all the K/V head's
 //!   `hq / hkv · n` rows and multiplies on the tensor cores; `DFLASH_DISABLED_KERNELS=verify-attention` hands
 //!   these to the last kernel;
-//! - otherwise (a single sequence's AR step, f32), `interval_attn_*` (`src/cuda/fused.cu`): a
+//! - otherwise (a single sequence's AR step, f32), `interval_attn_*`: a
 //!   block per (sequence, K/V head, group of up to 16 of the rows that share the K/V head,
 //!   split), K/V staged in shared memory as f32 tile by tile, scalar dot products.
 //!

@@ -9,7 +9,7 @@
 //! Example: causal over [cache 2 | new 2] → row 0 sees keys 0..3, row 1 sees 0..4; scores row
 //! 0 `[1, 2, 3, 9]` at scale 1 → softmax of `[1, 2, 3]` and 0 for key 3.
 //!
-//! On the CPU the rows run in Rust (the reference); with CUDA, `src/cuda/fused.cu`.
+//! On the CPU the rows run in Rust (the reference); with CUDA, `src/ops/interval_softmax.cu`.
 
 use std::ops::Range;
 

@@ -3,7 +3,7 @@
 //! `fixed + j` becomes row `moved[j]`. The twin, and every other device, gathers the moved rows
 //! of each buffer and writes them back (`index_select` then `slice_set`: two launches per
 //! buffer, 120 for SmolLM2's 30 layers of K and V). On a GPU one kernel (`keep_rows_*` in
-//! `src/cuda/fused.cu`) moves the rows of every buffer in one launch, from a table of the
+//! `src/ops/keep_rows.cu`) moves the rows of every buffer in one launch, from a table of the
 //! buffers' addresses and the rows uploaded together: a DDTree-8 round's walk and commit took
 //! 0.51–0.53 ms with the gather and 0.15 ms with the kernel on an H100 (docs/BENCHMARKS.md,
 //! "A tree's compaction in one launch"); `DFLASH_DISABLED_KERNELS=keep-rows` turns it off.

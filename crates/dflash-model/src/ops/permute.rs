@@ -156,7 +156,7 @@ struct Strided6 {
     strides: [i32; MAX_RANK],
 }
 
-// SAFETY: a plain `#[repr(C)]` struct of i32s, laid out as `Strided6` in src/cuda/fused.cu.
+// SAFETY: a plain `#[repr(C)]` struct of i32s, laid out as `Strided6` in src/ops/permute.cu.
 #[cfg(feature = "cuda")]
 unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for Strided6 {}
 

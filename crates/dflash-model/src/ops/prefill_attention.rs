@@ -3,7 +3,7 @@
 //! batched prefill), as one tensor-core kernel that never writes the scores: `q · kᵀ`, the
 //! interval softmax and `p · v` of [`crate::layers::attention::attend_intervals_unfused`] (its
 //! twin, and the path wherever this kernel does not serve) fused in the manner of
-//! flash-attention (`prefill_attn_*` in `src/cuda/mma_attn.cuh`).
+//! flash-attention (`prefill_attn_*` in `src/ops/mma_attention.cu`).
 //!
 //! Example: Qwen3-8B's features on a 2,048-token row (32 query heads over 8 K/V heads of 128):
 //! the matmul path writes and reads `32 · 2,048 · 2,048` bf16 scores per layer (268 MB) and

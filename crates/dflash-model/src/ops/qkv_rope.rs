@@ -203,7 +203,7 @@ fn tables_agree(rope: Tables, b: usize, nq: usize, n: usize, dim: usize) -> bool
     b == 1 || per_seq(rope.q, nq) == per_seq(rope.kv, n)
 }
 
-/// [`apply`] as one kernel (`src/cuda/fused.cu`, `qkv_rope_*`): a block per (group of rows, head
+/// [`apply`] as one kernel (`src/ops/qkv_rope.cu`, `qkv_rope_*`): a block per (group of rows, head
 /// of the `heads + 2 · kv_heads`), `dim / 2` active threads per row, each the pair of features
 /// RoPE rotates together. Only where [`serves`].
 fn fused(

@@ -2,7 +2,7 @@
 //! on the GPU (`dflash_train::optim::clip_scale`) without a cast, a square and a sum as three
 //! passes. bf16 values are widened in registers. Example: [3, 4] → 25; a bf16 [0.5; 4] → 1.
 //!
-//! The kernel (`sq_sum_{f32,bf16}` in `src/cuda/fused.cu`) writes one partial sum per block of a
+//! The kernel (`sq_sum_{f32,bf16}` in `src/ops/sq_sum.cu`) writes one partial sum per block of a
 //! grid-stride loop, and the partials are summed after; the CPU twin sums in f64 (one partial),
 //! so the two agree to f32 rounding, not bit for bit.
 

@@ -2,9 +2,9 @@
 //! scores never written: each of the `R = nb · B` block rows sees its context keys and its own
 //! block's (the draft rule's two parts, [`dflash_core::visibility::draft_training_parts`]), one
 //! online softmax over both; the backward recomputes the probabilities from each row's saved
-//! log-sum-exp (`train_attn_fwd_*` in `src/cuda/mma_attn.cuh`, `train_attn_dq_*`,
-//! `train_attn_dkv_*` and `train_attn_dot_*` in `src/cuda/train_attn.cuh`). Its twin, and the
-//! path wherever it does not serve (the CPU, f32, other head dims), is
+//! log-sum-exp (`train_attn_fwd_*` in `src/ops/mma_attention.cu`, `train_attn_dq_*`,
+//! `train_attn_dkv_*` and `train_attn_dot_*` in `kernels.cu` beside `kernels.rs`). Its twin, and
+//! the path wherever it does not serve (the CPU, f32, other head dims), is
 //! [`crate::ops::block_attention::attend_blocks`]: the windowed matmuls around the block
 //! softmax with their written backward. Q, K and V are read in place (no head transposes, no
 //! per-window copies) and GQA's K/V heads are never expanded.

@@ -1,5 +1,8 @@
-// The drafter's training attention backward on the tensor cores (included by fused.cu after
-// mma_attn.cuh, whose train_attn_fwd_* is the forward); the twin is the written backward of
+#include "../../cuda/common.cuh"
+#include "../../cuda/mma.cuh"
+
+// The drafter's training attention backward on the tensor cores (the forward is train_attn_fwd_*
+// in src/ops/mma_attention.cu); the twin is the written backward of
 // `crate::ops::block_attention::attend_blocks`. Each query row sees two key intervals (its
 // context keys and its own block's: four u32 per row in `iv`); the forward saved each row's
 // log-sum-exp `lse` ([hq, n], base 2, the scale folded in), so P = exp2(s · scale · log2 e − lse)

@@ -1,6 +1,11 @@
-// Interval attention on the tensor cores (included by fused.cu), scores never written to memory;
-// the twin is the matmuls around the interval softmax
-// (`crate::layers::attention::attend_intervals_unfused`). Three kernels share one body:
+#include "../cuda/common.cuh"
+#include "../cuda/mma.cuh"
+
+// Interval attention on the tensor cores (the primitives in src/cuda/mma.cuh), scores never
+// written to memory; the twin is the matmuls around the interval softmax
+// (`crate::layers::attention::attend_intervals_unfused`). Launched through
+// `crate::ops::interval_attention` (`crate::ops::prefill_attention` decides the prefill) and
+// `crate::ops::train_attention`. Four kernels share one body:
 // - prefill_attn_*: many query rows of a sequence, each over one interval of keys (a target's
 //   causal prefill, a training row's packed segments, a regeneration's batched prefill). A block
 //   takes 64 query rows of one query head of one sequence.
@@ -19,7 +24,7 @@
 //   is `crate::ops::block_attention::attend_blocks`): as prefill_attn, but each row sees two
 //   intervals (its context keys and its own block's), walked as two spans of tiles, and the
 //   row's log-sum-exp (base 2, the scale folded in) is written to `part` for the backward
-//   (`train_attn.cuh`).
+//   (`train_attention/kernels.cu`).
 //
 // A block of 4 warps (each 16 of its 64 rows; 8 warps and 128 rows in verify_tree_attn_*_w8) walks the union of its rows' intervals (its split
 // of it) in tiles of BC keys, double-buffered in shared memory by cp.async. Per tile a warp
@@ -37,52 +42,8 @@
 // of 32. Its 16-row verify after 512 cached rows: R = 4 · 16 = 64 virtual rows per K/V head,
 // 8 heads × 16 splits = 128 verify blocks, each over 33 or 34 keys of the 528 (two tiles).
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&p);
-}
-
-__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int bytes) {
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
-}
-
 // VERIFY = false: prefill_attn's block (grid: row tiles × query heads × sequences); true:
 // verify_attn's (grid: sequences · K/V heads × splits).
-// The union [wlo, whi) of the non-empty intervals [la, ha), [lb, hb) of a warp's rows (empty:
-// wlo ≥ whi), widened into the block's `span` (two words, reset by the caller) by lane 0.
-__device__ __forceinline__ void warp_span(uint32_t la, uint32_t ha, uint32_t lb, uint32_t hb,
-                                          uint32_t& wlo, uint32_t& whi, uint32_t* span) {
-    wlo = 0xffffffffu;
-    whi = 0;
-    if (la < ha) {
-        wlo = la;
-        whi = ha;
-    }
-    if (lb < hb) {
-        wlo = min(wlo, lb);
-        whi = max(whi, hb);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
-        whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
-    }
-    if ((threadIdx.x & 31) == 0 && wlo < whi) {
-        atomicMin(&span[0], wlo);
-        atomicMax(&span[1], whi);
-    }
-}
-
-// TRAIN (VERIFY false): four interval words per row (two intervals) and the log-sum-exp out.
 // TREE (VERIFY true): four words per row, an interval and a window of 64 columns from its end.
 template <int D, int BC, bool VERIFY, bool TRAIN = false, bool TREE = false>
 __device__ void mma_attn(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
