@@ -199,6 +199,36 @@ fn a_hybrid_session_moved_into_a_batch_goes_on_as_ar() {
     }
 }
 
+/// Prompts of different lengths prefilled together, left-padded (as on a GPU): each sequence's
+/// Gated DeltaNet layers start at its first real row, so every response is AR's alone; a
+/// prompt long enough for the chunked rule included.
+#[test]
+fn hybrid_prompts_prefilled_together_equal_ar() {
+    let t = tiny_hybrid();
+    let reqs: Vec<Request> = (0..6)
+        .map(|i| req(&prompt(i), 12 + i, SamplingParams::default(), &[]))
+        .collect();
+    let mut b = Batch::new(&t, 6, None).unwrap();
+    b.set_prefill_chunk(6);
+    let all: Vec<(usize, &Request)> = reqs.iter().enumerate().collect();
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); reqs.len()];
+    for st in b.admit(&all).unwrap() {
+        out[st.index].push(st.token);
+    }
+    while b.live() > 0 {
+        for st in b.step().unwrap() {
+            out[st.index].push(st.token);
+        }
+    }
+    for (i, r) in reqs.iter().enumerate() {
+        assert_eq!(
+            out[i],
+            decode(&t, None, Mode::Ar, r).new_tokens,
+            "prompt {i}"
+        );
+    }
+}
+
 /// A batched hybrid cache keeps no rows to roll back to: a speculative verify's rollback on it
 /// is refused by name, never silently wrong.
 #[test]

@@ -21,8 +21,9 @@ use crate::Request;
 /// (`chunk · heads · P²`) and its host-built masks, whatever the number of slots. On the CPU
 /// each prompt is prefilled alone: a left-padded prefill's matmuls sum over the batch's
 /// columns, so its rows would differ in their last bits from the prompt's own prefill, and
-/// integer products requantize those bits into other tokens. A hybrid target prefills each
-/// prompt alone everywhere: its linear-attention state would take in the left padding.
+/// integer products requantize those bits into other tokens. A hybrid target's prompts
+/// prefilled together run their linear-attention layers one sequence at a time from each one's
+/// first real row (`GdnRowsInput::slot_chains`), so left padding never enters a state.
 const PREFILL_CHUNK: usize = 16;
 
 /// The key interval of each row of a right-aligned sequence
@@ -132,6 +133,8 @@ pub struct Batch<'t> {
     cache: KvCache,
     slot: Vec<Option<Live>>,
     graph: Option<GraphedBatch>,
+    /// Prompts prefilled in one forward ([`Batch::prefill_chunk`]).
+    prefill_chunk: usize,
 }
 
 impl<'t> Batch<'t> {
@@ -158,6 +161,10 @@ impl<'t> Batch<'t> {
             cache,
             slot,
             graph,
+            prefill_chunk: match target.device.is_cpu() {
+                true => 1,
+                false => PREFILL_CHUNK,
+            },
         })
     }
 
@@ -176,13 +183,15 @@ impl<'t> Batch<'t> {
         self.slot.len()
     }
 
-    /// Prompts prefilled in one forward ([`PREFILL_CHUNK`] on a GPU, one on the CPU or for a
-    /// hybrid target).
+    /// Prompts prefilled in one forward: [`PREFILL_CHUNK`] on a GPU, one on the CPU.
     pub fn prefill_chunk(&self) -> usize {
-        match self.target.device.is_cpu() || self.target.is_hybrid() {
-            true => 1,
-            false => PREFILL_CHUNK,
-        }
+        self.prefill_chunk
+    }
+
+    /// Prefill `chunk` prompts per forward (the tests run the GPU's left-padded prefills on the
+    /// CPU with it).
+    pub fn set_prefill_chunk(&mut self, chunk: usize) {
+        self.prefill_chunk = chunk.max(1);
     }
 
     /// Prefill `reqs` (caller's index, request; at most [`Batch::free`]'s count, checked by
@@ -284,7 +293,13 @@ impl<'t> Batch<'t> {
             positions.extend(std::iter::repeat_n(0, pad).chain(0..ids.len()));
             rows.push(intervals(0, 0, ids.len(), p)?);
         }
-        let mut cache = self.target.new_cache();
+        // a hybrid target's prompts prefilled together keep their linear-attention states in
+        // a batched cache's slots (each from its first real row on: left padding never enters
+        // them); alone, in a sequence's own cache
+        let mut cache = match (self.target.is_hybrid(), part.len()) {
+            (true, b) if b > 1 => self.target.new_batched_cache(b, p)?,
+            _ => self.target.new_cache(),
+        };
         let out = self.target.forward_batch_intervals(
             &tokens,
             &positions,

@@ -21,6 +21,9 @@ pub struct GdnRowsInput {
     pub parents: Vec<Option<usize>>,
     pub(super) parents_dev: Tensor,
     pub(super) windows: Tensor,
+    /// Several sequences of several rows (a batched prefill): each sequence's first row of its
+    /// chain, the rows before it padding ([`GdnRowsInput::slot_chains`]).
+    pub(super) starts: Option<Vec<usize>>,
 }
 
 impl GdnRowsInput {
@@ -34,6 +37,7 @@ impl GdnRowsInput {
             parents: parents.to_vec(),
             parents_dev: Tensor::from_vec(p, n, device)?,
             windows: Tensor::from_vec(window_index(parents, kernel), (n, kernel), device)?,
+            starts: None,
         })
     }
 
@@ -45,6 +49,23 @@ impl GdnRowsInput {
             parents: vec![None],
             parents_dev: Tensor::from_vec(vec![NO_PARENT], 1, device)?,
             windows: Tensor::from_vec(super::slot_windows(slots, kernel), (slots, kernel), device)?,
+            starts: None,
+        })
+    }
+
+    /// The rows of a batched prefill: `n` rows per sequence, sequence `s`'s from `starts[s]`
+    /// on a chain continuing its slot's state, the rows before it left padding (their outputs
+    /// zero). Example: 2 sequences of 5 rows, prompts of 5 and 3 tokens → starts [0, 2].
+    pub fn slot_chains(
+        starts: Vec<usize>,
+        n: usize,
+        kernel: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        let chain: Vec<Option<usize>> = (0..n).map(|i| i.checked_sub(1)).collect();
+        Ok(Self {
+            starts: Some(starts),
+            ..Self::new(&chain, kernel, device)?
         })
     }
 
@@ -60,6 +81,7 @@ impl GdnRowsInput {
         dst.parents_dev.slice_set(&self.parents_dev, 0, 0)?;
         dst.windows.slice_set(&self.windows, 0, 0)?;
         dst.parents.clone_from(&self.parents);
+        dst.starts.clone_from(&self.starts);
         Ok(())
     }
 }

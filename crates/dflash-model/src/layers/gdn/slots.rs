@@ -12,7 +12,7 @@
 use anyhow::{bail, Result};
 use candle_core::{DType, Device, Module, Tensor};
 
-use super::{GatedDeltaNet, GdnCache, GdnDims, GdnRowsInput};
+use super::{GatedDeltaNet, GdnCache, GdnDims, GdnRowsInput, GdnState};
 use crate::ops::gdn_prep::{gated_norm, gdn_prep};
 use crate::ops::gdn_recurrence::gdn_recurrence_seqs;
 
@@ -67,6 +67,20 @@ impl GdnSlots {
         Ok(())
     }
 
+    /// Slot `slot`'s committed state (copies).
+    fn state_of(&self, slot: usize) -> Result<GdnState> {
+        let k1 = self.dims.kernel - 1;
+        // copies: the sequence's cache updates its state in place
+        Ok(GdnState {
+            conv: self.conv.narrow(0, slot * k1, k1)?.copy()?,
+            rec: self
+                .rec
+                .narrow(0, slot, 1)?
+                .copy()?
+                .reshape(self.dims.state_len())?,
+        })
+    }
+
     /// Make slot `slot` a copy of slot `src_slot` of `src` (a batch laid out again).
     pub fn copy_slot(&mut self, slot: usize, src: &GdnSlots, src_slot: usize) -> Result<()> {
         let k1 = self.dims.kernel - 1;
@@ -103,7 +117,11 @@ impl GatedDeltaNet {
         x: &Tensor,
         input: &GdnRowsInput,
         st: &mut GdnSlots,
+        chunk_min_rows: usize,
     ) -> Result<Tensor> {
+        if let Some(starts) = &input.starts {
+            return self.forward_slot_chains(x, starts, st, chunk_min_rows);
+        }
         let windows = &input.windows;
         let d = self.dims;
         let (b, n, _) = x.dims3()?;
@@ -149,5 +167,41 @@ impl GatedDeltaNet {
         st.rec.slice_set(&states.contiguous()?, 0, 0)?;
         let normed = gated_norm(&o, &z, &self.norm_w, self.eps)?.reshape((b, 1, vd))?;
         Ok(self.out_proj.forward(&normed.to_dtype(x.dtype())?)?)
+    }
+
+    /// A batched prefill: each sequence's rows from `starts[s]` as the one-sequence forward
+    /// computes them from its slot's state (the chunked rule for a long prompt, as a prompt
+    /// prefilled alone), its state then the slot's; the padding rows before them give zeros.
+    /// One forward per sequence: the layer's other work (attention, MLP) stays batched.
+    fn forward_slot_chains(
+        &self,
+        x: &Tensor,
+        starts: &[usize],
+        st: &mut GdnSlots,
+        chunk_min_rows: usize,
+    ) -> Result<Tensor> {
+        let (b, n, h) = x.dims3()?;
+        if starts.len() != b || st.slots()? != b || starts.iter().any(|&s| s >= n) {
+            bail!("a batched linear-attention prefill: {} chain starts for {b} sequences of {n} rows in {} slots", starts.len(), st.slots()?);
+        }
+        let mut outs = Vec::with_capacity(b);
+        for (s, &first) in starts.iter().enumerate() {
+            let rows = n - first;
+            let chain: Vec<Option<usize>> = (0..rows).map(|i| i.checked_sub(1)).collect();
+            let input = GdnRowsInput::new(&chain, self.dims.kernel, x.device())?;
+            let mut one = GdnCache::from_state(self.dims, st.state_of(s)?);
+            let xs = x.narrow(0, s, 1)?.narrow(1, first, rows)?;
+            let o = self.forward(&xs, &input, &mut one, chunk_min_rows)?;
+            one.settle_all()?;
+            st.place(s, &one)?;
+            outs.push(match first {
+                0 => o,
+                _ => Tensor::cat(
+                    &[&Tensor::zeros((1, first, h), o.dtype(), o.device())?, &o],
+                    1,
+                )?,
+            });
+        }
+        Ok(Tensor::cat(&outs, 0)?)
     }
 }

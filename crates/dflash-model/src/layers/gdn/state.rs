@@ -67,6 +67,18 @@ impl GdnCache {
         }
     }
 
+    /// A sequence's cache whose committed state is `state` (from a batched cache's slot),
+    /// before its first forward here (a prefill from it takes the chunked rule).
+    pub fn from_state(dims: GdnDims, state: GdnState) -> Self {
+        Self {
+            dims,
+            device: state.rec.device().clone(),
+            committed: Some(state),
+            last: None,
+            started: false,
+        }
+    }
+
     /// The committed state (zeros before the first forward).
     pub fn committed(&mut self) -> Result<GdnState> {
         if self.committed.is_none() {

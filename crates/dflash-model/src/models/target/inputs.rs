@@ -377,8 +377,9 @@ impl Target {
     /// host `b · n · (cache + n)` cells. Example: two sequences of one AR step on a 40-column
     /// batched cache holding 12 and 30 rows → `[[28..41], [10..41]]`. A hybrid target's
     /// linear-attention layers take one sequence's rows (each row's parent: the row before it
-    /// where its interval reaches it) or one row per sequence (a batched step,
-    /// [`GdnRowsInput::slots`]); several sequences of several rows are refused.
+    /// where its interval reaches it), one row per sequence (a batched step,
+    /// [`GdnRowsInput::slots`]) or each sequence's chain after its padding (a batched prefill,
+    /// [`GdnRowsInput::slot_chains`]).
     pub fn prepare_intervals(
         &self,
         tokens: &[u32],
@@ -394,17 +395,25 @@ impl Target {
             bail!("{} key intervals for a sequence of {n} new rows", r.len());
         }
         let cols = cap.unwrap_or(cache_len + n);
+        // new row r of a sequence is column cache_len + r (in either layout); its parent the row
+        // before it where its interval reaches it
+        let parents = |s: usize| -> Vec<Option<usize>> {
+            (0..n)
+                .map(|r| (r > 0 && rows[s][r].contains(&(cache_len + r - 1))).then(|| r - 1))
+                .collect()
+        };
         let gdn = match self.gdn_kernel() {
             None => None,
             Some(k) if n == 1 => Some(GdnRowsInput::slots(b, k, &self.device)?),
-            Some(k) if b == 1 => {
-                // new row r is column cache_len + r (in either layout)
-                let parents: Vec<Option<usize>> = (0..n)
-                    .map(|r| (r > 0 && rows[0][r].contains(&(cache_len + r - 1))).then(|| r - 1))
+            Some(k) if b == 1 => Some(GdnRowsInput::new(&parents(0), k, &self.device)?),
+            // several sequences of several rows (a batched prefill): each a chain from its
+            // last row without a parent, the rows before it padding
+            Some(k) => {
+                let starts = (0..b)
+                    .map(|s| parents(s).iter().rposition(|p| p.is_none()).unwrap_or(0))
                     .collect();
-                Some(GdnRowsInput::new(&parents, k, &self.device)?)
+                Some(GdnRowsInput::slot_chains(starts, n, k, &self.device)?)
             }
-            Some(_) => bail!("a forward of {b} sequences of {n} rows each needs an attention-only target: the linear-attention layers of this hybrid target advance several sequences one row at a time"),
         };
         let iv = RowIntervals::from_rows(&rows.concat(), b, n, cols, &self.device)?;
         let (ids, rope, layout) = self.prepare_rows(tokens, positions, b, n, cache_len, cap)?;

@@ -224,7 +224,9 @@ impl Target {
                 Mixer::GatedDeltaNet(g) => {
                     let rows = gdn.as_ref().context("linear-attention rows not prepared")?;
                     match cache.gdn_slots_mut(i) {
-                        Some(slots) => g.forward_slots(&hn, rows, slots)?,
+                        Some(slots) => {
+                            g.forward_slots(&hn, rows, slots, self.gdn_chunk_min_rows)?
+                        }
                         None => g.forward(&hn, rows, cache.gdn_mut(i)?, self.gdn_chunk_min_rows)?,
                     }
                 }
