@@ -1,6 +1,7 @@
 //! `bench shape` and `bench train` on a small random Qwen3 shape (the Qwen3-8B shape runs on
 //! the GPU): every row of the tables and the cost model is printed, bad input is refused by name.
 
+use std::path::Path;
 use std::process::Command;
 
 fn bin() -> Command {
@@ -186,54 +187,50 @@ fn bench_regen_writes_its_row() {
     let _ = std::fs::remove_dir_all(shape.parent().unwrap());
 }
 
-/// `bench decode --shape`: the decoding loop on random weights of a hybrid shape (the tiny
-/// Qwen3.5 config: Gated DeltaNet and gated attention), every mode with and without the
-/// fixed-shape forwards, each mode's tokens equal to AR's in f32 (lossless), one JSON row per
-/// mode; a missing shape is refused by name.
-#[test]
-fn bench_decode_runs_every_mode_on_random_weights_of_a_hybrid_shape() {
-    let cfg = dflash_testkit::fixtures().join("qwen35-tiny/config.json");
-    let dir = std::env::temp_dir().join(format!("dflash-bench-decode-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for graphs in [false, true] {
-        let json = dir.join(format!("rows-{graphs}.jsonl"));
-        let mut cmd = bin();
-        cmd.args(["bench", "decode", "--shape", cfg.to_str().unwrap()])
-            .args(["--modes", "ar,dflash,ddtree:4", "--max-new-tokens", "20"])
-            .args(["--prompt-tokens", "24", "--repeats", "1"])
-            .args(["--json", json.to_str().unwrap()]);
-        if graphs {
-            cmd.arg("--cuda-graphs");
-        }
-        let o = cmd.output().unwrap();
-        let out = String::from_utf8_lossy(&o.stdout);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let suffix = if graphs { "+graphs" } else { "" };
-        for mode in ["ar", "dflash", "ddtree:4"] {
-            let row = out
-                .lines()
-                .find(|l| l.starts_with(&format!("| {mode}{suffix} |")))
-                .unwrap_or_else(|| panic!("no {mode}{suffix} row in\n{out}"));
-            assert!(
-                row.ends_with("| 4/4 |"),
-                "{mode}{suffix} left AR's tokens: {row}"
-            );
-        }
-        let rows: Vec<serde_json::Value> = std::fs::read_to_string(&json)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(rows.len(), 3, "{rows:?}");
-        for r in &rows {
-            assert_eq!(r["shape"], "config");
-            assert_eq!(r["graphs"], graphs);
-            assert_eq!(r["equal_to_ar"], "4/4");
-            assert!(r["ms_per_token"].as_f64().is_some_and(|x| x > 0.0), "{r}");
-            assert!(r["tau_pooled"].as_f64().is_some_and(|x| x >= 1.0), "{r}");
-        }
+/// `bench decode` at T = 0 on `cfg` (with `--cuda-graphs` when `graphs`): every mode's table
+/// row and JSON row say its tokens equal AR's on all 4 prompts.
+fn assert_t0_modes_equal_ar(cfg: &Path, dir: &Path, graphs: bool) {
+    let json = dir.join(format!("rows-{graphs}.jsonl"));
+    let mut cmd = bin();
+    cmd.args(["bench", "decode", "--shape", cfg.to_str().unwrap()])
+        .args(["--modes", "ar,dflash,ddtree:4", "--max-new-tokens", "20"])
+        .args(["--prompt-tokens", "24", "--repeats", "1"])
+        .args(["--json", json.to_str().unwrap()]);
+    if graphs {
+        cmd.arg("--cuda-graphs");
     }
-    // at T > 0 each mode samples its own tokens: timed, not compared with AR's
+    let o = cmd.output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let suffix = if graphs { "+graphs" } else { "" };
+    for mode in ["ar", "dflash", "ddtree:4"] {
+        let row = out
+            .lines()
+            .find(|l| l.starts_with(&format!("| {mode}{suffix} |")))
+            .unwrap_or_else(|| panic!("no {mode}{suffix} row in\n{out}"));
+        assert!(
+            row.ends_with("| 4/4 |"),
+            "{mode}{suffix} left AR's tokens: {row}"
+        );
+    }
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&json)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["shape"], "config");
+        assert_eq!(r["graphs"], graphs);
+        assert_eq!(r["equal_to_ar"], "4/4");
+        assert!(r["ms_per_token"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+        assert!(r["tau_pooled"].as_f64().is_some_and(|x| x >= 1.0), "{r}");
+    }
+}
+
+/// `bench decode` at T = 1 on `cfg`: the sampling is printed and each mode's row is timed,
+/// marked T > 0 rather than compared with AR's.
+fn assert_sampled_modes_are_timed(cfg: &Path) {
     let o = bin()
         .args(["bench", "decode", "--shape", cfg.to_str().unwrap()])
         .args([
@@ -257,6 +254,10 @@ fn bench_decode_runs_every_mode_on_random_weights_of_a_hybrid_shape() {
             .unwrap_or_else(|| panic!("no {mode} row in\n{out}"));
         assert!(row.ends_with("| T > 0 |"), "{row}");
     }
+}
+
+/// `bench decode` refuses a missing shape, a negative temperature and an empty prompt by name.
+fn assert_bad_decode_input_is_refused(cfg: &Path) {
     for (args, names) in [
         (vec!["--shape", "/nonexistent/config.json"], "--shape"),
         (
@@ -277,7 +278,10 @@ fn bench_decode_runs_every_mode_on_random_weights_of_a_hybrid_shape() {
         let err = String::from_utf8_lossy(&bad.stderr);
         assert!(err.contains(names), "{args:?}: {err}");
     }
-    // the profiling runs need a GPU
+}
+
+/// `bench shape`'s profiling runs on `cfg` are refused without a CUDA device, by name.
+fn assert_profiling_needs_a_gpu(cfg: &Path) {
     for (flag, says) in [
         (
             "--profile-gdn-rule",
@@ -300,4 +304,24 @@ fn bench_decode_runs_every_mode_on_random_weights_of_a_hybrid_shape() {
         let err = String::from_utf8_lossy(&bad.stderr);
         assert!(err.contains(says), "{flag}: {err}");
     }
+}
+
+/// `bench decode --shape`: the decoding loop on random weights of a hybrid shape (the tiny
+/// Qwen3.5 config: Gated DeltaNet and gated attention), every mode with and without the
+/// fixed-shape forwards, each mode's tokens equal to AR's in f32 (lossless), one JSON row per
+/// mode; at T > 0 timed only; a missing shape and bad input are refused by name, and the
+/// profiling runs need a GPU.
+#[test]
+fn bench_decode_runs_every_mode_on_random_weights_of_a_hybrid_shape() {
+    let cfg = dflash_testkit::fixtures().join("qwen35-tiny/config.json");
+    let dir = std::env::temp_dir().join(format!("dflash-bench-decode-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for graphs in [false, true] {
+        assert_t0_modes_equal_ar(&cfg, &dir, graphs);
+    }
+    // at T > 0 each mode samples its own tokens: timed, not compared with AR's
+    assert_sampled_modes_are_timed(&cfg);
+    assert_bad_decode_input_is_refused(&cfg);
+    // the profiling runs need a GPU
+    assert_profiling_needs_a_gpu(&cfg);
 }

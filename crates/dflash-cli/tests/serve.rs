@@ -1,14 +1,14 @@
 //! `dflash-rs serve` over real sockets: T = 0 responses equal AR's alone and in batches of 4
-//! and 16 in both CPU products modes, seeded sampling reproducible, OpenAI's errors for bad
-//! requests, a bounded queue, clients that go away, SIGTERM, a bounded load counted by
-//! `/metrics`, and the official `openai` Python client.
+//! and 16 in both CPU products modes, seeded sampling reproducible, a bounded queue, clients
+//! that go away, SIGTERM, a bounded load counted by `/metrics`, a soak, mutated bodies, and the
+//! official `openai` Python client (OpenAI's errors for bad requests: serve_errors.rs).
 
 use std::thread;
 use std::time::{Duration, Instant};
 
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::{generate, Mode};
-use dflash_testkit::http::ServerProcess;
+use dflash_testkit::http::{chat_body, metric, token_ids, ServerProcess};
 use dflash_testkit::{fixtures, req, smollm2};
 use serde_json::{json, Value};
 
@@ -44,25 +44,6 @@ fn tiny_server(extra: &[&str]) -> ServerProcess {
     let mut args = vec!["serve", "--target", dir.to_str().unwrap(), "--port", "0"];
     args.extend_from_slice(extra);
     ServerProcess::start(BIN, &args)
-}
-
-fn chat_body(prompt: &str, max_tokens: usize, extra: Value) -> String {
-    let mut b = json!({"messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": max_tokens, "temperature": 0, "return_token_ids": true});
-    for (k, v) in extra.as_object().unwrap() {
-        b[k] = v.clone();
-    }
-    b.to_string()
-}
-
-/// A response's token ids.
-fn token_ids(v: &Value) -> Vec<u32> {
-    v["choices"][0]["token_ids"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no token_ids in {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 /// The 16 prompts' responses at `concurrency` clients, each sending its share in turn.
@@ -152,15 +133,6 @@ fn t0_responses_equal_ar_alone_and_in_batches_with_integer_products() {
     assert_lossless("q8");
 }
 
-/// The sum of a metric's samples (every label set).
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 fn metric_with(text: &str, name_and_labels: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(name_and_labels))
@@ -186,130 +158,6 @@ fn a_seeded_sampled_request_alone_is_reproducible() {
     );
     assert_eq!(a, b);
     assert!(!a.is_empty());
-}
-
-#[test]
-fn bad_requests_get_openai_errors_and_the_server_goes_on() {
-    let s = tiny_server(&[]);
-    let m = r#""messages":[{"role":"user","content":"hi"}]"#;
-    let long = "word ".repeat(600);
-    let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
-        ("/v1/chat/completions", format!("{{{m},"), 400, None),
-        (
-            "/v1/chat/completions",
-            r#"{"max_tokens":5}"#.into(),
-            400,
-            Some("messages"),
-        ),
-        (
-            "/v1/chat/completions",
-            format!(r#"{{{m},"max_tokens":"many"}}"#),
-            400,
-            Some("max_tokens"),
-        ),
-        (
-            "/v1/chat/completions",
-            format!(r#"{{{m},"max_tokens":0}}"#),
-            400,
-            Some("max_tokens"),
-        ),
-        (
-            "/v1/chat/completions",
-            format!(r#"{{{m},"max_tokens":-4}}"#),
-            400,
-            Some("max_tokens"),
-        ),
-        (
-            "/v1/chat/completions",
-            format!(r#"{{{m},"temperature":-0.1}}"#),
-            400,
-            Some("temperature"),
-        ),
-        (
-            "/v1/chat/completions",
-            format!(r#"{{{m},"top_p":1.5}}"#),
-            400,
-            Some("top_p"),
-        ),
-        (
-            "/v1/chat/completions",
-            format!(r#"{{{m},"top_p":0}}"#),
-            400,
-            Some("top_p"),
-        ),
-        (
-            "/v1/chat/completions",
-            format!(r#"{{{m},"n":3}}"#),
-            400,
-            Some("n"),
-        ),
-        (
-            "/v1/chat/completions",
-            format!(r#"{{{m},"max_tokens":100000}}"#),
-            400,
-            Some("max_tokens"),
-        ),
-        (
-            "/v1/completions",
-            json!({"prompt": long}).to_string(),
-            400,
-            Some("prompt"),
-        ),
-        (
-            "/v1/completions",
-            r#"{"prompt":7}"#.into(),
-            400,
-            Some("prompt"),
-        ),
-        (
-            "/v1/chat/completions",
-            format!(r#"{{{m},"model":"gpt-9"}}"#),
-            404,
-            Some("model"),
-        ),
-        ("/v1/nothing", "{}".into(), 404, None),
-    ];
-    for (path, body, status, param) in &cases {
-        let r = s.request("POST", path, Some(body));
-        assert_eq!(r.status, *status, "{path} {body}: {}", r.body);
-        let e = &r.json()["error"];
-        assert!(
-            e["message"].as_str().is_some_and(|m| !m.is_empty()),
-            "{}",
-            r.body
-        );
-        assert!(
-            e["type"].is_string() && e.get("code").is_some(),
-            "{}",
-            r.body
-        );
-        if let Some(p) = param {
-            assert_eq!(e["param"], json!(p), "{body}: {}", r.body);
-        }
-    }
-    // and a streamed bad request is refused before it streams
-    let bad = s.stream(
-        "/v1/chat/completions",
-        &format!(r#"{{{m},"stream":true,"top_p":2}}"#),
-    );
-    assert_eq!(bad.status, 400);
-    let ok = s.request(
-        "POST",
-        "/v1/chat/completions",
-        Some(&chat_body("hi", 8, json!({}))),
-    );
-    assert_eq!(ok.status, 200, "{}", ok.body);
-    assert_eq!(
-        token_ids(&ok.json()).len(),
-        ok.json()["usage"]["completion_tokens"].as_u64().unwrap() as usize
-    );
-    let text = s.request("GET", "/metrics", None).body;
-    // every case but the unknown endpoint's went through a completion handler, and the
-    // streamed one too
-    assert_eq!(
-        metric(&text, "dflash:request_refused_total"),
-        cases.len() as f64
-    );
 }
 
 /// Wait (≤ 20 s) until `/metrics` satisfies `ok`.

@@ -3,7 +3,7 @@
 //! bit for bit (CPU, f32).
 
 use dflash_testkit::tmp;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -34,9 +34,8 @@ fn curve(out: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-#[test]
-fn killed_run_resumes_bit_for_bit() {
-    let d = tmp("run");
+/// Five short chat prompts in `d/p.jsonl`.
+fn write_prompts(d: &Path) -> PathBuf {
     let prompts = d.join("p.jsonl");
     std::fs::write(
         &prompts,
@@ -52,31 +51,40 @@ fn killed_run_resumes_bit_for_bit() {
         .collect::<String>(),
     )
     .unwrap();
-    let data = d.join("data");
-    let gen_sharded = |shard: &str, extra: &[&str]| {
-        let mut c = bin();
-        c.args([
-            "data",
-            "generate",
-            "--target",
-            "smollm2-135m",
-            "--prompts",
-            prompts.to_str().unwrap(),
-        ])
-        .args([
-            "--out",
-            data.to_str().unwrap(),
-            "--max-new-tokens",
-            "24",
-            "--shard-size",
-            shard,
-            "--batch-size",
-            "2",
-        ])
-        .args(extra);
-        c
-    };
-    let gen = |extra: &[&str]| gen_sharded("2", extra);
+    prompts
+}
+
+/// `data generate` of `prompts` into `data` on SmolLM2 (24 new tokens, batches of 2, shards of
+/// `shard` prompts), with `extra` arguments.
+fn generate(prompts: &Path, data: &Path, shard: &str, extra: &[&str]) -> Command {
+    let mut c = bin();
+    c.args([
+        "data",
+        "generate",
+        "--target",
+        "smollm2-135m",
+        "--prompts",
+        prompts.to_str().unwrap(),
+    ])
+    .args([
+        "--out",
+        data.to_str().unwrap(),
+        "--max-new-tokens",
+        "24",
+        "--shard-size",
+        shard,
+        "--batch-size",
+        "2",
+    ])
+    .args(extra);
+    c
+}
+
+/// Generating `prompts` into `data`: a time limit stops early and says so, a rerun finishes the
+/// three shards, another finds them done, and other generation options or another shard size
+/// are refused by name without touching the manifest.
+fn generation_resumes_and_refuses_mixing(prompts: &Path, data: &Path) {
+    let gen = |extra: &[&str]| generate(prompts, data, "2", extra);
     // a time limit stops after the first finished prompt: no complete shard yet, and says so
     let o = gen(&["--time-limit", "0"]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -103,15 +111,18 @@ fn killed_run_resumes_bit_for_bit() {
     );
     // so would another shard size: refused, naming the one to continue with
     refused(
-        &mut gen_sharded("3", &[]),
+        &mut generate(prompts, data, "3", &[]),
         &["--shard-size 2, not from", "--shard-size 3"],
     );
     assert_eq!(
         std::fs::read_to_string(data.join("manifest.json")).unwrap(),
         manifest
     );
-    // --loop-window: recorded, every response ends at its first repeated window at the latest,
-    // and the manifest counts those that ended there
+}
+
+/// `--loop-window 2` (in `d/looped`): recorded, every response ends at its first repeated
+/// window at the latest, and the manifest counts those that ended there (some do).
+fn loop_window_cuts_and_counts_repeats(d: &Path) {
     let looped = d.join("looped");
     let loop_prompts = d.join("loops.jsonl");
     std::fs::write(
@@ -160,7 +171,10 @@ fn killed_run_resumes_bit_for_bit() {
         "the manifest counts the loop-cut responses"
     );
     assert!(recorded > 0, "\"ha ha ha …\" repeats a 2-token window");
+}
 
+/// A 12-step training config (checkpoints and validation every 4 steps) in `d/cfg.json`.
+fn write_train_config(d: &Path) -> PathBuf {
     let cfg = d.join("cfg.json");
     std::fs::write(
         &cfg,
@@ -168,40 +182,42 @@ fn killed_run_resumes_bit_for_bit() {
             "lr": 1e-3, "max_steps": 12, "save_every": 4, "val_every": 4, "val_sequences": 1, "seed": 7}"#,
     )
     .unwrap();
-    let train = |out: &Path, resume: bool| {
-        let mut c = bin();
-        c.args([
-            "train",
-            "--target",
-            "smollm2-135m",
-            "--data",
-            data.to_str().unwrap(),
-        ])
-        .args([
-            "--out",
-            out.to_str().unwrap(),
-            "--config",
-            cfg.to_str().unwrap(),
-        ]);
-        if resume {
-            c.arg("--resume");
-        }
-        c
-    };
-    let a = d.join("a");
-    ok(&mut train(&a, false));
-    let want = curve(&a);
-    assert_eq!(want.len(), 12);
+    cfg
+}
 
-    let b = d.join("b");
-    let mut child = train(&b, false)
+/// `train` on SmolLM2 with `data` and `cfg` into `out`, resuming there if `resume`.
+fn train(data: &Path, cfg: &Path, out: &Path, resume: bool) -> Command {
+    let mut c = bin();
+    c.args([
+        "train",
+        "--target",
+        "smollm2-135m",
+        "--data",
+        data.to_str().unwrap(),
+    ])
+    .args([
+        "--out",
+        out.to_str().unwrap(),
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    if resume {
+        c.arg("--resume");
+    }
+    c
+}
+
+/// Start `run` (writing its metrics to `out`) and SIGKILL it once it has logged 6 steps, before
+/// its 12th.
+fn kill_midway(mut run: Command, out: &Path) {
+    let mut child = run
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let t0 = Instant::now();
     loop {
-        let steps = std::fs::read_to_string(b.join("metrics.jsonl"))
+        let steps = std::fs::read_to_string(out.join("metrics.jsonl"))
             .map(|s| s.lines().count())
             .unwrap_or(0);
         if steps >= 6 {
@@ -219,20 +235,13 @@ fn killed_run_resumes_bit_for_bit() {
     }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    let before = curve(&b).len();
+    let before = curve(out).len();
     assert!(before < 12, "killed too late ({before} steps)");
-    ok(&mut train(&b, true));
-    let got = curve(&b);
-    assert_eq!(got.len(), 12);
-    for (x, y) in got.iter().zip(&want) {
-        assert_eq!(x, y, "resumed curve differs at step {}", y["step"]);
-    }
-    // the resumed checkpoint is the same drafter, byte for byte
-    let fa = std::fs::read(a.join("checkpoints/step-000012/drafter/model.safetensors")).unwrap();
-    let fb = std::fs::read(b.join("checkpoints/step-000012/drafter/model.safetensors")).unwrap();
-    assert!(fa == fb, "final weights differ");
-    // exported as bf16 (the shipping format): half the bytes, same tensors, and it decodes
-    let bf = d.join("bf16");
+}
+
+/// The step-12 checkpoint of `b` exported as bf16 into `bf` (the shipping format): half the
+/// bytes, the same tensors rounded, a bf16 config and the training record.
+fn export_is_the_bf16_rounding(b: &Path, bf: &Path) {
     ok(bin().args([
         "drafter",
         "export",
@@ -262,23 +271,59 @@ fn killed_run_resumes_bit_for_bit() {
         serde_json::from_str(&std::fs::read_to_string(bf.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg16["torch_dtype"], "bfloat16");
     assert!(bf.join("training.json").exists());
-    let decodes = |drafter: &Path| {
-        ok(bin()
-            .args([
-                "generate",
-                "--target",
-                "smollm2-135m",
-                "--prompt",
-                "Hi",
-                "--chat",
-            ])
-            .args([
-                "--max-new-tokens",
-                "4",
-                "--drafter",
-                drafter.to_str().unwrap(),
-            ]));
-    };
+}
+
+/// `generate` on SmolLM2 with `drafter` runs.
+fn decodes(drafter: &Path) {
+    ok(bin()
+        .args([
+            "generate",
+            "--target",
+            "smollm2-135m",
+            "--prompt",
+            "Hi",
+            "--chat",
+        ])
+        .args([
+            "--max-new-tokens",
+            "4",
+            "--drafter",
+            drafter.to_str().unwrap(),
+        ]));
+}
+
+/// Data generation resumes and refuses to mix data sets, `--loop-window` cuts and counts
+/// repeats; a training run SIGKILLed midway and resumed gives the uninterrupted run's loss curve
+/// and final weights bit for bit, and its bf16 export and its f32 best checkpoint decode.
+#[test]
+fn killed_run_resumes_bit_for_bit() {
+    let d = tmp("run");
+    let prompts = write_prompts(&d);
+    let data = d.join("data");
+    generation_resumes_and_refuses_mixing(&prompts, &data);
+    loop_window_cuts_and_counts_repeats(&d);
+
+    let cfg = write_train_config(&d);
+    let a = d.join("a");
+    ok(&mut train(&data, &cfg, &a, false));
+    let want = curve(&a);
+    assert_eq!(want.len(), 12);
+
+    let b = d.join("b");
+    kill_midway(train(&data, &cfg, &b, false), &b);
+    ok(&mut train(&data, &cfg, &b, true));
+    let got = curve(&b);
+    assert_eq!(got.len(), 12);
+    for (x, y) in got.iter().zip(&want) {
+        assert_eq!(x, y, "resumed curve differs at step {}", y["step"]);
+    }
+    // the resumed checkpoint is the same drafter, byte for byte
+    let fa = std::fs::read(a.join("checkpoints/step-000012/drafter/model.safetensors")).unwrap();
+    let fb = std::fs::read(b.join("checkpoints/step-000012/drafter/model.safetensors")).unwrap();
+    assert!(fa == fb, "final weights differ");
+    // exported as bf16 (the shipping format): half the bytes, same tensors, and it decodes
+    let bf = d.join("bf16");
+    export_is_the_bf16_rounding(&b, &bf);
     decodes(&bf);
     // and the f32 one decodes
     decodes(&b.join("best"));

@@ -270,3 +270,33 @@ impl EventStream {
         }
     }
 }
+
+/// A T = 0 chat-completion body for `prompt` asking for the token ids, with `extra`'s fields
+/// set over it.
+pub fn chat_body(prompt: &str, max_tokens: usize, extra: serde_json::Value) -> String {
+    let mut b = serde_json::json!({"messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": max_tokens, "temperature": 0, "return_token_ids": true});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b.to_string()
+}
+
+/// A response's token ids.
+pub fn token_ids(v: &serde_json::Value) -> Vec<u32> {
+    v["choices"][0]["token_ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no token_ids in {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The sum of a Prometheus metric's samples in `/metrics` text (every label set).
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

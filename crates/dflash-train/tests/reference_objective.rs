@@ -12,16 +12,186 @@ use std::collections::HashMap;
 use candle_core::{Device, Tensor};
 use dflash_core::config::DrafterConfig;
 use dflash_model::ops::compare::rel_err;
+use dflash_model::Target;
 use dflash_testkit::*;
 use dflash_train::config::LossKind;
 use dflash_train::config::TrainConfig;
 use dflash_train::data::Sequence;
-use dflash_train::loss::{block_loss, target_features, Objective};
+use dflash_train::loss::{block_loss, target_features, Features, LossOutput, Objective};
 use dflash_train::optim::AdamW;
-use dflash_train::pack::pack;
+use dflash_train::pack::{pack, TrainingRow};
 use dflash_train::trainer::TrainableDrafter;
 use dflash_train::trainer::{read_metrics, train, TrainOptions};
+use serde_json::Value;
 
+/// The reference's drafter of case `c`, trainable on the target `t`.
+fn drafter_of(dir: &std::path::Path, c: &Value, t: &Target) -> TrainableDrafter {
+    let ddir = dir.join(c["drafter"].as_str().unwrap());
+    let cfg: DrafterConfig =
+        serde_json::from_str(&std::fs::read_to_string(ddir.join("config.json")).unwrap()).unwrap();
+    let w = candle_core::safetensors::load(ddir.join("model.safetensors"), &Device::Cpu).unwrap();
+    TrainableDrafter::new(cfg, &w, t).unwrap()
+}
+
+/// Case `key`'s row: its sequences packed side by side into the one row.
+fn row_of(key: &str, c: &Value) -> TrainingRow {
+    let (all_ids, all_mask) = (ids(&c["ids"]), ids(&c["loss_mask"]));
+    let mut seqs = Vec::new();
+    let mut at = 0;
+    for n in c["lengths"].as_array().unwrap() {
+        let n = n.as_u64().unwrap() as usize;
+        seqs.push(Sequence {
+            ids: all_ids[at..at + n].to_vec(),
+            loss_mask: all_mask[at..at + n].iter().map(|&m| m as u8).collect(),
+        });
+        at += n;
+    }
+    let order: Vec<usize> = (0..seqs.len()).collect();
+    let mut rows = pack(&seqs, &order, at);
+    assert_eq!(rows.len(), 1, "{key}: one packed row");
+    rows.remove(0)
+}
+
+/// Case `c`'s anchors and objective (γ, and CE or KL) for a drafter of `block` tokens.
+fn objective_of(c: &Value, block: usize) -> (Vec<usize>, Objective) {
+    let anchors: Vec<usize> = c["anchors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_u64().unwrap() as usize)
+        .collect();
+    let kind = match c["loss_kind"].as_str() {
+        Some("kl") => LossKind::Kl,
+        _ => LossKind::Ce,
+    };
+    let obj = Objective {
+        block,
+        gamma: c["gamma"].as_f64().unwrap(),
+        kind,
+        selector_weight: 0.0,
+    };
+    (anchors, obj)
+}
+
+/// One case's row, its target features, anchors and objective: what each loss is taken on.
+struct Batch {
+    row: TrainingRow,
+    feats: Features,
+    anchors: Vec<usize>,
+    obj: Objective,
+}
+
+impl Batch {
+    /// The loss of `td` on this batch.
+    fn loss(&self, td: &TrainableDrafter, t: &Target) -> LossOutput {
+        block_loss(
+            &td.drafter,
+            t,
+            &self.row,
+            &self.feats,
+            &self.anchors,
+            self.obj,
+        )
+        .unwrap()
+    }
+}
+
+/// Case `key`'s loss and every drafter parameter's gradient equal the reference's.
+fn check_loss_and_gradients(
+    key: &str,
+    c: &Value,
+    td: &TrainableDrafter,
+    t: &Target,
+    batch: &Batch,
+    want: &HashMap<String, Tensor>,
+) {
+    let out = batch.loss(td, t);
+    let loss = out.loss.to_scalar::<f32>().unwrap() as f64;
+    let want_loss = c["loss"].as_f64().unwrap();
+    assert!(
+        (loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
+        "{key}: loss {loss} vs {want_loss}"
+    );
+    let g = out.backward().unwrap();
+    let mut compared = 0;
+    for ((name, _), grad) in td.params.iter().zip(td.grads_of(&g)) {
+        let want = &want[&format!("{key}/{name}")];
+        let grad = grad.unwrap_or_else(|| panic!("{key}: no gradient for {name}"));
+        let e = rel_err(&grad, want).unwrap();
+        assert!(e <= 1e-4, "{key}: gradient of {name}: rel err {e}");
+        compared += 1;
+    }
+    let names = want
+        .keys()
+        .filter(|k| k.starts_with(&format!("{key}/")) && !k.contains("/final/"))
+        .count();
+    assert_eq!(compared, names, "{key}: every reference gradient compared");
+}
+
+/// The optimizer steps of `tr` (a case's `train`) from `td`'s weights: each step's loss and
+/// gradient norm, the loss after them, and the weights after them equal the reference's.
+fn check_optimizer_steps(
+    key: &str,
+    tr: &Value,
+    td: &mut TrainableDrafter,
+    t: &Target,
+    batch: &Batch,
+    want: &HashMap<String, Tensor>,
+) {
+    let f = |k: &str| tr[k].as_f64().unwrap();
+    let mut opt = AdamW::new(
+        &td.params,
+        f("beta1"),
+        f("beta2"),
+        f("eps"),
+        f("weight_decay"),
+    )
+    .unwrap();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs();
+    let steps = tr["steps"].as_u64().unwrap() as usize;
+    for step in 0..=steps {
+        let out = batch.loss(td, t);
+        let loss = out.loss.to_scalar::<f32>().unwrap() as f64;
+        let want_loss = match step {
+            s if s == steps => f("loss_after"),
+            s => tr["losses"][s].as_f64().unwrap(),
+        };
+        assert!(
+            close(loss, want_loss),
+            "{key}: step {step} loss {loss} vs {want_loss}"
+        );
+        if step == steps {
+            break;
+        }
+        let g = out.backward().unwrap();
+        let grads = td.grads_of(&g);
+        let norm = td
+            .update(
+                t,
+                &mut opt,
+                grads,
+                f("grad_clip"),
+                f("lr"),
+                &dflash_train::collective::Single,
+            )
+            .unwrap();
+        let want_norm = tr["grad_norms"][step].as_f64().unwrap();
+        assert!(
+            close(norm, want_norm),
+            "{key}: step {step} gradient norm {norm} vs {want_norm}"
+        );
+    }
+    // AdamW moves a coordinate by about lr whatever its gradient's size, so one whose
+    // gradient sits at rounding level may move the other way: the weights agree to 5e-4
+    // of their largest (1.1e-4 seen), the losses and norms to 1e-4
+    for (name, v) in &td.params {
+        let e = rel_err(v.as_tensor(), &want[&format!("{key}/final/{name}")]).unwrap();
+        assert!(e <= 5e-4, "{key}: {name} after {steps} steps: rel err {e}");
+    }
+}
+
+/// Each of the reference's five objective cases: the loss and every gradient, then (the CE
+/// cases) the optimizer steps from the same weights.
 #[test]
 fn loss_and_gradients_match_the_pytorch_reference() {
     let dir = fixtures().join("dflash-tiny");
@@ -33,126 +203,27 @@ fn loss_and_gradients_match_the_pytorch_reference() {
     let cases = meta["cases"].as_object().unwrap();
     assert_eq!(cases.len(), 6);
     for (key, c) in cases.iter().filter(|(k, _)| *k != "run") {
-        let ddir = dir.join(c["drafter"].as_str().unwrap());
-        let cfg: DrafterConfig =
-            serde_json::from_str(&std::fs::read_to_string(ddir.join("config.json")).unwrap())
-                .unwrap();
-        let w =
-            candle_core::safetensors::load(ddir.join("model.safetensors"), &Device::Cpu).unwrap();
-        let mut td = TrainableDrafter::new(cfg, &w, &t).unwrap();
-        // the row: the sequences side by side
-        let (all_ids, all_mask) = (ids(&c["ids"]), ids(&c["loss_mask"]));
-        let mut seqs = Vec::new();
-        let mut at = 0;
-        for n in c["lengths"].as_array().unwrap() {
-            let n = n.as_u64().unwrap() as usize;
-            seqs.push(Sequence {
-                ids: all_ids[at..at + n].to_vec(),
-                loss_mask: all_mask[at..at + n].iter().map(|&m| m as u8).collect(),
-            });
-            at += n;
-        }
-        let order: Vec<usize> = (0..seqs.len()).collect();
-        let rows = pack(&seqs, &order, at);
-        assert_eq!(rows.len(), 1, "{key}: one packed row");
-        let anchors: Vec<usize> = c["anchors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_u64().unwrap() as usize)
-            .collect();
-        let kind = match c["loss_kind"].as_str() {
-            Some("kl") => LossKind::Kl,
-            _ => LossKind::Ce,
-        };
-        let obj = Objective {
-            block: td.drafter.block_size,
-            gamma: c["gamma"].as_f64().unwrap(),
-            kind,
-            selector_weight: 0.0,
-        };
+        let mut td = drafter_of(&dir, c, &t);
+        let row = row_of(key, c);
+        let (anchors, obj) = objective_of(c, td.drafter.block_size);
         let feats = target_features(
             &t,
             &td.drafter.target_layer_ids,
-            &rows[0],
-            kind == LossKind::Kl,
+            &row,
+            obj.kind == LossKind::Kl,
         )
         .unwrap();
-        let out = block_loss(&td.drafter, &t, &rows[0], &feats, &anchors, obj).unwrap();
-        let loss = out.loss.to_scalar::<f32>().unwrap() as f64;
-        let want_loss = c["loss"].as_f64().unwrap();
-        assert!(
-            (loss - want_loss).abs() <= 1e-5 * want_loss.abs(),
-            "{key}: loss {loss} vs {want_loss}"
-        );
-        let g = out.backward().unwrap();
-        let mut compared = 0;
-        for ((name, _), grad) in td.params.iter().zip(td.grads_of(&g)) {
-            let want = &want[&format!("{key}/{name}")];
-            let grad = grad.unwrap_or_else(|| panic!("{key}: no gradient for {name}"));
-            let e = rel_err(&grad, want).unwrap();
-            assert!(e <= 1e-4, "{key}: gradient of {name}: rel err {e}");
-            compared += 1;
-        }
-        let names = want
-            .keys()
-            .filter(|k| k.starts_with(&format!("{key}/")) && !k.contains("/final/"))
-            .count();
-        assert_eq!(compared, names, "{key}: every reference gradient compared");
+        let batch = Batch {
+            row,
+            feats,
+            anchors,
+            obj,
+        };
+        check_loss_and_gradients(key, c, &td, &t, &batch, &want);
         // the optimizer steps, from the same weights (the CE cases)
         let tr = &c["train"];
-        if tr.is_null() {
-            continue;
-        }
-        let f = |k: &str| tr[k].as_f64().unwrap();
-        let mut opt = AdamW::new(
-            &td.params,
-            f("beta1"),
-            f("beta2"),
-            f("eps"),
-            f("weight_decay"),
-        )
-        .unwrap();
-        let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs();
-        let steps = tr["steps"].as_u64().unwrap() as usize;
-        for step in 0..=steps {
-            let out = block_loss(&td.drafter, &t, &rows[0], &feats, &anchors, obj).unwrap();
-            let loss = out.loss.to_scalar::<f32>().unwrap() as f64;
-            let want_loss = match step {
-                s if s == steps => f("loss_after"),
-                s => tr["losses"][s].as_f64().unwrap(),
-            };
-            assert!(
-                close(loss, want_loss),
-                "{key}: step {step} loss {loss} vs {want_loss}"
-            );
-            if step == steps {
-                break;
-            }
-            let g = out.backward().unwrap();
-            let grads = td.grads_of(&g);
-            let norm = td
-                .update(
-                    &t,
-                    &mut opt,
-                    grads,
-                    f("grad_clip"),
-                    f("lr"),
-                    &dflash_train::collective::Single,
-                )
-                .unwrap();
-            let want_norm = tr["grad_norms"][step].as_f64().unwrap();
-            assert!(
-                close(norm, want_norm),
-                "{key}: step {step} gradient norm {norm} vs {want_norm}"
-            );
-        }
-        // AdamW moves a coordinate by about lr whatever its gradient's size, so one whose
-        // gradient sits at rounding level may move the other way: the weights agree to 5e-4
-        // of their largest (1.1e-4 seen), the losses and norms to 1e-4
-        for (name, v) in &td.params {
-            let e = rel_err(v.as_tensor(), &want[&format!("{key}/final/{name}")]).unwrap();
-            assert!(e <= 5e-4, "{key}: {name} after {steps} steps: rel err {e}");
+        if !tr.is_null() {
+            check_optimizer_steps(key, tr, &mut td, &t, &batch, &want);
         }
     }
 }
