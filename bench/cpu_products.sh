@@ -22,7 +22,7 @@ for q in exact q8; do
   rm -f "$OUT/decode-$q.json"
   DFLASH_CPU_QUANT=$q RAYON_NUM_THREADS=$THREADS "$B" bench decode --target "$GGUF" \
     --drafter assets/drafters/smollm2-135m-b16 --modes ar,dflash,ddtree:4,ddtree:8 \
-    --max-new-tokens 64 --repeats 3 --json "$OUT/decode-$q.json" > "$OUT/decode-$q.txt"
+    --max-new-tokens 64 --repeats 3 --output-json "$OUT/decode-$q.json" > "$OUT/decode-$q.txt"
   DFLASH_CPU_QUANT=$q RAYON_NUM_THREADS=$THREADS "$E" smollm2-135m 512 9 33 > "$OUT/verify-$q.txt"
 done
 for i in $(seq "$RUNS"); do

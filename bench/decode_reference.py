@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The reference beside `dflash-rs bench shape --json` (run in the same device call by
+"""The reference beside `dflash-rs bench shape --output-json` (run in the same device call by
 bench/decode_side_by_side.sh): the decode costs of a dense shape in PyTorch, random bf16
 weights, one GPU, a --cache-token context.
 
@@ -12,7 +12,7 @@ weights, one GPU, a --cache-token context.
 - the weight-read floor: the target's weight bytes / the bandwidth of one read of a 4 GiB bf16
   buffer (a sum, measured here).
 
-Rows (JSON lines, the keys of `bench shape --json`): shape, impl, mode, ar_ms, verify16_ms,
+Rows (JSON lines, the keys of `bench shape --output-json`): shape, impl, mode, ar_ms, verify16_ms,
 draft_ms, read_floor_ms. Medians of --repeats after two warm-up calls (the compiled variant
 compiles in its warm-up). The timed forwards write the same cache positions again and again,
 so the cache stays at --cache rows (the static cache has room for releases that append instead).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `dflash-rs bench shape --json` (eager forwards and, on the GPU, CUDA-graph replays) beside
+# `dflash-rs bench shape --output-json` (eager forwards and, on the GPU, CUDA-graph replays) beside
 # bench/decode_reference.py (HF transformers eager and compiled with a static cache, z-lab's
 # draft block) on the same shapes in one call of a CUDA machine; then one JSON file of rows for
 # docs/bench/ and a table.
@@ -29,7 +29,7 @@ for sh in "${shapes[@]}"; do
   n=$(basename "$sh" .json)
   # shellcheck disable=SC2086
   "$B" bench shape --shape "$sh" --device "$DEV" --dtype bf16 --budgets 8,16,32,64 --gdn-lengths '' \
-    --tau "$TAU" --json "$OUT/$n-ours.jsonl" ${OURS_ARGS:-} > "$OUT/$n-ours.md" 2>&1 \
+    --tau "$TAU" --output-json "$OUT/$n-ours.jsonl" ${OURS_ARGS:-} > "$OUT/$n-ours.md" 2>&1 \
     || echo "dflash-rs bench shape $sh failed: $(tail -3 "$OUT/$n-ours.md")"
   [ -f "$OUT/$n-ours.jsonl" ] && cat "$OUT/$n-ours.jsonl" >> "$OUT/decode-rows.jsonl"
   # shellcheck disable=SC2086

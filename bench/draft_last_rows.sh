@@ -20,7 +20,7 @@ for i in $(seq "$RUNS"); do
     rm -f "$OUT/decode-$v-$i.json"
     DFLASH_DISABLED_KERNELS=$sw "$B" bench decode --target "$GGUF" \
       --drafter assets/drafters/smollm2-135m-b16 --modes ar,dflash,ddtree:3,ddtree:4,ddtree:8 \
-      --max-new-tokens 128 --repeats 3 --json "$OUT/decode-$v-$i.json" > "$OUT/decode-$v-$i.txt"
+      --max-new-tokens 128 --repeats 3 --output-json "$OUT/decode-$v-$i.json" > "$OUT/decode-$v-$i.txt"
   done
 done
 for i in $(seq "$RUNS"); do

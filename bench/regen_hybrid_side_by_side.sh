@@ -29,7 +29,7 @@ for s in 1 $SLOTS; do
   # one slot: eight requests one after another (as `data generate --batch-size 1`)
   req=$s; [ "$s" = 1 ] && req=8
   if "$B" bench regen --shape "$SHAPE" --device cuda --dtype bf16 --slots "$s" --requests "$req" \
-    --prompt-tokens "$PROMPT" --max-new-tokens "$NEW" --json "$f" > "$OUT/ours-$s.log" 2>&1; then
+    --prompt-tokens "$PROMPT" --max-new-tokens "$NEW" --output-json "$f" > "$OUT/ours-$s.log" 2>&1; then
     cat "$f" >> "$rows"
   else
     echo "bench regen, $s slots, failed: $(tail -2 "$OUT/ours-$s.log")"

@@ -37,7 +37,7 @@ for c in $CASES; do
       f="$OUT/ours-$lo-$hi-$new-g$graphs-$att.json"
       env "$env" "$B" bench regen --shape "$SHAPE" --device cuda --dtype bf16 \
         --slots "$SLOTS" --prompt-tokens "$hi" --prompt-tokens-min "$lo" --max-new-tokens "$new" $g \
-        --json "$f" > "${f%.json}.log" 2>&1 || echo "bench regen $c graphs $graphs $att failed: $(tail -2 "${f%.json}.log")"
+        --output-json "$f" > "${f%.json}.log" 2>&1 || echo "bench regen $c graphs $graphs $att failed: $(tail -2 "${f%.json}.log")"
       [ -f "$f" ] && python3 -c "import json,sys; r=json.load(open(sys.argv[1])); r['attention']=sys.argv[2]; print(json.dumps(r))" "$f" "$name" >> "$OUT/regen-rows.jsonl"
     done
   done

@@ -19,7 +19,7 @@ shapes=("$@")
 args=(--device cuda --dtype bf16 --seq-len 2048 --anchors 512 --peak-tflops "$PEAK")
 for sh in "${shapes[@]}"; do
   n=$(basename "$sh" .json)
-  "$B" bench train --shape "$sh" "${args[@]}" --json "$OUT/$n-ours.json" > "$OUT/$n-ours.md" 2>&1 \
+  "$B" bench train --shape "$sh" "${args[@]}" --output-json "$OUT/$n-ours.json" > "$OUT/$n-ours.md" 2>&1 \
     || echo "dflash-rs bench train $sh failed: $(tail -3 "$OUT/$n-ours.md")"
   DFLASH_PROFILE=1 "$B" bench train --shape "$sh" "${args[@]}" --steps 2 > "$OUT/profile-$n.txt" 2>&1
   python3 bench/train_reference.py "$sh" 2048 512 5 5 > "$OUT/$n-ref.json" 2> "$OUT/$n-ref.log" \

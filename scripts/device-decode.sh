@@ -5,7 +5,7 @@
 #            drafter (kernels against their CPU twins, AR on the device = AR on the CPU, DFlash
 #            and DDTree = AR, CUDA graphs = without, graphs kept across generations = fresh),
 #            then the same with a DFlash2 drafter (tests/fixtures/dflash2/tiny-full);
-#   side     bench/decode_side_by_side.sh: `bench shape --json` (eager and from CUDA graphs, the
+#   side     bench/decode_side_by_side.sh: `bench shape --output-json` (eager and from CUDA graphs, the
 #            draft block's graph included) beside HF transformers (eager, compiled static cache)
 #            and z-lab's draft block on SHAPES, in this call (about 6 minutes for the two
 #            default shapes; WHEELS: a folder with the dflash==0.1.0 wheel);

@@ -85,7 +85,7 @@ for i in range(8): print(json.dumps({'prompt': ' '.join('t%d' % (((i % 2) * 53 +
           # shellcheck disable=SC2086
           n=decode-$s-$DECODE_DTYPE${g:+-graphs}
           "$B" bench decode --shape "bench/shapes/$s.json" --device cuda --dtype "$DECODE_DTYPE" \
-            --modes ar,dflash,ddtree:8 --max-new-tokens 32 --repeats 1 $g --json "$OUT/$n.jsonl" \
+            --modes ar,dflash,ddtree:8 --max-new-tokens 32 --repeats 1 $g --output-json "$OUT/$n.jsonl" \
             > "$OUT/$n.txt" 2>&1 || { echo "bench decode $s $g failed" >&2; status=1; }
         done
       done ;;
@@ -111,7 +111,7 @@ for i in range(8): print(json.dumps({'prompt': ' '.join('t%d' % (((i % 2) * 53 +
     train)
       for anchors in 512 256; do
         "$B" bench train --shape bench/shapes/qwen3.6-27b.json --device cuda --dtype bf16 --anchors $anchors \
-          --steps 3 --peak-tflops 989 --json "$OUT/train-27b.json" > "$OUT/train-27b-$anchors.txt" 2>&1 && break
+          --steps 3 --peak-tflops 989 --output-json "$OUT/train-27b.json" > "$OUT/train-27b-$anchors.txt" 2>&1 && break
         echo "bench train at $anchors anchors failed" >&2; status=1
       done
       python3 bench/train_reference.py bench/shapes/qwen3.6-27b.json 2048 "$anchors" 5 3 \

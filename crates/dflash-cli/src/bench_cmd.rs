@@ -53,7 +53,7 @@ pub struct BenchArgs {
     /// `verify_ms`, `other_ms`, `temperature`, `acceptance`, and `equal_to_ar`: the prompts whose tokens
     /// equal AR's, at T = 0; `null` at T > 0).
     #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
+    pub output_json: Option<std::path::PathBuf>,
     /// The target's sampling rule (greedy by default). At T > 0 each mode's tokens are its own
     /// draws (the `= AR` column compares them only at T = 0) and a round samples where
     /// `generate`'s does: on the device under every rule, for AR, chains, the target's draws of
@@ -173,7 +173,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         json_rows.push(mode_row(&a, &name, &spec.label, timed, equal, &sampling));
         dflash_model::profile::print_report(&format!("{} decoding", spec.label));
     }
-    if let Some(path) = &a.json {
+    if let Some(path) = &a.output_json {
         let text: String = json_rows.iter().map(|r| format!("{r}\n")).collect();
         dflash_model::io::atomic::write_file(path, text.as_bytes())
             .with_context(|| format!("--json {}", path.display()))?;
@@ -258,7 +258,7 @@ fn decode_mode(
     })
 }
 
-/// The mode's table row (printed) and its `--json` row; `equal`: the prompts whose tokens
+/// The mode's table row (printed) and its `--output-json` row; `equal`: the prompts whose tokens
 /// equal AR's (`None` at T > 0).
 fn mode_row(
     a: &BenchArgs,

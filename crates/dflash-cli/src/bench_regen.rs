@@ -44,7 +44,7 @@ pub struct BenchRegenArgs {
     pub warmup: usize,
     /// Also write the figures as one JSON row to this file, for `docs/bench/`.
     #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
+    pub output_json: Option<std::path::PathBuf>,
     /// Only run, N times each inside a profiler range, one batched step of `--slots` rows
     /// replayed from a CUDA graph (every sequence holding `--prompt-tokens` rows) and one
     /// eager prefill of 16 prompts of `--prompt-tokens` tokens, and exit (GPU): what a kernel
@@ -191,7 +191,7 @@ fn bench_requests(a: &BenchRegenArgs, requests: usize, min: usize, vocab: usize)
         .collect()
 }
 
-/// The table row (and the `--json` row) of a timed run: `tokens` generated in `secs`; a hybrid
+/// The table row (and the `--output-json` row) of a timed run: `tokens` generated in `secs`; a hybrid
 /// target's slots each hold `state_bytes` of linear-attention state beside their K/V rows.
 fn report(
     a: &BenchRegenArgs,
@@ -226,7 +226,7 @@ fn report(
         );
     }
     dflash_model::profile::print_report("bench regen");
-    if let Some(path) = &a.json {
+    if let Some(path) = &a.output_json {
         let row = serde_json::json!({
             "shape": a.model.shape,
             "impl": "dflash-rs",

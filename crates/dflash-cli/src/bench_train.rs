@@ -44,7 +44,7 @@ pub struct BenchTrainArgs {
     /// Also write the figures as one JSON row (`shape`, `impl`, `features_ms`, `step_ms`,
     /// `supervised_tok_s`, `mfu_pct`, …) to this file, for `docs/bench/`.
     #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
+    pub output_json: Option<std::path::PathBuf>,
     /// Print the nodes of the step's backward graph grouped by shape and dtype (candle's
     /// autograd zero-fills a gradient buffer for each node and adds every incoming gradient
     /// into it: the count and bytes of that traffic), once, before the timed steps.
@@ -202,7 +202,7 @@ fn time_steps(
     })
 }
 
-/// The table (and the `--json` row): the medians, rows and tokens per second, FLOPs and MFU.
+/// The table (and the `--output-json` row): the medians, rows and tokens per second, FLOPs and MFU.
 fn report(
     a: &BenchTrainArgs,
     times: StepTimes,
@@ -241,7 +241,7 @@ fn report(
         _ => println!("| MFU | pass --peak-tflops |"),
     }
     dflash_model::profile::print_report("bench train");
-    if let Some(path) = &a.json {
+    if let Some(path) = &a.output_json {
         let row = serde_json::json!({
             "shape": a.model.shape,
             "impl": "dflash-rs",

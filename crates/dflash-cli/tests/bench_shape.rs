@@ -41,7 +41,7 @@ fn bench_shape_reports_every_forward_and_the_cost_model() {
             "2",
             "--tau",
             "5",
-            "--json",
+            "--output-json",
             json.to_str().unwrap(),
         ])
         .output()
@@ -118,7 +118,7 @@ fn bench_train_reports_the_step_and_its_mfu() {
         "1",
         "--peak-tflops",
         "1",
-        "--json",
+        "--output-json",
         json.to_str().unwrap(),
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
@@ -171,7 +171,7 @@ fn bench_regen_writes_its_row() {
             "--prompt-tokens-min",
             "5",
         ])
-        .args(["--new-tokens", "4", "--warmup", "0", "--json"])
+        .args(["--new-tokens", "4", "--warmup", "0", "--output-json"])
         .arg(&json)
         .output()
         .unwrap();
@@ -195,7 +195,7 @@ fn assert_t0_modes_equal_ar(cfg: &Path, dir: &Path, graphs: bool) {
     cmd.args(["bench", "decode", "--shape", cfg.to_str().unwrap()])
         .args(["--modes", "ar,dflash,ddtree:4", "--max-new-tokens", "20"])
         .args(["--prompt-tokens", "24", "--repeats", "1"])
-        .args(["--json", json.to_str().unwrap()]);
+        .args(["--output-json", json.to_str().unwrap()]);
     if graphs {
         cmd.arg("--cuda-graphs");
     }

@@ -243,8 +243,9 @@ fn tree_verify_equals_per_path_forwards_and_compacts() {
 }
 
 /// A forward from key intervals of one sequence (the batched engine's prefill of a prompt)
-/// gives the dense causal forward's logits bit for bit; several sequences of several rows each
-/// are refused by name (the linear-attention layers advance a batch one row at a time).
+/// gives the dense causal forward's logits bit for bit; two left-padded sequences prefilled
+/// together into a batched cache give each one's logits alone (their Gated DeltaNet layers start
+/// at each one's first real row), and on a one-sequence cache they are refused by name.
 #[test]
 fn key_interval_forwards_of_a_hybrid_target() {
     let t = hybrid(4);
@@ -277,15 +278,48 @@ fn key_interval_forwards_of_a_hybrid_target() {
         let (a, b) = (a.logits.unwrap(), b.logits.unwrap());
         assert_eq!(max_abs(&a, &b), 0.0, "split {split}");
     }
+    // sequences of 9 and 6 tokens, the second left-padded by 3 rows (each padding row sees
+    // only itself)
+    let short = &toks[3..];
+    let tokens: Vec<u32> = toks
+        .iter()
+        .chain([0u32; 3].iter())
+        .chain(short)
+        .copied()
+        .collect();
+    let positions: Vec<usize> = pos
+        .iter()
+        .chain(&[0; 3])
+        .chain(&pos[..6])
+        .copied()
+        .collect();
+    let padded: Vec<std::ops::Range<usize>> = (0..9)
+        .map(|r| if r < 3 { r..r + 1 } else { 3..r + 1 })
+        .collect();
+    let rows = [(0..9).map(|r| 0..r + 1).collect::<Vec<_>>(), padded];
+    let mut batched = t.new_batched_cache(2, 16).unwrap();
+    let got = t
+        .forward_batch_intervals(&tokens, &positions, &rows, &mut batched, &[], &Rows::Last)
+        .unwrap()
+        .logits
+        .unwrap();
+    for (s, seq) in [&toks[..], short].iter().enumerate() {
+        let alone = t
+            .forward_causal(seq, &mut t.new_cache(), &[], &Rows::Last)
+            .unwrap();
+        let e = rel_err(&got.get(s).unwrap(), &alone.logits.unwrap());
+        assert!(e <= 1e-5, "sequence {s}: rel err {e}");
+    }
     let e = t
-        .prepare_intervals(
-            &[3, 4, 5, 6],
-            &[0, 1, 0, 1],
-            &[vec![0..1, 0..2], vec![0..1, 0..2]],
-            0,
-            None,
+        .forward_batch_intervals(
+            &tokens,
+            &positions,
+            &rows,
+            &mut t.new_cache(),
+            &[],
+            &Rows::Last,
         )
         .err()
         .expect("refused");
-    assert!(e.to_string().contains("attention-only target"), "{e}");
+    assert!(e.to_string().contains("batched cache"), "{e}");
 }

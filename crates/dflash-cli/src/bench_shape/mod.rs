@@ -59,7 +59,7 @@ pub struct BenchShapeArgs {
     /// recurrent, per length (comma-separated; empty for none).
     #[arg(long, default_value = "2048,8192")]
     pub gdn_lengths: String,
-    /// The τ of the cost-model figures in `--json` rows (the paper's Qwen3-8B GSM8K τ: 6.5).
+    /// The τ of the cost-model figures in `--output-json` rows (the paper's Qwen3-8B GSM8K τ: 6.5).
     #[arg(long, default_value_t = 6.5)]
     pub tau: f64,
     /// Also write the figures as JSON lines to this file, for `docs/bench/`: one row of the
@@ -67,7 +67,7 @@ pub struct BenchShapeArgs {
     /// `impl`, `mode`, `ar_ms`, `verify16_ms` (the chain verify of `--block-size` rows),
     /// `draft_ms`, `read_floor_ms`, `costmodel`: `{"tau", "dflash", "ddtree_best"}`).
     #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
+    pub output_json: Option<std::path::PathBuf>,
     /// Only capture the draft block, the AR step and the chain verify as CUDA graphs, replay
     /// each N times in that order inside a profiler range and exit (GPU): the run a kernel
     /// profiler reads (`ncu --profile-from-start off --graph-profiling node`,
@@ -88,7 +88,7 @@ pub struct BenchShapeArgs {
 }
 
 /// `bench shape`: the checks of the flags, the random pair built, then either one profiling
-/// run or every timing, printed (and written as JSON lines with `--json`).
+/// run or every timing, printed (and written as JSON lines with `--output-json`).
 pub fn run(a: BenchShapeArgs) -> Result<()> {
     let (dev, dtype, cfg) = a.model.parse()?;
     if (a.profile_replays > 0 || a.profile_eager > 0) && dev.is_cpu() {
@@ -146,7 +146,7 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         floor: Floor::measure(&cfg, dtype, &dev)?,
     };
     report::print(&a, &timings);
-    if let Some(path) = &a.json {
+    if let Some(path) = &a.output_json {
         report::write_json(path, &a, &timings)?;
     }
     Ok(())

@@ -193,7 +193,7 @@ fn print_cost_model(e: &Eager, trees: &[TreeTime]) {
     }
 }
 
-/// The `--json` rows written to `path`: one per timing mode (eager; CUDA graphs when their AR
+/// The `--output-json` rows written to `path`: one per timing mode (eager; CUDA graphs when their AR
 /// step and chain verify were measured), the AR step, the chain verify and the DDTree verifies
 /// of that mode, the (eager) draft block beside them.
 pub(super) fn write_json(path: &Path, a: &BenchShapeArgs, t: &Timings) -> Result<()> {
