@@ -265,71 +265,7 @@ impl candle_core::CustomOp3 for Op<'_> {
         let hs = kl.stride()[1];
         let rows = hq / hkv * n;
         let blocks = b * hkv;
-        let (name, splits, cfg) = if self.iv.window {
-            // a tree's verify (`verify_tree_attn_*`): the verify kernel's blocks, 4 or 8 warps
-            let Some(splits) = verify_splits(qs.dtype(), blocks, rows, t, d) else {
-                candle_core::bail!(
-                    "the tree kernel takes bf16 verifies of more than 4 rows per K/V head"
-                );
-            };
-            let warps = if rows <= MAX_ROWS { 4 } else { 8 };
-            let cfg = LaunchConfig {
-                grid_dim: (blocks as u32, splits as u32, 1),
-                block_dim: (32 * warps, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            (format!("verify_tree_attn_d{d}_w{warps}"), splits, cfg)
-        } else if rows > MAX_ROWS {
-            // many rows (`crate::ops::prefill_attention`, bf16 only: `prefill_attn_*`): a block
-            // per (64-row tile, query head, sequence), no splits.
-            // Example: Qwen3-8B's 2,048-row features: 32 tiles × 32 heads.
-            let tiles = n.div_ceil(crate::ops::prefill_attention::TILE_ROWS);
-            let cfg = LaunchConfig {
-                grid_dim: (tiles as u32, hq as u32, b as u32),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            (format!("prefill_attn_d{d}"), 1, cfg)
-        } else if let Some(heads) = decode_heads(b, n, rows) {
-            // one query row in each of several sequences (`decode_attn_*`): a block per
-            // (sequence, K/V head, split), K/V read into registers; about 2,048 blocks, each
-            // split at least 64 keys.
-            // Example: 256 SmolLM2 slots (3 K/V heads) over 1,300 columns: 768 × 3 splits.
-            let splits = 2048usize.div_ceil(blocks).clamp(1, t.div_ceil(64).max(1));
-            let cfg = LaunchConfig {
-                grid_dim: (blocks as u32, splits as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            (format!("decode_attn_d{d}_g{heads}"), splits, cfg)
-        } else if let Some(splits) = verify_splits(qs.dtype(), blocks, rows, t, d) {
-            // a verify in bf16 (`verify_attn_*`): a block per (sequence · K/V head, split) holds
-            // the K/V head's rows; no dynamic shared memory.
-            let cfg = LaunchConfig {
-                grid_dim: (blocks as u32, splits as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            (format!("verify_attn_d{d}"), splits, cfg)
-        } else {
-            // up to 4 rows: one block of 4 warps, a row each, tiles of 64 keys; more: groups
-            // of 16 rows (4 per warp), tiles of 32 keys. About 1,024 blocks over (sequence, K/V
-            // head, group, split) (a few per SM, their loads in flight together), each split at
-            // least one tile. Example: a 16-row verify of Qwen3-8B (32 / 8 heads) over 512
-            // keys: 8 heads × 4 groups × 16 splits = 512 blocks, where one 64-row group gave 128.
-            let (rw, tile) = if rows <= 4 { (1, 64) } else { (4, 32) };
-            let groups = rows.div_ceil(4 * rw);
-            let splits = 1024usize
-                .div_ceil(blocks * groups)
-                .clamp(1, t.div_ceil(tile).clamp(1, 64));
-            let smem = (tile * (d + 1) + tile * d + rows.min(4 * rw) * d) * 4;
-            let cfg = LaunchConfig {
-                grid_dim: (blocks as u32, splits as u32, groups as u32),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: smem as u32,
-            };
-            (format!("interval_attn_d{d}_r{rw}"), splits, cfg)
-        };
+        let (name, splits, cfg) = launch_plan(self.iv.window, qs.dtype(), (b, hq, hkv, n, t, d))?;
         let dev = qs.device().clone();
         let (hq_, hkv_, n_, hs_, sc) = (
             hq as i32,
@@ -385,6 +321,89 @@ impl candle_core::CustomOp3 for Op<'_> {
                 Ok((out, candle_core::Shape::from((b, n, hq * d))))
             })
     }
+}
+
+/// Which attention kernel a forward of `b` sequences × `hq` query heads × `n` rows over `t` key
+/// columns (`hkv` K/V heads of `d`) launches, its key splits and its launch shape; `window`: a
+/// tree's verify (its rows' windows).
+#[cfg(feature = "cuda")]
+fn launch_plan(
+    window: bool,
+    dtype: DType,
+    (b, hq, hkv, n, t, d): (usize, usize, usize, usize, usize, usize),
+) -> Result<(
+    String,
+    usize,
+    candle_core::cuda_backend::cudarc::driver::LaunchConfig,
+)> {
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    let rows = hq / hkv * n;
+    let blocks = b * hkv;
+    Ok(if window {
+        // a tree's verify (`verify_tree_attn_*`): the verify kernel's blocks, 4 or 8 warps
+        let Some(splits) = verify_splits(dtype, blocks, rows, t, d) else {
+            candle_core::bail!(
+                "the tree kernel takes bf16 verifies of more than 4 rows per K/V head"
+            );
+        };
+        let warps = if rows <= MAX_ROWS { 4 } else { 8 };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, splits as u32, 1),
+            block_dim: (32 * warps, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (format!("verify_tree_attn_d{d}_w{warps}"), splits, cfg)
+    } else if rows > MAX_ROWS {
+        // many rows (`crate::ops::prefill_attention`, bf16 only: `prefill_attn_*`): a block
+        // per (64-row tile, query head, sequence), no splits.
+        // Example: Qwen3-8B's 2,048-row features: 32 tiles × 32 heads.
+        let tiles = n.div_ceil(crate::ops::prefill_attention::TILE_ROWS);
+        let cfg = LaunchConfig {
+            grid_dim: (tiles as u32, hq as u32, b as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (format!("prefill_attn_d{d}"), 1, cfg)
+    } else if let Some(heads) = decode_heads(b, n, rows) {
+        // one query row in each of several sequences (`decode_attn_*`): a block per
+        // (sequence, K/V head, split), K/V read into registers; about 2,048 blocks, each
+        // split at least 64 keys.
+        // Example: 256 SmolLM2 slots (3 K/V heads) over 1,300 columns: 768 × 3 splits.
+        let splits = 2048usize.div_ceil(blocks).clamp(1, t.div_ceil(64).max(1));
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, splits as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (format!("decode_attn_d{d}_g{heads}"), splits, cfg)
+    } else if let Some(splits) = verify_splits(dtype, blocks, rows, t, d) {
+        // a verify in bf16 (`verify_attn_*`): a block per (sequence · K/V head, split) holds
+        // the K/V head's rows; no dynamic shared memory.
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, splits as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        (format!("verify_attn_d{d}"), splits, cfg)
+    } else {
+        // up to 4 rows: one block of 4 warps, a row each, tiles of 64 keys; more: groups
+        // of 16 rows (4 per warp), tiles of 32 keys. About 1,024 blocks over (sequence, K/V
+        // head, group, split) (a few per SM, their loads in flight together), each split at
+        // least one tile. Example: a 16-row verify of Qwen3-8B (32 / 8 heads) over 512
+        // keys: 8 heads × 4 groups × 16 splits = 512 blocks, where one 64-row group gave 128.
+        let (rw, tile) = if rows <= 4 { (1, 64) } else { (4, 32) };
+        let groups = rows.div_ceil(4 * rw);
+        let splits = 1024usize
+            .div_ceil(blocks * groups)
+            .clamp(1, t.div_ceil(tile).clamp(1, 64));
+        let smem = (tile * (d + 1) + tile * d + rows.min(4 * rw) * d) * 4;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, splits as u32, groups as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        (format!("interval_attn_d{d}_r{rw}"), splits, cfg)
+    })
 }
 
 #[cfg(test)]

@@ -270,7 +270,6 @@ impl candle_core::CustomOp1 for Op<'_> {
     ) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
         use crate::cuda::ptx::{alloc, by_float, launch};
         use candle_core::backend::BackendStorage;
-        use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
         use candle_core::{CudaStorage, Layout, Storage};
         let Self {
             p,
@@ -312,20 +311,8 @@ impl candle_core::CustomOp1 for Op<'_> {
             | (i32::from(k_norm.is_some()) << 1)
             | (i32::from(rows.index.is_some()) << 2)
             | (i32::from(batched_table) << 3);
-        // a warp or two per row (D/2 threads), 256 threads of several rows per block: a
-        // prefill's thousands of rows in few blocks, each with many loads in flight
-        let threads = (d / 2).div_ceil(32) * 32;
         let all_rows = b * n.max(nq);
-        let per_block = (256 / threads).max(1);
-        let cfg = LaunchConfig {
-            grid_dim: (
-                all_rows.div_ceil(per_block) as u32,
-                (heads.q + 2 * heads.kv) as u32,
-                1,
-            ),
-            block_dim: (threads as u32, per_block as u32, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = row_blocks(d, all_rows, heads.q + 2 * heads.kv);
         let ld = |l: &Layout| l.stride()[1] as i32;
         let (ldq, ldk, ldv) = (ld(ql), ld(kl), ld(vl));
         let (rows_, nq_, n_, hq_, hkv_, d_, cap_, first_) = (
@@ -371,6 +358,24 @@ impl candle_core::CustomOp1 for Op<'_> {
             CudaStorage::wrap_cuda_slice(out, dev.clone())
         });
         Ok((out, candle_core::Shape::from((b, heads.q, nq, d))))
+    }
+}
+
+/// The fused QKV kernel's launch over `rows` rows of `heads` heads of `d`: a warp or two per
+/// row (D/2 threads), 256 threads of several rows per block (a prefill's thousands of rows in
+/// few blocks, each with many loads in flight).
+#[cfg(feature = "cuda")]
+fn row_blocks(
+    d: usize,
+    rows: usize,
+    heads: usize,
+) -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+    let threads = (d / 2).div_ceil(32) * 32;
+    let per_block = (256 / threads).max(1);
+    candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+        grid_dim: (rows.div_ceil(per_block) as u32, heads as u32, 1),
+        block_dim: (threads as u32, per_block as u32, 1),
+        shared_mem_bytes: 0,
     }
 }
 
