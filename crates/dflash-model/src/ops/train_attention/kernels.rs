@@ -172,8 +172,7 @@ impl candle_core::CustomOp1 for Backward {
         gs: &candle_core::CudaStorage,
         gl: &candle_core::Layout,
     ) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
-        use crate::cuda::ptx::{alloc, elementwise, launch, view, with_held};
-        use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+        use crate::cuda::ptx::{alloc, view, with_held};
         use half::bf16;
         let (_, hq, n, d) = self.q.dims4()?;
         let (_, hkv, t, _) = self.k.dims4()?;
@@ -189,15 +188,16 @@ impl candle_core::CustomOp1 for Backward {
         let (chunk, work) = dkv_work(rows, hq / hkv, hkv, dkv_blocks());
         let blocks = work.len() / 2;
         let work = dev.clone_htod(&work)?;
-        let (hq_, hkv_, n_, t_, hs, sc) = (
-            hq as i32,
-            hkv as i32,
-            n as i32,
-            t as i32,
-            (t * d) as i64,
-            self.scale as f32,
-        );
-        let row_tiles = n.div_ceil(ROW_TILE) as u32;
+        let sizes = BackwardSizes {
+            hq,
+            hkv,
+            n,
+            t,
+            d,
+            scale: self.scale as f32,
+            chunk,
+            blocks,
+        };
         with_held::<bf16, _>(&self.q, "q", |q| {
             with_held::<bf16, _>(&self.k, "k", |k| {
                 with_held::<bf16, _>(&self.v, "v", |v| {
@@ -207,97 +207,23 @@ impl candle_core::CustomOp1 for Backward {
                                 .rows
                                 .with_cuda_view("training attention intervals", |iv| {
                                     self.iv.key_rows.with_cuda_view("key tiles' rows", |kr| {
-                                        let warps = (n * hq).div_ceil(4) as u32;
-                                        let cfg = LaunchConfig {
-                                            grid_dim: (warps, 1, 1),
-                                            block_dim: (128, 1, 1),
-                                            shared_mem_bytes: 0,
-                                        };
-                                        let dot = format!("train_attn_dot_d{d}");
-                                        launch!(
-                                            dev,
-                                            &dot,
-                                            DType::BF16,
-                                            cfg,
+                                        let views = BackwardViews {
+                                            q,
+                                            k,
+                                            v,
                                             out,
-                                            dout,
-                                            dd,
-                                            hq_,
-                                            n_
-                                        );
-                                        // the kernels write disjoint parts of the fresh buffer
-                                        let dq = packed.slice(0..nq);
-                                        let dkv = packed.slice(nq..);
-                                        let dk = dkv32.slice(0..nk);
-                                        let dv = dkv32.slice(nk..);
-                                        let cfg = LaunchConfig {
-                                            grid_dim: (row_tiles, hq as u32, 1),
-                                            block_dim: (128, 1, 1),
-                                            shared_mem_bytes: 0,
-                                        };
-                                        let name = format!("train_attn_dq_d{d}");
-                                        launch!(
-                                            dev,
-                                            &name,
-                                            DType::BF16,
-                                            cfg,
-                                            q,
-                                            k,
-                                            v,
-                                            dout,
                                             lse,
-                                            dd,
-                                            iv,
-                                            dq,
-                                            hq_,
-                                            hkv_,
-                                            n_,
-                                            hs,
-                                            sc
-                                        );
-                                        let cfg = LaunchConfig {
-                                            grid_dim: (blocks as u32, hkv as u32, 1),
-                                            block_dim: (128, 1, 1),
-                                            shared_mem_bytes: dkv_smem(d) as u32,
-                                        };
-                                        let name = format!("train_attn_dkv_d{d}");
-                                        let ch = chunk as i32;
-                                        launch!(
-                                            dev,
-                                            &name,
-                                            DType::BF16,
-                                            cfg,
-                                            q,
-                                            k,
-                                            v,
-                                            dout,
-                                            lse,
-                                            dd,
                                             iv,
                                             kr,
-                                            work,
-                                            dk,
-                                            dv,
-                                            hq_,
-                                            hkv_,
-                                            n_,
-                                            t_,
-                                            hs,
-                                            sc,
-                                            ch
-                                        );
-                                        let len = (2 * nk) as i64;
-                                        let cfg = elementwise(2 * nk as u64);
-                                        launch!(
-                                            dev,
-                                            "train_attn_cast",
-                                            DType::BF16,
-                                            cfg,
-                                            dkv32,
-                                            dkv,
-                                            len
-                                        );
-                                        Ok(())
+                                            dout: &dout,
+                                        };
+                                        let bufs = BackwardBufs {
+                                            dd: &dd,
+                                            packed: &packed,
+                                            dkv32: &dkv32,
+                                            work: &work,
+                                        };
+                                        launch_backward(&dev, &views, &bufs, &sizes)
                                     })
                                 })
                         })
@@ -310,4 +236,120 @@ impl candle_core::CustomOp1 for Backward {
             candle_core::Shape::from(nq + 2 * nk),
         ))
     }
+}
+
+/// The sizes of the backward's kernels (their integer arguments and launch shapes).
+#[cfg(feature = "cuda")]
+struct BackwardSizes {
+    hq: usize,
+    hkv: usize,
+    n: usize,
+    t: usize,
+    d: usize,
+    scale: f32,
+    /// Row tiles per item of the dK/dV kernel's work, and its blocks.
+    chunk: usize,
+    blocks: usize,
+}
+
+/// What the backward's kernels read: the forward's inputs and outputs and dO.
+#[cfg(feature = "cuda")]
+struct BackwardViews<'a> {
+    q: candle_core::cuda_backend::cudarc::driver::CudaView<'a, half::bf16>,
+    k: candle_core::cuda_backend::cudarc::driver::CudaView<'a, half::bf16>,
+    v: candle_core::cuda_backend::cudarc::driver::CudaView<'a, half::bf16>,
+    out: candle_core::cuda_backend::cudarc::driver::CudaView<'a, half::bf16>,
+    lse: candle_core::cuda_backend::cudarc::driver::CudaView<'a, f32>,
+    iv: candle_core::cuda_backend::cudarc::driver::CudaView<'a, u32>,
+    kr: candle_core::cuda_backend::cudarc::driver::CudaView<'a, u32>,
+    dout: &'a candle_core::cuda_backend::cudarc::driver::CudaView<'a, half::bf16>,
+}
+
+/// What the backward's kernels write: each row's dO·O, the packed dQ | dK | dV (bf16), the
+/// dK/dV splits' f32 sums, and the dK/dV kernel's work items.
+#[cfg(feature = "cuda")]
+struct BackwardBufs<'a> {
+    dd: &'a candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>,
+    packed: &'a candle_core::cuda_backend::cudarc::driver::CudaSlice<half::bf16>,
+    dkv32: &'a candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>,
+    work: &'a candle_core::cuda_backend::cudarc::driver::CudaSlice<u32>,
+}
+
+/// The backward's four launches: dO·O per row, dQ per row tile, dK/dV per work item (f32
+/// atomics), and the cast of dK/dV into the packed gradient.
+#[cfg(feature = "cuda")]
+fn launch_backward(
+    dev: &candle_core::CudaDevice,
+    x: &BackwardViews<'_>,
+    o: &BackwardBufs<'_>,
+    s: &BackwardSizes,
+) -> Result<()> {
+    use crate::cuda::ptx::{elementwise, launch};
+    use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+    let d = s.d;
+    let (nq, nk) = (s.hq * s.n * d, s.hkv * s.t * d);
+    let (hq, hkv, n, t) = (s.hq as i32, s.hkv as i32, s.n as i32, s.t as i32);
+    let (hs, sc, ch) = ((s.t * d) as i64, s.scale, s.chunk as i32);
+    let blocks = |grid: (u32, u32, u32), smem: usize| LaunchConfig {
+        grid_dim: grid,
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let cfg = blocks(((s.n * s.hq).div_ceil(4) as u32, 1, 1), 0);
+    let dot = format!("train_attn_dot_d{d}");
+    launch!(dev, &dot, DType::BF16, cfg, x.out, *x.dout, *o.dd, hq, n);
+    // the kernels write disjoint parts of the fresh buffer
+    let (dq, dkv) = (o.packed.slice(0..nq), o.packed.slice(nq..));
+    let (dk, dv) = (o.dkv32.slice(0..nk), o.dkv32.slice(nk..));
+    let cfg = blocks((s.n.div_ceil(ROW_TILE) as u32, s.hq as u32, 1), 0);
+    let name = format!("train_attn_dq_d{d}");
+    launch!(
+        dev,
+        &name,
+        DType::BF16,
+        cfg,
+        x.q,
+        x.k,
+        x.v,
+        *x.dout,
+        x.lse,
+        *o.dd,
+        x.iv,
+        dq,
+        hq,
+        hkv,
+        n,
+        hs,
+        sc
+    );
+    let cfg = blocks((s.blocks as u32, s.hkv as u32, 1), dkv_smem(d));
+    let name = format!("train_attn_dkv_d{d}");
+    launch!(
+        dev,
+        &name,
+        DType::BF16,
+        cfg,
+        x.q,
+        x.k,
+        x.v,
+        *x.dout,
+        x.lse,
+        *o.dd,
+        x.iv,
+        x.kr,
+        *o.work,
+        dk,
+        dv,
+        hq,
+        hkv,
+        n,
+        t,
+        hs,
+        sc,
+        ch
+    );
+    let len = (2 * nk) as i64;
+    let cfg = elementwise(2 * nk as u64);
+    launch!(dev, "train_attn_cast", DType::BF16, cfg, *o.dkv32, dkv, len);
+    Ok(())
 }
