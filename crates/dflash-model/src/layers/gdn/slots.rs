@@ -16,8 +16,9 @@ use super::{GatedDeltaNet, GdnCache, GdnDims, GdnRowsInput, GdnState};
 use crate::ops::gdn_prep::{gated_norm, gdn_prep};
 use crate::ops::gdn_recurrence::gdn_recurrence_seqs;
 
-/// Every slot's committed state of one layer, f32 on the layer's device, updated in place (a
-/// captured step reads the same buffers at every replay).
+/// Every slot's committed state of one layer, f32 on the layer's device. A step replaces the
+/// buffers with the ones its kernels wrote (no copy of every slot's state per layer; batched
+/// steps of a hybrid target are not captured into CUDA graphs, which would need them in place).
 #[derive(Debug)]
 pub struct GdnSlots {
     pub dims: GdnDims,
@@ -27,7 +28,7 @@ pub struct GdnSlots {
     rec: Tensor,
 }
 
-/// A deep copy (the buffers are written in place).
+/// A deep copy (placing a sequence writes into the buffers).
 impl Clone for GdnSlots {
     fn clone(&self) -> Self {
         Self {
@@ -111,7 +112,7 @@ impl GatedDeltaNet {
     /// One AR step of every slot: `x` `[slots, 1, hidden]`, `input` from
     /// [`GdnRowsInput::slots`] (prepared once per forward). Each slot's row is computed as the
     /// one-sequence forward computes that sequence's step (the same kernels, row by row; on the
-    /// CPU their twins, bit for bit), and its state advanced in place.
+    /// CPU their twins, bit for bit), and its state advanced.
     pub fn forward_slots(
         &self,
         x: &Tensor,
@@ -163,8 +164,7 @@ impl GatedDeltaNet {
         .narrow(1, 1, k1)?
         .contiguous()?
         .reshape((b * k1, c))?;
-        st.conv.slice_set(&conv, 0, 0)?;
-        st.rec.slice_set(&states.contiguous()?, 0, 0)?;
+        (st.conv, st.rec) = (conv, states);
         let normed = gated_norm(&o, &z, &self.norm_w, self.eps)?.reshape((b, 1, vd))?;
         Ok(self.out_proj.forward(&normed.to_dtype(x.dtype())?)?)
     }
