@@ -11,32 +11,12 @@ use dflash_engine::{generate, Mode, Request};
 use dflash_model::Target;
 use dflash_testkit::*;
 
-fn run_batched_with(
-    t: &Target,
-    reqs: &[Request],
-    slots: usize,
-    cuda_graphs: bool,
-) -> Vec<Option<BatchedOutput>> {
-    let mut out = vec![None; reqs.len()];
-    let opts = BatchedOptions {
-        cuda_graphs,
-        ..Default::default()
-    };
-    generate_batched(t, reqs, slots, opts, |i, r| {
-        assert!(out[i].is_none(), "request {i} reported twice");
-        out[i] = r.ok();
-        Ok(Flow::Continue)
-    })
-    .unwrap();
-    out
-}
-
 /// A batched run, which the fixed-capacity steps of `cuda_graphs` (on the CPU: run eagerly on
 /// the same buffers, moved in place) must equal.
 fn run_batched(t: &Target, reqs: &[Request], slots: usize) -> Vec<Option<BatchedOutput>> {
-    let out = run_batched_with(t, reqs, slots, false);
+    let out = batched_outputs(t, reqs, slots, false);
     assert_eq!(
-        run_batched_with(t, reqs, slots, true),
+        batched_outputs(t, reqs, slots, true),
         out,
         "fixed-capacity steps, {slots} slots"
     );

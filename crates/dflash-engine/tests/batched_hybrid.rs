@@ -6,37 +6,17 @@
 //! steps, and the fixed-capacity steps that CUDA graphs replay.
 
 use dflash_core::sampling::SamplingParams;
-use dflash_engine::batched::{generate_batched, Batch, BatchedOptions, BatchedOutput, Flow};
+use dflash_engine::batched::Batch;
 use dflash_engine::{Mode, Request};
 use dflash_model::Target;
 use dflash_testkit::*;
 
-fn run_batched(
-    t: &Target,
-    reqs: &[Request],
-    slots: usize,
-    cuda_graphs: bool,
-) -> Vec<Option<BatchedOutput>> {
-    let mut out = vec![None; reqs.len()];
-    let opts = BatchedOptions {
-        cuda_graphs,
-        ..Default::default()
-    };
-    generate_batched(t, reqs, slots, opts, |i, r| {
-        assert!(out[i].is_none(), "request {i} reported twice");
-        out[i] = r.ok();
-        Ok(Flow::Continue)
-    })
-    .unwrap();
-    out
-}
-
 /// Every request of a batched run (eager, and in fixed-capacity steps) gets the tokens of its
 /// AR decode alone.
 fn assert_equals_ar(t: &Target, reqs: &[Request], slots: usize) {
-    let eager = run_batched(t, reqs, slots, false);
+    let eager = batched_outputs(t, reqs, slots, false);
     assert_eq!(
-        run_batched(t, reqs, slots, true),
+        batched_outputs(t, reqs, slots, true),
         eager,
         "fixed-capacity steps, {slots} slots"
     );

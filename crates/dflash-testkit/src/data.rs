@@ -67,3 +67,18 @@ pub fn four_sequences(
     let seqs: Vec<Sequence> = (0..4).map(|i| sequence(first + i, 4, resp)).collect();
     tiny_data(name, &seqs)
 }
+
+/// Every shard file of a data directory (`shard-*`), in name order, as bytes: what two runs
+/// must write alike.
+pub fn shard_files(dir: &std::path::Path) -> Vec<Vec<u8>> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("shard-"))
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .map(|n| std::fs::read(dir.join(n)).unwrap())
+        .collect()
+}

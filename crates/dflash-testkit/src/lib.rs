@@ -13,12 +13,12 @@ mod refs;
 mod stats;
 mod targets;
 
-pub use data::{four_sequences, sequence, tiny_data, write_data};
+pub use data::{four_sequences, sequence, shard_files, tiny_data, write_data};
 pub use paths::{asset, fixtures, repo_root, smollm2_gguf, tmp};
 pub use refs::{assert_finite_difference, ids, json, load_ref, max_abs, rel_err};
 pub use stats::{assert_distributed_alike, chi_square_p, gamma_q};
 pub use targets::{
-    decode, fresh_block, greedy, load, loop_prompt, loop_prompt_head, prefill_taps, quiet,
-    replay_zlab_generation, req, sampled_counts, sampled_counts_with, signal_drafter, smollm2,
-    tiny, tiny_hybrid, tiny_prompt, tiny_target_dir,
+    batched_outputs, decode, fresh_block, greedy, load, loop_prompt, loop_prompt_head,
+    prefill_taps, quiet, replay_zlab_generation, req, sampled_counts, sampled_counts_with,
+    signal_drafter, smollm2, tiny, tiny_hybrid, tiny_prompt, tiny_target_dir,
 };

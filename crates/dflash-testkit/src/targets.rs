@@ -284,3 +284,27 @@ pub fn signal_drafter(
     let td = dflash_train::trainer::TrainableDrafter::new(cfg, &w, &lt.target).unwrap();
     (lt, td)
 }
+
+/// Each request's output of one batched run over `slots` slots (`None` where it was refused),
+/// with the fixed-capacity steps CUDA graphs replay when `cuda_graphs` (on the CPU run eagerly
+/// on the same buffers); a request reported twice fails.
+pub fn batched_outputs(
+    t: &Target,
+    reqs: &[Request],
+    slots: usize,
+    cuda_graphs: bool,
+) -> Vec<Option<dflash_engine::batched::BatchedOutput>> {
+    use dflash_engine::batched::{generate_batched, BatchedOptions, Flow};
+    let mut out = vec![None; reqs.len()];
+    let opts = BatchedOptions {
+        cuda_graphs,
+        ..Default::default()
+    };
+    generate_batched(t, reqs, slots, opts, |i, r| {
+        assert!(out[i].is_none(), "request {i} reported twice");
+        out[i] = r.ok();
+        Ok(Flow::Continue)
+    })
+    .unwrap();
+    out
+}

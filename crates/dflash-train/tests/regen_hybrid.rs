@@ -36,20 +36,6 @@ fn opts(batch_size: usize, sampling: SamplingParams) -> RegenOptions {
     }
 }
 
-/// Every shard file of `dir`, in order.
-fn shards(dir: &std::path::Path) -> Vec<Vec<u8>> {
-    let mut names: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("shard-"))
-        .collect();
-    names.sort();
-    names
-        .iter()
-        .map(|n| std::fs::read(dir.join(n)).unwrap())
-        .collect()
-}
-
 #[test]
 fn batched_regeneration_of_a_hybrid_target_equals_one_at_a_time() {
     let lt = load(&fixtures().join("qwen35-tiny"), DType::F32);
@@ -61,12 +47,12 @@ fn batched_regeneration_of_a_hybrid_target_equals_one_at_a_time() {
     ] {
         let one = tmp(&format!("regen-hybrid-{name}-1"));
         regenerate(&lt, &ps, &one, &opts(1, sampling)).unwrap();
-        let want = shards(&one);
+        let want = shard_files(&one);
         assert_eq!(want.len(), 3, "{name}");
         for batch in [3, 16] {
             let out = tmp(&format!("regen-hybrid-{name}-{batch}"));
             regenerate(&lt, &ps, &out, &opts(batch, sampling)).unwrap();
-            assert_eq!(shards(&out), want, "{name}, batch {batch}");
+            assert_eq!(shard_files(&out), want, "{name}, batch {batch}");
         }
     }
 }

@@ -41,27 +41,13 @@ fn opts(batch_size: usize, limit: Option<Duration>) -> RegenOptions {
     }
 }
 
-/// Every shard file of `dir`, in order.
-fn shards(dir: &std::path::Path) -> Vec<Vec<u8>> {
-    let mut names: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("shard-"))
-        .collect();
-    names.sort();
-    names
-        .iter()
-        .map(|n| std::fs::read(dir.join(n)).unwrap())
-        .collect()
-}
-
 #[test]
 fn time_limited_runs_always_advance_to_the_uninterrupted_shards() {
     let lt = load(&tiny_target_dir("regen-limit"), DType::F32);
     let ps = prompts("regen-limit-prompts", 10, 0);
     let whole = tmp("regen-limit-whole");
     regenerate(&lt, &ps, &whole, &opts(1, None)).unwrap();
-    let want = shards(&whole);
+    let want = shard_files(&whole);
     assert_eq!(want.len(), 4);
     assert!(!whole.join("pending.jsonl").exists());
     for batch in [1, 4] {
@@ -87,7 +73,7 @@ fn time_limited_runs_always_advance_to_the_uninterrupted_shards() {
         }
         // a limit of zero stops at the first prompt finished: each run kept at least that one
         assert!(runs >= 3, "batch {batch}: {runs} runs");
-        assert_eq!(shards(&out), want, "batch {batch}");
+        assert_eq!(shard_files(&out), want, "batch {batch}");
         assert!(!out.join("pending.jsonl").exists());
     }
 }
