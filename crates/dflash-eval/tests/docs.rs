@@ -294,3 +294,95 @@ fn every_cuda_family_is_in_the_kernel_unit() {
     families.sort();
     assert_eq!(included, families, "each .cu once, and nothing else");
 }
+
+/// The most lines of one Rust function, from its `fn` line to its closing brace.
+const MAX_FN_LINES: usize = 100;
+
+/// SIMD kernel bodies, the one kind of function allowed to be longer (their unrolled lanes
+/// read as one loop): `(file, function)`.
+const LONG_KERNEL_BODIES: &[(&str, &str)] =
+    &[("crates/dflash-model/src/cpu/q8/kernels.rs", "rows")];
+
+/// Each Rust function's name, first line and length in `text`: a line starting with `fn`
+/// (after `pub`, `pub(crate)`, `async`, `unsafe`, `const`) opens one, and it ends where the
+/// braces it opened close, counted outside strings, characters and comments. Example: `fn a()
+/// {\n    b();\n}` → `("a", 1, 3)`. Declarations without a body (`;`) are not functions here.
+fn functions(text: &str) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim_start();
+        let t = t
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub(super) ")
+            .trim_start_matches("pub ")
+            .trim_start_matches("async ")
+            .trim_start_matches("unsafe ")
+            .trim_start_matches("const ");
+        let Some(rest) = t.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let (mut depth, mut opened) = (0i64, false);
+        let mut end = None;
+        'lines: for (j, line) in lines.iter().enumerate().skip(i) {
+            let code = line.split("//").next().unwrap_or("");
+            let (mut in_str, mut prev) = (false, ' ');
+            for c in code.chars() {
+                match c {
+                    '"' if prev != '\\' => in_str = !in_str,
+                    '{' if !in_str => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' if !in_str => depth -= 1,
+                    ';' if !in_str && !opened && depth == 0 => break 'lines,
+                    _ => {}
+                }
+                prev = c;
+            }
+            if opened && depth <= 0 {
+                end = Some(j);
+                break;
+            }
+        }
+        if let Some(j) = end {
+            out.push((name, i + 1, j - i + 1));
+        }
+    }
+    out
+}
+
+/// Every Rust function of the crates (tests included) is at most [`MAX_FN_LINES`] lines, SIMD
+/// kernel bodies aside ([`LONG_KERNEL_BODIES`]).
+#[test]
+fn every_function_is_at_most_100_lines() {
+    let root = repo_root();
+    let mut files = Vec::new();
+    sources(&root.join("crates"), &["rs"], &mut files);
+    assert!(files.len() > 100, "the sources were not found");
+    let mut long = Vec::new();
+    for p in files {
+        let n = p
+            .strip_prefix(&root)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        for (f, line, len) in functions(&std::fs::read_to_string(&p).unwrap()) {
+            if len > MAX_FN_LINES && !LONG_KERNEL_BODIES.contains(&(n.as_str(), f.as_str())) {
+                long.push(format!("{n}:{line} {f}: {len} lines"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FN_LINES} lines:\n{}",
+        long.join("\n")
+    );
+    // the counter sees what it must: a function's braces, not a string's or a comment's
+    let f = functions("fn a() {\n    let s = \"}\"; // }\n    b();\n}\npub fn c();\n");
+    assert_eq!(f, vec![("a".to_string(), 1, 4)]);
+}
