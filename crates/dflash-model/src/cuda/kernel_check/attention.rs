@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, Result, Tensor};
 use dflash_core::visibility::{causal, right_aligned};
 
-use super::{fill, push_rows, KernelCheck};
+use super::{compare_rows, fill, push_rows, KernelCheck};
 use crate::ops::interval_softmax::RowIntervals;
 
 /// The inputs of an attention case: `q` `[b, hq, n, d]`, and K and V as the first `t` rows of
@@ -320,20 +320,14 @@ pub(super) fn check_prefill_attention(dev: &Device, checks: &mut Vec<KernelCheck
 
 /// Attention under an additive mask (tree verifies, the draft block) against the composed ops
 pub(super) fn check_masked_attention(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
-    let want = masked_attention_rows(&Device::Cpu, DType::F32)?;
-    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 3e-2)] {
-        let got = masked_attention_rows(dev, dtype)?;
-        push_rows(
-            checks,
-            &[
-                "masked attention, a 9-row tree",
-                "masked attention, 2 sequences of 5 rows",
-            ],
-            &got,
-            &want,
-            dtype,
-            tol,
-        )?;
-    }
-    Ok(())
+    compare_rows(
+        dev,
+        checks,
+        &[
+            "masked attention, a 9-row tree",
+            "masked attention, 2 sequences of 5 rows",
+        ],
+        &[(DType::F32, 1e-5), (DType::BF16, 3e-2)],
+        masked_attention_rows,
+    )
 }

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use super::{fill, push_rows, KernelCheck};
+use super::{compare_rows, fill, KernelCheck};
 
 /// The attention's per-head work after its projections ([`crate::ops::qkv_rope::apply`]) on
 /// `dev` in `dtype` (the fused kernel on a GPU, the unfused ops on the CPU), as f32 on the CPU
@@ -195,129 +195,91 @@ fn moved_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
 
 /// SwiGLU of a stacked gate/up product (the target's MLP on a GPU) against silu_mul's twin
 pub(super) fn check_stacked_silu(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
-    let want = stacked_silu_rows(&Device::Cpu, DType::F32)?;
-    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
-        let got = stacked_silu_rows(dev, dtype)?;
-        push_rows(
-            checks,
-            &["silu·up of a stacked gate/up"],
-            &got,
-            &want,
-            dtype,
-            tol,
-        )?;
-    }
-    Ok(())
+    compare_rows(
+        dev,
+        checks,
+        &["silu·up of a stacked gate/up"],
+        &[(DType::F32, 1e-5), (DType::BF16, 2e-2)],
+        stacked_silu_rows,
+    )
 }
 
 /// The residual add and the RMSNorm after it in one kernel against the add and the norm
 pub(super) fn check_add_norm(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
-    let want = add_norm_rows(&Device::Cpu, DType::F32)?;
-    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
-        let got = add_norm_rows(dev, dtype)?;
-        push_rows(
-            checks,
-            &[
-                "add + rms-norm: sum, rows of 576",
-                "add + rms-norm: norm, rows of 576",
-                "add + rms-norm: sum, rows of 4,096",
-                "add + rms-norm: norm, rows of 4,096",
-            ],
-            &got,
-            &want,
-            dtype,
-            tol,
-        )?;
-    }
-    Ok(())
+    compare_rows(
+        dev,
+        checks,
+        &[
+            "add + rms-norm: sum, rows of 576",
+            "add + rms-norm: norm, rows of 576",
+            "add + rms-norm: sum, rows of 4,096",
+            "add + rms-norm: norm, rows of 4,096",
+        ],
+        &[(DType::F32, 1e-5), (DType::BF16, 2e-2)],
+        add_norm_rows,
+    )
 }
 
 /// One row through a projection (the AR step's products) against candle's matmul
 pub(super) fn check_gemv(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
-    let want = gemv_rows(&Device::Cpu, DType::F32)?;
-    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
-        let got = gemv_rows(dev, dtype)?;
-        push_rows(
-            checks,
-            &[
-                "one-row product, 3,000 × 4,096",
-                "one-row product, 1,536 × 576",
-            ],
-            &got,
-            &want,
-            dtype,
-            tol,
-        )?;
-    }
-    Ok(())
+    compare_rows(
+        dev,
+        checks,
+        &[
+            "one-row product, 3,000 × 4,096",
+            "one-row product, 1,536 × 576",
+        ],
+        &[(DType::F32, 1e-5), (DType::BF16, 2e-2)],
+        gemv_rows,
+    )
 }
 
 /// The fixed layout's cache write against candle's scatter_set
 pub(super) fn check_indexed_cache_write(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
-    let want = indexed_write_rows(&Device::Cpu, DType::F32)?;
-    for dtype in [DType::F32, DType::BF16] {
-        let got = indexed_write_rows(dev, dtype)?;
-        let tol = if dtype == DType::F32 { 0.0 } else { 1e-2 };
-        push_rows(
-            checks,
-            &["cache rows written through an index"],
-            &got,
-            &want,
-            dtype,
-            tol,
-        )?;
-    }
-    Ok(())
+    compare_rows(
+        dev,
+        checks,
+        &["cache rows written through an index"],
+        &[(DType::F32, 0.0), (DType::BF16, 1e-2)],
+        indexed_write_rows,
+    )
 }
 
 /// A tree's path moved down in six K/V buffers at once against the gather: rows 0..20
 /// stay, then row 20 ← 21, 21 ← 22 (each read before the next move writes it), 22 ← 26
 pub(super) fn check_tree_path_moves(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
-    let want = moved_rows(&Device::Cpu, DType::F32)?;
-    for dtype in [DType::F32, DType::BF16] {
-        let got = moved_rows(dev, dtype)?;
-        let tol = if dtype == DType::F32 { 0.0 } else { 1e-2 };
-        push_rows(
-            checks,
-            &["a tree's path moved in six K/V buffers"],
-            &got,
-            &want,
-            dtype,
-            tol,
-        )?;
-    }
-    Ok(())
+    compare_rows(
+        dev,
+        checks,
+        &["a tree's path moved in six K/V buffers"],
+        &[(DType::F32, 0.0), (DType::BF16, 1e-2)],
+        moved_rows,
+    )
 }
 
 /// The attention's per-head norms, RoPE and cache writes in one kernel against the ops
 pub(super) fn check_qkv_rope(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
-    let want = qkv_rope_rows(&Device::Cpu, DType::F32)?;
-    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
-        let got = qkv_rope_rows(dev, dtype)?;
-        push_rows(
-            checks,
-            &[
-                "QKV: q, normed, rotated (verify, fixed layout)",
-                "QKV: K cache (verify, fixed layout)",
-                "QKV: V cache (verify, fixed layout)",
-                "QKV: q, rotated (3 sequences appending)",
-                "QKV: K cache (3 sequences appending)",
-                "QKV: V cache (3 sequences appending)",
-                "QKV: q of a draft block's 16 rows (context and block keys)",
-                "QKV: K cache (a draft block: 16 context and 16 block rows)",
-                "QKV: V cache (a draft block)",
-                "QKV: q, normed, rotated (2 sequences appending 13 rows each)",
-                "QKV: K cache (2 sequences appending 13 rows each)",
-                "QKV: V cache (2 sequences appending 13 rows each)",
-                "QKV: q of a draft block, 7 heads per K/V head of 64",
-                "QKV: K cache (a draft block, 7 heads per K/V head of 64)",
-                "QKV: V cache (a draft block, 7 heads per K/V head of 64)",
-            ],
-            &got,
-            &want,
-            dtype,
-            tol,
-        )?;
-    }
-    Ok(())
+    compare_rows(
+        dev,
+        checks,
+        &[
+            "QKV: q, normed, rotated (verify, fixed layout)",
+            "QKV: K cache (verify, fixed layout)",
+            "QKV: V cache (verify, fixed layout)",
+            "QKV: q, rotated (3 sequences appending)",
+            "QKV: K cache (3 sequences appending)",
+            "QKV: V cache (3 sequences appending)",
+            "QKV: q of a draft block's 16 rows (context and block keys)",
+            "QKV: K cache (a draft block: 16 context and 16 block rows)",
+            "QKV: V cache (a draft block)",
+            "QKV: q, normed, rotated (2 sequences appending 13 rows each)",
+            "QKV: K cache (2 sequences appending 13 rows each)",
+            "QKV: V cache (2 sequences appending 13 rows each)",
+            "QKV: q of a draft block, 7 heads per K/V head of 64",
+            "QKV: K cache (a draft block, 7 heads per K/V head of 64)",
+            "QKV: V cache (a draft block, 7 heads per K/V head of 64)",
+        ],
+        &[(DType::F32, 1e-5), (DType::BF16, 2e-2)],
+        qkv_rope_rows,
+    )
 }

@@ -79,6 +79,22 @@ fn push_rows(
     Ok(())
 }
 
+/// `rows(dev, dtype)` against `rows(CPU, f32)` at each `(dtype, tolerance)` of `dtypes`, one
+/// check per name. Example: `&[(DType::F32, 1e-5), (DType::BF16, 2e-2)]` → each name twice.
+fn compare_rows(
+    dev: &Device,
+    checks: &mut Vec<KernelCheck>,
+    names: &[&str],
+    dtypes: &[(DType, f64)],
+    rows: impl Fn(&Device, DType) -> Result<Vec<Tensor>>,
+) -> Result<()> {
+    let want = rows(&Device::Cpu, DType::F32)?;
+    for &(dtype, tolerance) in dtypes {
+        push_rows(checks, names, &rows(dev, dtype)?, &want, dtype, tolerance)?;
+    }
+    Ok(())
+}
+
 /// One case of the check: it runs its kernels on the device and their twins on the CPU and
 /// appends its rows to the checks.
 type Case = fn(&Device, &mut Vec<KernelCheck>) -> Result<()>;

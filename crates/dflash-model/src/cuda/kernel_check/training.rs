@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Result, Tensor, Var};
 use dflash_core::segments::Segments;
 use dflash_core::visibility::{causal, draft_training_parts, right_aligned, DraftRule};
 
-use super::{fill, push_rows, value_and_grads, KernelCheck};
+use super::{compare_rows, fill, push_rows, value_and_grads, KernelCheck};
 use crate::ops::block_attention::{attend_blocks, context_windows};
 use crate::ops::cross_entropy::cross_entropy_rows;
 use crate::ops::interval_softmax::{interval_softmax, RowIntervals};
@@ -321,40 +321,28 @@ pub(super) fn check_rms_norm_backward(dev: &Device, checks: &mut Vec<KernelCheck
 
 /// The training linear's written backward against candle's autograd on the CPU
 pub(super) fn check_training_linear(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
-    let want = linear_grads(&Device::Cpu, DType::F32)?;
-    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
-        let got = linear_grads(dev, dtype)?;
-        push_rows(
-            checks,
-            &[
-                "training linear out",
-                "training linear dx",
-                "training linear dW",
-            ],
-            &got,
-            &want,
-            dtype,
-            tol,
-        )?;
-    }
-    Ok(())
+    compare_rows(
+        dev,
+        checks,
+        &[
+            "training linear out",
+            "training linear dx",
+            "training linear dW",
+        ],
+        &[(DType::F32, 1e-5), (DType::BF16, 2e-2)],
+        linear_grads,
+    )
 }
 
 /// SwiGLU's fused gate and its written backward against candle's ops on the CPU
 pub(super) fn check_silu_mul(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
-    let want = silu_mul_grads(&Device::Cpu, DType::F32)?;
-    for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 2e-2)] {
-        let got = silu_mul_grads(dev, dtype)?;
-        push_rows(
-            checks,
-            &["silu·up", "silu·up dgate", "silu·up dup"],
-            &got,
-            &want,
-            dtype,
-            tol,
-        )?;
-    }
-    Ok(())
+    compare_rows(
+        dev,
+        checks,
+        &["silu·up", "silu·up dgate", "silu·up dup"],
+        &[(DType::F32, 1e-5), (DType::BF16, 2e-2)],
+        silu_mul_grads,
+    )
 }
 
 /// The permuted copy: the same values, bit for bit
