@@ -28,8 +28,8 @@ pub fn time(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<()>) -> Res
 }
 
 /// Measured memory bandwidth in bytes/s: a device copy (read + write) of 1 GiB on a GPU,
-/// 128 MiB on the CPU, into a preallocated buffer (an allocation inside the timed copy made
-/// the H200 read 520–1,515 GB/s depending on the allocator's state), median of 5.
+/// 128 MiB on the CPU, into a preallocated buffer (an allocation inside the timed copy makes
+/// the figure depend on the allocator's state), median of 5.
 pub fn copy_bandwidth(dev: &Device) -> Result<f64> {
     let bytes = if dev.is_cpu() {
         1usize << 27

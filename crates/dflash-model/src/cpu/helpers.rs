@@ -1,11 +1,11 @@
 //! Helper threads for the CPU kernels ([`crate::cpu::panels`], the AVX2 path of [`crate::layers::linear`]):
 //! the calling thread splits a product into chunks and helpers that are awake take some.
 //!
-//! Why not rayon or candle's pool: a decoding step on SmolLM2 runs ≈ 300 products of ≈ 50 µs.
-//! rayon's workers fall asleep between them (a wake-up costs 10–50 µs: AR 31.5 ms per token
-//! against 24 with spinning helpers). candle's barrier pool spins, but every operation waits for
-//! every worker to check in: with two processes on two cores a worker that is not scheduled
-//! stalls each operation for a time slice (a CI test went from 25 s to 309 s beside another).
+//! Why not rayon or candle's pool: a decoding step on a small model runs hundreds of short
+//! products, and rayon's workers fall asleep between them (a wake-up costs about as much as a
+//! product). candle's barrier pool spins, but every operation waits for every worker to check
+//! in: with two processes on two cores a worker that is not scheduled stalls each operation for
+//! a time slice.
 //! Here the caller never waits for a helper that has not started: it takes chunks itself, and
 //! waits only for helpers inside the job (each finishing at most the chunk it holds).
 //!
@@ -26,8 +26,8 @@ use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-/// How long an idle helper spins before it parks (a decoding step's products come ≈ 10–50 µs
-/// apart; a parked helper costs a wake-up).
+/// How long an idle helper spins before it parks: longer than the gap between a decoding
+/// step's products, so helpers stay awake through a step (a parked helper costs a wake-up).
 const SPIN: Duration = Duration::from_micros(200);
 
 type Job<'a> = &'a (dyn Fn(usize) + Sync);

@@ -2,8 +2,7 @@
 //! verify), each row over its own visible keys, packed into one list.
 //!
 //! candle's path multiplies every query by every cache key (two general matmuls, a masked
-//! softmax over all columns): at a 512-row cache a 9-row tree verify of SmolLM2 spent ≈ 14 ms
-//! of its 48 there (here ≈ 5; `docs/BENCHMARKS.md`). Here each (query head,
+//! softmax over all columns), most of which a tree's rows do not see. Here each (query head,
 //! row) gets the scores of its visible keys only, in key order, then their max, `exp`, sum and
 //! `Σ eⱼ vⱼ / Σ eⱼ` over that same list; a job is a block of such rows of one K/V head, which
 //! read each key once.

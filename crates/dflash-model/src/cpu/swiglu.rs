@@ -1,7 +1,7 @@
 //! SwiGLU's gate `y = silu(g) · u` on the CPU, in one pass on the calling thread with the
 //! kernels' vector `exp` ([`crate::cpu::vexp`]), for inference's few rows: candle's `silu` and
-//! multiply are two passes, each waking its thread pool (≈ 0.07 ms per MLP at a 16-row verify
-//! of SmolLM2, ≈ 2 ms of its 22: `docs/BENCHMARKS.md`).
+//! multiply are two passes, each waking its thread pool, which for a few rows costs more than
+//! the arithmetic (`docs/BENCHMARKS.md`, the one-pass SwiGLU).
 //!
 //! Per element, with `e = exp(−|g|)` (≤ 1, the argument `exp` serves): `s = 1 / (1 + e)` for
 //! `g ≥ 0`, `e / (1 + e)` below, and `y = (g · s) · u`. Each lane is computed alone by the same

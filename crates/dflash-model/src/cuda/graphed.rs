@@ -4,7 +4,7 @@
 //! captured once and replayed every round after, with the round's inputs (ids, RoPE rows,
 //! mask, cache rows) copied into the captured buffers first. A replay launches the forward's
 //! several hundred kernels with one call and none of the host work between them
-//! (`docs/BENCHMARKS.md`: an AR step of SmolLM2-135M on the H200, 8.1 ms eager, 2.7 ms replayed).
+//! (`docs/BENCHMARKS.md`, a decode step beside PyTorch).
 //!
 //! Per row count `n`, the first call runs the forward eagerly with candle's param cache on
 //! (so that its layout uploads are on the device), then captures the same forward; every later

@@ -97,9 +97,8 @@ impl RopeTables {
 
     /// candle-nn's CPU kernel on one thread, the same products and sums in the same order (the
     /// same bits): for the few rows of a verify or a draft block, where candle's kernel hands
-    /// each head to rayon and waking its threads costs more than the rotation (≈ 40 µs per call
-    /// for a 5-row verify of SmolLM2 on 2 cores against 3 µs here). `x` f32, contiguous, on the
-    /// CPU.
+    /// each head to rayon and waking its threads costs more than the rotation itself. `x` f32,
+    /// contiguous, on the CPU.
     fn apply_serial(&self, x: &Tensor) -> Result<Tensor> {
         let (b, h, t, d) = x.dims4()?;
         let half = d / 2;

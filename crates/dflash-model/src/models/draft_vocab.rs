@@ -1,7 +1,7 @@
 //! A drafter's vocabulary subset: the tokens its proposals come from.
 //!
 //! Drafting reads the target's whole LM head for every drafted row (SmolLM2: 49,152 × 576
-//! f32, 113 MB, ≈ 4 ms per round on the 2-core CPU: as long as the drafter's five layers),
+//! f32, 113 MB: on a CPU as long to read as the drafter's five layers),
 //! though the target writes few of those tokens: 8,192 of them cover 99.6 % of SmolLM2's
 //! regenerated responses (the bundled drafter's data). With `draft_vocab.json` beside its weights, a
 //! drafter's proposals come from those tokens only (FR-Spec's frequency-ranked drafting):

@@ -73,8 +73,8 @@ pub fn adamw_step(w: &Tensor, state: &Tensor, g: &Tensor, s: AdamStep) -> Result
 /// [`adamw_step`], and on a GPU with f32 weights also `copy` (bf16, `w`'s element count,
 /// contiguous: the weights' compute copy) written with the new weights in the same kernel, as
 /// a cast would round them. Returns whether `copy` was written (false on the CPU, where the
-/// caller casts). Example: the trainer's bf16 compute copies on the H200, refreshed without a
-/// pass of their own.
+/// caller casts). Example: the trainer's bf16 compute copies on a GPU, refreshed without a pass
+/// of their own.
 pub fn adamw_step_copy(
     w: &Tensor,
     state: &Tensor,

@@ -73,8 +73,8 @@ pub fn window_bounds(
 }
 
 /// Key spans are widened to a multiple of this many keys: the score matrices' rows then start
-/// 16-byte aligned in bf16, which cuBLAS's fast tensor-core GEMMs need (a window of 1,037 keys
-/// ran an sm75 fallback kernel at ≈ 40 TFLOP/s on the H200).
+/// 16-byte aligned in bf16, which cuBLAS's fast tensor-core GEMMs need (an unaligned window,
+/// e.g. 1,037 keys, falls back to a much slower kernel).
 pub const KEY_ALIGN: usize = 8;
 
 /// `keys` widened to a multiple of [`KEY_ALIGN`] keys inside `0..context` (upward first, then

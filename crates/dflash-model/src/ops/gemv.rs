@@ -1,9 +1,9 @@
 //! One row through a projection on a GPU, `y = x · Wᵀ` for `x` `[1, in]` and `W` `[out, in]`
 //! (an AR step's every projection and its LM head), as one kernel that streams the weight once:
 //! a warp per output feature, 16-byte loads of its weight row (four in flight per lane), the
-//! row of `x` read through the L1 cache, a warp reduction in f32. cuBLAS runs these products at
-//! about 3.3 TB/s on the H200 at Qwen3-8B's shape, several of them as split-K GEMMs followed by a
-//! reduction kernel (`docs/BENCHMARKS.md`, the kernel profile of an AR step). Elsewhere candle's
+//! row of `x` read through the L1 cache, a warp reduction in f32. cuBLAS runs several of these
+//! products as split-K GEMMs followed by a reduction kernel, below the memory's bandwidth
+//! (`docs/BENCHMARKS.md`, the kernel profile of an AR step). Elsewhere candle's
 //! matmul, which is also the kernel's twin (`check device` compares them).
 //!
 //! Example: Qwen3-8B's down projection, `[1, 12288] · [4096, 12288]ᵀ`: 4,096 warps (512 blocks

@@ -189,8 +189,8 @@ pub(crate) fn apply(
 /// The decode kernel for `b` sequences of `n` query rows, `rows` per K/V head: several sequences
 /// of one query row and at most 8 heads per K/V head, unless `DFLASH_DISABLED_KERNELS=decode-attention`; the
 /// head count it is built for (2, 4 or 8; fewer heads run with the rest idle). A single
-/// sequence's AR step keeps the interval kernel: on the H200 the decode kernel took 2.5 % longer
-/// over Qwen3-8B's 512-row step (BENCHMARKS.md). Example: 256 SmolLM2 slots (9 / 3 heads) → 4;
+/// sequence's AR step keeps the interval kernel: with one sequence the decode kernel has too
+/// few blocks to gain over it (`docs/BENCHMARKS.md`, the decode attention kernel). Example: 256 SmolLM2 slots (9 / 3 heads) → 4;
 /// a 16-row verify → none (the interval kernel's row groups).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn decode_heads(b: usize, n: usize, rows: usize) -> Option<usize> {

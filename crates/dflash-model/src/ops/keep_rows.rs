@@ -4,9 +4,8 @@
 //! of each buffer and writes them back (`index_select` then `slice_set`: two launches per
 //! buffer, 120 for SmolLM2's 30 layers of K and V). On a GPU one kernel (`keep_rows_*` in
 //! `src/ops/keep_rows.cu`) moves the rows of every buffer in one launch, from a table of the
-//! buffers' addresses and the rows uploaded together: a DDTree-8 round's walk and commit took
-//! 0.51–0.53 ms with the gather and 0.15 ms with the kernel on an H100 (docs/BENCHMARKS.md,
-//! "A tree's compaction in one launch"); `DFLASH_DISABLED_KERNELS=keep-rows` turns it off.
+//! buffers' addresses and the rows uploaded together (docs/BENCHMARKS.md, "A tree's compaction
+//! in one launch"); `DFLASH_DISABLED_KERNELS=keep-rows` turns it off.
 //!
 //! The kernel walks the moves in order, in place, so it takes only moves where no row is
 //! written before a later move reads it: `moved` ascending with `moved[j] >= fixed + j`

@@ -1,8 +1,7 @@
 //! Row-wise log-softmax of draft logits on the CPU: DDTree's per-position log-probabilities.
 //!
-//! candle's `log_softmax` makes several passes over `[rows, vocab]` with a scalar `exp`; a
-//! DDTree-8 round on SmolLM2 (8 rows × 49,152) spent ≈ 2 ms there, about as long as the
-//! drafter's attention. Here each row is three vector passes: its max, `Σ exp(x − max)`, then
+//! candle's `log_softmax` makes several passes over `[rows, vocab]` with a scalar `exp`, a
+//! visible share of a DDTree round on the CPU. Here each row is three vector passes: its max, `Σ exp(x − max)`, then
 //! `x − max − ln Σ`, rows spread over [`crate::cpu::helpers`].
 //!
 //! Example: a row `[0, ln 3]` → `[ln ¼, ln ¾]` = `[−1.386, −0.288]`.

@@ -3,9 +3,9 @@
 //!
 //! Attention moves heads between the projection layout `[1, rows, heads, d]` and the matmul
 //! layout `[1, heads, rows, d]`; candle's strided copy walks each value's coordinates in 64-bit
-//! divisions, ≈ 0.45 ms for one 64 MB head transpose on the H200 at the Qwen3-8B training shape
-//! (`docs/BENCHMARKS.md`, the kernel profile of a training step), ten times a plain copy. The
-//! kernel here divides in 32 bits over at most 6 dimensions. On the CPU (and for other dtypes,
+//! divisions, which makes a head transpose many times slower than a plain copy (the kernel
+//! profile of a training step in `docs/BENCHMARKS.md`). The kernel here divides in 32 bits over
+//! at most 6 dimensions. On the CPU (and for other dtypes,
 //! ranks or sizes) [`permuted`] is candle's `permute` then `contiguous`, so CPU results are
 //! unchanged; the CPU twin of the kernel (the same index walk) is what `check device` compares.
 //! Example: `x = [[1, 2, 3], [4, 5, 6]]`, `permuted(x, [1, 0])` → `[[1, 4], [2, 5], [3, 6]]`;

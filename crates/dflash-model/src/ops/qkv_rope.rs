@@ -3,8 +3,7 @@
 //! queries and keys, RoPE at each row's position, the queries laid out head-major for the
 //! attention and the keys and values written into the cache's buffers at their rows.
 //! Unfused that is three head transposes, two norms, two RoPEs and two cache writes per layer
-//! (nine kernels; at Qwen3-8B's shape on the H200 about 30 µs of an AR step's 170 µs per
-//! layer), [`unfused`]: the CPU's path and the kernel's twin (`check device` compares them).
+//! (nine small kernels, each launched and each reading its rows again), [`unfused`]: the CPU's path and the kernel's twin (`check device` compares them).
 //!
 //! Example: Qwen3-8B (32 query heads, 8 K/V heads of 128), a 16-row verify after 500 cached
 //! rows: from `q [1, 16, 4096]`, `k, v [1, 16, 1024]` (views of one fused QKV product or three

@@ -5,9 +5,8 @@
 //! - `dw = Σ_rows g·x·r`: partial column sums over fixed chunks of rows, then summed over the
 //!   chunks in order (deterministic: no atomics).
 //!
-//! All arithmetic in f32 for f32 and bf16 inputs. The drafter's training backward ran this
-//! composed of candle ops in f32 (broadcast multiplies, casts, reductions): at the Qwen3-8B shape
-//! its 22 norms per step took ≈ 120 ms of a 380 ms backward on the H200
+//! All arithmetic in f32 for f32 and bf16 inputs. Composed of candle ops (broadcast multiplies,
+//! casts, reductions) each norm's backward reads and writes its rows many times over
 //! (`docs/BENCHMARKS.md`, the kernel profile of a training step). The CPU twin is the same loops
 //! (the kernels' check); CPU training keeps the composed form ([`crate::layers::norm`]).
 //! Example: x = [3, 4], w = [1, 1], eps = 0, g = [1, 0] → r = 1/√12.5, m = 1.5·r,

@@ -2,9 +2,9 @@
 //! with `s = 1 / (1 + e^−g)`, `dg = dy · u · s · (1 + g·(1 − s))` and `du = dy · g · s`.
 //!
 //! candle composes it as `silu` then a multiply, and its autograd as a dozen element-wise
-//! kernels (exp, reciprocal, negation, affine, products) and their gradient accumulations:
-//! ≈ 4 ms of forward and 20 ms of backward per step at the Qwen3-8B training shape on the H200
-//! (`docs/BENCHMARKS.md`, the kernel profile of a training step). On CUDA (f32, bf16) the MLP
+//! kernels (exp, reciprocal, negation, affine, products) and their gradient accumulations,
+//! each reading and writing the MLP's widest tensors (`docs/BENCHMARKS.md`, the kernel profile
+//! of a training step). On CUDA (f32, bf16) the MLP
 //! takes this op; elsewhere candle's ops ([`silu_mul`]), so CPU decoding and CPU training are
 //! unchanged. The CPU twin is the same arithmetic in f32 (the kernels' check).
 //! Example: g = 0, u = 3 → s = ½, y = 0; dy = 1 → dg = 3 · ½ · (1 + 0) = 1.5, du = 0.

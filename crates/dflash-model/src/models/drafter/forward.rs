@@ -15,9 +15,9 @@ use crate::ops::block_attention::context_windows;
 use crate::ops::train_attention::{self, TrainIntervals};
 
 /// Row × key cells per training attention window (`window_bounds`) on a GPU. Each window costs
-/// a fixed number of kernel launches; each cell past a row's own context is wasted work. On the
-/// H200 (Qwen3-8B shape, a 2,048-token row, 512 anchors, docs/BENCHMARKS.md) the drafter step
-/// takes 267, 260, 257 and 248 ms with windows of 0.5, 1, 2 and 4 M cells.
+/// a fixed number of kernel launches; each cell past a row's own context is wasted work. On a
+/// GPU launches cost more than wasted cells, so windows are large (`docs/BENCHMARKS.md`, the
+/// training step at the Qwen3-8B shape).
 const WINDOW_CELLS_GPU: usize = 1 << 22;
 /// The same on the CPU, where launches cost nothing and wasted cells cost FLOPs.
 const WINDOW_CELLS_CPU: usize = 1 << 20;

@@ -4,8 +4,8 @@
 //! Why: candle's backward gives every node of the graph a zero-filled gradient buffer and adds
 //! each incoming gradient into it. A drafter layer traced op by op is about twenty nodes, so at
 //! the Qwen3-8B shape (8,192 block rows) its activations' gradients are zero-filled and added
-//! about 25 times the residual stream's size per layer (docs/BENCHMARKS.md: those adds were
-//! 33.7 ms of a 198 ms step on the H200). Here each gradient is produced once, by the product
+//! about 25 times the residual stream's size per layer (docs/BENCHMARKS.md, the kernel profile
+//! of a training step). Here each gradient is produced once, by the product
 //! or the fused kernel that computes it, and summed only where two paths meet (the residual
 //! stream, K/V's context and block rows, gate and up).
 //!

@@ -71,7 +71,7 @@ extern "C" __global__ void judge_rows_f32(const float* p, const float* q, const 
 // [0, .731, .269, 0].
 // ---------------------------------------------------------------------------------------------
 // Σ f(i) over this thread's stride of a row (i = tid, tid + n, …), four loads in flight: one
-// row on one SM, a walk with one load at a time waits on each (≈ 30 GB/s on the H200).
+// row on one SM, a walk with one load at a time waits on each load's latency.
 template <typename F>
 __device__ double stride_sum(int v, const F& f) {
     const int s = blockDim.x;
@@ -203,9 +203,9 @@ __device__ void keep_prefix(const float* x, const float* q, float* o, int v, int
 
 // p: the rows' temperature probabilities (`temperature_probs_f32` of x); k = 0: no top-k;
 // top_p = 1: no top-p. The cuts by bisection, but top-p alone by the 16-way search unless
-// `bisect` (on the H100 at Qwen3-8B's vocabulary, per AR token: top-p alone 1.43 against 1.60
-// ms; after a top-k 20 cut, and for the top-k cut, the search's 15 sums per read were slower:
-// 2.20 against 2.11 ms).
+// `bisect`: over a whole vocabulary the search's fewer passes win; after a top-k cut, and for
+// the top-k cut itself, its 15 sums per read cost more than bisection's extra passes
+// (`docs/BENCHMARKS.md`, the sampling rule's cut search).
 // 512 threads: the search's 15 sums and keys per thread do not fit 1,024 threads' registers.
 extern "C" __global__ void __launch_bounds__(512) rule_probs_f32(const float* x, const float* p, float* out, int v,
                                                                  int k, float top_p, int bisect) {
