@@ -126,8 +126,9 @@ impl AdamW {
                 self.state.len()
             );
         }
-        for (i, ((s, m), v)) in self.state.iter_mut().zip(m).zip(v).enumerate() {
-            if self.shards.as_ref().is_some_and(|s| s.owners[i] != s.rank) {
+        let owned: Vec<bool> = (0..self.state.len()).map(|i| self.owns(i)).collect();
+        for (((s, m), v), mine) in self.state.iter_mut().zip(m).zip(v).zip(owned) {
+            if !mine {
                 continue;
             }
             let st = Tensor::stack(&[m.flatten_all()?, v.flatten_all()?], 0)?

@@ -25,6 +25,16 @@ pub(super) fn parents_from_mask(mask: &Visibility, cache_len: usize) -> Vec<Opti
         .collect()
 }
 
+/// [`parents_from_mask`] of one sequence's rows given as key intervals over `[cache | new]`: a
+/// row's nearest visible earlier new row is the one before it when its interval reaches it (an
+/// interval has no gaps). Example: cache 0, intervals `[0..1, 1..2, 2..3, 2..4]` (two padding
+/// rows, then a chain of two) → `[-, -, -, 2]`.
+fn parents_from_intervals(rows: &[Range<usize>], cache_len: usize) -> Vec<Option<usize>> {
+    (0..rows.len())
+        .map(|r| (r > 0 && rows[r].contains(&(cache_len + r - 1))).then(|| r - 1))
+        .collect()
+}
+
 /// A forward's inputs on the device ([`Target::prepare`]).
 pub struct ForwardInputs {
     /// Token ids `[b · n]`.
@@ -395,13 +405,8 @@ impl Target {
             bail!("{} key intervals for a sequence of {n} new rows", r.len());
         }
         let cols = cap.unwrap_or(cache_len + n);
-        // new row r of a sequence is column cache_len + r (in either layout); its parent the row
-        // before it where its interval reaches it
-        let parents = |s: usize| -> Vec<Option<usize>> {
-            (0..n)
-                .map(|r| (r > 0 && rows[s][r].contains(&(cache_len + r - 1))).then(|| r - 1))
-                .collect()
-        };
+        // new row r of a sequence is column cache_len + r (in either layout)
+        let parents = |s: usize| parents_from_intervals(&rows[s], cache_len);
         let gdn = match self.gdn_kernel() {
             None => None,
             Some(k) if n == 1 => Some(GdnRowsInput::slots(b, k, &self.device)?),
