@@ -17,8 +17,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub drafter: Option<PathBuf>,
     /// How a request decoding alone decodes: ar, dflash, ddtree:N or auto [default: auto where
-    /// a drafter is given or ships for the target, else ar]. Requests decoding together run as
-    /// AR in one batch.
+    /// a drafter is given or ships for the target, else ar]. In a speculative batch (see
+    /// --batch-speculation) every mode but ar drafts the drafter's chain; auto decides per round
+    /// whether drafting pays at the current number of requests, dflash always drafts.
     #[arg(long)]
     pub mode: Option<ModeName>,
     #[arg(long, default_value = "127.0.0.1")]
@@ -26,9 +27,14 @@ pub struct ServeArgs {
     /// 0: a free port (the address is printed on stderr: `listening on http://…`).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Requests decoded together (the AR batch's slots).
+    /// Requests decoded together (the batch's slots).
     #[arg(long, default_value_t = 16)]
     pub max_batch: usize,
+    /// How requests decoding together decode: on (each round every request's drafted chain
+    /// verified in one forward, or an AR step for all where --mode auto finds drafting does not
+    /// pay), off (AR), auto (on on a GPU with a drafter and an attention-only target, else off).
+    #[arg(long, default_value = "auto")]
+    pub batch_speculation: Switch,
     /// Requests waiting for a slot beyond which new ones are refused with 503.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
@@ -61,6 +67,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
         _ => None,
     };
     let block = drafter.as_ref().map_or(1, |d| d.block_size);
+    let batch_speculation = match a.batch_speculation {
+        _ if drafter.is_none() => false,
+        Switch::On if loaded.target.is_hybrid() => bail!(
+            "--batch-speculation on takes attention-only targets: this hybrid target's linear-attention state cannot drop rejected rows"
+        ),
+        Switch::On => true,
+        Switch::Off => false,
+        Switch::Auto => device.is_cuda() && !loaded.target.is_hybrid(),
+    };
     let listener = std::net::TcpListener::bind((a.host.as_str(), a.port))
         .with_context(|| format!("binding {}:{}", a.host, a.port))?;
     let engine = dflash_serve::Engine {
@@ -68,6 +83,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         drafter,
         mode: mode.with_block(block),
         max_batch: a.max_batch,
+        batch_speculation,
         opts: DecodeOptions {
             acceptance: a.acceptance,
             ..Default::default()
@@ -79,11 +95,36 @@ pub fn run(a: ServeArgs) -> Result<()> {
         default_max_tokens: a.default_max_tokens,
     };
     eprintln!(
-        "serving '{}': alone {}, up to {} together (AR), queue {}",
+        "serving '{}': alone {}, up to {} together ({}), queue {}",
         config.model,
         engine.mode.name(),
         a.max_batch,
+        match batch_speculation {
+            true => "speculative batch",
+            false => "AR",
+        },
         a.max_queue
     );
     dflash_serve::serve(engine, loaded.tokenizer, config, listener)
+}
+
+/// An on/off setting whose default depends on the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Switch {
+    Auto,
+    On,
+    Off,
+}
+
+impl std::str::FromStr for Switch {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Switch::Auto),
+            "on" => Ok(Switch::On),
+            "off" => Ok(Switch::Off),
+            x => Err(format!("'{x}' is not auto, on or off")),
+        }
+    }
 }

@@ -6,32 +6,12 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dflash_core::sampling::SamplingParams;
-use dflash_engine::{generate, Mode};
+use dflash_testkit::fixtures;
 use dflash_testkit::http::{chat_body, metric, token_ids, ServerProcess};
-use dflash_testkit::{fixtures, req, smollm2};
+use dflash_testkit::serve::{ar_reference, responses, PROMPTS};
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dflash-rs");
-
-const PROMPTS: [&str; 16] = [
-    "Write the opening paragraph of a short story about a lighthouse keeper.",
-    "Give me five bullet points about the history of the printing press.",
-    "What is the difference between TCP and UDP?",
-    "Write a haiku about autumn rain.",
-    "Explain what a hash table is to someone who has never programmed.",
-    "Write a polite email asking my landlord to fix a leaking kitchen faucet.",
-    "Why do leaves change color in the fall?",
-    "Suggest a three-day itinerary for a first visit to Rome.",
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did she sell altogether?",
-    "Write a SQL query that lists the ten customers with the most orders.",
-    "Convert 72 degrees Fahrenheit to Celsius and show the steps.",
-    "What are three tips for sleeping better?",
-    "Write a Python function that checks whether a string is a palindrome.",
-    "Summarize the plot of Romeo and Juliet in two sentences.",
-    "What is 17 times 23?",
-    "Name four planets of the solar system and one fact about each.",
-];
 
 fn smollm2_server(extra: &[&str]) -> ServerProcess {
     let mut args = vec!["serve", "--target", "smollm2-135m", "--port", "0"];
@@ -44,64 +24,6 @@ fn tiny_server(extra: &[&str]) -> ServerProcess {
     let mut args = vec!["serve", "--target", dir.to_str().unwrap(), "--port", "0"];
     args.extend_from_slice(extra);
     ServerProcess::start(BIN, &args)
-}
-
-/// The 16 prompts' responses at `concurrency` clients, each sending its share in turn.
-fn responses(s: &ServerProcess, n: usize, concurrency: usize) -> Vec<Vec<u32>> {
-    let addr = s.addr.clone();
-    let mut out = vec![Vec::new(); PROMPTS.len()];
-    thread::scope(|scope| {
-        let handles: Vec<_> = (0..concurrency)
-            .map(|c| {
-                let addr = addr.clone();
-                scope.spawn(move || {
-                    (c..PROMPTS.len())
-                        .step_by(concurrency)
-                        .map(|i| {
-                            let r = dflash_testkit::http::request(
-                                &addr,
-                                "POST",
-                                "/v1/chat/completions",
-                                Some(&chat_body(PROMPTS[i], n, json!({}))),
-                            );
-                            assert_eq!(r.status, 200, "{}", r.body);
-                            (i, token_ids(&r.json()))
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        for h in handles {
-            for (i, ids) in h.join().unwrap() {
-                out[i] = ids;
-            }
-        }
-    });
-    out
-}
-
-/// AR's tokens for the 16 prompts, in-process (`q8`: integer products).
-fn ar_reference(n: usize, q8: bool) -> Vec<Vec<u32>> {
-    let lt = dflash_model::cpu::q8::with_choice(q8, smollm2);
-    let products = match q8 {
-        true => dflash_core::runtime::CpuProducts::Q8,
-        false => dflash_core::runtime::CpuProducts::Exact,
-    };
-    let config = dflash_core::runtime::RuntimeConfig {
-        cpu_products: products,
-        ..dflash_core::runtime::installed()
-    };
-    dflash_core::runtime::with_config(config, || {
-        PROMPTS
-            .iter()
-            .map(|p| {
-                let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
-                let r = req(&ids, n, SamplingParams::default(), &lt.tokenizer.stop_ids);
-                let g = generate(&lt.target, None, Mode::Ar, &r, Default::default(), None);
-                g.unwrap().new_tokens
-            })
-            .collect()
-    })
 }
 
 fn assert_lossless(products: &str) {

@@ -15,6 +15,7 @@
 
 pub mod acceptance;
 pub mod auto;
+pub mod batch_policy;
 pub mod config;
 pub mod env;
 pub mod loops;

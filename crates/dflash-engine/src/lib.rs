@@ -6,6 +6,9 @@ pub mod decode;
 pub mod graph_cache;
 pub mod mode;
 
-pub use decode::{generate, Acceptance, DecodeOptions, Generation, Request, Session};
+pub use decode::{
+    generate, generate_spec_batched, Acceptance, DecodeOptions, Generation, Request, Session,
+    SlotRound, SpecBatch,
+};
 pub use graph_cache::GraphCache;
 pub use mode::{Mode, ModeName};

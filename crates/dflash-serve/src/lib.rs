@@ -11,6 +11,7 @@
 pub mod api;
 pub mod metrics;
 pub mod routes;
+pub mod running;
 pub mod scheduler;
 pub mod text;
 

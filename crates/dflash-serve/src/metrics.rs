@@ -58,6 +58,9 @@ struct Counts {
     draft_tokens: u64,
     accepted_tokens: u64,
     accepted_per_pos: Vec<u64>,
+    /// Steps or rounds of the running batch: AR steps, and rounds that drafted.
+    batch_ar: u64,
+    batch_draft: u64,
     ttft: Histogram,
     itl: Histogram,
     running: usize,
@@ -139,6 +142,14 @@ impl Metrics {
         })
     }
 
+    /// A step or round of the running batch (several requests), drafted or not.
+    pub fn batch_round(&self, drafted: bool) {
+        self.with(|c| match drafted {
+            true => c.batch_draft += 1,
+            false => c.batch_ar += 1,
+        })
+    }
+
     pub fn queue(&self, running: usize, waiting: usize) {
         self.with(|c| {
             c.running = running;
@@ -171,6 +182,10 @@ impl Metrics {
             counter("vllm:spec_decode_num_drafts", "Rounds that drafted.", &[(String::new(), c.drafts)]);
             counter("vllm:spec_decode_num_draft_tokens", "Tokens drafted.", &[(String::new(), c.draft_tokens)]);
             counter("vllm:spec_decode_num_accepted_tokens", "Drafted tokens the target accepted.", &[(String::new(), c.accepted_tokens)]);
+            counter("dflash:batch_rounds_total", "Forwards of the running batch: AR steps, and rounds whose slots drafted.", &[
+                (",kind=\"ar\"".into(), c.batch_ar),
+                (",kind=\"draft\"".into(), c.batch_draft),
+            ]);
             let per_pos: Vec<(String, u64)> = c
                 .accepted_per_pos
                 .iter()

@@ -4,17 +4,20 @@
 //! - A request alone, with a drafter, decodes speculatively (a [`Session`] of the server's
 //!   mode, `auto` by default: each round the budget that pays on this machine, an AR step
 //!   where none does).
-//! - Several requests decode as AR in one continuously scheduled [`Batch`]: each step is one
-//!   target forward for every live slot; requests join between steps (prefilled into free
-//!   slots) and leave when they end or their client goes away. When a request arrives while
-//!   another decodes alone, that one moves into the batch ([`Session::into_live`]) and goes on
-//!   as AR there: on the CPU, where a verify's rows cost about what as many AR rows cost, a
-//!   batch's AR rows are as cheap per token as a speculative round's.
-//! - Hybrid targets (their linear-attention state is one sequence's) and `--max-batch 1`
-//!   decode one request at a time; the others wait in the queue.
+//! - Several requests decode in one continuously scheduled batch ([`Running`]): requests join
+//!   between steps (prefilled into free slots) and leave when they end or their client goes
+//!   away; when a request arrives while another decodes alone, that one moves into the batch.
+//!   An AR batch ([`Batch`]) takes one token per slot and step. A speculative batch
+//!   (`--batch-speculation`, [`SpecBatch`]) verifies every slot's drafted chain in one forward
+//!   each round, or takes an AR step for all where drafting does not pay at this many slots
+//!   (`--mode auto`); it is the default on a GPU, where a verify's rows cost little more than
+//!   one AR row. On the CPU a verify's rows cost about what as many AR rows cost, so a batch's
+//!   AR rows are as cheap per token as a speculative round's and the AR batch is the default.
+//! - `--max-batch 1` decodes one request at a time; the others wait in the queue.
 //!
 //! Every path is lossless: at T = 0 a response is AR's tokens whatever else is in the batch
-//! (tests/serve.rs checks concurrency 1, 4 and 16 against `generate --mode ar`).
+//! (tests/serve.rs checks concurrency 1, 4 and 16 against `generate --mode ar`,
+//! tests/serve_spec_batch.rs the speculative batch).
 //!
 //! Example, `--max-batch 4`, requests A then B while A decodes: A starts alone (prefill, then
 //! speculative rounds, each sending 1 … B tokens); B arrives → A's cache moves into slot 0, B is
@@ -27,14 +30,15 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
 
-use dflash_engine::batched::{Batch, Stepped};
+use dflash_engine::batched::Batch;
 use dflash_engine::decode::check_request;
-use dflash_engine::{DecodeOptions, Mode, Request, Session};
+use dflash_engine::{DecodeOptions, Mode, Request, Session, SpecBatch};
 use dflash_model::models::drafter::Drafter;
 use dflash_model::Target;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::metrics::{Metrics, Outcome};
+use crate::running::{Progress, Running};
 
 /// The models and how they decode.
 pub struct Engine {
@@ -42,8 +46,12 @@ pub struct Engine {
     pub drafter: Option<Drafter>,
     /// The mode of a request decoding alone (its block from the drafter).
     pub mode: Mode,
-    /// Slots of the AR batch.
+    /// Slots of the batch.
     pub max_batch: usize,
+    /// Whether several requests decode in a speculative batch (each round their drafted
+    /// chains verified in one forward, or an AR step for all, [`SpecBatch`]) rather than as AR
+    /// ([`Batch`]). Needs a drafter and an attention-only target.
+    pub batch_speculation: bool,
     pub opts: DecodeOptions,
 }
 
@@ -156,7 +164,7 @@ pub fn run(engine: Engine, jobs: Receiver<Job>, metrics: Arc<Metrics>, queued: A
 
 struct Sched<'e> {
     e: &'e Engine,
-    batch: Option<Batch<'e>>,
+    batch: Option<Running<'e>>,
     solo: Option<(usize, Session<'e>)>,
     active: HashMap<usize, Active>,
     waiting: VecDeque<(usize, Job)>,
@@ -230,7 +238,7 @@ impl<'e> Sched<'e> {
         // the slots follow the live count: a step computes a row for every slot
         let want = (live + self.solo.is_some() as usize + self.waiting.len()).min(self.e.max_batch);
         let laid_out = match self.batch.as_mut() {
-            None => Batch::new(&self.e.target, want.max(1), None).map(|b| self.batch = Some(b)),
+            None => self.new_batch(want.max(1)).map(|b| self.batch = Some(b)),
             Some(b) if b.slots() < want => b.resize(want),
             Some(_) => Ok(()),
         };
@@ -240,7 +248,7 @@ impl<'e> Sched<'e> {
         if let Some((id, session)) = self.solo.take() {
             self.move_into_batch(id, session);
         }
-        let free = self.batch.as_ref().map_or(0, |b| b.free().len());
+        let free = self.batch.as_ref().map_or(0, |b| b.free());
         let n = free.min(self.waiting.len());
         let jobs: Vec<(usize, Job)> = self.waiting.drain(..n).collect();
         let mut reqs = Vec::new();
@@ -262,12 +270,26 @@ impl<'e> Sched<'e> {
         let ids: Vec<usize> = reqs.iter().map(|r| r.0).collect();
         let admitted = self.batch.as_mut().expect("a batch").admit(&reqs);
         match admitted {
-            Ok(stepped) => self.deliver(stepped, true),
+            Ok((progress, failed)) => {
+                self.deliver(progress, true);
+                for (id, e) in failed {
+                    self.fail(id, &format!("prefill failed: {e}"));
+                }
+            }
             Err(e) => {
                 for id in ids {
                     self.fail(id, &format!("prefill failed: {e}"));
                 }
             }
+        }
+    }
+
+    /// A batch of `slots` slots of the engine's kind.
+    fn new_batch(&self, slots: usize) -> anyhow::Result<Running<'e>> {
+        let e = self.e;
+        match (e.batch_speculation, e.drafter.as_ref()) {
+            (true, Some(d)) => SpecBatch::new(&e.target, Some(d), e.mode, slots).map(Running::Spec),
+            _ => Batch::new(&e.target, slots, None).map(Running::Ar),
         }
     }
 
@@ -296,9 +318,7 @@ impl<'e> Sched<'e> {
         if session.done() {
             return self.finish_solo(id, session);
         }
-        let moved = session
-            .into_live(id)
-            .and_then(|(cache, live)| self.batch.as_mut().expect("a batch").adopt(&cache, live));
+        let moved = self.batch.as_mut().expect("a batch").adopt(id, session);
         if let Err(e) = moved {
             self.fail(id, &format!("moving into the batch failed: {e}"));
         }
@@ -329,9 +349,11 @@ impl<'e> Sched<'e> {
         if b.live() == 0 {
             return;
         }
-        match b.step() {
-            Ok(stepped) => {
-                self.deliver(stepped, false);
+        match b.advance() {
+            Ok(progress) => {
+                self.metrics
+                    .batch_round(progress.iter().any(|p| p.drafted > 0));
+                self.deliver(progress, false);
                 self.shrink();
             }
             Err(e) => {
@@ -378,17 +400,18 @@ impl<'e> Sched<'e> {
     }
 
     /// Tokens of batch slots (`first`: from their prefill).
-    fn deliver(&mut self, stepped: Vec<Stepped>, first: bool) {
-        for s in stepped {
-            if let (Some(a), false) = (self.active.get_mut(&s.index), first) {
-                a.spec.round(0, 0, 1);
+    fn deliver(&mut self, progress: Vec<Progress>, first: bool) {
+        for p in progress {
+            if let (Some(a), false) = (self.active.get_mut(&p.index), first) {
+                a.spec.round(p.drafted, p.accepted, p.tokens.len());
+                self.metrics.draft(p.drafted, p.accepted);
             }
-            match &s.done {
-                Some(out) => self.send(s.index, &out.new_tokens),
-                None => self.push(s.index, vec![s.token]),
-            }
-            if let Some(out) = s.done {
-                self.finish(s.index, out.stopped_by_token || out.stopped_by_loop);
+            match p.done {
+                Some((all, by_token)) => {
+                    self.send(p.index, &all);
+                    self.finish(p.index, by_token);
+                }
+                None => self.push(p.index, p.tokens),
             }
         }
     }

@@ -10,6 +10,7 @@ pub mod fuzz;
 pub mod http;
 mod paths;
 mod refs;
+pub mod serve;
 mod stats;
 mod targets;
 

@@ -44,6 +44,9 @@ pub(super) fn device_rows(
         rows.push(kept_graphs_row(lt, &a.drafter, req, name)?);
     }
     rows.extend(batched_rows(name, lt, req)?);
+    if !lt.target.is_hybrid() {
+        rows.extend(spec_batch_rows(name, lt, &d, req)?);
+    }
     rows.push(parity_row(name, lt, &d, &req.prompt_ids)?);
     Ok(rows)
 }
@@ -183,6 +186,40 @@ fn batched_rows(name: &str, lt: &LoadedTarget, req: &Request) -> Result<Vec<Row>
         same_t,
         name,
     ));
+    Ok(rows)
+}
+
+/// The speculative batch (three prompts on two slots, every round drafting the chain) gives
+/// each request AR's tokens, at T = 0 and seeded at T > 0 (the exact match's draws).
+fn spec_batch_rows(name: &str, lt: &LoadedTarget, d: &Drafter, req: &Request) -> Result<Vec<Row>> {
+    let p = &req.prompt_ids;
+    let mut rows = Vec::new();
+    for (i, sampled) in [false, true].into_iter().enumerate() {
+        let reqs: Vec<Request> = [&p[..], &p[..p.len() - 3], &p[2..]]
+            .iter()
+            .enumerate()
+            .map(|(j, p)| Request {
+                prompt_ids: p.to_vec(),
+                sampling: match sampled {
+                    false => req.sampling,
+                    true => SamplingParams::new(0.8, 0.95, 0, 11 + j as u64)
+                        .expect("valid sampling parameters"),
+                },
+                ..req.clone()
+            })
+            .collect();
+        let chain = Mode::Chain {
+            block: d.block_size,
+        };
+        let gens = dflash_engine::generate_spec_batched(&lt.target, Some(d), chain, &reqs, 2)?;
+        let tokens: Vec<Vec<u32>> = gens.into_iter().map(|g| g.new_tokens).collect();
+        let what = ["T = 0", "T > 0, seeded"][i];
+        rows.push(equal_row(
+            format!("speculative batch (3 prompts, 2 slots, {what}) = AR on device ({name})"),
+            equals_ar(lt, &reqs, &tokens)?,
+            name,
+        ));
+    }
     Ok(rows)
 }
 

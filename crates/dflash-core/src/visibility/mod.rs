@@ -28,5 +28,5 @@ pub use draft::{
 };
 pub use matrix::{window_sees, Visibility, WINDOW};
 pub use target::{
-    causal, packed, pad_rows, pad_rows_causal, right_aligned, right_aligned_rows, tree,
+    causal, causal_rows, packed, pad_rows, pad_rows_causal, right_aligned, right_aligned_rows, tree,
 };

@@ -17,6 +17,14 @@ pub fn causal(cache_len: usize, new_len: usize) -> Visibility {
     v
 }
 
+/// [`causal`] as each row's key interval, without the dense matrix: row `i` sees
+/// `0 .. cache_len + i + 1`. A slotted cache's rows ([`causal`] over each slot's own columns;
+/// a chain's padding rows continue it, unseen by its real rows). Example: cache 3, new 2 →
+/// `[0..4, 0..5]`.
+pub fn causal_rows(cache_len: usize, new_len: usize) -> Vec<Range<usize>> {
+    (0..new_len).map(|i| 0..cache_len + i + 1).collect()
+}
+
 /// Tree rule over `[cache | root, node_1 … node_N]`: `parents[i]` is the parent row of tree
 /// row `i` (`None` for the root, row 0). Every row sees all cache rows, itself and its
 /// ancestors. Example: parents `[None, Some(0), Some(0), Some(1)]` → row 3 sees rows 0, 1, 3.
@@ -250,6 +258,15 @@ mod tests {
         );
         // with no padding and the whole cache held it is exactly the target rule
         assert_eq!(right_aligned(7, 7, 3, 3), causal(7, 3));
+    }
+
+    #[test]
+    fn causal_rows_are_the_causal_rule() {
+        for (c, n) in [(0, 1), (3, 2), (7, 16)] {
+            let v = causal(c, n);
+            let rows: Vec<_> = (0..n).map(|r| v.row_interval(r).unwrap()).collect();
+            assert_eq!(causal_rows(c, n), rows);
+        }
     }
 
     #[test]

@@ -90,6 +90,7 @@ impl<'a> Decoding<'a> {
             rows,
             acceptance: opts.acceptance,
             one_sync: !opts.drafts_to_host && one_sync_on(),
+            own_verify: true,
             start: req.prompt_ids.len(),
             stopped: req.stop_ids.contains(&first) || looped,
             looped,

@@ -89,10 +89,12 @@ mod decoding;
 mod proposal;
 mod proposers;
 mod session;
+mod spec_batch;
 mod verify;
 
 use proposal::{Judge, Proposal};
 pub use session::Session;
+pub use spec_batch::{generate_spec_batched, SlotRound, SpecBatch};
 
 /// One generation request.
 #[derive(Debug, Clone)]
@@ -299,6 +301,10 @@ struct Decoding<'a> {
     acceptance: Acceptance,
     /// Whether rounds stay on the device where they can (`DFLASH_DISABLED_KERNELS=one-sync`: no).
     one_sync: bool,
+    /// Whether the verify is this generation's own forward, which a chain's round on the
+    /// device stages before its draft; not in a speculative batch, whose one verify is every
+    /// slot's ([`SpecBatch`]): its draws still happen on the device.
+    own_verify: bool,
     /// Position of the anchor: the last committed token, not yet in the target cache.
     start: usize,
     new_tokens: Vec<u32>,

@@ -18,9 +18,9 @@ use crate::graph_cache::GraphCache;
 /// `start` prefills a 20-token prompt and samples the first token; each `round` then commits
 /// 1 … B tokens (`new_tokens` grows by them) until `done`.
 pub struct Session<'a> {
-    run: Decoding<'a>,
-    proposer: Box<dyn Proposer>,
-    decode_secs: f64,
+    pub(super) run: Decoding<'a>,
+    pub(super) proposer: Box<dyn Proposer>,
+    pub(super) decode_secs: f64,
 }
 
 impl<'a> Session<'a> {

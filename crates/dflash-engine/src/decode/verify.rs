@@ -160,6 +160,17 @@ impl Decoding<'_> {
         out: &TargetOutput,
         cache_len: usize,
     ) -> Result<usize> {
+        let kept = self.commit_tokens(p, path, bonus);
+        compact_cache(&mut self.cache, cache_len, &kept)?;
+        self.commit_context(p, out, &kept)?;
+        Ok(kept.len())
+    }
+
+    /// [`Decoding::commit`]'s tokens: the committed ones appended, the anchor moved past them,
+    /// the sampler's stream sought. Returns the verify rows whose K/V stay (the anchor and the
+    /// committed path before the next anchor); as many as the tokens committed. Example: path
+    /// [1, 2] and a bonus, nothing cut → rows [0, 1, 2], 3 tokens.
+    pub(super) fn commit_tokens(&mut self, p: &Proposal, path: &[usize], bonus: u32) -> Vec<usize> {
         let max_len = self.req.prompt_ids.len() + self.req.max_new_tokens;
         let mut produced_tokens: Vec<u32> = path.iter().map(|&r| p.tree.tokens[r]).collect();
         produced_tokens.push(bonus);
@@ -181,12 +192,20 @@ impl Decoding<'_> {
             // token draws the number after the committed ones
             self.sampler.seek(self.new_tokens.len());
         }
-        // the rows whose K/V stay: the anchor and the committed path before the next anchor
-        let kept: Vec<usize> = std::iter::once(0)
+        std::iter::once(0)
             .chain(path.iter().copied())
             .take(produced)
-            .collect();
-        compact_cache(&mut self.cache, cache_len, &kept)?;
+            .collect()
+    }
+
+    /// [`Decoding::commit`]'s context: the taps of the `kept` verify rows become the drafter's
+    /// next context features (a round without a draft adds them to those not seen yet).
+    pub(super) fn commit_context(
+        &mut self,
+        p: &Proposal,
+        out: &TargetOutput,
+        kept: &[usize],
+    ) -> Result<()> {
         if let Some(dr) = self.drafting.as_mut() {
             let idx = Tensor::new(
                 kept.iter().map(|&r| r as u32).collect::<Vec<_>>(),
@@ -195,13 +214,12 @@ impl Decoding<'_> {
             let new = Target::concat_taps(&out.taps)?
                 .index_select(&idx, 0)?
                 .unsqueeze(0)?;
-            // a round without a draft leaves the drafter's context to the next draft
             dr.ctx = match p.drafted {
                 false => Tensor::cat(&[&dr.ctx, &new], 1)?,
                 true => new,
             };
         }
-        Ok(produced)
+        Ok(())
     }
 }
 

@@ -154,11 +154,27 @@ impl RopeTables {
         }
     }
 
-    /// The tables of rows `start .. start + len`.
+    /// The tables of rows `start .. start + len` (of each sequence, for batched tables
+    /// `[b, n, half]`; copied, since the rope kernels read contiguous tables).
     pub fn narrow(&self, start: usize, len: usize) -> Result<RopeTables> {
+        let d = self.cos.rank() - 2;
+        let rows = |t: &Tensor| match d {
+            0 => t.narrow(0, start, len),
+            _ => t.narrow(d, start, len)?.contiguous(),
+        };
         Ok(RopeTables {
-            cos: self.cos.narrow(0, start, len)?,
-            sin: self.sin.narrow(0, start, len)?,
+            cos: rows(&self.cos)?,
+            sin: rows(&self.sin)?,
+        })
+    }
+
+    /// Tables of `b · n` rows (sequence-major) as batched tables `[b, n, half]`: each
+    /// sequence's rows at their own positions.
+    pub fn reshape_rows(&self, b: usize, n: usize) -> Result<RopeTables> {
+        let half = self.cos.dim(D::Minus1)?;
+        Ok(RopeTables {
+            cos: self.cos.reshape((b, n, half))?,
+            sin: self.sin.reshape((b, n, half))?,
         })
     }
 }

@@ -29,7 +29,7 @@ pub(in crate::decode) struct Chain;
 impl Proposer for Chain {
     fn propose(&mut self, run: &mut Decoding<'_>, depth: usize) -> Result<Proposal> {
         let (anchor, positions) = (run.anchor(), depth - 1);
-        if run.one_sync {
+        if run.one_sync && run.own_verify {
             // a round on the device stages its verify (the chain's shape, placeholder tokens)
             // before its draft is queued
             let staged = run.stage_verify(&DraftTree::chain(anchor, &vec![anchor; positions]))?;
@@ -45,13 +45,19 @@ impl Proposer for Chain {
                 Judge::Chain(qs),
             ));
         }
-        let token = run.token_of();
-        let chain: Vec<u32> = Drafter::argmax_rows(&logits)?
-            .into_iter()
-            .map(token)
-            .collect();
-        Ok(by_target(DraftTree::chain(anchor, &chain)))
+        greedy_chain(run, &logits)
     }
+}
+
+/// The chain of the drafter's arg-max below the anchor, from its `logits` `[positions, vocab]`
+/// (a vocabulary head's columns mapped to its tokens), judged by the target's own tokens.
+pub(in crate::decode) fn greedy_chain(run: &Decoding<'_>, logits: &Tensor) -> Result<Proposal> {
+    let token = run.token_of();
+    let chain: Vec<u32> = Drafter::argmax_rows(logits)?
+        .into_iter()
+        .map(token)
+        .collect();
+    Ok(by_target(DraftTree::chain(run.anchor(), &chain)))
 }
 
 /// A chain kept on the device: the drafts stay where the logits are; the tree holds

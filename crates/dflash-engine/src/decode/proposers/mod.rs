@@ -26,7 +26,7 @@ mod chain;
 mod tree;
 
 pub(super) use auto::Auto;
-pub(super) use chain::{Chain, Selector};
+pub(super) use chain::{greedy_chain, Chain, Selector};
 pub(super) use tree::Tree;
 
 /// How one method proposes a round. The loop calls [`Proposer::propose`] for rounds of at
@@ -127,13 +127,13 @@ impl Decoding<'_> {
     }
 
     /// The drafter's vocabulary head, when it drafts a subset.
-    fn head(&self) -> Option<&DraftHead> {
+    pub(in crate::decode) fn head(&self) -> Option<&DraftHead> {
         self.drafting.as_ref().and_then(|d| d.head.as_ref())
     }
 
     /// Logit column → token (a vocabulary head's columns are its subset). Example: a head of
     /// tokens [7, 19, 40] maps column 1 to 19; without a head, column 1 is token 1.
-    fn token_of(&self) -> impl Fn(u32) -> u32 + '_ {
+    pub(in crate::decode) fn token_of(&self) -> impl Fn(u32) -> u32 + '_ {
         let head = self.head();
         move |j| head.map_or(j, |h| h.token(j))
     }

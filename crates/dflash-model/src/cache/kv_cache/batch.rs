@@ -97,3 +97,55 @@ impl KvCache {
         Ok(())
     }
 }
+
+/// Slotted caches ([`crate::Target::forward_slots`]): length 0, each sequence's rows from
+/// column 0, their counts kept by the caller.
+impl KvCache {
+    /// Copy the committed rows of `src` (one sequence, e.g. a prompt prefilled alone) into
+    /// sequence `seq` at columns `0 .. src.len()`. Example: a 20-row prefill into slot 3 →
+    /// slot 3's columns 0..20, the other slots untouched.
+    pub fn place_sequence(&mut self, seq: usize, src: &KvCache) -> Result<()> {
+        self.copy_slot(seq, src, 0, src.len)
+    }
+
+    /// Copy columns `0 .. n` of sequence `src_seq` of `src` into sequence `seq` at columns
+    /// `0 .. n` (a slotted batch laid out over fewer slots). Example: slot 5 holding 30 rows
+    /// → `copy_slot(0, old, 5, 30)`.
+    pub fn copy_slot(&mut self, seq: usize, src: &KvCache, src_seq: usize, n: usize) -> Result<()> {
+        self.refuse_gdn("copy_slot")?;
+        let cap = self.capacity()?;
+        if n > cap || n > src.capacity()? {
+            candle_core::bail!("copy_slot: {n} rows do not fit {cap} columns");
+        }
+        for (dst, from) in self.layers.iter().zip(&src.layers) {
+            if let (Some(d), Some(f)) = (dst, from) {
+                let part = |t: &Tensor| -> Result<Tensor> {
+                    t.narrow(0, src_seq, 1)?.narrow(2, 0, n)?.contiguous()
+                };
+                d.k.narrow(0, seq, 1)?.slice_set(&part(&f.k)?, 2, 0)?;
+                d.v.narrow(0, seq, 1)?.slice_set(&part(&f.v)?, 2, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Give every sequence `cap` columns (at least the current ones), keeping all of them:
+    /// what a slotted cache holds is not its length. Example: capacity 64 → `widen(128)`:
+    /// columns 0..64 of every slot kept, 64..128 zero.
+    pub fn widen(&mut self, cap: usize) -> Result<()> {
+        for s in self.layers.iter_mut().flatten() {
+            let (b, h, old, d) = s.k.dims4()?;
+            if cap <= old {
+                continue;
+            }
+            let wider = |t: &Tensor| -> Result<Tensor> {
+                let fresh = Tensor::zeros((b, h, cap, d), t.dtype(), t.device())?;
+                fresh.slice_set(t, 2, 0)?;
+                Ok(fresh)
+            };
+            s.k = wider(&s.k)?;
+            s.v = wider(&s.v)?;
+        }
+        Ok(())
+    }
+}

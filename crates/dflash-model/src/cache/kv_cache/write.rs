@@ -139,12 +139,27 @@ impl KvCache {
         first: usize,
         device: &candle_core::Device,
     ) -> Result<Tensor> {
-        let index: Vec<u32> = (0..b * hkv)
-            .flat_map(|_| {
-                (0..rows).flat_map(move |j| std::iter::repeat_n((first + j) as u32, head_dim))
+        Self::slot_index((hkv, rows, head_dim), &vec![first; b], device)
+    }
+
+    /// [`KvCache::fixed_index`] with a first row per sequence (a slotted cache, whose
+    /// sequences have their own lengths): `[firsts.len(), hkv, rows, head_dim]` u32, new row j
+    /// of sequence s naming row `firsts[s] + j`. Example: firsts [10, 25], rows 2 → sequence 0
+    /// writes rows 10, 11 and sequence 1 rows 25, 26.
+    pub fn slot_index(
+        (hkv, rows, head_dim): (usize, usize, usize),
+        firsts: &[usize],
+        device: &candle_core::Device,
+    ) -> Result<Tensor> {
+        let index: Vec<u32> = firsts
+            .iter()
+            .flat_map(|&first| {
+                (0..hkv).flat_map(move |_| {
+                    (0..rows).flat_map(move |j| std::iter::repeat_n((first + j) as u32, head_dim))
+                })
             })
             .collect();
-        Tensor::from_vec(index, (b, hkv, rows, head_dim), device)
+        Tensor::from_vec(index, (firsts.len(), hkv, rows, head_dim), device)
     }
 
     /// The fixed-shape form of [`KvCache::append`]: write `k, v` (`[b, hkv, n, d]`) at the rows

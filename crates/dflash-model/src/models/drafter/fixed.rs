@@ -185,10 +185,7 @@ impl Drafter {
             None,
         )?;
         let rows = h.narrow(1, 1, inputs.block - 1)?;
-        let logits = match head {
-            Some(hd) => self.finish_logits(hd.logits(target, &rows)?)?,
-            None => self.logits(target, &rows)?,
-        };
+        let logits = self.rows_logits(target, head, &rows)?;
         Ok((rows.squeeze(0)?, logits.squeeze(0)?))
     }
 }

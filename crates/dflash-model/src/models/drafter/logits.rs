@@ -117,10 +117,21 @@ impl Drafter {
             Some(out),
         )?;
         cache.truncate(anchor)?;
-        let logits = match head {
-            Some(hd) => self.finish_logits(hd.logits(target, &rows)?)?,
-            None => self.logits(target, &rows)?,
-        };
+        let logits = self.rows_logits(target, head, &rows)?;
         Ok((rows.squeeze(0)?, logits.squeeze(0)?))
+    }
+
+    /// The logits of normed hidden `rows` (`[.., h]`): over the target's vocabulary, or with a
+    /// `head` over its subset ([`crate::models::draft_vocab`]).
+    pub fn rows_logits(
+        &self,
+        target: &Target,
+        head: Option<&DraftHead>,
+        rows: &Tensor,
+    ) -> Result<Tensor> {
+        match head {
+            Some(hd) => self.finish_logits(hd.logits(target, rows)?),
+            None => self.logits(target, rows),
+        }
     }
 }

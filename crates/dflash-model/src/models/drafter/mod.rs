@@ -45,6 +45,7 @@ mod forward;
 mod layers;
 mod load;
 mod logits;
+mod slots;
 mod tape;
 pub use fixed::DraftInputs;
 pub use tape::Tape;
@@ -188,6 +189,8 @@ pub struct BlockAt {
     pub block: usize,
     pub positions: usize,
 }
+
+pub use slots::SlotDraft;
 
 impl Drafter {
     pub fn new_cache(&self) -> KvCache {

@@ -469,7 +469,7 @@ impl Target {
         let layout = match cap {
             None => CacheLayout::Append,
             Some(cap) => CacheLayout::Fixed {
-                index: self.fixed_index(b, n, cache_len)?,
+                index: self.fixed_index(n, &vec![cache_len; b])?,
                 cap,
             },
         };
@@ -503,8 +503,9 @@ impl Target {
     }
 
     /// The fixed layout's write index `[b, hkv, n, head_dim]`: the cache row of each new K/V
-    /// element (rows `cache_len ..`, the same for every sequence).
-    fn fixed_index(&self, b: usize, n: usize, cache_len: usize) -> Result<Tensor> {
+    /// element (sequence s's rows `firsts[s] ..`; the same for every sequence but in a slotted
+    /// cache, [`Target::forward_slots`]).
+    pub(super) fn fixed_index(&self, n: usize, firsts: &[usize]) -> Result<Tensor> {
         let (hkv, d) = self
             .layers
             .iter()
@@ -513,11 +514,7 @@ impl Target {
                 Mixer::GatedDeltaNet(_) => None,
             })
             .context("the target has no attention layer")?;
-        Ok(KvCache::fixed_index(
-            (b, hkv, n, d),
-            cache_len,
-            &self.device,
-        )?)
+        Ok(KvCache::slot_index((hkv, n, d), firsts, &self.device)?)
     }
 }
 

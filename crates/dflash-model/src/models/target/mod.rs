@@ -13,6 +13,7 @@
 mod inputs;
 mod layer;
 mod load;
+mod slots;
 
 pub use inputs::{CacheLayout, ForwardInputs};
 
