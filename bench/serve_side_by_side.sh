@@ -8,6 +8,8 @@
 #   SERVERS="llama-server dflash-auto dflash-ar"   (default; also dflash-auto-q8, dflash-ar-q8,
 #            dflash-spec: --batch-speculation on, dflash-chain: on with --mode dflash)
 #   DEVICE="--device cuda --dtype bf16"            (dflash-rs's device; llama-server runs on the CPU)
+#   PROMPTS=humaneval                               (HumanEval's first 36 tasks as chat requests, from
+#                                                    HUMANEVAL, default the fetch-assets copy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-target/release/dflash-rs}
@@ -23,6 +25,14 @@ PORT=${PORT:-8411}
 DEVICE=${DEVICE:-}
 DRAFTER=${DRAFTER:-assets/drafters/smollm2-135m-b16}
 mkdir -p "$OUT"
+if [ "$PROMPTS" = humaneval ]; then
+  HUMANEVAL=${HUMANEVAL:-$HOME/.cache/dflash-rs/datasets/humaneval/HumanEval.jsonl.gz}
+  "$PY" -c 'import gzip, json, sys
+for l in list(gzip.open(sys.argv[1], "rt"))[:36]:
+    print(json.dumps({"prompt": "Complete this Python function.\n\n" + json.loads(l)["prompt"]}))' \
+    "$HUMANEVAL" > "$OUT/humaneval.jsonl"
+  PROMPTS=$OUT/humaneval.jsonl
+fi
 case " $SERVERS " in *" llama-server "*) LLAMA=$(scripts/build-llama-server.sh) ;; esac
 
 get() { # get PATH: the body of GET http://127.0.0.1:$PORT/PATH (python's urllib: curl may be missing)

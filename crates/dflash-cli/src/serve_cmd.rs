@@ -32,8 +32,9 @@ pub struct ServeArgs {
     pub max_batch: usize,
     /// How requests decoding together decode: on (each round every request's drafted chain
     /// verified in one forward, or an AR step for all where --mode auto finds drafting does not
-    /// pay), off (AR), auto (on on a GPU with a drafter and an attention-only target, else off).
-    #[arg(long, default_value = "auto")]
+    /// pay; attention-only targets), off (AR). Off by default: with the bundled SmolLM2 pair it
+    /// loses to the AR batch at 4 and 16 requests on a GPU (docs/BENCHMARKS.md, Serving).
+    #[arg(long, default_value = "off")]
     pub batch_speculation: Switch,
     /// Requests waiting for a slot beyond which new ones are refused with 503.
     #[arg(long, default_value_t = 64)]
@@ -74,7 +75,6 @@ pub fn run(a: ServeArgs) -> Result<()> {
         ),
         Switch::On => true,
         Switch::Off => false,
-        Switch::Auto => device.is_cuda() && !loaded.target.is_hybrid(),
     };
     let listener = std::net::TcpListener::bind((a.host.as_str(), a.port))
         .with_context(|| format!("binding {}:{}", a.host, a.port))?;
@@ -105,13 +105,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
         },
         a.max_queue
     );
-    dflash_serve::serve(engine, loaded.tokenizer, config, listener)
+    dflash_serve::serve(engine, loaded.tokenizer, config, listener)?;
+    // DFLASH_PROFILE: where the decoding thread's time went, once it has stopped
+    dflash_model::profile::print_report("serving");
+    Ok(())
 }
 
-/// An on/off setting whose default depends on the machine.
+/// An on/off setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Switch {
-    Auto,
     On,
     Off,
 }
@@ -121,10 +123,9 @@ impl std::str::FromStr for Switch {
 
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "auto" => Ok(Switch::Auto),
             "on" => Ok(Switch::On),
             "off" => Ok(Switch::Off),
-            x => Err(format!("'{x}' is not auto, on or off")),
+            x => Err(format!("'{x}' is not on or off")),
         }
     }
 }

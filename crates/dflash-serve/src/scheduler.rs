@@ -10,9 +10,9 @@
 //!   An AR batch ([`Batch`]) takes one token per slot and step. A speculative batch
 //!   (`--batch-speculation`, [`SpecBatch`]) verifies every slot's drafted chain in one forward
 //!   each round, or takes an AR step for all where drafting does not pay at this many slots
-//!   (`--mode auto`); it is the default on a GPU, where a verify's rows cost little more than
-//!   one AR row. On the CPU a verify's rows cost about what as many AR rows cost, so a batch's
-//!   AR rows are as cheap per token as a speculative round's and the AR batch is the default.
+//!   (`--mode auto`). The AR batch is the default: on the CPU a verify's rows cost about what
+//!   as many AR rows cost, and on a GPU the bundled SmolLM2 drafter is not right often enough
+//!   on chat for a draft forward and a verify to beat the AR batch's step.
 //! - `--max-batch 1` decodes one request at a time; the others wait in the queue.
 //!
 //! Every path is lossless: at T = 0 a response is AR's tokens whatever else is in the batch

@@ -60,6 +60,11 @@ pub(super) enum Judge {
     Device(DeviceRound),
     /// What the verify of a round on the device read back.
     Read(ReadBack),
+    /// The target's arg-max token at every row (T = 0), picked for many sequences at once (a
+    /// speculative batch's one arg-max of every slot's rows): [`Judge::Target`]'s walk at
+    /// T = 0 over tokens already read. E.g. rows [anchor, a, b] picked [a, c, d]: a is kept,
+    /// b is not, c is the bonus.
+    Picked(Vec<u32>),
 }
 
 impl Judge {

@@ -119,6 +119,7 @@ impl Decoding<'_> {
                 Ok(walk_sampled_tree(logits, params, &q, tree, &u, from)?)
             }
             Judge::Target => self.walk_by_target(tree, logits),
+            Judge::Picked(best) => tree.walk(|r| Ok::<u32, anyhow::Error>(best[r])),
             // the verify turned a round on the device into what it read back, walked above
             Judge::Device(_) | Judge::Read(_) => bail!("a round on the device walked unverified"),
         }
@@ -206,14 +207,23 @@ impl Decoding<'_> {
         out: &TargetOutput,
         kept: &[usize],
     ) -> Result<()> {
-        if let Some(dr) = self.drafting.as_mut() {
+        if self.drafting.is_some() {
             let idx = Tensor::new(
                 kept.iter().map(|&r| r as u32).collect::<Vec<_>>(),
                 &self.target.device,
             )?;
-            let new = Target::concat_taps(&out.taps)?
-                .index_select(&idx, 0)?
-                .unsqueeze(0)?;
+            let new = Target::concat_taps(&out.taps)?.index_select(&idx, 0)?;
+            self.append_context(p, new.unsqueeze(0)?)?;
+        }
+        Ok(())
+    }
+
+    /// The drafter's next context rows: after a drafted round, the committed rows `new`
+    /// (`[1, kept, taps · hidden]`) alone (the drafter's cache holds what it drafted from);
+    /// after an AR round, appended to the rows it has not seen yet. E.g. context [c1], an AR
+    /// round commits t → [c1, t]; a drafted round commits a, b → [a, b].
+    pub(in crate::decode) fn append_context(&mut self, p: &Proposal, new: Tensor) -> Result<()> {
+        if let Some(dr) = self.drafting.as_mut() {
             dr.ctx = match p.drafted {
                 false => Tensor::cat(&[&dr.ctx, &new], 1)?,
                 true => new,

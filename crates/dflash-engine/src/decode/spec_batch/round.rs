@@ -5,15 +5,17 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use candle_core::Tensor;
 use dflash_core::batch_policy::RoundKind;
 use dflash_core::stats::RoundOutcome;
 use dflash_core::visibility::causal_rows;
 use dflash_model::models::drafter::SlotDraft;
-use dflash_model::{Rows, TargetOutput};
+use dflash_model::{Rows, Target, TargetOutput};
 
 use super::{room_for, SlotRound, SpecBatch};
 use crate::decode::proposers::greedy_chain;
-use crate::decode::Proposal;
+use crate::decode::{Judge, Proposal};
+use dflash_model::ops::argmax::argmax_rows;
 
 /// One slot's proposal in a round and what drafting it took.
 struct Proposed {
@@ -37,13 +39,22 @@ impl SpecBatch<'_> {
             None => self.policy.choose(live.len()),
         };
         let t0 = Instant::now();
-        let proposed = self.propose(&live, kind)?;
+        let phase = tracing::info_span!(target: "phase", "batch draft").entered();
+        let mut proposed = self.propose(&live, kind)?;
+        drop(phase);
         let tv = Instant::now();
         let out = self.verify(&proposed)?;
+        self.pick_greedy(&mut proposed, &out)?;
         let verify_secs = tv.elapsed().as_secs_f64();
+        let _p = tracing::info_span!(target: "phase", "batch walk and commit").entered();
+        // every slot's tap rows side by side once, `[slots, n, taps · hidden]`
+        let taps = match out.taps.is_empty() {
+            true => None,
+            false => Some(Target::concat_taps(&out.taps)?),
+        };
         let mut rounds = Vec::with_capacity(proposed.len());
         for p in proposed {
-            rounds.push(self.commit(p, &out, verify_secs)?);
+            rounds.push(self.commit(p, &out, taps.as_ref(), verify_secs)?);
         }
         let committed: usize = rounds.iter().map(|r| r.round.tau_round).sum();
         let per_slot = committed as f64 / live.len() as f64;
@@ -213,9 +224,38 @@ impl SpecBatch<'_> {
         )
     }
 
+    /// The target's arg-max at every row of the slots at T = 0, in one pick for all of them
+    /// (one read of the device a round, where each slot's own walk would read it once each):
+    /// their judges become [`Judge::Picked`]. Slots at T > 0 keep theirs (their draws).
+    fn pick_greedy(&self, proposed: &mut [Proposed], out: &TargetOutput) -> Result<()> {
+        let greedy = |p: &Proposed| {
+            let run = &self.slot[p.slot].as_ref().expect("a live slot").session.run;
+            run.sampler.params.is_greedy() && matches!(p.proposal.judge, Judge::Target)
+        };
+        let (Some(logits), true) = (out.logits.as_ref(), proposed.iter().any(greedy)) else {
+            return Ok(());
+        };
+        let _p = tracing::info_span!(target: "phase", "batch pick").entered();
+        let (slots, n, vocab) = logits.dims3()?;
+        let best = argmax_rows(&logits.reshape((slots * n, vocab))?)?;
+        for p in proposed.iter_mut() {
+            if greedy(p) {
+                let rows = p.proposal.tree.len();
+                p.proposal.judge = Judge::Picked(best[p.slot * n..p.slot * n + rows].to_vec());
+            }
+        }
+        Ok(())
+    }
+
     /// Slot `p.slot`'s walk over its rows of `out` and its commit; its slot is freed when the
     /// generation ended.
-    fn commit(&mut self, p: Proposed, out: &TargetOutput, verify_secs: f64) -> Result<SlotRound> {
+    fn commit(
+        &mut self,
+        p: Proposed,
+        out: &TargetOutput,
+        taps: Option<&Tensor>,
+        verify_secs: f64,
+    ) -> Result<SlotRound> {
         let Proposed {
             slot,
             mut proposal,
@@ -228,7 +268,7 @@ impl SpecBatch<'_> {
         };
         let mine = TargetOutput {
             logits: out.logits.as_ref().map(own).transpose()?,
-            taps: out.taps.iter().map(own).collect::<Result<_>>()?,
+            taps: Vec::new(),
         };
         let l = self.slot[slot].as_mut().expect("a live slot");
         let run = &mut l.session.run;
@@ -240,7 +280,13 @@ impl SpecBatch<'_> {
             kept.iter().enumerate().all(|(i, &r)| i == r),
             "a batch slot committed rows that are not its first ones"
         );
-        run.commit_context(&proposal, &mine, &kept)?;
+        // the committed rows are the first ones: their taps are a view of the round's
+        if let Some(t) = taps {
+            run.append_context(
+                &proposal,
+                t.get(slot)?.narrow(0, 0, kept.len())?.unsqueeze(0)?,
+            )?;
+        }
         let round = RoundOutcome {
             drafted: rows - 1,
             accepted: path.len(),
