@@ -29,7 +29,7 @@ const OWN_KEYS: &[&str] = &[
 const HIDDEN_COLUMNS: &[&str] = &["commit", "binary_commit", "lease_call"];
 
 /// The most rows one table prints; the record holds the rest.
-pub const MAX_ROWS: usize = 8;
+pub const MAX_ROWS: usize = 7;
 
 /// The section of `r`: `### title`, then the paragraph, then the table.
 pub fn section(r: &Record) -> Result<String> {
