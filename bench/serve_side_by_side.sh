@@ -5,7 +5,7 @@
 # writes one JSON record (the rows of every server and concurrency).
 #
 #   B=target/release/dflash-rs OUT=out bench/serve_side_by_side.sh
-#   SERVERS="llama-server dflash-auto dflash-ar"   (default; also dflash-auto-q8, dflash-ar-q8,
+#   SERVERS="llama-server dflash-auto dflash-ar"   (default; also llama-cpp-python, dflash-auto-q8, dflash-ar-q8,
 #            dflash-spec: --batch-speculation on, dflash-chain: on with --mode dflash)
 #   DEVICE="--device cuda --dtype bf16"            (dflash-rs's device; llama-server runs on the CPU)
 #   PROMPTS=humaneval                               (HumanEval's first 36 tasks as chat requests, from
@@ -34,6 +34,7 @@ for l in list(gzip.open(sys.argv[1], "rt"))[:36]:
   PROMPTS=$OUT/humaneval.jsonl
 fi
 case " $SERVERS " in *" llama-server "*) LLAMA=$(scripts/build-llama-server.sh) ;; esac
+case " $SERVERS " in *" llama-cpp-python "*) LCP=$(scripts/install-llama-cpp-python.sh) ;; esac
 
 get() { # get PATH: the body of GET http://127.0.0.1:$PORT/PATH (python's urllib: curl may be missing)
   "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=2).read().decode())' \
@@ -60,6 +61,9 @@ start() { # start NAME: the server NAME on $PORT, waiting for /health
   case "$1" in
     llama-server) "$LLAMA" -m "$GGUF" -t "$THREADS" -np 16 -cb -c 32768 --jinja --port "$PORT" \
                     > "$OUT/$1.log" 2>&1 & ;;
+    # one request at a time; its default interrupt_requests cuts a stream when the next arrives
+    llama-cpp-python) "$LCP" -m llama_cpp.server --model "$GGUF" --n_threads "$THREADS" --n_ctx 4096 \
+                    --interrupt_requests False --host 127.0.0.1 --port "$PORT" > "$OUT/$1.log" 2>&1 & ;;
     dflash-*) dflash "$1" ;;
     *) echo "unknown server $1" >&2; exit 2 ;;
   esac
@@ -92,7 +96,7 @@ for s in $SERVERS; do
       --requests "$n" --max-tokens "$MAX_TOKENS" > "$OUT/load.json"
     "$PY" -c "import json,sys; r=json.load(open('$OUT/load.json')); b=json.loads(sys.argv[1]); a=json.loads(sys.argv[2])
 r['server']='$s'
-if '$s' != 'llama-server':
+if '$s'.startswith('dflash'):
     r['batch_ar_rounds'], r['batch_draft_rounds'] = int(a['ar']-b['ar']), int(a['draft']-b['draft'])
 print(json.dumps(r))" "$before" "$(rounds)" | tee -a "$OUT/serve-rows.jsonl"
   done
@@ -117,8 +121,8 @@ json.dump({
     "date": datetime.date.today().isoformat(),
     "device": f"{sys.argv[6]}; dflash-rs {sys.argv[5]}" if gpu else f"{cpu}, {sys.argv[4]} threads",
     "commit": sys.argv[3],
-    "reference": "llama.cpp's llama-server (the llama.cpp of llama-cpp-python 0.3.36; -np 16, continuous batching, --jinja) in the same run, same GGUF and threads",
-    "notes": "SmolLM2-135M-Instruct Q4_1; the 36 chat prompts of bench/prompts/everyday.jsonl in turn, T = 0, 128 tokens a request, streaming; output tokens/s over the load's wall time; dflash-auto: the bundled drafter, a request alone speculative (auto), several as AR in one batch.",
+    "reference": "dflash-rs --mode ar in the same call" if gpu else "llama.cpp's llama-server (the llama.cpp of llama-cpp-python 0.3.36; -np 16, continuous batching, --jinja) in the same run, same GGUF and threads",
+    "notes": "SmolLM2-135M-Instruct Q4_1; the 36 chat prompts of bench/prompts/everyday.jsonl in turn, T = 0, 128 tokens a request, streaming; output tokens/s over the load's wall time; dflash-auto: the bundled drafter, a request alone speculative (auto), several as AR in one batch; dflash-spec: the same with --batch-speculation on (several in one speculative batch); llama-cpp-python: its server (0.3.36, built by pip for this CPU, interrupt_requests off), one request at a time.",
     "columns": ["server", "concurrency", "requests", "output_tok_s", "vs_dflash_ar" if gpu else "vs_llama_server", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tau", "batch_draft_rounds", "batch_ar_rounds"],
     "rows": rows,
 }, open(sys.argv[2], "w"), indent=1)
