@@ -69,7 +69,7 @@ start() { # start NAME: the server NAME on $PORT, waiting for /health
   esac
   PID=$!
   for _ in $(seq 1 900); do
-    get health > /dev/null && return 0
+    get v1/models > /dev/null && return 0
     sleep 0.2
   done
   echo "$1 did not come up: $(tail -5 "$OUT/$1.log")" >&2; exit 1
