@@ -6,7 +6,7 @@
 # median, range and count below 0.97× AR, and writing OUT/rows.jsonl (one row per set and mode).
 # Usage (repository root): cargo build --release -p dflash-cli, then
 #   B=target/release/dflash-rs OUT=out [TARGET=smollm2-135m DRAFTER=assets/drafters/smollm2-135m-b16] \
-#   [LIMIT=8] [SETS="gsm8k humaneval math500 mt-bench everyday"] bench/auto_mode.sh
+#   [LIMIT=8] [SETS="gsm8k humaneval math500 mt-bench everyday"] [PRODUCTS=exact|q8] bench/auto_mode.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${B:-target/release/dflash-rs}
@@ -14,6 +14,7 @@ OUT=${OUT:-out}
 TARGET=${TARGET:-smollm2-135m}
 DRAFTER=${DRAFTER:-assets/drafters/smollm2-135m-b16}
 LIMIT=${LIMIT:-8}
+PRODUCTS=${PRODUCTS:-exact}
 mkdir -p "$OUT"
 : > "$OUT/rows.jsonl"
 for set in ${SETS:-gsm8k humaneval math500 mt-bench everyday}; do
@@ -21,8 +22,9 @@ for set in ${SETS:-gsm8k humaneval math500 mt-bench everyday}; do
   [ "$set" = everyday ] && { ds=bench/prompts/everyday.jsonl; lim=(); }
   rm -rf "$OUT/$set"
   "$B" eval --target "$TARGET" --dataset "$ds" "${lim[@]}" --drafter "d=$DRAFTER" \
-    --modes ar,ddtree:4,auto --max-new-tokens 128 --out "$OUT/$set" > "$OUT/$set.log" 2>&1
-  python3 - "$OUT/$set/report.json" "$set" "$TARGET" >> "$OUT/rows.jsonl" <<'PY'
+    --modes ar,ddtree:4,auto --max-new-tokens 128 --cpu-products "$PRODUCTS" --out "$OUT/$set" \
+    > "$OUT/$set.log" 2>&1
+  python3 - "$OUT/$set/report.json" "$set" "$TARGET" "$PRODUCTS" >> "$OUT/rows.jsonl" <<'PY'
 import json, statistics, sys
 r = json.load(open(sys.argv[1]))
 per = {}
@@ -31,7 +33,8 @@ for x in r["runs"]:
 for m in r["modes"]:
     s = [v["ar"] / v[m["mode"]] for v in per.values()]
     print(json.dumps({
-        "set": sys.argv[2], "target": sys.argv[3], "mode": m["mode"], "prompts": len(s),
+        "set": sys.argv[2], "target": sys.argv[3], "products": sys.argv[4], "mode": m["mode"],
+        "prompts": len(s),
         "tau_pooled": round(m["tau"]["tau_pooled"], 3),
         "speedup_vs_ar_pooled": round(m["speedup_vs_ar"], 3),
         "speedup_per_prompt_median": round(statistics.median(s), 3),

@@ -18,9 +18,9 @@
 //! taking when it commits more than the time it takes would at the current rate). The draft is
 //! paid before the choice, so it does not enter it; it enters the next round's question,
 //! whether to draft at all: when an AR step has lately been worth more than the drafted
-//! rounds' best budgets counting their drafts (a running average of the difference), the next
-//! rounds are AR steps without a draft, and a draft probes again after 4, then 8, 16 and 32
-//! such steps while it keeps losing.
+//! rounds' best budgets counting their drafts (a running average of the difference; after a
+//! probe resumed drafting, the mean since it), the next rounds are AR steps without a draft,
+//! and a draft probes again after 4, then 8, 16 and 32 such steps while it keeps losing.
 //!
 //! Example: AR step 6 ms, verify of 5 rows 8 ms, draft 2 ms, R = 250 tokens/s, calibrated
 //! expectations E = [0, 0.9, 1.5, 1.9, 2.2]: scores 1 − 1.5 = −0.5 for b = 0, and for b = 4
@@ -145,9 +145,13 @@ pub struct AutoPolicy {
     pred: f64,
     /// Tokens per second of the run so far (decayed).
     rate: Option<f64>,
-    /// A drafted round's best score, its draft counted, over an AR step's (decayed): whether
-    /// drafting pays lately.
+    /// A drafted round's best score, its draft counted, over an AR step's: whether drafting
+    /// pays lately. After a probe resumed drafting, the mean over the drafted rounds since;
+    /// a decayed average once [`ADVANTAGE_ROUNDS`] have been seen, and from the run's start.
     advantage: Option<f64>,
+    /// Drafted rounds judged since the last probe (at least [`ADVANTAGE_ROUNDS`] from the
+    /// run's start).
+    judged: usize,
     /// Whether a round was seen: the first one's times are not costs (its draft reads the
     /// whole prompt's context, its forwards start cold), so they are left out.
     warm: bool,
@@ -167,10 +171,14 @@ const FIRST_WAIT: usize = 4;
 const MAX_WAIT: usize = 32;
 /// The budget of the first rounds, before anything is measured, and the least of a probe.
 const EXPLORE: usize = 4;
-/// Weight of the newest drafted round in the advantage of drafting: about the last ten
-/// rounds decide (a round's outcome is noisy: a math answer's trees fail two rounds in a row
-/// often enough and still pay).
-const ADVANTAGE_EMA: f64 = 0.1;
+/// Drafted rounds after which the advantage of drafting is a decayed average of weight
+/// 1 / this: about the last ten rounds decide (a round's outcome is noisy: a math answer's
+/// trees fail two rounds in a row often enough and still pay). After a probe resumed drafting
+/// it is the mean of the rounds since, so that one lucky probe on text the drafter does not
+/// know resumes drafting for a few rounds, not for the ten its weight alone would take to
+/// decay. E.g. a probe that gains +1.4 then rounds of −0.6: means 0.4, 0.07, −0.1 → three
+/// rounds, where the decayed average would take twelve.
+const ADVANTAGE_ROUNDS: usize = 10;
 
 impl AutoPolicy {
     pub fn new(max_budget: usize) -> AutoPolicy {
@@ -181,6 +189,7 @@ impl AutoPolicy {
             pred: 0.0,
             rate: None,
             advantage: None,
+            judged: 0,
             warm: false,
             wait: 0,
             probe: false,
@@ -284,11 +293,19 @@ impl AutoPolicy {
                 (rate, c.verify(1), c.verify(budget + 1), c.draft)
             {
                 let gain = (produced as f64 - r * (d + vb)) - (1.0 - r * v1);
-                let before = match std::mem::take(&mut self.probe) {
+                let probe = std::mem::take(&mut self.probe);
+                let before = match probe {
                     true => None,
                     false => self.advantage,
                 };
-                let advantage = before.map_or(gain, |a| a + ADVANTAGE_EMA * (gain - a));
+                // after a probe the mean since it; from the run's start the decayed average
+                self.judged = match (probe, before) {
+                    (true, _) => 1,
+                    (false, None) => ADVANTAGE_ROUNDS,
+                    (false, Some(_)) => self.judged + 1,
+                };
+                let w = 1.0 / self.judged.min(ADVANTAGE_ROUNDS) as f64;
+                let advantage = before.map_or(gain, |a| a + w * (gain - a));
                 self.advantage = Some(advantage);
                 if advantage < 0.0 {
                     self.wait = self.backoff;
@@ -417,7 +434,19 @@ mod tests {
         );
         round(&mut p, 4);
         assert!(p.drafts(), "a paying probe resumes drafting");
-        assert!(p.drafts());
+        // after a probe the mean since it judges: the probe gained 4 − 1.6 = 2.4, a poor round
+        // −0.6, so (2.4 − 0.6 n) / (n + 1) < 0 from n = 5 (a decayed average of weight 0.1
+        // would go on for 16)
+        let mut after = 0;
+        while p.drafts() {
+            round(&mut p, 1);
+            after += 1;
+            assert!(after <= 6, "poor rounds after a lucky probe keep drafting");
+        }
+        assert!(
+            after >= 2,
+            "one poor round after a paying probe does not stop the drafts"
+        );
     }
 
     #[test]
