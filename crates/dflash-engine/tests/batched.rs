@@ -72,16 +72,7 @@ fn batched_equals_sequential_on_smollm2_at_t0() {
 #[test]
 fn batched_equals_sequential_on_smollm2_with_integer_products() {
     let lt = dflash_model::cpu::q8::with_choice(true, smollm2);
-    let prompts = [
-        "Write the opening paragraph of a short story about a lighthouse keeper.",
-        "Give me five bullet points about the history of the printing press.",
-        "What is the difference between TCP and UDP?",
-        "Write a haiku about autumn rain.",
-        "Explain what a hash table is to someone who has never programmed.",
-        "Write a polite email asking my landlord to fix a leaking kitchen faucet.",
-        "Why do leaves change color in the fall?",
-        "Suggest a three-day itinerary for a first visit to Rome.",
-    ];
+    let prompts = &dflash_testkit::serve::PROMPTS[..8];
     let reqs: Vec<Request> = prompts
         .iter()
         .map(|p| {

@@ -5,6 +5,7 @@ use std::thread;
 
 use dflash_core::sampling::SamplingParams;
 use dflash_engine::{generate, Mode};
+use dflash_model::io::loader::LoadedTarget;
 use serde_json::json;
 
 use crate::http::{chat_body, token_ids, ServerProcess};
@@ -32,21 +33,32 @@ pub const PROMPTS: [&str; 16] = [
 
 /// The 16 prompts' responses at `concurrency` clients, each sending its share in turn.
 pub fn responses(s: &ServerProcess, n: usize, concurrency: usize) -> Vec<Vec<u32>> {
+    responses_to(s, &PROMPTS, n, concurrency)
+}
+
+/// `prompts`' responses (chat, T = 0, `n` tokens: their token ids) at `concurrency` clients,
+/// each sending its share in turn (client c sends prompts c, c + concurrency, …).
+pub fn responses_to<P: AsRef<str> + Sync>(
+    s: &ServerProcess,
+    prompts: &[P],
+    n: usize,
+    concurrency: usize,
+) -> Vec<Vec<u32>> {
     let addr = s.addr.clone();
-    let mut out = vec![Vec::new(); PROMPTS.len()];
+    let mut out = vec![Vec::new(); prompts.len()];
     thread::scope(|scope| {
         let handles: Vec<_> = (0..concurrency)
             .map(|c| {
                 let addr = addr.clone();
                 scope.spawn(move || {
-                    (c..PROMPTS.len())
+                    (c..prompts.len())
                         .step_by(concurrency)
                         .map(|i| {
                             let r = crate::http::request(
                                 &addr,
                                 "POST",
                                 "/v1/chat/completions",
-                                Some(&chat_body(PROMPTS[i], n, json!({}))),
+                                Some(&chat_body(prompts[i].as_ref(), n, json!({}))),
                             );
                             assert_eq!(r.status, 200, "{}", r.body);
                             (i, token_ids(&r.json()))
@@ -64,6 +76,19 @@ pub fn responses(s: &ServerProcess, n: usize, concurrency: usize) -> Vec<Vec<u32
     out
 }
 
+/// AR's tokens for `prompts` through the chat template, in-process, `n` tokens each.
+pub fn ar_tokens<P: AsRef<str>>(lt: &LoadedTarget, prompts: &[P], n: usize) -> Vec<Vec<u32>> {
+    prompts
+        .iter()
+        .map(|p| {
+            let ids = lt.tokenizer.prompt_ids(p.as_ref(), true).unwrap();
+            let r = req(&ids, n, SamplingParams::default(), &lt.tokenizer.stop_ids);
+            let g = generate(&lt.target, None, Mode::Ar, &r, Default::default(), None);
+            g.unwrap().new_tokens
+        })
+        .collect()
+}
+
 /// AR's tokens for the 16 prompts, in-process (`q8`: integer products).
 pub fn ar_reference(n: usize, q8: bool) -> Vec<Vec<u32>> {
     let lt = dflash_model::cpu::q8::with_choice(q8, smollm2);
@@ -75,15 +100,5 @@ pub fn ar_reference(n: usize, q8: bool) -> Vec<Vec<u32>> {
         cpu_products: products,
         ..dflash_core::runtime::installed()
     };
-    dflash_core::runtime::with_config(config, || {
-        PROMPTS
-            .iter()
-            .map(|p| {
-                let ids = lt.tokenizer.prompt_ids(p, true).unwrap();
-                let r = req(&ids, n, SamplingParams::default(), &lt.tokenizer.stop_ids);
-                let g = generate(&lt.target, None, Mode::Ar, &r, Default::default(), None);
-                g.unwrap().new_tokens
-            })
-            .collect()
-    })
+    dflash_core::runtime::with_config(config, || ar_tokens(&lt, &PROMPTS, n))
 }
