@@ -34,8 +34,9 @@ pub struct ServeArgs {
     /// verified in one forward, or an AR step for all where --mode auto finds drafting does not
     /// pay; attention-only targets), off (AR). Off by default: with the bundled SmolLM2 pair it
     /// loses to the AR batch at 4 and 16 requests on a GPU (docs/BENCHMARKS.md, Serving).
-    #[arg(long, default_value = "off")]
-    pub batch_speculation: Switch,
+    #[arg(long, default_value = "off", action = clap::ArgAction::Set, hide_possible_values = true,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub batch_speculation: bool,
     /// Requests waiting for a slot beyond which new ones are refused with 503.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
@@ -68,14 +69,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         _ => None,
     };
     let block = drafter.as_ref().map_or(1, |d| d.block_size);
-    let batch_speculation = match a.batch_speculation {
-        _ if drafter.is_none() => false,
-        Switch::On if loaded.target.is_hybrid() => bail!(
-            "--batch-speculation on takes attention-only targets: this hybrid target's linear-attention state cannot drop rejected rows"
-        ),
-        Switch::On => true,
-        Switch::Off => false,
-    };
+    let batch_speculation = a.batch_speculation && drafter.is_some();
+    if batch_speculation && loaded.target.is_hybrid() {
+        bail!("--batch-speculation on takes attention-only targets: this hybrid target's linear-attention state cannot drop rejected rows");
+    }
     let listener = std::net::TcpListener::bind((a.host.as_str(), a.port))
         .with_context(|| format!("binding {}:{}", a.host, a.port))?;
     let engine = dflash_serve::Engine {
@@ -109,23 +106,4 @@ pub fn run(a: ServeArgs) -> Result<()> {
     // DFLASH_PROFILE: where the decoding thread's time went, once it has stopped
     dflash_model::profile::print_report("serving");
     Ok(())
-}
-
-/// An on/off setting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Switch {
-    On,
-    Off,
-}
-
-impl std::str::FromStr for Switch {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "on" => Ok(Switch::On),
-            "off" => Ok(Switch::Off),
-            x => Err(format!("'{x}' is not on or off")),
-        }
-    }
 }

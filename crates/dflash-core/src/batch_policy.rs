@@ -70,17 +70,13 @@ impl BatchPolicy {
 
     /// The kind of the next round at `b` live slots.
     pub fn choose(&mut self, b: usize) -> RoundKind {
-        let (ar, draft) = self.secs.get(&b).copied().unwrap_or((None, None));
-        let (Some(ar), Some(draft), Some(tau)) = (ar, draft, self.tau) else {
+        let Some(best) = self.best_at(b) else {
             // a kind not measured at this count yet: try it, drafting first
+            let (_, draft) = self.secs.get(&b).copied().unwrap_or((None, None));
             return match draft.is_none() || self.tau.is_none() {
                 true => RoundKind::Draft,
                 false => RoundKind::Ar,
             };
-        };
-        let best = match tau / draft >= 1.0 / ar {
-            true => RoundKind::Draft,
-            false => RoundKind::Ar,
         };
         self.since_probe += 1;
         if self.since_probe > self.probe_after {

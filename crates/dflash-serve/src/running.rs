@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use dflash_engine::batched::{Batch, Stepped};
-use dflash_engine::{Request, Session, SlotRound, SpecBatch};
+use dflash_engine::{Generation, Request, Session, SlotRound, SpecBatch};
 
 /// What a request did in a step, a round or its prefill.
 #[derive(Debug)]
@@ -41,11 +41,15 @@ impl From<SlotRound> for Progress {
             tokens: r.tokens,
             drafted: r.round.drafted,
             accepted: r.round.accepted,
-            done: r
-                .done
-                .map(|g| (g.new_tokens, g.stopped_by_token || g.stopped_by_loop)),
+            done: r.done.map(ended),
         }
     }
+}
+
+/// A generation's tokens and whether a stop token (or a loop) ended it.
+fn ended(g: Generation) -> (Vec<u32>, bool) {
+    let by_token = g.stopped_by_token || g.stopped_by_loop;
+    (g.new_tokens, by_token)
 }
 
 /// Requests that could not start, with why.
@@ -107,10 +111,7 @@ impl<'e> Running<'e> {
                             tokens: vec![first],
                             drafted: 0,
                             accepted: 0,
-                            done: done.map(|g| {
-                                let by = g.stopped_by_token || g.stopped_by_loop;
-                                (g.new_tokens, by)
-                            }),
+                            done: done.map(ended),
                         }),
                         Err(e) => failed.push((i, e)),
                     }

@@ -119,7 +119,7 @@ impl Decoding<'_> {
                 Ok(walk_sampled_tree(logits, params, &q, tree, &u, from)?)
             }
             Judge::Target => self.walk_by_target(tree, logits),
-            Judge::Picked(best) => tree.walk(|r| Ok::<u32, anyhow::Error>(best[r])),
+            Judge::Picked(best) => walk_picked(tree, &best),
             // the verify turned a round on the device into what it read back, walked above
             Judge::Device(_) | Judge::Read(_) => bail!("a round on the device walked unverified"),
         }
@@ -131,8 +131,7 @@ impl Decoding<'_> {
         if self.sampler.params.is_greedy() {
             // T = 0: the target's token of every row, picked on the device (one index per row
             // leaves it, not the rows), by the host's rule
-            let best = argmax_rows(logits)?;
-            return tree.walk(|r| Ok::<u32, anyhow::Error>(best[r]));
+            return walk_picked(tree, &argmax_rows(logits)?);
         }
         if self.samples_on_device() {
             // the exact match drawing on the device (a DDTree of the top-K, a DFlash2 chain):
@@ -201,12 +200,7 @@ impl Decoding<'_> {
 
     /// [`Decoding::commit`]'s context: the taps of the `kept` verify rows become the drafter's
     /// next context features (a round without a draft adds them to those not seen yet).
-    pub(super) fn commit_context(
-        &mut self,
-        p: &Proposal,
-        out: &TargetOutput,
-        kept: &[usize],
-    ) -> Result<()> {
+    fn commit_context(&mut self, p: &Proposal, out: &TargetOutput, kept: &[usize]) -> Result<()> {
         if self.drafting.is_some() {
             let idx = Tensor::new(
                 kept.iter().map(|&r| r as u32).collect::<Vec<_>>(),
@@ -231,6 +225,13 @@ impl Decoding<'_> {
         }
         Ok(())
     }
+}
+
+/// The walk by the target's arg-max token of every row, `best` (T = 0): a draft is kept while
+/// it equals the token of the row before it. Example: chain [anchor, a, b], best [a, c, d] →
+/// path [1], bonus c.
+fn walk_picked(tree: &DraftTree, best: &[u32]) -> Result<(Vec<usize>, u32)> {
+    tree.walk(|r| Ok::<u32, anyhow::Error>(best[r]))
 }
 
 /// The walk of a round on the device from what its verify read back: the drafts go into the

@@ -144,7 +144,7 @@ impl<'a> SpecBatch<'a> {
     /// Prefill `req` alone and take it into a free slot, under the caller's `index`: its first
     /// token, and its generation when that token ended it (no slot taken).
     pub fn admit(&mut self, index: usize, req: &Request) -> Result<(u32, Option<Generation>)> {
-        let mut session = Session::start(
+        let session = Session::start(
             self.target,
             self.drafter,
             self.mode,
@@ -156,7 +156,6 @@ impl<'a> SpecBatch<'a> {
         if session.done() {
             return Ok((first, Some(session.finish(None))));
         }
-        session.run.own_verify = false;
         self.take(index, session)?;
         Ok((first, None))
     }
@@ -178,7 +177,6 @@ impl<'a> SpecBatch<'a> {
             run.cache.len(),
             run.start
         );
-        run.own_verify = false;
         run.acceptance = Acceptance::ExactMatch;
         if run.drafting.is_none() && self.mode != Mode::Ar {
             anyhow::bail!("a session without a drafter cannot join a drafting batch");
@@ -187,7 +185,8 @@ impl<'a> SpecBatch<'a> {
         self.take(index, session)
     }
 
-    /// Move `session`'s cache rows into a free slot (columns from 0) and keep it there.
+    /// Move `session`'s cache rows into a free slot (columns from 0) and keep it there; its
+    /// verifies are the batch's from now on.
     fn take(&mut self, index: usize, mut session: Session<'a>) -> Result<()> {
         let s = (self.slot.iter())
             .position(|s| s.is_none())
@@ -195,6 +194,7 @@ impl<'a> SpecBatch<'a> {
         room_for(&mut self.cache, session.run.start + self.mode.block())?;
         self.cache.place_sequence(s, &session.run.cache)?;
         session.run.cache = KvCache::new(0);
+        session.run.own_verify = false;
         self.slot[s] = Some(Slot {
             index,
             session,

@@ -151,15 +151,30 @@ impl KvCache {
         firsts: &[usize],
         device: &candle_core::Device,
     ) -> Result<Tensor> {
-        let index: Vec<u32> = firsts
-            .iter()
-            .flat_map(|&first| {
+        let columns: Vec<usize> = firsts.iter().flat_map(|&f| f..f + rows).collect();
+        Self::column_index((hkv, head_dim), firsts.len(), &columns, device)
+    }
+
+    /// The write index `[b, hkv, rows, head_dim]` u32 of `b` sequences whose new rows go to
+    /// the cache columns `columns` (sequence-major, `rows` per sequence, any order). Example:
+    /// b 2, columns [10, 11, 30, 25] → sequence 0 writes columns 10, 11, sequence 1 30 and 25.
+    pub fn column_index(
+        (hkv, head_dim): (usize, usize),
+        b: usize,
+        columns: &[usize],
+        device: &candle_core::Device,
+    ) -> Result<Tensor> {
+        let rows = columns.len() / b.max(1);
+        let index: Vec<u32> = columns
+            .chunks(rows.max(1))
+            .flat_map(|cols| {
                 (0..hkv).flat_map(move |_| {
-                    (0..rows).flat_map(move |j| std::iter::repeat_n((first + j) as u32, head_dim))
+                    cols.iter()
+                        .flat_map(move |&c| std::iter::repeat_n(c as u32, head_dim))
                 })
             })
             .collect();
-        Tensor::from_vec(index, (firsts.len(), hkv, rows, head_dim), device)
+        Tensor::from_vec(index, (b, hkv, rows, head_dim), device)
     }
 
     /// The fixed-shape form of [`KvCache::append`]: write `k, v` (`[b, hkv, n, d]`) at the rows

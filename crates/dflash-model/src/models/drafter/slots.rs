@@ -52,11 +52,7 @@ impl Drafter {
     /// Columns a slotted cache needs for `slots` with blocks of `block` rows (see the module
     /// doc: the furthest padding row).
     pub fn slotted_columns(slots: &[SlotDraft<'_>], block: usize) -> Result<usize> {
-        let most = slots
-            .iter()
-            .map(|s| s.ctx.dim(1))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let most = most.into_iter().max().unwrap_or(0);
+        let most = new_rows(slots)?.into_iter().max().unwrap_or(0);
         Ok(slots
             .iter()
             .map(|s| s.anchor + block + most - (s.anchor - s.held))
@@ -82,10 +78,7 @@ impl Drafter {
             bail!("draft_slots: the slots' rows do not fit the cache's {cap} columns");
         }
         let (device, dtype) = (target.device.clone(), target.dtype);
-        let m = slots
-            .iter()
-            .map(|s| s.ctx.dim(1))
-            .collect::<candle_core::Result<Vec<_>>>()?;
+        let m = new_rows(slots)?;
         let most = m.iter().copied().max().unwrap_or(0);
         let (mut taps, mut positions, mut columns, mut tokens) = (vec![], vec![], vec![], vec![]);
         for (s, &ms) in slots.iter().zip(&m) {
@@ -119,16 +112,7 @@ impl Drafter {
         let rope = self.rope.tables(&positions, dtype, &device)?;
         let rope = rope.reshape_rows(b, rows)?;
         let a = &self.layers[0].self_attn;
-        let index: Vec<u32> = (0..b)
-            .flat_map(|s| {
-                let cols = &columns[s * rows..(s + 1) * rows];
-                (0..a.kv_heads).flat_map(move |_| {
-                    cols.iter()
-                        .flat_map(move |&c| std::iter::repeat_n(c as u32, a.head_dim))
-                })
-            })
-            .collect();
-        let index = Tensor::from_vec(index, (b, a.kv_heads, rows, a.head_dim), &device)?;
+        let index = KvCache::column_index((a.kv_heads, a.head_dim), b, &columns, &device)?;
         let mut masks: Vec<(DraftRule, LayerMask)> = Vec::new();
         for l in &self.layers {
             if !masks.iter().any(|(r, _)| *r == l.rule) {
@@ -162,4 +146,12 @@ impl Drafter {
         cache.truncate(0)?;
         Ok(h.narrow(1, 1, block - 1)?)
     }
+}
+
+/// Each slot's new context rows (`m_s` of the module doc).
+fn new_rows(slots: &[SlotDraft<'_>]) -> Result<Vec<usize>> {
+    Ok(slots
+        .iter()
+        .map(|s| s.ctx.dim(1))
+        .collect::<candle_core::Result<Vec<_>>>()?)
 }
