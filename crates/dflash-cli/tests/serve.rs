@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use dflash_testkit::fixtures;
 use dflash_testkit::http::{chat_body, metric, token_ids, ServerProcess};
-use dflash_testkit::serve::{ar_reference, responses, PROMPTS};
+use dflash_testkit::serve::{ar_reference, assert_responses, responses, PROMPTS};
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dflash-rs");
@@ -31,13 +31,8 @@ fn assert_lossless(products: &str) {
     let want = ar_reference(n, products == "q8");
     let s = smollm2_server(&["--cpu-products", products, "--max-batch", "16"]);
     for concurrency in [1, 4, 16] {
-        let got = responses(&s, n, concurrency);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                g, w,
-                "{products} products, concurrency {concurrency}, prompt {i}"
-            );
-        }
+        let what = format!("{products} products, concurrency {concurrency}");
+        assert_responses(&responses(&s, n, concurrency), &want, &what);
     }
     let m = s.request("GET", "/metrics", None).body;
     // 16 of the 48 requests ran alone, speculatively

@@ -5,7 +5,7 @@
 
 use candle_core::DType;
 use dflash_testkit::http::ServerProcess;
-use dflash_testkit::serve::{ar_tokens, responses_to};
+use dflash_testkit::serve::{ar_tokens, assert_responses, responses_to};
 use dflash_testkit::{fixtures, load};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dflash-rs");
@@ -45,12 +45,7 @@ fn hybrid_responses_equal_ar_alone_and_in_batches() {
         ],
     );
     for concurrency in [1, 3, 8] {
-        for (i, (g, w)) in responses_to(&s, &prompts(), n, concurrency)
-            .iter()
-            .zip(&want)
-            .enumerate()
-        {
-            assert_eq!(g, w, "concurrency {concurrency}, prompt {i}");
-        }
+        let got = responses_to(&s, &prompts(), n, concurrency);
+        assert_responses(&got, &want, &format!("concurrency {concurrency}"));
     }
 }

@@ -4,7 +4,7 @@
 //! round (`--mode dflash`) and with the policy choosing per round (`--mode auto`).
 
 use dflash_testkit::http::{metric, ServerProcess};
-use dflash_testkit::serve::{ar_reference, responses};
+use dflash_testkit::serve::{ar_reference, assert_responses, responses};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dflash-rs");
 
@@ -36,13 +36,8 @@ fn assert_lossless(products: &str, mode: &str, concurrencies: &[usize]) {
     ];
     let s = ServerProcess::start(BIN, &args);
     for &concurrency in concurrencies {
-        let got = responses(&s, n, concurrency);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                g, w,
-                "{products} products, {mode}, concurrency {concurrency}, prompt {i}"
-            );
-        }
+        let what = format!("{products} products, {mode}, concurrency {concurrency}");
+        assert_responses(&responses(&s, n, concurrency), &want, &what);
     }
     let m = s.request("GET", "/metrics", None).body;
     let drafted = metric_with(

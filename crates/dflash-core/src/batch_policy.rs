@@ -165,25 +165,21 @@ mod tests {
             .collect()
     }
 
+    /// How many of `kinds` drafted.
+    fn drafts(kinds: &[RoundKind]) -> usize {
+        kinds.iter().filter(|&&k| k == RoundKind::Draft).count()
+    }
+
     #[test]
     fn the_module_doc_example() {
         let mut p = BatchPolicy::new();
         let kinds = run(&mut p, 4, 20, 0.020, 0.050, 3.1);
         // measured both (draft first), then drafts, with AR probes
         assert_eq!(&kinds[..2], &[RoundKind::Draft, RoundKind::Ar]);
-        assert!(
-            kinds[2..]
-                .iter()
-                .filter(|&&k| k == RoundKind::Draft)
-                .count()
-                >= 16
-        );
+        assert!(drafts(&kinds[2..]) >= 16);
         let kinds = run(&mut p, 16, 40, 0.030, 0.160, 3.1);
         assert_eq!(&kinds[..2], &[RoundKind::Draft, RoundKind::Ar]);
-        let drafts = kinds[2..]
-            .iter()
-            .filter(|&&k| k == RoundKind::Draft)
-            .count();
+        let drafts = drafts(&kinds[2..]);
         // AR wins at 16 slots; drafts only as probes (after 8, then 16 rounds)
         assert!((1..=3).contains(&drafts), "{drafts} drafted rounds");
     }
@@ -197,13 +193,7 @@ mod tests {
         assert_eq!(&gaps[..3], &[17, 33, 65], "probes at {probes:?}");
         // the drafter gets good: the next probe finds it and drafting takes over
         let kinds = run(&mut p, 2, 100, 0.010, 0.012, 4.0);
-        assert!(
-            kinds[80..]
-                .iter()
-                .filter(|&&k| k == RoundKind::Draft)
-                .count()
-                >= 17
-        );
+        assert!(drafts(&kinds[80..]) >= 17);
     }
 
     #[test]

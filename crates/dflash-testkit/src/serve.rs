@@ -102,3 +102,11 @@ pub fn ar_reference(n: usize, q8: bool) -> Vec<Vec<u32>> {
     };
     dflash_core::runtime::with_config(config, || ar_tokens(&lt, &PROMPTS, n))
 }
+
+/// Every response equals its reference, token for token; `what` names the run in a failure.
+pub fn assert_responses(got: &[Vec<u32>], want: &[Vec<u32>], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: responses");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g, w, "{what}, prompt {i}");
+    }
+}
