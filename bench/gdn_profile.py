@@ -65,7 +65,7 @@ def run_fla(shape, lengths, reps):
 def read(csv_path, txt_path):
     """[(length, [kernel rows of one run ...])] of one profile: each row a dict of the metrics."""
     text = open(txt_path, errors="replace").read()
-    m = re.search(r"gdn rule profile \((\d+) runs each, in this order\): (.*)", text)
+    m = re.search(r"gdn rule profile \((\d+) runs each,[^)]*in this order\): (.*)", text)
     if not m:
         sys.exit(f"{txt_path}: no 'gdn rule profile' line")
     reps = int(m.group(1))
@@ -113,7 +113,7 @@ def report(a):
     print("| impl | T | kernel | launches per run | µs per run | DRAM read MB | DRAM write MB | SM throughput % | tensor pipe % |")
     print("|---|---|---|---|---|---|---|---|---|")
     rows = []
-    for impl, (c, t) in (("dflash-rs", (a.ours_csv, a.ours_txt)), ("fla 0.6.0", (a.fla_csv, a.fla_txt))):
+    for impl, (c, t) in ((a.label, (a.ours_csv, a.ours_txt)), ("fla 0.6.0", (a.fla_csv, a.fla_txt))):
         for length, reps, block in read(c, t):
             tcol = tensor_col(set().union(*[k.keys() for k in block]))
             by = collections.OrderedDict()
@@ -165,6 +165,7 @@ def main():
     for n in ("ours_csv", "ours_txt", "fla_csv", "fla_txt"):
         r.add_argument(n)
     r.add_argument("--json")
+    r.add_argument("--label", default="dflash-rs", help="the impl name of our rows")
     a = p.parse_args()
     if a.cmd == "fla":
         run_fla(a.shape, [int(x) for x in a.lengths.split(",")], a.reps)

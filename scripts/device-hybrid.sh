@@ -18,7 +18,8 @@
 #   profile Nsight Compute (NCU) over `bench shape --profile-eager 1` at PROFILE_SHAPE (the AR
 #           step and the chain verify run eagerly: NCU fails on the hybrid's graph nodes;
 #           bench/kernel_profile.py), then over one Gated DeltaNet layer's chunked rule at
-#           T = 2,048 and 8,192, ours (`bench shape --profile-gdn-rule`) and fla's
+#           T = 2,048 and 8,192, ours in f32 and TF32 products (`bench shape --profile-gdn-rule
+#           --gdn-math`) and fla's
 #           (`bench/gdn_profile.py fla`), side by side (`bench/gdn_profile.py report`);
 #   train   `dflash-rs bench train` at the Qwen3.6-27B shape (bf16, online features from the
 #           64-layer hybrid target; 256 anchors if 512 do not fit), then the PyTorch reference
@@ -100,14 +101,19 @@ for i in range(8): print(json.dumps({'prompt': ' '.join('t%d' % (((i % 2) * 53 +
         || { echo "kernel profile $PROFILE_SHAPE failed" >&2; status=1; }
       gdn=(--profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis
            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw)
-      "$NCU" "${gdn[@]}" --log-file "$OUT/ncu-gdn-ours.csv" "$B" bench shape --shape "$ps" --device cuda \
-        --gdn-lengths 2048,8192 --profile-gdn-rule 3 > "$OUT/gdn-ours.txt" 2>&1 \
-        || { echo "GDN rule profile (ours) failed" >&2; status=1; }
+      # ours with the f32 FMA kernels (an f32 model's) and the TF32 tensor-core ones (bf16's)
+      for m in f32 tf32; do
+        "$NCU" "${gdn[@]}" --log-file "$OUT/ncu-gdn-ours-$m.csv" "$B" bench shape --shape "$ps" --device cuda \
+          --dtype bf16 --gdn-math $m --gdn-lengths 2048,8192 --profile-gdn-rule 3 > "$OUT/gdn-ours-$m.txt" 2>&1 \
+          || { echo "GDN rule profile (ours, $m) failed" >&2; status=1; }
+      done
       (cd bench && "$NCU" "${gdn[@]}" --log-file "$OUT/ncu-gdn-fla.csv" python3 gdn_profile.py fla \
         "$ps" 2048,8192 3) > "$OUT/gdn-fla.txt" 2>&1 || { echo "GDN rule profile (fla) failed" >&2; status=1; }
-      (cd bench && python3 gdn_profile.py report "$OUT/ncu-gdn-ours.csv" "$OUT/gdn-ours.txt" \
-        "$OUT/ncu-gdn-fla.csv" "$OUT/gdn-fla.txt" --json "$OUT/gdn-profile.jsonl") > "$OUT/gdn-profile.md" 2>&1 \
-        || { echo "GDN profile report failed" >&2; status=1; } ;;
+      for m in f32 tf32; do
+        (cd bench && python3 gdn_profile.py report "$OUT/ncu-gdn-ours-$m.csv" "$OUT/gdn-ours-$m.txt" \
+          "$OUT/ncu-gdn-fla.csv" "$OUT/gdn-fla.txt" --label "dflash-rs $m" --json "$OUT/gdn-profile-$m.jsonl") \
+          > "$OUT/gdn-profile-$m.md" 2>&1 || { echo "GDN profile report ($m) failed" >&2; status=1; }
+      done ;;
     train)
       for anchors in 512 256; do
         "$B" bench train --shape bench/shapes/qwen3.6-27b.json --device cuda --dtype bf16 --anchors $anchors \

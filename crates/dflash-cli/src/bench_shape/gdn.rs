@@ -4,6 +4,7 @@
 use anyhow::{Context, Result};
 use candle_core::DType;
 use dflash_core::config::TargetConfig;
+use dflash_model::ops::gdn_chunk::ChunkMath;
 
 use crate::timing::time;
 
@@ -59,6 +60,7 @@ pub(super) fn gdn_rule_times(
     dev: &candle_core::Device,
     lengths: &str,
     repeats: usize,
+    math: ChunkMath,
 ) -> Result<Vec<GdnRuleTimes>> {
     use dflash_model::ops::gdn_chunk::{gdn_chunk_prep_only, gdn_chunked};
     use dflash_model::ops::gdn_recurrence::gdn_recurrence;
@@ -70,14 +72,14 @@ pub(super) fn gdn_rule_times(
         let (rows, init) = gdn_rule_inputs(d, n, dev)?;
         let chain: Vec<Option<usize>> = (0..n).map(|i| i.checked_sub(1)).collect();
         let tc = time(dev, repeats, || {
-            gdn_chunked(&rows, &init, d)?;
+            gdn_chunked(&rows, &init, d, math)?;
             Ok(())
         })?;
         let tp = if dev.is_cpu() {
             None
         } else {
             Some(time(dev, repeats, || {
-                gdn_chunk_prep_only(&rows, d)?;
+                gdn_chunk_prep_only(&rows, d, math)?;
                 Ok(())
             })?)
         };
@@ -90,13 +92,14 @@ pub(super) fn gdn_rule_times(
     Ok(out)
 }
 
-/// `--profile-gdn-rule`: the chunked rule at each length, warmed up once, then run `reps`
+/// `--profile-gdn-rule`: the chunked rule (in `math`: the `--dtype`'s) at each length, warmed up once, then run `reps`
 /// times per length inside the profiler range, one length after another in the given order.
 pub(super) fn profile_gdn_rule(
     cfg: &TargetConfig,
     dev: &candle_core::Device,
     lengths: &str,
     reps: usize,
+    math: ChunkMath,
 ) -> Result<()> {
     use dflash_model::ops::gdn_chunk::gdn_chunked;
     if dev.is_cpu() {
@@ -113,18 +116,18 @@ pub(super) fn profile_gdn_rule(
         .map(|&n| gdn_rule_inputs(d, n, dev))
         .collect::<Result<Vec<_>>>()?;
     for (rows, init) in &inputs {
-        gdn_chunked(rows, init, d)?;
+        gdn_chunked(rows, init, d, math)?;
     }
     dev.synchronize()?;
     let names: Vec<String> = lengths.iter().map(|n| format!("T = {n}")).collect();
     println!(
-        "gdn rule profile ({reps} runs each, in this order): {}",
+        "gdn rule profile ({reps} runs each, {math:?} products, in this order): {}",
         names.join(", ")
     );
     dflash_model::cuda::launch_profile::profiled_range(dev, || {
         for (rows, init) in &inputs {
             for _ in 0..reps {
-                gdn_chunked(rows, init, d)?;
+                gdn_chunked(rows, init, d, math)?;
             }
             dev.synchronize()?;
         }

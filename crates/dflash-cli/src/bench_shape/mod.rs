@@ -85,6 +85,19 @@ pub struct BenchShapeArgs {
     /// fla's kernels (`bench/gdn_profile.py`). Prints the kernels of one run per length.
     #[arg(long, default_value_t = 0)]
     pub profile_gdn_rule: usize,
+    /// The block products of the rule timed alone (`--gdn-lengths`, `--profile-gdn-rule`): `f32`
+    /// FMAs or `tf32` tensor cores; default the `--dtype`'s (f32 for f32, tf32 otherwise).
+    #[arg(long, value_parser = parse_chunk_math)]
+    pub gdn_math: Option<dflash_model::ops::gdn_chunk::ChunkMath>,
+}
+
+fn parse_chunk_math(s: &str) -> Result<dflash_model::ops::gdn_chunk::ChunkMath, String> {
+    use dflash_model::ops::gdn_chunk::ChunkMath;
+    match s {
+        "f32" => Ok(ChunkMath::F32),
+        "tf32" => Ok(ChunkMath::Tf32),
+        _ => Err(format!("unknown products {s:?}: f32 or tf32")),
+    }
 }
 
 /// `bench shape`: the checks of the flags, the random pair built, then either one profiling
@@ -97,7 +110,10 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         );
     }
     if a.profile_gdn_rule > 0 {
-        return gdn::profile_gdn_rule(&cfg, &dev, &a.gdn_lengths, a.profile_gdn_rule);
+        let math = a
+            .gdn_math
+            .unwrap_or(dflash_model::ops::gdn_chunk::ChunkMath::for_dtype(dtype));
+        return gdn::profile_gdn_rule(&cfg, &dev, &a.gdn_lengths, a.profile_gdn_rule, math);
     }
     if a.block_size < 2 || a.cache == 0 || a.repeats == 0 {
         anyhow::bail!("--block-size must be >= 2, --cache and --repeats >= 1");
@@ -142,7 +158,14 @@ pub fn run(a: BenchShapeArgs) -> Result<()> {
         draft_graph,
         trees,
         graphs,
-        gdn_rule: gdn::gdn_rule_times(&cfg, &dev, &a.gdn_lengths, a.repeats)?,
+        gdn_rule: gdn::gdn_rule_times(
+            &cfg,
+            &dev,
+            &a.gdn_lengths,
+            a.repeats,
+            a.gdn_math
+                .unwrap_or(dflash_model::ops::gdn_chunk::ChunkMath::for_dtype(dtype)),
+        )?,
         floor: Floor::measure(&cfg, dtype, &dev)?,
     };
     report::print(&a, &timings);

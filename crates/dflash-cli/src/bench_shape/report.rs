@@ -158,7 +158,7 @@ fn print_graph_costs(repeats: usize, graphs: &[(String, usize, GraphCosts)], flo
 
 /// One Gated DeltaNet layer's rule alone: chunked against recurrent per length.
 fn print_gdn_rule(repeats: usize, gdn_rule: &[GdnRuleTimes]) {
-    println!("\nOne Gated DeltaNet layer's rule alone (f32 rows of q, k, v, β, g in; o and the last state out; `dflash_model::ops::gdn_chunk` vs the recurrent kernel over the same chain), median of {}:\n", repeats);
+    println!("\nOne Gated DeltaNet layer's rule alone (f32 rows of q, k, v, β, g in; o and the last state out; `dflash_model::ops::gdn_chunk` with the `--dtype`'s products, TF32 tensor cores unless f32, vs the recurrent kernel over the same chain), median of {}:\n", repeats);
     println!("| rows | chunked ms | of which the prep kernel ms | recurrent ms | recurrent / chunked |\n|---|---|---|---|---|");
     for (t, c, p, r) in gdn_rule {
         let p = p.map_or("—".to_string(), |p| format!("{:.3}", p * 1e3));

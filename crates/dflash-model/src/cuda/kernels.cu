@@ -40,6 +40,7 @@
 #include "../ops/gdn_recurrence.cu"
 #include "../ops/gdn_prep.cu"
 #include "../ops/gdn_chunk.cu"
+#include "../ops/gdn_chunk_tc.cu"
 
 // the decode layer and its caches: the per-head norms, RoPE and cache writes, the residual add
 // with its RMSNorm, one-row products, indexed cache writes, a tree's kept rows, strided copies

@@ -3,7 +3,9 @@
 // ---------------------------------------------------------------------------------------------
 // The gated delta rule over a prefill's chain, chunked (`gdn_chunk.rs`; CPU twin `chunked_host`;
 // the algorithm in that module's doc). rows[i] = q | k | v | β | g as for `gdn_recurrence`;
-// dk and dv multiples of 4. Scratch per (value head h, chunk c), GC·(dv + 3·dk + GC) + GC floats:
+// dk and dv multiples of 4. Several sequences at once: `seqs` holds each sequence's first row
+// then the total, each one's first chunk then the total (`seq_table`); grids carry the sequence
+// in z. Scratch per (value head h, chunk c of all), GC·(dv + 3·dk + GC) + GC floats:
 // X [GC][dv], Y [GC][dk], Q̃ = e^c q [GC][dk], K̃ = e^{c_L−c} k [GC][dk], P [GC][GC]
 // (q_i·k_j e^{c_i−c_j} for j ≤ i, zero above) and the cumulative decays c [GC]. Shared tiles
 // keep rows of d + 4 floats so that a thread reads four consecutive values with one 16-byte load.
@@ -15,13 +17,14 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
     return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
-// One block of 256 threads per (key head, chunk), all chunks at once: the Gram products k·kᵀ and
+// One block of 256 threads per (key head, chunk, sequence), all chunks at once: the Gram products k·kᵀ and
 // q·kᵀ once for the key head's value heads, then per value head: A, T = (I + A)⁻¹ (the four
 // 16-row diagonal blocks by forward substitution, the blocks below them by products, level by
 // level), X = T·(β v), Y = T·(β e^c k), and Q̃, K̃, P, c into the scratch.
 // Shared: K [GC][dk+4], q then v [GC][max(dk, dv)+4], A and T [GC][GCP], the products of a level [3][16][16].
 extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_f32(
-    const float* __restrict__ rows, float* __restrict__ scratch, int n, int hk, int hv, int dk,
+    const float* __restrict__ rows, float* __restrict__ scratch, const unsigned* __restrict__ seqs,
+    int nseq, int hk, int hv, int dk,
     int dv) {
     extern __shared__ float4 gc_sm4[];
     float* sm = (float*)gc_sm4;
@@ -35,8 +38,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_f32(
     float* beta = cum + GC;
     float* sx = beta + GC;
     float* sy = sx + GC;
-    const int kh = blockIdx.x, c = blockIdx.y, nc = gridDim.y, group = hv / hk;
-    const int c0 = c * GC, l = min(GC, n - c0);
+    // sequence s: rows [seqs[s], seqs[s + 1]), chunks from seqs[nseq + 1 + s] of seqs[2·nseq + 1]
+    const int kh = blockIdx.x, c = blockIdx.y, sq = blockIdx.z, group = hv / hk;
+    const int r0 = seqs[sq], len = seqs[sq + 1] - r0, nc = seqs[2 * nseq + 1], cb = seqs[nseq + 1 + sq];
+    if (c * GC >= len) return;
+    const int c0 = r0 + c * GC, l = min(GC, len - c * GC);
     const int kd = hk * dk, vd = hv * dv, w = 2 * kd + vd + 2 * hv;
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const size_t per = (size_t)GC * (dv + 3 * dk + GC) + GC;
@@ -81,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_f32(
     }
     for (int g = 0; g < group; ++g) {
         const int h = kh * group + g;
-        float* X = scratch + ((size_t)h * nc + c) * per;
+        float* X = scratch + ((size_t)h * nc + cb + c) * per;
         float* Y = X + (size_t)GC * dv;
         float* Qt = Y + (size_t)GC * dk;
         float* Kt = Qt + (size_t)GC * dk;
@@ -209,13 +215,14 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_f32(
     }
 }
 
-// One block of 256 threads per (value head, 32 value columns), chunk after chunk, the state
+// One block of 256 threads per (value head, 32 value columns, sequence), chunk after chunk, the state
 // tile S [dk][32] in shared memory: v' = X − Y·S, o = Q̃·S + P·v', S = e^{c_L} S + K̃ᵀ·v'.
-// out = o [n, hv·dv], then the state after the last row [hv·dk·dv]. Shared: S, Y and Q̃ (then K̃)
+// out = o [rows, hv·dv], then each sequence's state after its last row [hv·dk·dv]. Shared: S, Y and Q̃ (then K̃)
 // [GC][dk+4], P [GC][GCP], v' [GC][32].
 extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
     const float* __restrict__ rows, const float* __restrict__ init,
-    const float* __restrict__ scratch, float* __restrict__ out, int n, int hk, int hv, int dk,
+    const float* __restrict__ scratch, float* __restrict__ out, const unsigned* __restrict__ seqs,
+    int nseq, int hk, int hv, int dk,
     int dv) {
     extern __shared__ float4 gc_sm4[];
     float* sm = (float*)gc_sm4;
@@ -225,7 +232,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
     float* Qs = Ys + GC * ks;
     float* Ps = Qs + GC * ks;
     float* vn = Ps + GC * GCP;
-    const int h = blockIdx.x, j0 = blockIdx.y * 32, nc = (n + GC - 1) / GC;
+    const int h = blockIdx.x, j0 = blockIdx.y * 32, sq = blockIdx.z;
+    const int r0 = seqs[sq], len = seqs[sq + 1] - r0, nct = seqs[2 * nseq + 1], cb = seqs[nseq + 1 + sq];
+    const int nc = seqs[nseq + 2 + sq] - cb;
+    init += (size_t)sq * hv * dk * dv;
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int vd = hv * dv;
     const bool live = j0 + lane < dv;
@@ -233,8 +243,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
     const size_t per = (size_t)GC * (dv + 3 * dk + GC) + GC;
     for (int a = wp; a < dk; a += 8) S[a * 32 + lane] = live ? init[((size_t)h * dk + a) * dv + j] : 0.0f;
     for (int c = 0; c < nc; ++c) {
-        const int c0 = c * GC, l = min(GC, n - c0);
-        const float* X = scratch + ((size_t)h * nc + c) * per;
+        const int c0 = r0 + c * GC, l = min(GC, len - c * GC);
+        const float* X = scratch + ((size_t)h * nct + cb + c) * per;
         const float* Y = X + (size_t)GC * dv;
         const float* Qt = Y + (size_t)GC * dk;
         const float* Kt = Qt + (size_t)GC * dk;
@@ -335,7 +345,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
         }
     }
     __syncthreads();
-    float* st = out + (size_t)n * vd;
+    float* st = out + (size_t)seqs[nseq] * vd + (size_t)sq * hv * dk * dv;
     if (live)
         for (int a = wp; a < dk; a += 8) st[((size_t)h * dk + a) * dv + j] = S[a * 32 + lane];
 }

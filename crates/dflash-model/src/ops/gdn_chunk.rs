@@ -1,6 +1,8 @@
 //! The gated delta rule over a prefill's chain of rows, chunked: the algorithm of
 //! transformers' `torch_chunk_gated_delta_rule` (chunk 64, the WY form): two CUDA kernels per
-//! layer on a GPU, its CPU twin ([`chunked_host`]) on the CPU. The recurrent form
+//! layer on a GPU (f32 FMAs, or TF32 tensor cores for a bf16 model: [`ChunkMath`]), for one
+//! sequence or many at once ([`gdn_chunked_seqs`], a batched prefill), its CPU twin
+//! ([`chunked_host`]) on the CPU. The recurrent form
 //! ([`crate::ops::gdn_recurrence`]) walks the rows one by one; this one walks chunks of 64
 //! and does the work inside a chunk as small matrix products, which is what makes a long
 //! prefill (the training features of a 2,048-token row) fast on a GPU.
@@ -31,26 +33,80 @@ use crate::ops::kernel_io::cpu_slice;
 /// Rows per chunk.
 pub const CHUNK: usize = 64;
 
+/// How a GPU computes the chunk's block products (the CPU twin is f32 either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkMath {
+    /// f32 FMAs (`gdn_chunk.cu`): a model that computes in f32, equal to the CPU twin up to
+    /// f32 rounding.
+    F32,
+    /// TF32 tensor-core MMAs with f32 sums and state (`gdn_chunk_tc.cu`): a model in bf16 or
+    /// f16, whose rows were rounded to 8–11 bits of mantissa already. Head sizes the kernels
+    /// do not take ([`tc_supported`]) run the f32 kernels.
+    Tf32,
+}
+
+impl ChunkMath {
+    /// The math for a model computing in `dtype`: TF32 products unless it is f32.
+    pub fn for_dtype(dtype: DType) -> Self {
+        if dtype == DType::F32 {
+            Self::F32
+        } else {
+            Self::Tf32
+        }
+    }
+}
+
 /// The chunked rule over a chain of `rows` from `init` (see the module doc):
 /// `(o [n, Hv·dv], state [1, Hv·dk·dv])`.
-pub fn gdn_chunked(rows: &Tensor, init: &Tensor, dims: RecurrenceDims) -> Result<(Tensor, Tensor)> {
+pub fn gdn_chunked(
+    rows: &Tensor,
+    init: &Tensor,
+    dims: RecurrenceDims,
+    math: ChunkMath,
+) -> Result<(Tensor, Tensor)> {
+    let n = rows.dim(0)?;
+    gdn_chunked_seqs(rows, init, &[n], dims, math)
+}
+
+/// The chunked rule over several independent chains at once (a batched prefill), one launch
+/// of each kernel for all: sequence s is the next `lens[s]` rows of `rows`, from its state
+/// `init[s]` (`init` `[b, Hv·dk·dv]` or flat): `(o [Σ lens, Hv·dv], states [b, Hv·dk·dv])`,
+/// each sequence's as [`gdn_chunked`] alone gives it. Example: lens [150, 64] → rows 0..150
+/// from init[0] in chunks of 64 + 64 + 22, rows 150..214 from init[1] in one chunk.
+pub fn gdn_chunked_seqs(
+    rows: &Tensor,
+    init: &Tensor,
+    lens: &[usize],
+    dims: RecurrenceDims,
+    math: ChunkMath,
+) -> Result<(Tensor, Tensor)> {
     let (n, w) = rows.dims2()?;
-    if w != dims.row_len() || init.elem_count() != dims.state_len() || n == 0 {
+    let b = lens.len();
+    if w != dims.row_len()
+        || init.elem_count() != b * dims.state_len()
+        || lens.contains(&0)
+        || lens.iter().sum::<usize>() != n
+        || b == 0
+    {
         candle_core::bail!(
-            "gdn chunked: rows {:?} / state {:?} do not fit a non-empty chain of {dims:?}",
+            "gdn chunked: rows {:?} / states {:?} do not fit non-empty chains of {lens:?} rows of {dims:?}",
             rows.dims(),
             init.dims()
         );
     }
     let out = rows.to_dtype(DType::F32)?.contiguous()?.apply_op2_no_bwd(
         &init.to_dtype(DType::F32)?.flatten_all()?.contiguous()?,
-        &Chunked { dims },
+        &Chunked {
+            dims,
+            math,
+            lens: lens.to_vec(),
+        },
     )?;
     let vd = dims.hv * dims.dv;
     let o = out.narrow(0, 0, n * vd)?.reshape((n, vd))?;
     let s = out
-        .narrow(0, n * vd, dims.state_len())?
-        .reshape((1, dims.state_len()))?;
+        .narrow(0, n * vd, b * dims.state_len())?
+        .reshape((b, dims.state_len()))?;
     Ok((o, s))
 }
 
@@ -147,14 +203,50 @@ pub fn cuda_supported(d: RecurrenceDims) -> bool {
     d.dk <= 128 && d.dv <= 256 && d.dk.is_multiple_of(4) && d.dv.is_multiple_of(4)
 }
 
+/// Whether the tensor-core kernels take these head sizes: dk ≤ 128 a multiple of 16 (the
+/// MMA tiles), dv ≤ 256 a multiple of 32 (a scan block's columns).
+pub fn tc_supported(d: RecurrenceDims) -> bool {
+    d.dk <= 128 && d.dv <= 256 && d.dk.is_multiple_of(16) && d.dv.is_multiple_of(32)
+}
+
+/// The kernel pair for `math` at these head sizes: `(prep, scan, scratch floats per chunk)`.
+/// Example: the Qwen3.6-27B layer (dk = dv = 128) in `Tf32` → the tensor-core pair and
+/// 64·(128 + 3·128 + 64) + 64 floats per (value head, chunk).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn kernels(math: ChunkMath, d: RecurrenceDims) -> (&'static str, &'static str, usize) {
+    let tc = tc_supported(d);
+    let (prep, scan) = match math {
+        ChunkMath::Tf32 if tc => ("gdn_chunk_prep_tc", "gdn_chunk_scan_tc"),
+        _ => ("gdn_chunk_prep", "gdn_chunk_scan"),
+    };
+    (prep, scan, CHUNK * (d.dv + 3 * d.dk + CHUNK) + CHUNK)
+}
+
 struct Chunked {
     dims: RecurrenceDims,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    math: ChunkMath,
+    /// Each sequence's rows, in order.
+    lens: Vec<usize>,
 }
 
 impl Chunked {
     fn out_len(&self, n: usize) -> usize {
-        n * self.dims.hv * self.dims.dv + self.dims.state_len()
+        n * self.dims.hv * self.dims.dv + self.lens.len() * self.dims.state_len()
     }
+}
+
+/// The kernels' sequence table: each sequence's first row then the total, each one's first
+/// chunk then the total (`2·(b + 1)` values). Example: lens [150, 64] → [0, 150, 214, 0, 3, 4].
+pub fn seq_table(lens: &[usize]) -> Vec<u32> {
+    let mut rows = vec![0u32];
+    let mut chunks = vec![0u32];
+    for &l in lens {
+        rows.push(rows[rows.len() - 1] + l as u32);
+        chunks.push(chunks[chunks.len() - 1] + l.div_ceil(CHUNK) as u32);
+    }
+    rows.extend(chunks);
+    rows
 }
 
 impl CustomOp2 for Chunked {
@@ -172,12 +264,26 @@ impl CustomOp2 for Chunked {
         let rows = cpu_slice::<f32>(s1, l1, "gdn rows")?;
         let init = cpu_slice::<f32>(s2, l2, "gdn state")?;
         let n = l1.shape().dims()[0];
-        let (mut o, s) = chunked_host(self.dims, rows, init, n);
-        o.extend(s);
+        let (w, sl) = (self.dims.row_len(), self.dims.state_len());
+        let (mut o, mut states) = (Vec::with_capacity(self.out_len(n)), Vec::new());
+        let mut r0 = 0;
+        for (s, &len) in self.lens.iter().enumerate() {
+            let (os, st) = chunked_host(
+                self.dims,
+                &rows[r0 * w..(r0 + len) * w],
+                &init[s * sl..(s + 1) * sl],
+                len,
+            );
+            o.extend(os);
+            states.extend(st);
+            r0 += len;
+        }
+        o.extend(states);
         Ok((CpuStorage::F32(o), Shape::from(self.out_len(n))))
     }
 
-    /// Two kernels: `gdn_chunk_prep` per (key head, chunk), all chunks at once (the Gram
+    /// Two kernels (`gdn_chunk.cu`, or `gdn_chunk_tc.cu`'s for `ChunkMath::Tf32`), every
+    /// sequence in the grid's z: `gdn_chunk_prep` per (key head, chunk), all chunks at once (the Gram
     /// products once per key head; per value head T, X, Y, the decayed q and k, the masked
     /// q·k products and the cumulative decays into a scratch buffer), then `gdn_chunk_scan` per
     /// (value head, 32 value columns), chunk after chunk, carrying the state tile in shared
@@ -203,25 +309,32 @@ impl CustomOp2 for Chunked {
         let dev = s1.device().clone();
         let rows = view::<f32>(s1, l1, "gdn rows")?;
         let init = view::<f32>(s2, l2, "gdn state")?;
-        let scratch = prep_on_device(&dev, &rows, n, d)?;
+        let (_, scan_kernel, _) = kernels(self.math, d);
+        let tc = scan_kernel != "gdn_chunk_scan";
+        let scratch = prep_on_device(&dev, &rows, &self.lens, d, self.math)?;
+        let seqs = dev.clone_htod(&seq_table(&self.lens))?;
         let out = alloc::<f32>(&dev, self.out_len(n))?;
-        let (ni, hk, hv, dk, dv) = (n as i32, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32);
+        let b = self.lens.len();
+        let (nseq, hk, hv, dk, dv) = (b as i32, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32);
         let (ks, gcp) = (d.dk + 4, CHUNK + 4);
+        // the tensor-core scan pads S and v' rows to 36 floats (no bank conflicts in its loads)
+        let sp = if tc { 36 } else { 32 };
         let scan = LaunchConfig {
-            grid_dim: (d.hv as u32, d.dv.div_ceil(32) as u32, 1),
+            grid_dim: (d.hv as u32, d.dv.div_ceil(32) as u32, b as u32),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: ((d.dk * 32 + CHUNK * (2 * ks + gcp + 32)) * 4) as u32,
+            shared_mem_bytes: ((d.dk * sp + CHUNK * (2 * ks + gcp + sp)) * 4) as u32,
         };
         launch!(
             dev,
-            "gdn_chunk_scan",
+            scan_kernel,
             DType::F32,
             scan,
             rows,
             init,
             scratch,
             out,
-            ni,
+            seqs,
+            nseq,
             hk,
             hv,
             dk,
@@ -240,31 +353,36 @@ impl CustomOp2 for Chunked {
 fn prep_on_device(
     dev: &candle_core::CudaDevice,
     rows: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
-    n: usize,
+    lens: &[usize],
     d: RecurrenceDims,
+    math: ChunkMath,
 ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>> {
     use crate::cuda::ptx::{alloc, launch};
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
-    let nc = n.div_ceil(CHUNK);
-    let per_chunk = CHUNK * (d.dv + 3 * d.dk + CHUNK) + CHUNK;
+    let table = seq_table(lens);
+    let (b, nc) = (lens.len(), table[2 * lens.len() + 1] as usize);
+    let max_nc = lens.iter().map(|l| l.div_ceil(CHUNK)).max().unwrap_or(0);
+    let seqs = dev.clone_htod(&table)?;
+    let (prep_kernel, _, per_chunk) = kernels(math, d);
     let scratch = alloc::<f32>(dev, d.hv * nc * per_chunk)?;
-    let (ni, hk, hv, dk, dv) = (n as i32, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32);
+    let (nseq, hk, hv, dk, dv) = (b as i32, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32);
     // shared memory as src/ops/gdn_chunk.cu lays it out; two blocks of each kernel fit an SM of
     // the H100/H200 (228 KiB) at head size 128
     let (ks, vs, gcp) = (d.dk + 4, d.dk.max(d.dv) + 4, CHUNK + 4);
     let prep = LaunchConfig {
-        grid_dim: (d.hk as u32, nc as u32, 1),
+        grid_dim: (d.hk as u32, max_nc as u32, b as u32),
         block_dim: (256, 1, 1),
         shared_mem_bytes: ((CHUNK * (ks + vs + 2 * gcp) + 3 * 256 + 4 * CHUNK) * 4) as u32,
     };
     launch!(
         dev,
-        "gdn_chunk_prep",
+        prep_kernel,
         DType::F32,
         prep,
         *rows,
         scratch,
-        ni,
+        seqs,
+        nseq,
         hk,
         hv,
         dk,
@@ -275,13 +393,15 @@ fn prep_on_device(
 
 /// The chunked rule's first kernel alone (GPU only): what `bench shape` times beside the whole
 /// op. The result is the kernel's scratch (not meant to be read).
-pub fn gdn_chunk_prep_only(rows: &Tensor, dims: RecurrenceDims) -> Result<Tensor> {
-    rows.contiguous()?.apply_op1_no_bwd(&PrepOnly { dims })
+pub fn gdn_chunk_prep_only(rows: &Tensor, dims: RecurrenceDims, math: ChunkMath) -> Result<Tensor> {
+    rows.contiguous()?
+        .apply_op1_no_bwd(&PrepOnly { dims, math })
 }
 
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 struct PrepOnly {
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     dims: RecurrenceDims,
+    math: ChunkMath,
 }
 
 impl candle_core::CustomOp1 for PrepOnly {
@@ -306,7 +426,7 @@ impl candle_core::CustomOp1 for PrepOnly {
         let dev = s1.device().clone();
         let n = l1.shape().dims()[0];
         let rows = crate::cuda::ptx::view::<f32>(s1, l1, "gdn rows")?;
-        let scratch = prep_on_device(&dev, &rows, n, self.dims)?;
+        let scratch = prep_on_device(&dev, &rows, &[n], self.dims, self.math)?;
         let len = scratch.len();
         Ok((
             candle_core::CudaStorage::wrap_cuda_slice(scratch, dev),
@@ -347,9 +467,43 @@ mod tests {
         // the op on the CPU is the twin
         let t = Tensor::from_vec(r, (n, d.row_len()), &candle_core::Device::Cpu).unwrap();
         let i = Tensor::from_vec(init, d.state_len(), &candle_core::Device::Cpu).unwrap();
-        let (ot, st) = gdn_chunked(&t, &i, d).unwrap();
+        let (ot, st) = gdn_chunked(&t, &i, d, ChunkMath::F32).unwrap();
         assert_eq!(ot.flatten_all().unwrap().to_vec1::<f32>().unwrap(), o);
         assert_eq!(st.flatten_all().unwrap().to_vec1::<f32>().unwrap(), s);
+    }
+
+    /// Several sequences in one op: each one's output and state as the op on it alone (its
+    /// rows from its own state), the table as its doc says.
+    #[test]
+    fn sequences_at_once_equal_each_alone() {
+        assert_eq!(seq_table(&[150, 64]), vec![0, 150, 214, 0, 3, 4]);
+        let d = RecurrenceDims {
+            hk: 2,
+            hv: 4,
+            dk: 16,
+            dv: 12,
+        };
+        let lens = [70usize, 5, 64];
+        let dev = candle_core::Device::Cpu;
+        let (rows, _) = crate::cuda::kernel_check::gdn_rows(d, lens.iter().sum(), 7).unwrap();
+        let init = Tensor::rand(-1f32, 1f32, (3, d.state_len()), &dev).unwrap();
+        let (o, st) = gdn_chunked_seqs(&rows, &init, &lens, d, ChunkMath::F32).unwrap();
+        let mut r0 = 0;
+        for (s, &len) in lens.iter().enumerate() {
+            let (oa, sa) = gdn_chunked(
+                &rows.narrow(0, r0, len).unwrap(),
+                &init.get(s).unwrap(),
+                d,
+                ChunkMath::F32,
+            )
+            .unwrap();
+            let v = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(v(&o.narrow(0, r0, len).unwrap()), v(&oa), "sequence {s}");
+            assert_eq!(v(&st.get(s).unwrap()), v(&sa), "sequence {s}");
+            r0 += len;
+        }
+        let e = gdn_chunked_seqs(&rows, &init, &[70, 5], d, ChunkMath::F32).unwrap_err();
+        assert!(e.to_string().contains("gdn chunked"), "{e}");
     }
 
     #[test]
@@ -363,7 +517,9 @@ mod tests {
         let dev = candle_core::Device::Cpu;
         let t = Tensor::zeros((3, d.row_len() + 1), DType::F32, &dev).unwrap();
         let i = Tensor::zeros(d.state_len(), DType::F32, &dev).unwrap();
-        let e = gdn_chunked(&t, &i, d).unwrap_err().to_string();
+        let e = gdn_chunked(&t, &i, d, ChunkMath::Tf32)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("gdn chunked"), "{e}");
     }
 }

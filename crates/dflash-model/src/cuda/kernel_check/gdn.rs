@@ -80,35 +80,73 @@ fn gdn(dev: &Device) -> Result<Vec<Tensor>> {
 }
 
 /// The chunked rule over a prefill at the Qwen3.6-27B layer shape (200 rows: 64 + 64 + 64 + 8)
-/// and at the small shape (150 rows), from a non-zero state. `[o, state]` per case, on the CPU.
+/// and at the small shape (150 rows), from a non-zero state, with the f32 kernels. `[o, state]`
+/// per case, on the CPU.
 fn gdn_chunk(dev: &Device) -> Result<Vec<Tensor>> {
+    use crate::ops::gdn_chunk::ChunkMath;
+    gdn_chunk_cases(dev, ChunkMath::F32, &[(SMALL_CHUNK_DIMS, 150, 50)])
+}
+
+/// The tensor-core (TF32) kernels: the 27B case above, and a short last chunk at head size 64
+/// with three value heads per key head (150 rows: 64 + 64 + 22).
+fn gdn_chunk_tc(dev: &Device, math: crate::ops::gdn_chunk::ChunkMath) -> Result<Vec<Tensor>> {
+    use crate::ops::gdn_recurrence::RecurrenceDims;
+    let d64 = RecurrenceDims {
+        hk: 2,
+        hv: 6,
+        dk: 64,
+        dv: 64,
+    };
+    gdn_chunk_cases(dev, math, &[(d64, 150, 51)])
+}
+
+/// Three sequences of 150, 64 and 9 rows (head size 64, three value heads per key head) in
+/// one launch from their own states, in `math`. `[o, states]`, on the CPU.
+fn gdn_chunk_seqs(dev: &Device, math: crate::ops::gdn_chunk::ChunkMath) -> Result<Vec<Tensor>> {
+    use crate::ops::gdn_chunk::gdn_chunked_seqs;
+    use crate::ops::gdn_recurrence::RecurrenceDims;
+    let d = RecurrenceDims {
+        hk: 2,
+        hv: 6,
+        dk: 64,
+        dv: 64,
+    };
+    let lens = [150usize, 64, 9];
+    let (rows, _) = gdn_rows(d, lens.iter().sum(), 52)?;
+    let init = fill(&[lens.len(), d.state_len()], 53, 0.5)?;
+    let (o, st) = gdn_chunked_seqs(&rows.to_device(dev)?, &init.to_device(dev)?, &lens, d, math)?;
+    Ok(vec![
+        o.to_device(&Device::Cpu)?,
+        st.to_device(&Device::Cpu)?,
+    ])
+}
+
+const SMALL_CHUNK_DIMS: crate::ops::gdn_recurrence::RecurrenceDims =
+    crate::ops::gdn_recurrence::RecurrenceDims {
+        hk: 2,
+        hv: 6,
+        dk: 24,
+        dv: 40,
+    };
+
+/// The 27B-shape prefill (200 rows) then each of `more` (dims, rows, seed), in `math`.
+fn gdn_chunk_cases(
+    dev: &Device,
+    math: crate::ops::gdn_chunk::ChunkMath,
+    more: &[(crate::ops::gdn_recurrence::RecurrenceDims, usize, u64)],
+) -> Result<Vec<Tensor>> {
     use crate::ops::gdn_chunk::gdn_chunked;
     use crate::ops::gdn_recurrence::RecurrenceDims;
+    let big = RecurrenceDims {
+        hk: 16,
+        hv: 48,
+        dk: 128,
+        dv: 128,
+    };
     let mut out = Vec::new();
-    for (dims, n, seed) in [
-        (
-            RecurrenceDims {
-                hk: 16,
-                hv: 48,
-                dk: 128,
-                dv: 128,
-            },
-            200usize,
-            40u64,
-        ),
-        (
-            RecurrenceDims {
-                hk: 2,
-                hv: 6,
-                dk: 24,
-                dv: 40,
-            },
-            150,
-            50,
-        ),
-    ] {
+    for &(dims, n, seed) in std::iter::once(&(big, 200usize, 40u64)).chain(more) {
         let (rows, init) = gdn_rows(dims, n, seed)?;
-        let (o, st) = gdn_chunked(&rows.to_device(dev)?, &init.to_device(dev)?, dims)?;
+        let (o, st) = gdn_chunked(&rows.to_device(dev)?, &init.to_device(dev)?, dims, math)?;
         out.push(o.to_device(&Device::Cpu)?);
         out.push(st.to_device(&Device::Cpu)?);
     }
@@ -241,5 +279,31 @@ pub(super) fn check_gdn(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<(
         ])
         .collect();
     push_rows(checks, &names, &got, &want, DType::F32, 1e-5)?;
+    // TF32 products round their inputs to 11 significant bits (unit roundoff 2^-11 ≈ 4.9e-4);
+    // the solve and four chunks of state grow that by a small factor
+    use crate::ops::gdn_chunk::ChunkMath;
+    let names = [
+        "gdn chunked, 3 sequences in one launch, o",
+        "gdn chunked, 3 sequences in one launch, states",
+    ];
+    let (got, want) = (
+        gdn_chunk_seqs(dev, ChunkMath::F32)?,
+        gdn_chunk_seqs(&Device::Cpu, ChunkMath::F32)?,
+    );
+    push_rows(checks, &names, &got, &want, DType::F32, 1e-5)?;
+    let names = [
+        "gdn chunked TF32, 3 sequences in one launch, o",
+        "gdn chunked TF32, 3 sequences in one launch, states",
+        "gdn chunked TF32 27B-shape prefill o",
+        "gdn chunked TF32 27B-shape prefill state",
+        "gdn chunked TF32 head-64 prefill o (short last chunk)",
+        "gdn chunked TF32 head-64 prefill state (short last chunk)",
+    ];
+    let tf32 = ChunkMath::Tf32;
+    let mut got = gdn_chunk_seqs(dev, tf32)?;
+    got.extend(gdn_chunk_tc(dev, tf32)?);
+    let mut want = gdn_chunk_seqs(&Device::Cpu, tf32)?;
+    want.extend(gdn_chunk_tc(&Device::Cpu, tf32)?);
+    push_rows(checks, &names, &got, &want, DType::F32, 5e-3)?;
     Ok(())
 }

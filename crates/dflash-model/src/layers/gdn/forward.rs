@@ -208,7 +208,12 @@ impl GatedDeltaNet {
                 keep_all,
             )?
         } else {
-            gdn_chunked(&rows, &state.rec, d.recurrence())?
+            gdn_chunked(
+                &rows,
+                &state.rec,
+                d.recurrence(),
+                gdn_chunk::ChunkMath::for_dtype(x.dtype()),
+            )?
         };
         drop(p);
         // 4. gated RMSNorm per (row, value head), one kernel, then out_proj

@@ -39,6 +39,7 @@ use crate::io::weights::TensorStore;
 use crate::layers::mlp::load_linear;
 
 mod forward;
+mod prefill;
 mod slots;
 mod state;
 #[cfg(test)]

@@ -23,9 +23,9 @@ use crate::ops::gdn_recurrence::gdn_recurrence_seqs;
 pub struct GdnSlots {
     pub dims: GdnDims,
     /// `[slots · (K-1), C]`: each slot's last K-1 conv inputs, oldest first.
-    conv: Tensor,
+    pub(super) conv: Tensor,
     /// `[slots, Hv·dk·dv]`.
-    rec: Tensor,
+    pub(super) rec: Tensor,
 }
 
 /// A deep copy (placing a sequence writes into the buffers).
@@ -69,7 +69,7 @@ impl GdnSlots {
     }
 
     /// Slot `slot`'s committed state (copies).
-    fn state_of(&self, slot: usize) -> Result<GdnState> {
+    pub(super) fn state_of(&self, slot: usize) -> Result<GdnState> {
         let k1 = self.dims.kernel - 1;
         // copies: the sequence's cache updates its state in place
         Ok(GdnState {
@@ -167,41 +167,5 @@ impl GatedDeltaNet {
         (st.conv, st.rec) = (conv, states);
         let normed = gated_norm(&o, &z, &self.norm_w, self.eps)?.reshape((b, 1, vd))?;
         Ok(self.out_proj.forward(&normed.to_dtype(x.dtype())?)?)
-    }
-
-    /// A batched prefill: each sequence's rows from `starts[s]` as the one-sequence forward
-    /// computes them from its slot's state (the chunked rule for a long prompt, as a prompt
-    /// prefilled alone), its state then the slot's; the padding rows before them give zeros.
-    /// One forward per sequence: the layer's other work (attention, MLP) stays batched.
-    fn forward_slot_chains(
-        &self,
-        x: &Tensor,
-        starts: &[usize],
-        st: &mut GdnSlots,
-        chunk_min_rows: usize,
-    ) -> Result<Tensor> {
-        let (b, n, h) = x.dims3()?;
-        if starts.len() != b || st.slots()? != b || starts.iter().any(|&s| s >= n) {
-            bail!("a batched linear-attention prefill: {} chain starts for {b} sequences of {n} rows in {} slots", starts.len(), st.slots()?);
-        }
-        let mut outs = Vec::with_capacity(b);
-        for (s, &first) in starts.iter().enumerate() {
-            let rows = n - first;
-            let chain: Vec<Option<usize>> = (0..rows).map(|i| i.checked_sub(1)).collect();
-            let input = GdnRowsInput::new(&chain, self.dims.kernel, x.device())?;
-            let mut one = GdnCache::from_state(self.dims, st.state_of(s)?);
-            let xs = x.narrow(0, s, 1)?.narrow(1, first, rows)?;
-            let o = self.forward(&xs, &input, &mut one, chunk_min_rows)?;
-            one.settle_all()?;
-            st.place(s, &one)?;
-            outs.push(match first {
-                0 => o,
-                _ => Tensor::cat(
-                    &[&Tensor::zeros((1, first, h), o.dtype(), o.device())?, &o],
-                    1,
-                )?,
-            });
-        }
-        Ok(Tensor::cat(&outs, 0)?)
     }
 }
