@@ -280,7 +280,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_tc_f32(
         const float* Qt = Y + (size_t)TGC * dk;
         const float* Kt = Qt + (size_t)TGC * dk;
         const float* P = Kt + (size_t)TGC * dk;
-        const float* cg = P + TGC * TGC;
         const float last = P[TGC * TGC + l - 1], el = expf(last);
         float4 yb[8], qb[8], pb[4];
 #pragma unroll
