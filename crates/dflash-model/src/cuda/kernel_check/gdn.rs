@@ -90,27 +90,14 @@ fn gdn_chunk(dev: &Device) -> Result<Vec<Tensor>> {
 /// The tensor-core (TF32) kernels: the 27B case above, and a short last chunk at head size 64
 /// with three value heads per key head (150 rows: 64 + 64 + 22).
 fn gdn_chunk_tc(dev: &Device, math: crate::ops::gdn_chunk::ChunkMath) -> Result<Vec<Tensor>> {
-    use crate::ops::gdn_recurrence::RecurrenceDims;
-    let d64 = RecurrenceDims {
-        hk: 2,
-        hv: 6,
-        dk: 64,
-        dv: 64,
-    };
-    gdn_chunk_cases(dev, math, &[(d64, 150, 51)])
+    gdn_chunk_cases(dev, math, &[(HEAD64_DIMS, 150, 51)])
 }
 
 /// Three sequences of 150, 64 and 9 rows (head size 64, three value heads per key head) in
 /// one launch from their own states, in `math`. `[o, states]`, on the CPU.
 fn gdn_chunk_seqs(dev: &Device, math: crate::ops::gdn_chunk::ChunkMath) -> Result<Vec<Tensor>> {
     use crate::ops::gdn_chunk::gdn_chunked_seqs;
-    use crate::ops::gdn_recurrence::RecurrenceDims;
-    let d = RecurrenceDims {
-        hk: 2,
-        hv: 6,
-        dk: 64,
-        dv: 64,
-    };
+    let d = HEAD64_DIMS;
     let lens = [150usize, 64, 9];
     let (rows, _) = gdn_rows(d, lens.iter().sum(), 52)?;
     let init = fill(&[lens.len(), d.state_len()], 53, 0.5)?;
@@ -120,6 +107,15 @@ fn gdn_chunk_seqs(dev: &Device, math: crate::ops::gdn_chunk::ChunkMath) -> Resul
         st.to_device(&Device::Cpu)?,
     ])
 }
+
+/// Head size 64, three value heads per key head: the tensor-core kernels' small case.
+const HEAD64_DIMS: crate::ops::gdn_recurrence::RecurrenceDims =
+    crate::ops::gdn_recurrence::RecurrenceDims {
+        hk: 2,
+        hv: 6,
+        dk: 64,
+        dv: 64,
+    };
 
 const SMALL_CHUNK_DIMS: crate::ops::gdn_recurrence::RecurrenceDims =
     crate::ops::gdn_recurrence::RecurrenceDims {
