@@ -117,6 +117,63 @@ fn a_slot_makes_the_rounds_its_session_makes_alone() {
     }
 }
 
+/// Drafting after AR rounds: the drafter's context then holds every row committed so far (the
+/// AR rounds' taps appended to it), so the batch drafts, accepts and commits what a session
+/// started from the prompt and those tokens does, round by round.
+#[test]
+fn drafting_after_ar_rounds_drafts_from_every_committed_row() {
+    use dflash_core::batch_policy::RoundKind;
+    let t = tiny();
+    let d = quiet(&t);
+    let (prompt, n, k) = (loop_prompt(), 40usize, 6usize);
+    let r = req(&prompt, n, SamplingParams::default(), &[]);
+    let mut b = SpecBatch::new(&t, Some(&d), Mode::Chain { block: 8 }, 2).unwrap();
+    let mut out = vec![Vec::new(); 2];
+    for (i, o) in out.iter_mut().enumerate() {
+        o.push(b.admit(i, &r).unwrap().0);
+    }
+    b.force_rounds(Some(RoundKind::Ar));
+    for _ in 0..k {
+        for s in b.round().unwrap() {
+            assert_eq!((s.round.drafted, s.tokens.len()), (0, 1), "an AR round");
+            out[s.index].extend(&s.tokens);
+        }
+    }
+    // a session from the prompt and the tokens committed so far (the last one is its anchor)
+    let mut prompt2 = prompt.clone();
+    prompt2.extend(&out[0][..k]);
+    let alone = decode(
+        &t,
+        Some(&d),
+        Mode::Chain { block: 8 },
+        &req(&prompt2, n - k, SamplingParams::default(), &[]),
+    );
+    assert_eq!(alone.new_tokens[0], out[0][k]);
+    b.force_rounds(Some(RoundKind::Draft));
+    let mut rounds = vec![Vec::new(); 2];
+    let mut done = vec![None; 2];
+    while b.live() > 0 {
+        for s in b.round().unwrap() {
+            rounds[s.index].push((s.round.drafted, s.round.accepted, s.round.tau_round));
+            done[s.index] = s.done.map(|g| g.new_tokens);
+        }
+    }
+    let want: Vec<_> = (alone.rounds.iter())
+        .map(|r| (r.drafted, r.accepted, r.tau_round))
+        .collect();
+    let whole = want.iter().take_while(|r| r.0 == 7).count();
+    assert!(
+        whole > 3 && want[..whole].iter().any(|r| r.1 > 0),
+        "{want:?}"
+    );
+    let mut all = out[0][..k].to_vec();
+    all.extend(&alone.new_tokens);
+    for (got, tokens) in rounds.iter().zip(&done) {
+        assert_eq!(got[..whole], want[..whole]);
+        assert_eq!(tokens.as_ref().unwrap(), &all);
+    }
+}
+
 #[test]
 fn a_session_moves_into_the_batch_and_slots_resize() {
     let t = tiny();

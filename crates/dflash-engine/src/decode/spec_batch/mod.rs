@@ -141,6 +141,13 @@ impl<'a> SpecBatch<'a> {
         &self.policy
     }
 
+    /// Every round from the next on is `kind` (`None`: the policy chooses each one). Example:
+    /// a chain batch forced to `RoundKind::Ar` for three rounds, then back to `Draft`, drafts
+    /// its fourth round from every row committed so far.
+    pub fn force_rounds(&mut self, kind: Option<RoundKind>) {
+        self.fixed = kind;
+    }
+
     /// Prefill `req` alone and take it into a free slot, under the caller's `index`: its first
     /// token, and its generation when that token ended it (no slot taken).
     pub fn admit(&mut self, index: usize, req: &Request) -> Result<(u32, Option<Generation>)> {
