@@ -1,4 +1,5 @@
 #include "../cuda/common.cuh"
+#include "gdn_mma.cuh"
 
 // ---------------------------------------------------------------------------------------------
 // The gated delta rule over a prefill's chain, chunked (`gdn_chunk.rs`; CPU twin `chunked_host`;
@@ -22,12 +23,22 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
 // 16-row diagonal blocks by forward substitution, the blocks below them by products, level by
 // level), X = T·(β v), Y = T·(β e^c k), and Q̃, K̃, P, c into the scratch.
 // Shared: K [GC][dk+4], q then v [GC][max(dk, dv)+4], A and T [GC][GCP], the products of a level [3][16][16].
-extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_f32(
+// TC: the Gram products and X, Y as TF32 tensor-core MMAs (ChunkMath::Tf32: dk a multiple of 16,
+// dv of 32), every row of a chunk computed (those past a short last chunk as zeros); else f32 FMAs.
+template <bool TC>
+__device__ __forceinline__ void gdn_chunk_prep(
     const float* __restrict__ rows, float* __restrict__ scratch, const unsigned* __restrict__ seqs,
-    int nseq, int hk, int hv, int dk,
-    int dv) {
-    extern __shared__ float4 gc_sm4[];
-    float* sm = (float*)gc_sm4;
+    int nseq, int hk, int hv, int dk, int dv) {
+    using namespace gtc;
+    float* sm;
+    if constexpr (TC) {
+        // 32-byte aligned for the tensor-core loads
+        extern __shared__ __align__(128) float gcp_tc_sm[];
+        sm = gcp_tc_sm;
+    } else {
+        extern __shared__ float4 gcp_sm4[];
+        sm = (float*)gcp_sm4;
+    }
     const int ks = dk + 4, vs = max(dk, dv) + 4;
     float* Ks = sm;
     float* Vs = Ks + GC * ks;
@@ -40,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_f32(
     float* sy = sx + GC;
     // sequence s: rows [seqs[s], seqs[s + 1]), chunks from seqs[nseq + 1 + s] of seqs[2·nseq + 1]
     const int kh = blockIdx.x, c = blockIdx.y, sq = blockIdx.z, group = hv / hk;
-    const int r0 = seqs[sq], len = seqs[sq + 1] - r0, nc = seqs[2 * nseq + 1], cb = seqs[nseq + 1 + sq];
+    const int r0 = seqs[sq], len = seqs[sq + 1] - r0, nc = seqs[2 * nseq + 1], cbase = seqs[nseq + 1 + sq];
     if (c * GC >= len) return;
     const int c0 = r0 + c * GC, l = min(GC, len - c * GC);
     const int kd = hk * dk, vd = hv * dv, w = 2 * kd + vd + 2 * hv;
@@ -66,28 +77,57 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_f32(
             }
         }
     }
-    if (tid < GC) {
+    if (!TC && tid < GC) {
 #pragma unroll
         for (int a = 0; a < 4; ++a) Ks[tid * ks + dk + a] = 0.0f;
     }
     __syncthreads();
     const int gi = tid >> 2, j0 = tid & 3;
     float kk[16], qk[16];
-#pragma unroll
-    for (int u = 0; u < 16; ++u) kk[u] = qk[u] = 0.0f;
-    for (int a = 0; a < dk; a += 4) {
-        const float4 ki = *(const float4*)&Ks[gi * ks + a];
-        const float4 qi = *(const float4*)&Vs[gi * vs + a];
+    if constexpr (TC) {
+        // k·kᵀ into A's tile, q·kᵀ into T's (tile t = 4·ti + tj of each, two per warp), then
+        // into registers in the FMA path's layout
+        for (int t = wp; t < 32; t += 8) {
+            const int m = t & 15, ti = m >> 2, tj = m & 3;
+            const float* a = (t < 16 ? Ks : Vs) + 16 * ti * (t < 16 ? ks : vs);
+            const int lda = t < 16 ? ks : vs;
+            Acc acc;
+            wmma::fill_fragment(acc, 0.0f);
+            ARow fa;
+            BCol fb;
+            for (int k = 0; k < dk; k += 8) {
+                wmma::load_matrix_sync(fa, a + k, lda);
+                wmma::load_matrix_sync(fb, Ks + 16 * tj * ks + k, ks);
+                to_tf32(fa);
+                to_tf32(fb);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync((t < 16 ? sA : sT) + 16 * ti * GCP + 16 * tj, acc, GCP,
+                                    wmma::mem_row_major);
+        }
+        __syncthreads();
 #pragma unroll
         for (int u = 0; u < 16; ++u) {
-            const float4 kj = *(const float4*)&Ks[(j0 + 4 * u) * ks + a];
-            kk[u] += dot4(ki, kj);
-            qk[u] += dot4(qi, kj);
+            kk[u] = sA[gi * GCP + j0 + 4 * u];
+            qk[u] = sT[gi * GCP + j0 + 4 * u];
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < 16; ++u) kk[u] = qk[u] = 0.0f;
+        for (int a = 0; a < dk; a += 4) {
+            const float4 ki = *(const float4*)&Ks[gi * ks + a];
+            const float4 qi = *(const float4*)&Vs[gi * vs + a];
+#pragma unroll
+            for (int u = 0; u < 16; ++u) {
+                const float4 kj = *(const float4*)&Ks[(j0 + 4 * u) * ks + a];
+                kk[u] += dot4(ki, kj);
+                qk[u] += dot4(qi, kj);
+            }
         }
     }
     for (int g = 0; g < group; ++g) {
         const int h = kh * group + g;
-        float* X = scratch + ((size_t)h * nc + cb + c) * per;
+        float* X = scratch + ((size_t)h * nc + cbase + c) * per;
         float* Y = X + (size_t)GC * dv;
         float* Qt = Y + (size_t)GC * dk;
         float* Kt = Qt + (size_t)GC * dk;
@@ -198,21 +238,53 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_f32(
             const float* src = pass == 0 ? Vs : Ks;
             const float* sc = pass == 0 ? sx : sy;
             float* dst = pass == 0 ? X : Y;
-            for (int cb = 0; cb < width; cb += 32) {
-                const int col = cb + lane, cl = min(col, width - 1);
-                for (int i = wp; i < l; i += 8) {
-                    float x = 0.0f;
-                    for (int m = 0; m <= i; m += 4) {
-                        const float4 t = *(const float4*)&sT[i * GCP + m];
-                        const float4 f = *(const float4*)&sc[m];
-                        x += t.x * f.x * src[m * stride + cl] + t.y * f.y * src[(m + 1) * stride + cl]
-                           + t.z * f.z * src[(m + 2) * stride + cl] + t.w * f.w * src[(m + 3) * stride + cl];
+            if constexpr (TC) {
+                // the scaled T in A's place; output tile t = ti·(width/16) + tn, warp w taking
+                // t = w, w + 8, …; row block ti sums over k < 16·(ti + 1) only
+                for (int idx = tid; idx < GC * GC; idx += blockDim.x) {
+                    const int i = idx >> 6, m = idx & 63;
+                    sA[i * GCP + m] = sT[i * GCP + m] * sc[m];
+                }
+                __syncthreads();
+                const int tw = width / 16;
+                for (int t = wp; t < 4 * tw; t += 8) {
+                    const int ti = t / tw, tn = t - ti * tw;
+                    Acc acc;
+                    wmma::fill_fragment(acc, 0.0f);
+                    mma_rr(acc, sA + 16 * ti * GCP, GCP, src + 16 * tn, stride, 16 * (ti + 1));
+                    wmma::store_matrix_sync(dst + (size_t)16 * ti * width + 16 * tn, acc, width,
+                                            wmma::mem_row_major);
+                }
+                __syncthreads();
+            } else {
+                for (int cb = 0; cb < width; cb += 32) {
+                    const int col = cb + lane, cl = min(col, width - 1);
+                    for (int i = wp; i < l; i += 8) {
+                        float x = 0.0f;
+                        for (int m = 0; m <= i; m += 4) {
+                            const float4 t = *(const float4*)&sT[i * GCP + m];
+                            const float4 f = *(const float4*)&sc[m];
+                            x += t.x * f.x * src[m * stride + cl] + t.y * f.y * src[(m + 1) * stride + cl]
+                               + t.z * f.z * src[(m + 2) * stride + cl] + t.w * f.w * src[(m + 3) * stride + cl];
+                        }
+                        if (col < width) dst[(size_t)i * width + col] = x;
                     }
-                    if (col < width) dst[(size_t)i * width + col] = x;
                 }
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_f32(
+    const float* __restrict__ rows, float* __restrict__ scratch, const unsigned* __restrict__ seqs,
+    int nseq, int hk, int hv, int dk, int dv) {
+    gdn_chunk_prep<false>(rows, scratch, seqs, nseq, hk, hv, dk, dv);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_tc_f32(
+    const float* __restrict__ rows, float* __restrict__ scratch, const unsigned* __restrict__ seqs,
+    int nseq, int hk, int hv, int dk, int dv) {
+    gdn_chunk_prep<true>(rows, scratch, seqs, nseq, hk, hv, dk, dv);
 }
 
 // One block of 256 threads per (value head, 32 value columns, sequence), chunk after chunk, the state
