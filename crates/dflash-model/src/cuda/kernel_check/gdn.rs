@@ -4,6 +4,7 @@
 use candle_core::{DType, Device, Result, Tensor};
 
 use super::{fill, push_rows, KernelCheck};
+use crate::ops::gdn_recurrence::RecurrenceDims;
 
 /// The tree of the Gated DeltaNet rows (parents of 8 rows: two branches off the root, a
 /// chain of three, a node with two children).
@@ -18,13 +19,20 @@ const CHECK_TREE: [Option<usize>; 8] = [
     Some(4),
 ];
 
+/// The Qwen3.6-27B layer's head sizes (16 key / 48 value heads of 128).
+const SHAPE_27B: RecurrenceDims = dims(16, 48, 128, 128);
+/// Small head sizes that are not multiples of 32 (three value heads per key head).
+const SMALL: RecurrenceDims = dims(2, 6, 24, 40);
+/// Head size 64, three value heads per key head: the tensor-core kernels' small case.
+const HEAD64: RecurrenceDims = dims(2, 6, 64, 64);
+
+const fn dims(hk: usize, hv: usize, dk: usize, dv: usize) -> RecurrenceDims {
+    RecurrenceDims { hk, hv, dk, dv }
+}
+
 /// Packed rows of the gated delta rule (`[n, row_len]`: q, k of unit scale as L2-normalised in
 /// the model, v, β in (0, 1), g < 0) and a non-zero state, seeded, on the CPU.
-pub(crate) fn gdn_rows(
-    dims: crate::ops::gdn_recurrence::RecurrenceDims,
-    n: usize,
-    seed: u64,
-) -> Result<(Tensor, Tensor)> {
+pub(crate) fn gdn_rows(dims: RecurrenceDims, n: usize, seed: u64) -> Result<(Tensor, Tensor)> {
     let (kd, vd) = (dims.hk * dims.dk, dims.hv * dims.dv);
     let qk = (fill(&[n, 2 * kd], seed, 1.0)? / (dims.dk as f64).sqrt())?;
     let v = fill(&[n, vd], seed + 1, 1.0)?;
@@ -39,28 +47,9 @@ pub(crate) fn gdn_rows(
 /// tile: a tree verify keeping every row's state, and a 96-row chain keeping the last (a
 /// prefill). `[o, states]` per case, on the CPU.
 fn gdn(dev: &Device) -> Result<Vec<Tensor>> {
-    use crate::ops::gdn_recurrence::{gdn_recurrence, RecurrenceDims};
+    use crate::ops::gdn_recurrence::gdn_recurrence;
     let mut out = Vec::new();
-    for (dims, seed) in [
-        (
-            RecurrenceDims {
-                hk: 16,
-                hv: 48,
-                dk: 128,
-                dv: 128,
-            },
-            20u64,
-        ),
-        (
-            RecurrenceDims {
-                hk: 2,
-                hv: 6,
-                dk: 24,
-                dv: 40,
-            },
-            30,
-        ),
-    ] {
+    for (dims, seed) in [(SHAPE_27B, 20u64), (SMALL, 30)] {
         let tree = CHECK_TREE.to_vec();
         let chain: Vec<Option<usize>> = (0..96).map(|i: usize| i.checked_sub(1)).collect();
         for (parents, keep) in [(tree, true), (chain, false)] {
@@ -84,20 +73,20 @@ fn gdn(dev: &Device) -> Result<Vec<Tensor>> {
 /// per case, on the CPU.
 fn gdn_chunk(dev: &Device) -> Result<Vec<Tensor>> {
     use crate::ops::gdn_chunk::ChunkMath;
-    gdn_chunk_cases(dev, ChunkMath::F32, &[(SMALL_CHUNK_DIMS, 150, 50)])
+    gdn_chunk_cases(dev, ChunkMath::F32, &[(SMALL, 150, 50)])
 }
 
 /// The tensor-core (TF32) kernels: the 27B case above, and a short last chunk at head size 64
 /// with three value heads per key head (150 rows: 64 + 64 + 22).
 fn gdn_chunk_tc(dev: &Device, math: crate::ops::gdn_chunk::ChunkMath) -> Result<Vec<Tensor>> {
-    gdn_chunk_cases(dev, math, &[(HEAD64_DIMS, 150, 51)])
+    gdn_chunk_cases(dev, math, &[(HEAD64, 150, 51)])
 }
 
 /// Three sequences of 150, 64 and 9 rows (head size 64, three value heads per key head) in
 /// one launch from their own states, in `math`. `[o, states]`, on the CPU.
 fn gdn_chunk_seqs(dev: &Device, math: crate::ops::gdn_chunk::ChunkMath) -> Result<Vec<Tensor>> {
     use crate::ops::gdn_chunk::gdn_chunked_seqs;
-    let d = HEAD64_DIMS;
+    let d = HEAD64;
     let lens = [150usize, 64, 9];
     let (rows, _) = gdn_rows(d, lens.iter().sum(), 52)?;
     let init = fill(&[lens.len(), d.state_len()], 53, 0.5)?;
@@ -108,39 +97,15 @@ fn gdn_chunk_seqs(dev: &Device, math: crate::ops::gdn_chunk::ChunkMath) -> Resul
     ])
 }
 
-/// Head size 64, three value heads per key head: the tensor-core kernels' small case.
-const HEAD64_DIMS: crate::ops::gdn_recurrence::RecurrenceDims =
-    crate::ops::gdn_recurrence::RecurrenceDims {
-        hk: 2,
-        hv: 6,
-        dk: 64,
-        dv: 64,
-    };
-
-const SMALL_CHUNK_DIMS: crate::ops::gdn_recurrence::RecurrenceDims =
-    crate::ops::gdn_recurrence::RecurrenceDims {
-        hk: 2,
-        hv: 6,
-        dk: 24,
-        dv: 40,
-    };
-
 /// The 27B-shape prefill (200 rows) then each of `more` (dims, rows, seed), in `math`.
 fn gdn_chunk_cases(
     dev: &Device,
     math: crate::ops::gdn_chunk::ChunkMath,
-    more: &[(crate::ops::gdn_recurrence::RecurrenceDims, usize, u64)],
+    more: &[(RecurrenceDims, usize, u64)],
 ) -> Result<Vec<Tensor>> {
     use crate::ops::gdn_chunk::gdn_chunked;
-    use crate::ops::gdn_recurrence::RecurrenceDims;
-    let big = RecurrenceDims {
-        hk: 16,
-        hv: 48,
-        dk: 128,
-        dv: 128,
-    };
     let mut out = Vec::new();
-    for &(dims, n, seed) in std::iter::once(&(big, 200usize, 40u64)).chain(more) {
+    for &(dims, n, seed) in std::iter::once(&(SHAPE_27B, 200usize, 40u64)).chain(more) {
         let (rows, init) = gdn_rows(dims, n, seed)?;
         let (o, st) = gdn_chunked(&rows.to_device(dev)?, &init.to_device(dev)?, dims, math)?;
         out.push(o.to_device(&Device::Cpu)?);
@@ -153,13 +118,7 @@ fn gdn_chunk_cases(
 /// over 3 committed conv inputs (K = 4). `[rows, normed]`, on the CPU.
 fn gdn_prep_and_norm(dev: &Device) -> Result<Vec<Tensor>> {
     use crate::ops::gdn_prep::{gated_norm, gdn_prep, window_index};
-    use crate::ops::gdn_recurrence::RecurrenceDims;
-    let d = RecurrenceDims {
-        hk: 16,
-        hv: 48,
-        dk: 128,
-        dv: 128,
-    };
+    let d = SHAPE_27B;
     let kk = 4;
     let parents = CHECK_TREE;
     let n = parents.len();
@@ -202,13 +161,8 @@ fn gdn_prep_and_norm(dev: &Device) -> Result<Vec<Tensor>> {
 fn gdn_slots(dev: &Device) -> Result<Vec<Tensor>> {
     use crate::layers::gdn::slot_windows;
     use crate::ops::gdn_prep::gdn_prep;
-    use crate::ops::gdn_recurrence::{gdn_recurrence_seqs, RecurrenceDims, NO_PARENT};
-    let d = RecurrenceDims {
-        hk: 16,
-        hv: 48,
-        dk: 128,
-        dv: 128,
-    };
+    use crate::ops::gdn_recurrence::{gdn_recurrence_seqs, NO_PARENT};
+    let d = SHAPE_27B;
     let (kk, b) = (4usize, 5usize);
     let c = 2 * d.hk * d.dk + d.hv * d.dv;
     let buf = Tensor::cat(
