@@ -209,17 +209,11 @@ pub fn tc_supported(d: RecurrenceDims) -> bool {
     d.dk <= 128 && d.dv <= 256 && d.dk.is_multiple_of(16) && d.dv.is_multiple_of(32)
 }
 
-/// The kernel pair for `math` at these head sizes: `(prep, scan, scratch floats per chunk)`.
-/// Example: the Qwen3.6-27B layer (dk = dv = 128) in `Tf32` → the tensor-core pair and
-/// 64·(128 + 3·128 + 64) + 64 floats per (value head, chunk).
+/// Whether `math` runs on the tensor-core kernels at these head sizes (those it does not take
+/// run the f32 kernels). Example: the Qwen3.6-27B layer (dk = dv = 128) in `Tf32` → yes.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn kernels(math: ChunkMath, d: RecurrenceDims) -> (&'static str, &'static str, usize) {
-    let tc = tc_supported(d);
-    let (prep, scan) = match math {
-        ChunkMath::Tf32 if tc => ("gdn_chunk_prep_tc", "gdn_chunk_scan_tc"),
-        _ => ("gdn_chunk_prep", "gdn_chunk_scan"),
-    };
-    (prep, scan, CHUNK * (d.dv + 3 * d.dk + CHUNK) + CHUNK)
+fn on_tensor_cores(math: ChunkMath, d: RecurrenceDims) -> bool {
+    math == ChunkMath::Tf32 && tc_supported(d)
 }
 
 struct Chunked {
@@ -309,31 +303,39 @@ impl CustomOp2 for Chunked {
         let dev = s1.device().clone();
         let rows = view::<f32>(s1, l1, "gdn rows")?;
         let init = view::<f32>(s2, l2, "gdn state")?;
-        let (_, scan_kernel, _) = kernels(self.math, d);
-        let tc = scan_kernel != "gdn_chunk_scan";
-        let scratch = prep_on_device(&dev, &rows, &self.lens, d, self.math)?;
-        let seqs = dev.clone_htod(&seq_table(&self.lens))?;
+        let tc = on_tensor_cores(self.math, d);
+        let seqs = SeqsOnDevice::new(&dev, &self.lens)?;
+        let scratch = prep_on_device(&dev, &rows, &seqs, d, tc)?;
         let out = alloc::<f32>(&dev, self.out_len(n))?;
-        let b = self.lens.len();
-        let (nseq, hk, hv, dk, dv) = (b as i32, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32);
+        let (nseq, hk, hv, dk, dv) = (
+            seqs.b as i32,
+            d.hk as i32,
+            d.hv as i32,
+            d.dk as i32,
+            d.dv as i32,
+        );
         let (ks, gcp) = (d.dk + 4, CHUNK + 4);
         // the tensor-core scan pads S and v' rows to 36 floats (no bank conflicts in its loads)
         let sp = if tc { 36 } else { 32 };
         let scan = LaunchConfig {
-            grid_dim: (d.hv as u32, d.dv.div_ceil(32) as u32, b as u32),
+            grid_dim: (d.hv as u32, d.dv.div_ceil(32) as u32, seqs.b as u32),
             block_dim: (256, 1, 1),
             shared_mem_bytes: ((d.dk * sp + CHUNK * (2 * ks + gcp + sp)) * 4) as u32,
         };
         launch!(
             dev,
-            scan_kernel,
+            if tc {
+                "gdn_chunk_scan_tc"
+            } else {
+                "gdn_chunk_scan"
+            },
             DType::F32,
             scan,
             rows,
             init,
             scratch,
             out,
-            seqs,
+            seqs.table,
             nseq,
             hk,
             hv,
@@ -347,41 +349,70 @@ impl CustomOp2 for Chunked {
     }
 }
 
+/// A call's sequences on the device: [`seq_table`] uploaded once for both kernels, how many,
+/// the most chunks one has and all chunks.
+#[cfg(feature = "cuda")]
+struct SeqsOnDevice {
+    table: candle_core::cuda_backend::cudarc::driver::CudaSlice<u32>,
+    b: usize,
+    max_chunks: usize,
+    chunks: usize,
+}
+
+#[cfg(feature = "cuda")]
+impl SeqsOnDevice {
+    fn new(dev: &candle_core::CudaDevice, lens: &[usize]) -> Result<Self> {
+        let table = seq_table(lens);
+        Ok(Self {
+            b: lens.len(),
+            max_chunks: lens.iter().map(|l| l.div_ceil(CHUNK)).max().unwrap_or(0),
+            chunks: table[2 * lens.len() + 1] as usize,
+            table: dev.clone_htod(&table)?,
+        })
+    }
+}
+
 /// The prep kernel alone into a fresh scratch buffer (the first half of [`gdn_chunked`] on a
-/// GPU).
+/// GPU): per (value head, chunk) 64·(dv + 3·dk + 64) + 64 floats, the same for both kernels.
 #[cfg(feature = "cuda")]
 fn prep_on_device(
     dev: &candle_core::CudaDevice,
     rows: &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
-    lens: &[usize],
+    seqs: &SeqsOnDevice,
     d: RecurrenceDims,
-    math: ChunkMath,
+    tc: bool,
 ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>> {
     use crate::cuda::ptx::{alloc, launch};
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
-    let table = seq_table(lens);
-    let (b, nc) = (lens.len(), table[2 * lens.len() + 1] as usize);
-    let max_nc = lens.iter().map(|l| l.div_ceil(CHUNK)).max().unwrap_or(0);
-    let seqs = dev.clone_htod(&table)?;
-    let (prep_kernel, _, per_chunk) = kernels(math, d);
-    let scratch = alloc::<f32>(dev, d.hv * nc * per_chunk)?;
-    let (nseq, hk, hv, dk, dv) = (b as i32, d.hk as i32, d.hv as i32, d.dk as i32, d.dv as i32);
+    let per_chunk = CHUNK * (d.dv + 3 * d.dk + CHUNK) + CHUNK;
+    let scratch = alloc::<f32>(dev, d.hv * seqs.chunks * per_chunk)?;
+    let (nseq, hk, hv, dk, dv) = (
+        seqs.b as i32,
+        d.hk as i32,
+        d.hv as i32,
+        d.dk as i32,
+        d.dv as i32,
+    );
     // shared memory as src/ops/gdn_chunk.cu lays it out; two blocks of each kernel fit an SM of
     // the H100/H200 (228 KiB) at head size 128
     let (ks, vs, gcp) = (d.dk + 4, d.dk.max(d.dv) + 4, CHUNK + 4);
     let prep = LaunchConfig {
-        grid_dim: (d.hk as u32, max_nc as u32, b as u32),
+        grid_dim: (d.hk as u32, seqs.max_chunks as u32, seqs.b as u32),
         block_dim: (256, 1, 1),
         shared_mem_bytes: ((CHUNK * (ks + vs + 2 * gcp) + 3 * 256 + 4 * CHUNK) * 4) as u32,
     };
     launch!(
         dev,
-        prep_kernel,
+        if tc {
+            "gdn_chunk_prep_tc"
+        } else {
+            "gdn_chunk_prep"
+        },
         DType::F32,
         prep,
         *rows,
         scratch,
-        seqs,
+        seqs.table,
         nseq,
         hk,
         hv,
@@ -426,7 +457,9 @@ impl candle_core::CustomOp1 for PrepOnly {
         let dev = s1.device().clone();
         let n = l1.shape().dims()[0];
         let rows = crate::cuda::ptx::view::<f32>(s1, l1, "gdn rows")?;
-        let scratch = prep_on_device(&dev, &rows, &[n], self.dims, self.math)?;
+        let seqs = SeqsOnDevice::new(&dev, &[n])?;
+        let tc = on_tensor_cores(self.math, self.dims);
+        let scratch = prep_on_device(&dev, &rows, &seqs, self.dims, tc)?;
         let len = scratch.len();
         Ok((
             candle_core::CudaStorage::wrap_cuda_slice(scratch, dev),
