@@ -307,13 +307,7 @@ impl CustomOp2 for Chunked {
         let seqs = SeqsOnDevice::new(&dev, &self.lens)?;
         let scratch = prep_on_device(&dev, &rows, &seqs, d, tc)?;
         let out = alloc::<f32>(&dev, self.out_len(n))?;
-        let (nseq, hk, hv, dk, dv) = (
-            seqs.b as i32,
-            d.hk as i32,
-            d.hv as i32,
-            d.dk as i32,
-            d.dv as i32,
-        );
+        let (nseq, hk, hv, dk, dv) = seqs.kernel_args(d);
         let (ks, gcp) = (d.dk + 4, CHUNK + 4);
         // the tensor-core scan pads S and v' rows to 36 floats (no bank conflicts in its loads)
         let sp = if tc { 36 } else { 32 };
@@ -370,6 +364,12 @@ impl SeqsOnDevice {
             table: dev.clone_htod(&table)?,
         })
     }
+
+    /// Both kernels' integer arguments: the sequences, then the head counts and sizes.
+    fn kernel_args(&self, d: RecurrenceDims) -> (i32, i32, i32, i32, i32) {
+        let i = |x: usize| x as i32;
+        (i(self.b), i(d.hk), i(d.hv), i(d.dk), i(d.dv))
+    }
 }
 
 /// The prep kernel alone into a fresh scratch buffer (the first half of [`gdn_chunked`] on a
@@ -386,13 +386,7 @@ fn prep_on_device(
     use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
     let per_chunk = CHUNK * (d.dv + 3 * d.dk + CHUNK) + CHUNK;
     let scratch = alloc::<f32>(dev, d.hv * seqs.chunks * per_chunk)?;
-    let (nseq, hk, hv, dk, dv) = (
-        seqs.b as i32,
-        d.hk as i32,
-        d.hv as i32,
-        d.dk as i32,
-        d.dv as i32,
-    );
+    let (nseq, hk, hv, dk, dv) = seqs.kernel_args(d);
     // shared memory as src/ops/gdn_chunk.cu lays it out; two blocks of each kernel fit an SM of
     // the H100/H200 (228 KiB) at head size 128
     let (ks, vs, gcp) = (d.dk + 4, d.dk.max(d.dv) + 4, CHUNK + 4);
