@@ -273,8 +273,7 @@ impl Bench {
     }
 
     /// The same forwards' device work, eager and as one CUDA graph (GPU only): the AR step, the
-    /// chain verify and the DDTree-8 and -32 verifies when among the budgets, with their names
-    /// and rows.
+    /// chain verify and each budget's DDTree verify, with their names and rows.
     pub fn graph_costs(
         &self,
         cache: &mut KvCache,
@@ -287,8 +286,7 @@ impl Bench {
             ("AR step".to_string(), DraftTree::chain(1, &[])),
             (format!("chain verify (B = {})", self.block), self.chain()),
         ];
-        // DDTree-8 and -32 verifies, when among the budgets
-        for b in budgets.iter().copied().filter(|b| [8, 32].contains(b)) {
+        for &b in budgets {
             forwards.push((
                 format!("DDTree-{b} verify"),
                 synthetic_tree(b, self.block - 1, self.vocab),

@@ -65,7 +65,7 @@ pub struct BenchShapeArgs {
     /// Also write the figures as JSON lines to this file, for `docs/bench/`: one row of the
     /// eager forwards and, on a GPU, one of the forwards replayed from CUDA graphs (`shape`,
     /// `impl`, `mode`, `ar_ms`, `verify16_ms` (the chain verify of `--block-size` rows),
-    /// `draft_ms`, `read_floor_ms`, `costmodel`: `{"tau", "dflash", "ddtree_best"}`).
+    /// `draft_ms`, `read_floor_ms`, `ddtree_verify_ms` (per budget), `costmodel`: `{"tau", "dflash", "ddtree_best"}`).
     #[arg(long)]
     pub output_json: Option<std::path::PathBuf>,
     /// Only capture the draft block, the AR step and the chain verify as CUDA graphs, replay

@@ -198,25 +198,37 @@ fn print_cost_model(e: &Eager, trees: &[TreeTime]) {
 /// of that mode, the (eager) draft block beside them.
 pub(super) fn write_json(path: &Path, a: &BenchShapeArgs, t: &Timings) -> Result<()> {
     let (e, floor) = (&t.eager, t.floor.seconds);
-    let row =
-        |mode: &str, ar: f64, chain: f64, trees: &[f64], (t_draft, t_draft_top): (f64, f64)| {
-            serde_json::json!({
-                "shape": a.model.shape,
-                "impl": "dflash-rs",
-                "mode": mode,
-                "device": a.model.run_on.device,
-                "dtype": a.model.run_on.dtype,
-                "cache_rows": a.cache,
-                "block_size": a.block_size,
-                "ar_ms": ar * 1e3,
-                "verify16_ms": chain * 1e3,
-                "draft_ms": t_draft * 1e3,
-                "draft_top32_ms": t_draft_top * 1e3,
-                "read_floor_ms": floor * 1e3,
-                "costmodel": costmodel(a.tau, ar, t_draft, chain, t_draft_top, trees),
-            })
-        };
-    let trees: Vec<f64> = t.trees.iter().map(|r| r.2).collect();
+    // each budget's DDTree verify, ms: `{"8": 25.5, …}`
+    let tree_ms = |trees: &[(usize, f64)]| -> serde_json::Map<String, serde_json::Value> {
+        trees
+            .iter()
+            .map(|&(b, t)| (b.to_string(), (t * 1e3).into()))
+            .collect()
+    };
+    let row = |mode: &str,
+               ar: f64,
+               chain: f64,
+               trees: &[(usize, f64)],
+               (t_draft, t_draft_top): (f64, f64)| {
+        let times: Vec<f64> = trees.iter().map(|t| t.1).collect();
+        serde_json::json!({
+            "shape": a.model.shape,
+            "impl": "dflash-rs",
+            "mode": mode,
+            "device": a.model.run_on.device,
+            "dtype": a.model.run_on.dtype,
+            "cache_rows": a.cache,
+            "block_size": a.block_size,
+            "ar_ms": ar * 1e3,
+            "verify16_ms": chain * 1e3,
+            "draft_ms": t_draft * 1e3,
+            "draft_top32_ms": t_draft_top * 1e3,
+            "read_floor_ms": floor * 1e3,
+            "ddtree_verify_ms": tree_ms(trees),
+            "costmodel": costmodel(a.tau, ar, t_draft, chain, t_draft_top, &times),
+        })
+    };
+    let trees: Vec<(usize, f64)> = t.trees.iter().map(|r| (r.0, r.2)).collect();
     let mut rows = vec![row("eager", e.ar, e.chain, &trees, (e.draft, e.draft_top))];
     let replay = |name: &str| {
         t.graphs
@@ -225,9 +237,10 @@ pub(super) fn write_json(path: &Path, a: &BenchShapeArgs, t: &Timings) -> Result
             .map(|g| g.2.replay)
     };
     if let (Some(g_ar), Some(g_chain)) = (replay("AR step"), replay("chain verify")) {
-        let g_trees: Vec<f64> = ["DDTree-8 verify", "DDTree-32 verify"]
+        let g_trees: Vec<(usize, f64)> = t
+            .trees
             .iter()
-            .filter_map(|n| replay(n))
+            .filter_map(|r| Some((r.0, replay(&format!("DDTree-{} verify", r.0))?)))
             .collect();
         let (mode, draft) = match t.draft_graph {
             Some((t, t_top, _)) => ("cuda graphs", (t, t_top)),
