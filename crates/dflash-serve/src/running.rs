@@ -87,6 +87,15 @@ impl<'e> Running<'e> {
         }
     }
 
+    /// Prompts one prefill forward takes: the AR batch's ([`Batch::prefill_chunk`]: one on
+    /// the CPU, up to 16 on a GPU); the speculative batch prefills one request at a time.
+    pub fn prefill_chunk(&self) -> usize {
+        match self {
+            Running::Ar(b) => b.prefill_chunk(),
+            Running::Spec(_) => 1,
+        }
+    }
+
     pub fn cancel(&mut self, index: usize) -> bool {
         match self {
             Running::Ar(b) => b.cancel(index),

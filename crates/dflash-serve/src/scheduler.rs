@@ -263,22 +263,28 @@ impl<'e> Sched<'e> {
             self.active.insert(id, Active::new(job));
             reqs.push(id);
         }
-        let reqs: Vec<(usize, &Request)> = reqs
-            .iter()
-            .map(|&id| (id, &self.active[&id].job.req))
-            .collect();
-        let ids: Vec<usize> = reqs.iter().map(|r| r.0).collect();
-        let admitted = self.batch.as_mut().expect("a batch").admit(&reqs);
-        match admitted {
-            Ok((progress, failed)) => {
-                self.deliver(progress, true);
-                for (id, e) in failed {
-                    self.fail(id, &format!("prefill failed: {e}"));
+        // shortest first, a prefill forward's worth at a time, each part's first tokens sent
+        // before the next part's prefill: with 16 prompts prefilled one by one (the CPU), the
+        // k-th waits for k prefills, not for all 16
+        reqs.sort_by_key(|id| self.active[id].job.req.prompt_ids.len());
+        let chunk = self.batch.as_ref().map_or(1, |b| b.prefill_chunk());
+        for ids in reqs.chunks(chunk) {
+            let part: Vec<(usize, &Request)> = ids
+                .iter()
+                .map(|&id| (id, &self.active[&id].job.req))
+                .collect();
+            let admitted = self.batch.as_mut().expect("a batch").admit(&part);
+            match admitted {
+                Ok((progress, failed)) => {
+                    self.deliver(progress, true);
+                    for (id, e) in failed {
+                        self.fail(id, &format!("prefill failed: {e}"));
+                    }
                 }
-            }
-            Err(e) => {
-                for id in ids {
-                    self.fail(id, &format!("prefill failed: {e}"));
+                Err(e) => {
+                    for &id in ids {
+                        self.fail(id, &format!("prefill failed: {e}"));
+                    }
                 }
             }
         }
