@@ -189,4 +189,7 @@ if os.environ.get("PROFILE"):
 print(json.dumps({"shape": shape, "impl": "pytorch+flex_attention", "features_ms": round(tf * 1e3, 2),
                   "step_ms": round(ts * 1e3, 2), "supervised_tok_s": round((SEQ - 1) / (tf + ts)),
                   "seq_len": SEQ, "anchors": ANCHORS, "draft_layers": LAYERS, "block_size": B,
-                  "torch": torch.__version__, "compiled": compiled}))
+                  "torch": torch.__version__, "compiled": compiled,
+                  # the caching allocator's high watermarks since the start (weights included)
+                  "peak_mem_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2),
+                  "reserved_mem_gb": round(torch.cuda.max_memory_reserved() / 1e9, 2)}))

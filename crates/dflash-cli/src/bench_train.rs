@@ -42,7 +42,8 @@ pub struct BenchTrainArgs {
     #[arg(long)]
     pub peak_tflops: Option<f64>,
     /// Also write the figures as one JSON row (`shape`, `impl`, `features_ms`, `step_ms`,
-    /// `supervised_tok_s`, `mfu_pct`, …) to this file, for `docs/bench/`.
+    /// `supervised_tok_s`, `mfu_pct`, `peak_mem_gb` (GPU: the tensors' high watermark since the
+    /// start, weights included), …) to this file, for `docs/bench/`.
     #[arg(long)]
     pub output_json: Option<std::path::PathBuf>,
     /// Print the nodes of the step's backward graph grouped by shape and dtype (candle's
@@ -88,7 +89,7 @@ pub fn run(a: BenchTrainArgs) -> Result<()> {
         tc: &tc,
     };
     let times = time_steps(&a, &dev, &inputs, &mut td, &mut opt)?;
-    report(&a, times, anchors.len(), shape.block_rows, flops)
+    report(&a, &dev, times, anchors.len(), shape.block_rows, flops)
 }
 
 /// The flags checked; on a GPU, the fused training kernels checked against their CPU twins
@@ -205,6 +206,7 @@ fn time_steps(
 /// The table (and the `--output-json` row): the medians, rows and tokens per second, FLOPs and MFU.
 fn report(
     a: &BenchTrainArgs,
+    dev: &candle_core::Device,
     times: StepTimes,
     anchors: usize,
     block_rows: usize,
@@ -240,6 +242,18 @@ fn report(
         (Some(p), Some(m)) => println!("| MFU (peak {p} TFLOP/s) | {m:.2} % |"),
         _ => println!("| MFU | pass --peak-tflops |"),
     }
+    // a failed read costs the figure, not the row
+    let peak = dflash_model::device::peak_memory(dev).unwrap_or_else(|e| {
+        eprintln!("peak device memory not read: {e:#}");
+        None
+    });
+    if let Some(p) = peak {
+        println!(
+            "| peak device memory (tensors / the pool's reservation) | {:.1} / {:.1} GB |",
+            p.used as f64 / 1e9,
+            p.reserved as f64 / 1e9
+        );
+    }
     dflash_model::profile::print_report("bench train");
     if let Some(path) = &a.output_json {
         let row = serde_json::json!({
@@ -257,6 +271,8 @@ fn report(
             "losses": losses,
             "device": a.model.run_on.device,
             "dtype": a.model.run_on.dtype,
+            "peak_mem_gb": peak.map(|p| p.used as f64 / 1e9),
+            "reserved_mem_gb": peak.map(|p| p.reserved as f64 / 1e9),
         });
         dflash_model::io::atomic::write_file(path, format!("{row}\n").as_bytes())?;
     }
