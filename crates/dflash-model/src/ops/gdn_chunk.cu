@@ -287,6 +287,56 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_prep_tc_f32(
     gdn_chunk_prep<true>(rows, scratch, seqs, nseq, hk, hv, dk, dv);
 }
 
+// GC rows of dk from the scratch into shared memory (rows padded to `ks`), every load issued
+// before the first store; no barrier (the caller's).
+__device__ __forceinline__ void gdn_stage_rows(const float* src, float* dst, int tid, int d4, int ks) {
+    float4 b[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const int idx = tid + u * 256;
+        if (idx < GC * d4) b[u] = *(const float4*)&src[(size_t)idx * 4];
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const int idx = tid + u * 256, i = idx / d4, a = (idx - i * d4) * 4;
+        if (idx < GC * d4) *(float4*)&dst[i * ks + a] = b[u];
+    }
+}
+
+// A chunk's Y and Q̃ (GC rows of dk, padded to `ks` in shared memory) and P (GC × GC, rows padded
+// to GCP) from the scratch into shared memory, by a block of 256 threads: every load issued
+// before the first store (dk ≤ 128: ≤ 8 float4 each), a barrier before the stores (the tiles'
+// last readers) and after them. Both scans' chunk step begins with it.
+__device__ __forceinline__ void gdn_stage_chunk(const float* Y, const float* Qt, const float* P,
+    float* Ys, float* Qs, float* Ps, int tid, int d4, int ks) {
+    float4 yb[8], qb[8], pb[4];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const int idx = tid + u * 256;
+        if (idx < GC * d4) {
+            yb[u] = *(const float4*)&Y[(size_t)idx * 4];
+            qb[u] = *(const float4*)&Qt[(size_t)idx * 4];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) pb[u] = *(const float4*)&P[(size_t)(tid + u * 256) * 4];
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const int idx = tid + u * 256, i = idx / d4, a = (idx - i * d4) * 4;
+        if (idx < GC * d4) {
+            *(float4*)&Ys[i * ks + a] = yb[u];
+            *(float4*)&Qs[i * ks + a] = qb[u];
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int idx = tid + u * 256;
+        *(float4*)&Ps[(idx >> 4) * GCP + (idx & 15) * 4] = pb[u];
+    }
+    __syncthreads();
+}
+
 // One block of 256 threads per (value head, 32 value columns, sequence), chunk after chunk, the state
 // tile S [dk][32] in shared memory: v' = X − Y·S, o = Q̃·S + P·v', S = e^{c_L} S + K̃ᵀ·v'.
 // out = o [rows, hv·dv], then each sequence's state after its last row [hv·dk·dv]. Shared: S, Y and Q̃ (then K̃)
@@ -328,33 +378,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
             const int i = wp + 8 * r;
             xv[r] = (i < l && live) ? X[(size_t)i * dv + j] : 0.0f;
         }
-        // Y, Q̃ and P: every load issued before the first store (dk ≤ 128: ≤ 8 float4 each)
-        float4 yb[8], qb[8], pb[4];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int idx = tid + u * 256;
-            if (idx < GC * d4) {
-                yb[u] = *(const float4*)&Y[(size_t)idx * 4];
-                qb[u] = *(const float4*)&Qt[(size_t)idx * 4];
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) pb[u] = *(const float4*)&P[(size_t)(tid + u * 256) * 4];
-        __syncthreads();
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int idx = tid + u * 256, i = idx / d4, a = (idx - i * d4) * 4;
-            if (idx < GC * d4) {
-                *(float4*)&Ys[i * ks + a] = yb[u];
-                *(float4*)&Qs[i * ks + a] = qb[u];
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int idx = tid + u * 256;
-            *(float4*)&Ps[(idx >> 4) * GCP + (idx & 15) * 4] = pb[u];
-        }
-        __syncthreads();
+        gdn_stage_chunk(Y, Qt, P, Ys, Qs, Ps, tid, d4, ks);
         float av[8], ao[8];
 #pragma unroll
         for (int r = 0; r < 8; ++r) av[r] = ao[r] = 0.0f;
@@ -387,16 +411,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
                 if (live) out[(size_t)(c0 + i) * vd + h * dv + j] = o;
             }
         }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int idx = tid + u * 256;
-            if (idx < GC * d4) qb[u] = *(const float4*)&Kt[(size_t)idx * 4];
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int idx = tid + u * 256, i = idx / d4, a = (idx - i * d4) * 4;
-            if (idx < GC * d4) *(float4*)&Qs[i * ks + a] = qb[u];
-        }
+        gdn_stage_rows(Kt, Qs, tid, d4, ks);
         __syncthreads();
         // S = e^{c_L} S + K̃ᵀ v': thread → rows a = 32t + 4·wp + u of S, its column
         for (int a = 4 * wp; a < dk; a += 32) {

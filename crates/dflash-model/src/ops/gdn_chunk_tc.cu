@@ -11,8 +11,7 @@
 // every row of a chunk, those past a short last chunk as zeros, so the products need no row
 // bounds.
 // ---------------------------------------------------------------------------------------------
-#define TGC 64
-#define TGCP 68
+// GC and GCP: the chunk and its padded row of gdn_chunk.cu, which kernels.cu includes first
 #define TSP 36
 
 // One block of 256 threads per (value head, 32 value columns, sequence), chunk after chunk, as
@@ -29,51 +28,26 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_tc_f32(
     const int ks = dk + 4, d4 = dk / 4;
     float* S = gtc_sm;
     float* Ys = S + dk * TSP;
-    float* Qs = Ys + TGC * ks;
-    float* Ps = Qs + TGC * ks;
-    float* vn = Ps + TGC * TGCP;
+    float* Qs = Ys + GC * ks;
+    float* Ps = Qs + GC * ks;
+    float* vn = Ps + GC * GCP;
     const int h = blockIdx.x, j0 = blockIdx.y * 32, sq = blockIdx.z;
     const int r0 = seqs[sq], len = seqs[sq + 1] - r0, nct = seqs[2 * nseq + 1], cb = seqs[nseq + 1 + sq];
     const int nc = seqs[nseq + 2 + sq] - cb;
     init += (size_t)sq * hv * dk * dv;
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int vd = hv * dv, ti = wp >> 1, tn = wp & 1;
-    const size_t per = (size_t)TGC * (dv + 3 * dk + TGC) + TGC;
+    const size_t per = (size_t)GC * (dv + 3 * dk + GC) + GC;
     for (int a = wp; a < dk; a += 8) S[a * TSP + lane] = init[((size_t)h * dk + a) * dv + j0 + lane];
     for (int c = 0; c < nc; ++c) {
-        const int c0 = r0 + c * TGC, l = min(TGC, len - c * TGC);
+        const int c0 = r0 + c * GC, l = min(GC, len - c * GC);
         const float* X = scratch + ((size_t)h * nct + cb + c) * per;
-        const float* Y = X + (size_t)TGC * dv;
-        const float* Qt = Y + (size_t)TGC * dk;
-        const float* Kt = Qt + (size_t)TGC * dk;
-        const float* P = Kt + (size_t)TGC * dk;
-        const float last = P[TGC * TGC + l - 1], el = expf(last);
-        float4 yb[8], qb[8], pb[4];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int idx = tid + u * 256;
-            if (idx < TGC * d4) {
-                yb[u] = *(const float4*)&Y[(size_t)idx * 4];
-                qb[u] = *(const float4*)&Qt[(size_t)idx * 4];
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) pb[u] = *(const float4*)&P[(size_t)(tid + u * 256) * 4];
-        __syncthreads();
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int idx = tid + u * 256, i = idx / d4, a = (idx - i * d4) * 4;
-            if (idx < TGC * d4) {
-                *(float4*)&Ys[i * ks + a] = yb[u];
-                *(float4*)&Qs[i * ks + a] = qb[u];
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int idx = tid + u * 256;
-            *(float4*)&Ps[(idx >> 4) * TGCP + (idx & 15) * 4] = pb[u];
-        }
-        __syncthreads();
+        const float* Y = X + (size_t)GC * dv;
+        const float* Qt = Y + (size_t)GC * dk;
+        const float* Kt = Qt + (size_t)GC * dk;
+        const float* P = Kt + (size_t)GC * dk;
+        const float last = P[GC * GC + l - 1], el = expf(last);
+        gdn_stage_chunk(Y, Qt, P, Ys, Qs, Ps, tid, d4, ks);
         // v' = X − Y·S (X straight from the scratch into the accumulator) and o = Q̃·S
         Acc av, ao;
         wmma::load_matrix_sync(av, X + (size_t)16 * ti * dv + j0 + 16 * tn, dv, wmma::mem_row_major);
@@ -97,25 +71,16 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_tc_f32(
         __syncthreads();
         // K̃ over Q̃ (read by every warp above), then o += P·v' (P zero above its diagonal) and
         // S ← e^{c_L} S + K̃ᵀ·v'
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int idx = tid + u * 256;
-            if (idx < TGC * d4) qb[u] = *(const float4*)&Kt[(size_t)idx * 4];
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const int idx = tid + u * 256, i = idx / d4, a = (idx - i * d4) * 4;
-            if (idx < TGC * d4) *(float4*)&Qs[i * ks + a] = qb[u];
-        }
-        mma_rr(ao, Ps + 16 * ti * TGCP, TGCP, vn + 16 * tn, TSP, 16 * (ti + 1));
-        if (l == TGC) {
+        gdn_stage_rows(Kt, Qs, tid, d4, ks);
+        mma_rr(ao, Ps + 16 * ti * GCP, GCP, vn + 16 * tn, TSP, 16 * (ti + 1));
+        if (l == GC) {
             wmma::store_matrix_sync(out + (size_t)(c0 + 16 * ti) * vd + h * dv + j0 + 16 * tn, ao, vd,
                                     wmma::mem_row_major);
         } else {
             wmma::store_matrix_sync(Ys + 16 * ti * TSP + 16 * tn, ao, TSP, wmma::mem_row_major);
         }
         __syncthreads();
-        if (l < TGC)
+        if (l < GC)
             for (int i = wp; i < l; i += 8) out[(size_t)(c0 + i) * vd + h * dv + j0 + lane] = Ys[i * TSP + lane];
         for (int t = wp; t < (dk / 16) * 2; t += 8) {
             const int ta = t >> 1, tb = t & 1;
@@ -125,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_tc_f32(
             for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= el;
             ACol fk;
             BRow fv;
-            for (int m = 0; m < TGC; m += 8) {
+            for (int m = 0; m < GC; m += 8) {
                 wmma::load_matrix_sync(fk, Qs + m * ks + 16 * ta, ks);
                 wmma::load_matrix_sync(fv, vn + m * TSP + 16 * tb, TSP);
                 to_tf32(fk);
