@@ -14,6 +14,31 @@
 #define GC 64
 #define GCP 68
 
+// The sequence table (`SeqsOnDevice` in gdn_chunk.rs): sequence s holds rows [seqs[s], seqs[s + 1])
+// and chunks [seqs[nseq + 1 + s], seqs[nseq + 2 + s]) of seqs[2·nseq + 1] in all. Example: two
+// sequences of 100 and 30 rows: seqs = [0, 100, 130, 0, 2, 3].
+struct GdnSeq {
+    int r0, len, first, chunks, all;
+};
+__device__ __forceinline__ GdnSeq gdn_seq(const unsigned* seqs, int nseq, int s) {
+    GdnSeq q;
+    q.r0 = seqs[s];
+    q.len = seqs[s + 1] - q.r0;
+    q.first = seqs[nseq + 1 + s];
+    q.chunks = seqs[nseq + 2 + s] - q.first;
+    q.all = seqs[2 * nseq + 1];
+    return q;
+}
+
+// Chunk c of sequence q in head h's part of the scratch (the prep writes it, the scans read it),
+// head after head and chunk after chunk: X [GC][dv], then Y, Q̃ and K̃ [GC][dk], then P [GC][GC]
+// and the chunk's cumulative decays [GC].
+template <typename F>
+__device__ __forceinline__ F* gdn_slab(F* scratch, int h, const GdnSeq& q, int c, int dk, int dv) {
+    const size_t len = (size_t)GC * (dv + 3 * dk + GC) + GC;
+    return scratch + ((size_t)h * q.all + q.first + c) * len;
+}
+
 __device__ __forceinline__ float dot4(float4 a, float4 b) {
     return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
@@ -49,14 +74,13 @@ __device__ __forceinline__ void gdn_chunk_prep(
     float* beta = cum + GC;
     float* sx = beta + GC;
     float* sy = sx + GC;
-    // sequence s: rows [seqs[s], seqs[s + 1]), chunks from seqs[nseq + 1 + s] of seqs[2·nseq + 1]
     const int kh = blockIdx.x, c = blockIdx.y, sq = blockIdx.z, group = hv / hk;
-    const int r0 = seqs[sq], len = seqs[sq + 1] - r0, nc = seqs[2 * nseq + 1], cbase = seqs[nseq + 1 + sq];
+    const GdnSeq q = gdn_seq(seqs, nseq, sq);
+    const int r0 = q.r0, len = q.len;
     if (c * GC >= len) return;
     const int c0 = r0 + c * GC, l = min(GC, len - c * GC);
     const int kd = hk * dk, vd = hv * dv, w = 2 * kd + vd + 2 * hv;
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
-    const size_t per = (size_t)GC * (dv + 3 * dk + GC) + GC;
     // k and q of the chunk, 16 values per thread in flight (every load issued before the stores)
     for (int base = 0; base < GC * dk; base += 16 * 256) {
         float kb[16], qb[16];
@@ -127,7 +151,7 @@ __device__ __forceinline__ void gdn_chunk_prep(
     }
     for (int g = 0; g < group; ++g) {
         const int h = kh * group + g;
-        float* X = scratch + ((size_t)h * nc + cbase + c) * per;
+        float* X = gdn_slab(scratch, h, q, c, dk, dv);
         float* Y = X + (size_t)GC * dv;
         float* Qt = Y + (size_t)GC * dk;
         float* Kt = Qt + (size_t)GC * dk;
@@ -355,18 +379,17 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
     float* Ps = Qs + GC * ks;
     float* vn = Ps + GC * GCP;
     const int h = blockIdx.x, j0 = blockIdx.y * 32, sq = blockIdx.z;
-    const int r0 = seqs[sq], len = seqs[sq + 1] - r0, nct = seqs[2 * nseq + 1], cb = seqs[nseq + 1 + sq];
-    const int nc = seqs[nseq + 2 + sq] - cb;
+    const GdnSeq q = gdn_seq(seqs, nseq, sq);
+    const int r0 = q.r0, len = q.len, nc = q.chunks;
     init += (size_t)sq * hv * dk * dv;
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int vd = hv * dv;
     const bool live = j0 + lane < dv;
     const int j = live ? j0 + lane : 0;
-    const size_t per = (size_t)GC * (dv + 3 * dk + GC) + GC;
     for (int a = wp; a < dk; a += 8) S[a * 32 + lane] = live ? init[((size_t)h * dk + a) * dv + j] : 0.0f;
     for (int c = 0; c < nc; ++c) {
         const int c0 = r0 + c * GC, l = min(GC, len - c * GC);
-        const float* X = scratch + ((size_t)h * nct + cb + c) * per;
+        const float* X = gdn_slab(scratch, h, q, c, dk, dv);
         const float* Y = X + (size_t)GC * dv;
         const float* Qt = Y + (size_t)GC * dk;
         const float* Kt = Qt + (size_t)GC * dk;

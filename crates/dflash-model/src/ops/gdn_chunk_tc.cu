@@ -32,16 +32,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_tc_f32(
     float* Ps = Qs + GC * ks;
     float* vn = Ps + GC * GCP;
     const int h = blockIdx.x, j0 = blockIdx.y * 32, sq = blockIdx.z;
-    const int r0 = seqs[sq], len = seqs[sq + 1] - r0, nct = seqs[2 * nseq + 1], cb = seqs[nseq + 1 + sq];
-    const int nc = seqs[nseq + 2 + sq] - cb;
+    const GdnSeq q = gdn_seq(seqs, nseq, sq);
+    const int r0 = q.r0, len = q.len, nc = q.chunks;
     init += (size_t)sq * hv * dk * dv;
     const int tid = threadIdx.x, lane = tid & 31, wp = tid >> 5;
     const int vd = hv * dv, ti = wp >> 1, tn = wp & 1;
-    const size_t per = (size_t)GC * (dv + 3 * dk + GC) + GC;
     for (int a = wp; a < dk; a += 8) S[a * TSP + lane] = init[((size_t)h * dk + a) * dv + j0 + lane];
     for (int c = 0; c < nc; ++c) {
         const int c0 = r0 + c * GC, l = min(GC, len - c * GC);
-        const float* X = scratch + ((size_t)h * nct + cb + c) * per;
+        const float* X = gdn_slab(scratch, h, q, c, dk, dv);
         const float* Y = X + (size_t)GC * dv;
         const float* Qt = Y + (size_t)GC * dk;
         const float* Kt = Qt + (size_t)GC * dk;
