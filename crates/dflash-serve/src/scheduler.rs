@@ -263,9 +263,14 @@ impl<'e> Sched<'e> {
             self.active.insert(id, Active::new(job));
             reqs.push(id);
         }
-        // shortest first, a prefill forward's worth at a time, each part's first tokens sent
-        // before the next part's prefill: with 16 prompts prefilled one by one (the CPU), the
-        // k-th waits for k prefills, not for all 16
+        self.prefill(reqs);
+    }
+
+    /// Prefill admitted requests (their ids in `active`) into the batch: shortest first, a prefill
+    /// forward's worth at a time, each part's first tokens sent before the next part's prefill
+    /// (with 16 prompts prefilled one by one on the CPU, the k-th waits for k prefills, not
+    /// for all 16). A part that fails to prefill fails its requests alone.
+    fn prefill(&mut self, mut reqs: Vec<usize>) {
         reqs.sort_by_key(|id| self.active[id].job.req.prompt_ids.len());
         let chunk = self.batch.as_ref().map_or(1, |b| b.prefill_chunk());
         for ids in reqs.chunks(chunk) {
