@@ -36,9 +36,11 @@
 #include "../ops/sampled_tree.cu"
 #include "../ops/top_k.cu"
 
-// Gated DeltaNet: the recurrence, the layer's prep and gated norm, the chunked prefill
+// Gated DeltaNet: the recurrence, the layer's prep and gated norm, the conv window's settle,
+// the chunked prefill
 #include "../ops/gdn_recurrence.cu"
 #include "../ops/gdn_prep.cu"
+#include "../ops/gdn_settle.cu"
 #include "../ops/gdn_chunk.cu"
 #include "../ops/gdn_chunk_tc.cu"
 

@@ -53,7 +53,8 @@ pub fn compute_dtype(d: DType) -> DType {
 pub struct RmsNorm {
     pub weight: Tensor,
     pub eps: f64,
-    /// Zero-centred weights (qwen3_5): `norm(x) · (1 + w)`, multiplied in f32 before the cast.
+    /// Zero-centred weights (qwen3_5): `norm(x) · (1 + w)`, multiplied in f32 before the cast;
+    /// the weight then kept in f32 (f64 stays f64), the kernels' operand as it is.
     pub one_plus: bool,
 }
 
@@ -65,17 +66,26 @@ impl RmsNorm {
             one_plus: false,
         }
     }
-    pub fn zero_centred(weight: Tensor, eps: f64) -> Self {
-        Self {
+    pub fn zero_centred(weight: Tensor, eps: f64) -> Result<Self> {
+        let weight = match weight.dtype() {
+            DType::F64 => weight,
+            _ => weight.to_dtype(DType::F32)?,
+        };
+        Ok(Self {
             weight,
             eps,
             one_plus: true,
-        }
+        })
     }
 
     /// The normalisation (see the module doc): fused for f32/bf16/f16 with plain weights, with
-    /// a backward when `x` or the weight carries a graph; otherwise [`RmsNorm::forward_composed`].
+    /// a backward when `x` or the weight carries a graph; zero-centred weights one kernel on a
+    /// GPU ([`crate::ops::add_norm::zero_centred_norm`]); otherwise
+    /// [`RmsNorm::forward_composed`].
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(y) = crate::ops::add_norm::zero_centred_norm(x, self)? {
+            return Ok(y);
+        }
         if self.one_plus || !matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16) {
             return self.forward_composed(x);
         }

@@ -1,50 +1,59 @@
 #include "../cuda/common.cuh"
 
 // ---------------------------------------------------------------------------------------------
-// A Gated DeltaNet layer's prep (`gdn_prep.rs`; CPU twin `prep_host`): one block per row i.
-// conv[ch] = SiLU(Σ_tap w[tap][ch] · buf[idx[i][tap]][ch]) (the zero row skipped), taps newest
-// first; q, k heads L2-normalised (q · dk^-½); v copied; β = sigmoid(b), g = neg_a · softplus(a
-// + dt_bias). out[i] = q | k | v | β | g; the conv goes to out first and is normalised in place.
+// A Gated DeltaNet layer's prep (`gdn_prep.rs`; CPU twin `prep_host`): one block per (row i,
+// segment s), the segments the row's q heads, k heads, v heads, then one for β and g, so one
+// row alone (an AR step) still fills the SMs. A head's block: conv[ch] = SiLU(Σ_tap w[tap][ch]
+// · buf[idx[i][tap]][ch]) (the zero row skipped), taps newest first; a q or k head then
+// L2-normalised (q · dk^-½), a v head copied. The last block: β = sigmoid(b), g = neg_a ·
+// softplus(a + dt_bias). out[i] = q | k | v | β | g. Example: Qwen3.6-27B (16 key heads, 48
+// value heads): 16 + 16 + 48 + 1 = 81 blocks a row.
 // ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 
-extern "C" __global__ void gdn_prep_f32(const float* buf, const float* ba, const uint32_t* idx,
-    const float* consts, float* out, int hk, int hv, int dk, int dv, int K, uint32_t zero_row) {
-    const int i = blockIdx.x;
+extern "C" __global__ void gdn_prep_f32(const float* buf, const float* more, uint32_t held,
+    const float* ba, const uint32_t* idx, const float* consts, float* out, int hk, int hv, int dk,
+    int dv, int K, uint32_t zero_row) {
+    __shared__ float sh[32];
+    const int i = blockIdx.x, s = blockIdx.y;
     const int kd = hk * dk, vd = hv * dv, c = 2 * kd + vd, w = c + 2 * hv;
-    // zero_row: the buffer's last row (its rows: K - 1 + n for one sequence, every slot's
-    // K - 1 and its row for a batched step)
     float* o = out + (size_t)i * w;
-    for (int ch = threadIdx.x; ch < c; ch += blockDim.x) {
+    if (s == 2 * hk + hv) {
+        const float* dt_bias = consts + (size_t)K * c;
+        const float* neg_a = dt_bias + hv;
+        for (int h = threadIdx.x; h < hv; h += blockDim.x) {
+            const float b = ba[(size_t)i * 2 * hv + h];
+            const float a = ba[(size_t)i * 2 * hv + hv + h] + dt_bias[h];
+            o[c + h] = 1.0f / (1.0f + expf(-b));
+            o[c + hv + h] = neg_a[h] * (a > 20.0f ? a : log1pf(expf(a)));
+        }
+        return;
+    }
+    const bool qk = s < 2 * hk;
+    const int ch0 = qk ? s * dk : 2 * kd + (s - 2 * hk) * dv, len = qk ? dk : dv;
+    // the window's rows: buf's `held` rows, then more's; zero_row (one past them) reads zeros
+    // (the rows: K - 1 committed and n new for one sequence, every slot's K - 1 and its row for
+    // a batched step)
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        const int ch = ch0 + j;
         float acc = 0.0f;
         for (int tap = K - 1; tap >= 0; --tap) {
             const uint32_t r = idx[(size_t)i * K + tap];
             if (r == zero_row) continue;
-            acc += consts[(size_t)tap * c + ch] * buf[(size_t)r * c + ch];
+            const float* src = r < held ? buf + (size_t)r * c : more + (size_t)(r - held) * c;
+            acc += consts[(size_t)tap * c + ch] * src[ch];
         }
-        o[ch] = silu_f(acc);
+        const float v = silu_f(acc);
+        o[ch] = v;
+        ss += v * v;
     }
-    __syncthreads();
-    // one warp per (q or k, head): Σ x², then the scale
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-    for (int s = warp; s < 2 * hk; s += nw) {
-        float* x = o + (size_t)s * dk;  // q heads first, then k heads
-        float ss = 0.0f;
-        for (int j = lane; j < dk; j += 32) ss += x[j] * x[j];
-        for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffff, ss, off);
-        float scale = 1.0f / sqrtf(ss + 1e-6f);
-        if (s < hk) scale = scale / sqrtf((float)dk);
-        __syncwarp();
-        for (int j = lane; j < dk; j += 32) x[j] = x[j] * scale;
-    }
-    const float* dt_bias = consts + (size_t)K * c;
-    const float* neg_a = dt_bias + hv;
-    for (int h = threadIdx.x; h < hv; h += blockDim.x) {
-        const float b = ba[(size_t)i * 2 * hv + h];
-        const float a = ba[(size_t)i * 2 * hv + hv + h] + dt_bias[h];
-        o[c + h] = 1.0f / (1.0f + expf(-b));
-        o[c + hv + h] = neg_a[h] * (a > 20.0f ? a : log1pf(expf(a)));
-    }
+    if (!qk) return;
+    // the head's Σ x², then the scale (each thread rescales the values it wrote)
+    ss = block_sum(ss, sh);
+    float scale = 1.0f / sqrtf(ss + 1e-6f);
+    if (s < hk) scale = scale / sqrtf((float)dk);
+    for (int j = threadIdx.x; j < len; j += blockDim.x) o[ch0 + j] *= scale;
 }
 
 // The gated RMSNorm (`gdn_prep.rs`; CPU twin `gated_norm_host`): one block per (row, value head)

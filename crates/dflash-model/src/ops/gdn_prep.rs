@@ -12,8 +12,10 @@
 //! 2, new row 0, new row 1, new row 3) = indices (2, 3, 4, 6).
 //!
 //! # Shapes
-//! - `buf` `[K−1 + n + 1, C]` f32 (or any rows whose last is the zero row: a batched step's
-//!   is every slot's K−1 committed rows, then its new rows, [`crate::layers::gdn::slot_windows`]),
+//! - the rows the windows read, `[committed (K−1) | new rows (n)]` f32, as one buffer or as
+//!   two (the committed inputs and the new rows' projections: no concatenation); the index one
+//!   past the last row is the zero row, read as zeros and never stored (a batched step's rows
+//!   are every slot's K−1 committed rows, then its new rows, [`crate::layers::gdn::slot_windows`]);
 //!   `ba` `[n, 2·Hv]` (b | a), `idx` `[n, K]` u32;
 //! - the layer's constants `[K·C + 2·Hv]`: the conv weight tap-major `[K, C]`, `dt_bias`,
 //!   `−exp(A_log)`;
@@ -68,12 +70,13 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
-/// The prep's CPU twin over host slices: rows `[n, W]`. The conv sums a row's taps newest
-/// first (the row, its parent, …), the host path's order.
+/// The prep's CPU twin over host slices: rows `[n, W]`. The windows read the rows of `buf`
+/// then those of `more` (see the module doc); the conv sums a row's taps newest first (the
+/// row, its parent, …), the host path's order.
 pub fn prep_host(
     d: RecurrenceDims,
     kernel: usize,
-    buf: &[f32],
+    (buf, more): (&[f32], &[f32]),
     ba: &[f32],
     idx: &[u32],
     consts: &[f32],
@@ -86,7 +89,7 @@ pub fn prep_host(
         &consts[kernel * c..kernel * c + d.hv],
         &consts[kernel * c + d.hv..],
     );
-    let zero_row = buf.len() / c - 1;
+    let (held, zero_row) = (buf.len() / c, (buf.len() + more.len()) / c);
     let mut rows = vec![0f32; n * d.row_len()];
     let mut conv = vec![0f32; c];
     for i in 0..n {
@@ -96,7 +99,10 @@ pub fn prep_host(
             if r == zero_row {
                 continue;
             }
-            let src = &buf[r * c..(r + 1) * c];
+            let src = match r < held {
+                true => &buf[r * c..(r + 1) * c],
+                false => &more[(r - held) * c..(r - held + 1) * c],
+            };
             for (ch, acc) in conv.iter_mut().enumerate() {
                 *acc += conv_w[tap * c + ch] * src[ch];
             }
@@ -144,9 +150,12 @@ pub fn gated_norm_host(o: &[f32], z: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     out
 }
 
-/// The fused prep (see the module doc): rows `[n, W]` f32 on the inputs' device.
+/// The fused prep (see the module doc): rows `[n, W]` f32 on the inputs' device. The windows
+/// read `buf`'s rows, then `more`'s where given; the index one past them is the zero row.
+/// Example: K = 4, a chain step of one row: `buf` the 3 committed inputs, `more` the new row's
+/// projection, window (0, 1, 2, 3).
 pub fn gdn_prep(
-    buf: &Tensor,
+    (buf, more): (&Tensor, Option<&Tensor>),
     ba: &Tensor,
     idx: &Tensor,
     consts: &Tensor,
@@ -160,6 +169,7 @@ pub fn gdn_prep(
             dims,
             kernel,
             consts: consts.contiguous()?,
+            more: more.map(|m| m.contiguous()).transpose()?,
         },
     )
 }
@@ -184,6 +194,8 @@ struct Prep {
     dims: RecurrenceDims,
     kernel: usize,
     consts: Tensor,
+    /// The rows after the buffer's, `[m, C]` f32 (the new rows' projections), if apart.
+    more: Option<Tensor>,
 }
 
 impl CustomOp3 for Prep {
@@ -203,10 +215,14 @@ impl CustomOp3 for Prep {
         let buf = cpu_slice::<f32>(s1, l1, "gdn prep buffer")?;
         let ba = cpu_slice::<f32>(s2, l2, "gdn prep b|a")?;
         let idx = cpu_slice::<u32>(s3, l3, "gdn prep windows")?;
+        let more = match &self.more {
+            Some(m) => consts_host(m)?,
+            None => Vec::new(),
+        };
         let rows = prep_host(
             self.dims,
             self.kernel,
-            buf,
+            (buf, &more),
             ba,
             idx,
             &consts_host(&self.consts)?,
@@ -225,8 +241,9 @@ impl CustomOp3 for Prep {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, launch, rows, view, with_held_view};
+        use crate::cuda::ptx::{alloc, launch, view, with_held_view};
         use candle_core::backend::BackendStorage;
+        use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig};
         let d = self.dims;
         let n = l3.shape().elem_count() / self.kernel;
         let dev = s1.device().clone();
@@ -241,28 +258,48 @@ impl CustomOp3 for Prep {
             d.dv as i32,
             self.kernel as i32,
         );
-        // the buffer's last row is the zero row, as the CPU twin reads it
-        let zero_row = (l1.shape().dims()[0] - 1) as u32;
-        with_held_view(&self.consts, "gdn prep constants", |consts| {
-            launch!(
-                dev,
-                "gdn_prep",
-                DType::F32,
-                rows(n, 256),
-                buf,
-                ba,
-                idx,
-                consts,
-                out,
-                hk,
-                hv,
-                dk,
-                dv,
-                k,
-                zero_row
-            );
-            Ok(())
-        })?;
+        // the rows after the buffer's: the new rows' own tensor, or none (the buffer again,
+        // never read); the index past both is the zero row, as the CPU twin reads it
+        let held = l1.shape().dims()[0] as u32;
+        let more_rows = match &self.more {
+            Some(m) => m.dim(0)? as u32,
+            None => 0,
+        };
+        let zero_row = held + more_rows;
+        // a block per (row, head of q, k or v), and one for the row's β and g
+        let segments = LaunchConfig {
+            grid_dim: (n as u32, (2 * d.hk + d.hv + 1) as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let run = |more: CudaView<'_, f32>| -> Result<()> {
+            with_held_view(&self.consts, "gdn prep constants", |consts| {
+                launch!(
+                    dev,
+                    "gdn_prep",
+                    DType::F32,
+                    segments,
+                    buf,
+                    more,
+                    held,
+                    ba,
+                    idx,
+                    consts,
+                    out,
+                    hk,
+                    hv,
+                    dk,
+                    dv,
+                    k,
+                    zero_row
+                );
+                Ok(())
+            })
+        };
+        match &self.more {
+            Some(m) => with_held_view(m, "gdn prep new rows", run)?,
+            None => run(view::<f32>(s1, l1, "gdn prep buffer")?)?,
+        }
         Ok((
             candle_core::CudaStorage::wrap_cuda_slice(out, dev),
             Shape::from((n, d.row_len())),

@@ -19,6 +19,7 @@ pub mod cross_entropy;
 pub mod gdn_chunk;
 pub mod gdn_prep;
 pub mod gdn_recurrence;
+pub mod gdn_settle;
 pub mod gemv;
 pub mod interval_attention;
 pub mod interval_softmax;

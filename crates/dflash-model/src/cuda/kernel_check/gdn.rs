@@ -123,13 +123,8 @@ fn gdn_prep_and_norm(dev: &Device) -> Result<Vec<Tensor>> {
     let parents = CHECK_TREE;
     let n = parents.len();
     let c = 2 * d.hk * d.dk + d.hv * d.dv;
-    let buf = Tensor::cat(
-        &[
-            fill(&[kk - 1 + n, c], 40, 1.0)?,
-            Tensor::zeros((1, c), DType::F32, &Device::Cpu)?,
-        ],
-        0,
-    )?;
+    // the committed inputs and the new rows apart, as a decoding step passes them
+    let (conv, mixed) = (fill(&[kk - 1, c], 40, 1.0)?, fill(&[n, c], 39, 1.0)?);
     let ba = fill(&[n, 2 * d.hv], 41, 3.0)?;
     let idx = Tensor::from_vec(window_index(&parents, kk), (n, kk), &Device::Cpu)?;
     let consts = Tensor::cat(
@@ -141,7 +136,8 @@ fn gdn_prep_and_norm(dev: &Device) -> Result<Vec<Tensor>> {
         0,
     )?;
     let on = |t: &Tensor| t.to_device(dev);
-    let rows = gdn_prep(&on(&buf)?, &on(&ba)?, &on(&idx)?, &on(&consts)?, d, kk)?;
+    let bufs = (&on(&conv)?, Some(&on(&mixed)?));
+    let rows = gdn_prep(bufs, &on(&ba)?, &on(&idx)?, &on(&consts)?, d, kk)?;
     let vd = d.hv * d.dv;
     let o = fill(&[n, vd], 45, 1.0)?;
     let z = fill(&[n, vd], 46, 2.0)?;
@@ -165,13 +161,8 @@ fn gdn_slots(dev: &Device) -> Result<Vec<Tensor>> {
     let d = SHAPE_27B;
     let (kk, b) = (4usize, 5usize);
     let c = 2 * d.hk * d.dk + d.hv * d.dv;
-    let buf = Tensor::cat(
-        &[
-            fill(&[b * (kk - 1) + b, c], 60, 1.0)?,
-            Tensor::zeros((1, c), DType::F32, &Device::Cpu)?,
-        ],
-        0,
-    )?;
+    // one buffer of every slot's committed inputs and new rows (the batched prefill's form)
+    let buf = fill(&[b * (kk - 1) + b, c], 60, 1.0)?;
     let ba = fill(&[b, 2 * d.hv], 61, 3.0)?;
     let idx = Tensor::from_vec(slot_windows(b, kk), (b, kk), &Device::Cpu)?;
     let consts = Tensor::cat(
@@ -183,7 +174,14 @@ fn gdn_slots(dev: &Device) -> Result<Vec<Tensor>> {
         0,
     )?;
     let on = |t: &Tensor| t.to_device(dev);
-    let prepped = gdn_prep(&on(&buf)?, &on(&ba)?, &on(&idx)?, &on(&consts)?, d, kk)?;
+    let prepped = gdn_prep(
+        (&on(&buf)?, None),
+        &on(&ba)?,
+        &on(&idx)?,
+        &on(&consts)?,
+        d,
+        kk,
+    )?;
     let (rows, _) = gdn_rows(d, b, 65)?;
     let init = fill(&[b, d.state_len()], 66, 0.5)?;
     let none = Tensor::from_vec(vec![NO_PARENT], 1, dev)?;
@@ -192,6 +190,22 @@ fn gdn_slots(dev: &Device) -> Result<Vec<Tensor>> {
         .into_iter()
         .map(|t| t.to_device(&Device::Cpu))
         .collect()
+}
+
+/// A conv window settled in place after a forward at the Qwen3.6-27B layer width (K = 4): one
+/// row kept (an AR step), a tree path's last three rows (5, 6, 7 of 8), and two rows (a chain
+/// verify keeping rows 0 and 1). The windows after each, on the CPU.
+fn gdn_settle(dev: &Device) -> Result<Vec<Tensor>> {
+    let d = SHAPE_27B;
+    let c = 2 * d.hk * d.dk + d.hv * d.dv;
+    let inputs = fill(&[8, c], 70, 1.0)?.to_device(dev)?;
+    let mut out = Vec::new();
+    for (tail, seed) in [(vec![0usize], 71u64), (vec![5, 6, 7], 72), (vec![0, 1], 73)] {
+        let conv = fill(&[3, c], seed, 1.0)?.to_device(dev)?;
+        crate::ops::gdn_settle::settle_conv(&conv, &inputs, &tail)?;
+        out.push(conv.to_device(&Device::Cpu)?);
+    }
+    Ok(out)
 }
 
 /// The linear-attention recurrence (f32 state): every output and kept state
@@ -210,10 +224,12 @@ pub(super) fn check_gdn(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<(
     got.extend(gdn_prep_and_norm(dev)?);
     got.extend(gdn_chunk(dev)?);
     got.extend(gdn_slots(dev)?);
+    got.extend(gdn_settle(dev)?);
     let mut want = gdn(&Device::Cpu)?;
     want.extend(gdn_prep_and_norm(&Device::Cpu)?);
     want.extend(gdn_chunk(&Device::Cpu)?);
     want.extend(gdn_slots(&Device::Cpu)?);
+    want.extend(gdn_settle(&Device::Cpu)?);
     let names: Vec<&str> = names
         .into_iter()
         .chain([
@@ -226,6 +242,9 @@ pub(super) fn check_gdn(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<(
             "gdn prep, batched step (5 slots' windows)",
             "gdn batched step o (5 slots, one launch)",
             "gdn batched step states (5 slots, one launch)",
+            "gdn conv window settled: one row kept",
+            "gdn conv window settled: a tree path's last 3 rows",
+            "gdn conv window settled: a chain's 2 rows",
         ])
         .collect();
     push_rows(checks, &names, &got, &want, DType::F32, 1e-5)?;

@@ -127,23 +127,51 @@ fn stacked_silu_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     Ok(vec![y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?])
 }
 
-/// The outputs [`check_add_norm`] compares, on `dev` in `dtype`, as f32 on the CPU.
+/// The outputs [`check_add_norm`] compares, on `dev` in `dtype`, as f32 on the CPU: plain
+/// weights after the add, then a zero-centred weight (f32, as qwen3_5's are kept) after the
+/// add and alone.
 fn add_norm_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    use crate::layers::norm::RmsNorm;
     let mut outs = Vec::new();
-    for (shape, seed) in [(vec![3, 7, 576], 41u64), (vec![1, 2, 4096], 43)] {
-        let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+    let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+    let cases = [
+        (vec![3, 7, 576], 41u64, false),
+        (vec![1, 2, 4096], 43, false),
+    ];
+    let centred = [(vec![2, 3, 5120], 45u64, true)];
+    for (shape, seed, one_plus) in cases.into_iter().chain(centred) {
         let x = on(fill(&shape, seed, 3.0)?)?;
         let h = on(fill(&shape, seed + 1, 1.0)?)?;
-        let w = on(fill(&shape[2..], seed + 2, 0.5)?.affine(1.0, 1.0)?)?;
-        let norm = crate::layers::norm::RmsNorm::new(w, 1e-5);
+        let norm = match one_plus {
+            true => RmsNorm::zero_centred(fill(&shape[2..], seed + 2, 0.5)?.to_device(dev)?, 1e-6)?,
+            false => RmsNorm::new(
+                on(fill(&shape[2..], seed + 2, 0.5)?.affine(1.0, 1.0)?)?,
+                1e-5,
+            ),
+        };
         if dev.is_cuda() && !crate::ops::add_norm::serves(&x, &h, &norm) {
             candle_core::bail!("the fused add + RMSNorm does not serve {shape:?}");
         }
         let (s, n) = crate::ops::add_norm::add_rms_norm(&x, &h, &norm)?;
-        for t in [s, n] {
+        let alone = match one_plus {
+            true => vec![norm.forward(&x)?],
+            false => vec![],
+        };
+        for t in [s, n].into_iter().chain(alone) {
             outs.push(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
         }
     }
+    // a gated attention's per-head q norm: rows of 256, zero-centred
+    let x = on(fill(&[3, 24, 256], 47, 2.0)?)?;
+    let norm = RmsNorm::zero_centred(fill(&[256], 48, 0.5)?.to_device(dev)?, 1e-6)?;
+    if dev.is_cuda() && crate::ops::add_norm::zero_centred_norm(&x, &norm)?.is_none() {
+        candle_core::bail!("the zero-centred RMSNorm kernel does not serve rows of 256");
+    }
+    outs.push(
+        norm.forward(&x)?
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?,
+    );
     Ok(outs)
 }
 
@@ -214,6 +242,10 @@ pub(super) fn check_add_norm(dev: &Device, checks: &mut Vec<KernelCheck>) -> Res
             "add + rms-norm: norm, rows of 576",
             "add + rms-norm: sum, rows of 4,096",
             "add + rms-norm: norm, rows of 4,096",
+            "add + zero-centred rms-norm: sum, rows of 5,120",
+            "add + zero-centred rms-norm: norm, rows of 5,120",
+            "zero-centred rms-norm, rows of 5,120",
+            "zero-centred rms-norm, per-head rows of 256",
         ],
         &[(DType::F32, 1e-5), (DType::BF16, 2e-2)],
         add_norm_rows,

@@ -161,7 +161,7 @@ mod tests {
         let names: std::collections::HashSet<&str> = CASES.iter().map(|c| c.0).collect();
         assert_eq!(names.len(), CASES.len());
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 188);
+        assert_eq!(checks.len(), 199);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

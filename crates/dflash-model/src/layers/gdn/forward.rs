@@ -2,10 +2,9 @@
 //! host's reference in f32, the device's kernels).
 
 use anyhow::{bail, Result};
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{Device, Module, Tensor};
 
 use super::{host, GatedDeltaNet, GdnCache, GdnRows};
-use crate::layers::linear::Linear;
 use crate::ops::gdn_chunk::{self, chunked_host, gdn_chunked};
 use crate::ops::gdn_prep::{gated_norm, gated_norm_host, gdn_prep, prep_host, window_index};
 use crate::ops::gdn_recurrence::{gdn_recurrence_with, recurrence_host, NO_PARENT};
@@ -107,9 +106,6 @@ impl GatedDeltaNet {
         let a = host(&self.in_proj_a.forward(x)?)?;
         // 1-2. the conv over each row's window + SiLU, q and k normalised (q scaled), v, β, g
         let vd = d.hv * d.dv;
-        let mut buf = committed_conv;
-        buf.extend_from_slice(&mixed);
-        buf.extend(std::iter::repeat_n(0f32, c));
         let ba: Vec<f32> = (0..n)
             .flat_map(|i| {
                 b[i * d.hv..(i + 1) * d.hv]
@@ -121,7 +117,7 @@ impl GatedDeltaNet {
         let rows = prep_host(
             d.recurrence(),
             d.kernel,
-            &buf,
+            (&committed_conv, &mixed),
             &ba,
             &window_index(parents, d.kernel),
             &host(&self.consts)?,
@@ -162,36 +158,24 @@ impl GatedDeltaNet {
         cache.settle_all()?;
         let parents = &input.parents;
         let d = self.dims;
-        let (n, c, kk) = (parents.len(), d.conv_dim(), d.kernel);
+        let (n, kk) = (parents.len(), d.kernel);
         let vd = d.hv * d.dv;
         let dev = x.device();
-        let proj = |l: &Linear| -> Result<Tensor> {
-            Ok(l.forward(x)?.to_dtype(DType::F32)?.reshape((n, ()))?)
-        };
         let p = tracing::info_span!(target: "phase", "gdn in-projections").entered();
-        let mixed = proj(&self.in_proj_qkv)?; // [n, C]
-        let z = proj(&self.in_proj_z)?;
-        let ba = Tensor::cat(&[proj(&self.in_proj_b)?, proj(&self.in_proj_a)?], 1)?;
+        let (mixed, z, ba) = self.in_projections(x, n)?; // [n, C], [n, Hv·dv], [n, 2·Hv]
         drop(p);
         let p = tracing::info_span!(target: "phase", "gdn prep").entered();
         // 1-2. one kernel: the conv over each row's window [committed | new rows | zero], SiLU,
         // q and k normalised, β and g, packed as the recurrence's rows
         let state = cache.committed()?;
-        let buf = Tensor::cat(
-            &[
-                &state.conv,
-                &mixed,
-                &Tensor::zeros((1, c), DType::F32, dev)?,
-            ],
-            0,
-        )?;
         if input.windows.dims2()? != (n, kk) {
             bail!(
                 "linear-attention rows: windows {:?} for {n} rows of kernel {kk}",
                 input.windows.dims()
             );
         }
-        let rows = gdn_prep(&buf, &ba, &input.windows, &self.consts, d.recurrence(), kk)?;
+        let bufs = (&state.conv, Some(&mixed));
+        let rows = gdn_prep(bufs, &ba, &input.windows, &self.consts, d.recurrence(), kk)?;
         drop(p);
         // 3. the recurrence, one kernel
         let p = tracing::info_span!(target: "phase", "gdn recurrence").entered();

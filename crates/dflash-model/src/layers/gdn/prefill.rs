@@ -9,7 +9,7 @@
 //! of 5 and 3 rows from slots 0's and 1's states.
 
 use anyhow::{bail, Result};
-use candle_core::{DType, Module, Tensor};
+use candle_core::{Module, Tensor};
 
 use super::{GatedDeltaNet, GdnCache, GdnRowsInput, GdnSlots};
 use crate::ops::gdn_chunk::{gdn_chunked_seqs, ChunkMath};
@@ -71,7 +71,7 @@ impl GatedDeltaNet {
     ) -> Result<(Vec<u32>, Tensor)> {
         let d = self.dims;
         let (b, n, h) = x.dims3()?;
-        let (c, kk, k1, vd) = (d.conv_dim(), d.kernel, d.kernel - 1, d.hv * d.dv);
+        let (kk, k1, vd) = (d.kernel, d.kernel - 1, d.hv * d.dv);
         let dev = x.device();
         let lens: Vec<usize> = seqs.iter().map(|&s| n - starts[s]).collect();
         let index: Vec<u32> = seqs
@@ -83,14 +83,9 @@ impl GatedDeltaNet {
             .reshape((b * n, h))?
             .index_select(&Tensor::new(index.as_slice(), dev)?, 0)?
             .unsqueeze(0)?;
-        let proj = |l: &crate::layers::linear::Linear| -> Result<Tensor> {
-            Ok(l.forward(&xr)?.to_dtype(DType::F32)?.reshape((r, ()))?)
-        };
-        let mixed = proj(&self.in_proj_qkv)?; // [r, C]
-        let z = proj(&self.in_proj_z)?;
-        let ba = Tensor::cat(&[proj(&self.in_proj_b)?, proj(&self.in_proj_a)?], 1)?;
-        // the conv buffer: each sequence's [slot's conv inputs | its rows' inputs], then one
-        // zero row; each row's window as a prefill alone reads it, moved to its block
+        let (mixed, z, ba) = self.in_projections(&xr, r)?; // [r, C], [r, Hv·dv], [r, 2·Hv]
+                                                           // the conv buffer: each sequence's [slot's conv inputs | its rows' inputs], the index
+                                                           // past it the zero row; each row's window as a prefill alone reads it, moved to its block
         let zero_row = (seqs.len() * k1 + r) as u32;
         let (mut parts, mut windows) = (Vec::new(), Vec::with_capacity(r * kk));
         let (mut base, mut r0) = (0u32, 0);
@@ -109,10 +104,16 @@ impl GatedDeltaNet {
             base += own_zero;
             r0 += len;
         }
-        parts.push(Tensor::zeros((1, c), DType::F32, dev)?);
         let buf = Tensor::cat(&parts, 0)?;
         let windows = Tensor::from_vec(windows, (r, kk), dev)?;
-        let rows = gdn_prep(&buf, &ba, &windows, &self.consts, d.recurrence(), kk)?;
+        let rows = gdn_prep(
+            (&buf, None),
+            &ba,
+            &windows,
+            &self.consts,
+            d.recurrence(),
+            kk,
+        )?;
         let init = Tensor::cat(
             &seqs
                 .iter()

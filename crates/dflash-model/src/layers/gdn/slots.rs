@@ -134,18 +134,9 @@ impl GatedDeltaNet {
                 windows.dims()
             );
         }
-        let dev = x.device();
-        let proj = |l: &crate::layers::linear::Linear| -> Result<Tensor> {
-            Ok(l.forward(x)?.to_dtype(DType::F32)?.reshape((b, ()))?)
-        };
-        let mixed = proj(&self.in_proj_qkv)?; // [b, C]
-        let z = proj(&self.in_proj_z)?;
-        let ba = Tensor::cat(&[proj(&self.in_proj_b)?, proj(&self.in_proj_a)?], 1)?;
-        let buf = Tensor::cat(
-            &[&st.conv, &mixed, &Tensor::zeros((1, c), DType::F32, dev)?],
-            0,
-        )?;
-        let rows = gdn_prep(&buf, &ba, windows, &self.consts, d.recurrence(), kk)?;
+        let (mixed, z, ba) = self.in_projections(x, b)?; // [b, C], [b, Hv·dv], [b, 2·Hv]
+        let bufs = (&st.conv, Some(&mixed));
+        let rows = gdn_prep(bufs, &ba, windows, &self.consts, d.recurrence(), kk)?;
         let (o, states) = gdn_recurrence_seqs(
             &rows,
             &st.rec,

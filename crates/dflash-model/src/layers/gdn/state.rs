@@ -138,18 +138,10 @@ impl GdnCache {
         };
         // the conv window: the committed inputs, then the path's, the last K-1 of them
         let k1 = self.dims.kernel - 1;
-        let tail: Vec<u32> = path[path.len().saturating_sub(k1)..]
-            .iter()
-            .map(|&r| r as u32)
-            .collect();
-        let picked = rows
-            .inputs
-            .index_select(&Tensor::new(tail, rows.inputs.device())?, 0)?;
+        let tail = &path[path.len().saturating_sub(k1)..];
         let state = self.committed()?;
-        let window = Tensor::cat(&[&state.conv, &picked], 0)?;
-        let conv = window.narrow(0, window.dim(0)? - k1, k1)?.contiguous()?;
         // in place: the committed state's buffers stay the ones a captured forward reads
-        state.conv.slice_set(&conv, 0, 0)?;
+        crate::ops::gdn_settle::settle_conv(&state.conv, &rows.inputs, tail)?;
         state.rec.slice_set(&rec.contiguous()?, 0, 0)?;
         Ok(())
     }

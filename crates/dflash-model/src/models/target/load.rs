@@ -25,7 +25,7 @@ impl Norms<'_> {
     fn get(&self, name: &str, dim: usize) -> Result<RmsNorm> {
         let w = self.store.get(name, &[dim])?;
         Ok(match self.zero_centred {
-            true => RmsNorm::zero_centred(w, self.eps),
+            true => RmsNorm::zero_centred(w, self.eps)?,
             false => RmsNorm::new(w, self.eps),
         })
     }

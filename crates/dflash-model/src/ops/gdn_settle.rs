@@ -1,0 +1,107 @@
+//! A Gated DeltaNet layer's conv window after a forward's kept rows settle: the committed
+//! window `[K−1, C]` becomes the last K−1 rows of `[window | the kept rows' inputs]`, in place
+//! (a captured forward reads the same buffer). One kernel on a GPU; composed of an index
+//! select, a concatenation and a copy elsewhere (the CPU's path and the kernel's twin, compared
+//! by `check device`). Composed, that is five kernels and a host-to-device copy of the row
+//! indices per layer and round.
+//!
+//! Example: K = 4, window [c0, c1, c2], a chain verify whose rows 0 and 1 are kept (tail
+//! [0, 1]): the window becomes [c2, in0, in1].
+
+use candle_core::{DType, InplaceOp2, Layout, Result, Tensor};
+
+/// The most kept rows the kernel takes (K − 1 ≤ 8: every Gated DeltaNet has K = 4).
+const MAX_TAIL: usize = 8;
+
+/// `conv` `[k1, C]` ← the last k1 rows of `[conv | inputs[tail]]`, in place. `tail`: at most
+/// k1 row indices of `inputs` `[n, C]` (the kept path's last rows, oldest first); f32.
+pub fn settle_conv(conv: &Tensor, inputs: &Tensor, tail: &[usize]) -> Result<()> {
+    if tail.is_empty() {
+        return Ok(());
+    }
+    let (k1, c) = conv.dims2()?;
+    if tail.len() > k1 || inputs.dim(1)? != c {
+        candle_core::bail!(
+            "gdn settle: {} kept rows of width {} for a window of {k1} × {c}",
+            tail.len(),
+            inputs.dim(1)?
+        );
+    }
+    if conv.device().is_cuda()
+        && conv.dtype() == DType::F32
+        && inputs.dtype() == DType::F32
+        && conv.is_contiguous()
+        && k1 <= MAX_TAIL
+    {
+        let inputs = inputs.contiguous()?;
+        return conv.inplace_op2(&inputs, &SettleConv(tail.to_vec()));
+    }
+    let idx: Vec<u32> = tail.iter().map(|&r| r as u32).collect();
+    let picked = inputs.index_select(&Tensor::new(idx, inputs.device())?, 0)?;
+    let window = Tensor::cat(&[conv, &picked], 0)?;
+    let kept = window.narrow(0, window.dim(0)? - k1, k1)?.contiguous()?;
+    conv.slice_set(&kept, 0, 0)
+}
+
+/// The kept rows' indices into the inputs.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct SettleConv(Vec<usize>);
+
+impl InplaceOp2 for SettleConv {
+    fn name(&self) -> &'static str {
+        "gdn-settle-conv"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &mut candle_core::CpuStorage,
+        _: &Layout,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> Result<()> {
+        candle_core::bail!("the conv window's settle kernel is CUDA's: the CPU composes it")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        conv: &mut candle_core::CudaStorage,
+        cl: &Layout,
+        inputs: &candle_core::CudaStorage,
+        il: &Layout,
+    ) -> Result<()> {
+        use crate::cuda::ptx::{elementwise, launch, view};
+        use candle_core::backend::BackendStorage;
+        let dev = inputs.device().clone();
+        let (k1, c) = cl.shape().dims2()?;
+        let x = view::<f32>(inputs, il, "inputs")?;
+        let o = cl.start_offset();
+        let w = conv.as_cuda_slice::<f32>()?.slice(o..o + k1 * c);
+        let mut t = [0i32; MAX_TAIL];
+        for (s, &r) in t.iter_mut().zip(&self.0) {
+            *s = r as i32;
+        }
+        let (c_, k1_, m) = (c as i32, k1 as i32, self.0.len() as i32);
+        let [t0, t1, t2, t3, t4, t5, t6, t7] = t;
+        launch!(
+            dev,
+            "gdn_settle_conv",
+            DType::F32,
+            elementwise(c as u64),
+            w,
+            x,
+            c_,
+            k1_,
+            m,
+            t0,
+            t1,
+            t2,
+            t3,
+            t4,
+            t5,
+            t6,
+            t7
+        );
+        Ok(())
+    }
+}
