@@ -44,9 +44,11 @@
 #include "../ops/gdn_chunk.cu"
 #include "../ops/gdn_chunk_tc.cu"
 
-// the decode layer and its caches: the per-head norms, RoPE and cache writes, the residual add
+// the decode layer and its caches: the per-head norms, RoPE and cache writes, partial RoPE, the
+// residual add
 // with its RMSNorm, one-row products, indexed cache writes, a tree's kept rows, strided copies
 #include "../ops/qkv_rope.cu"
+#include "../ops/rope_partial.cu"
 #include "../ops/add_norm.cu"
 #include "../ops/gemv.cu"
 #include "../ops/scatter_rows.cu"

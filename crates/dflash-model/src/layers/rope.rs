@@ -63,11 +63,16 @@ impl RopeTables {
     /// has one, with a closed-form backward where `x` carries a graph (the drafter in
     /// training): RoPE is a rotation, so `dx` is `g` rotated back, `rope(g, cos, −sin)`.
     /// Example: d = 2, angle 90° (cos 0, sin 1): x = [1, 0] → [0, 1]; g = [0, 1] → dx = [1, 0].
-    /// Otherwise (partial RoPE, f64) [`RopeTables::apply_composed`].
+    /// Partial RoPE on a GPU: one kernel ([`crate::ops::rope_partial`]). Otherwise (partial
+    /// RoPE elsewhere, f64) [`RopeTables::apply_composed`].
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        if 2 * self.cos.dim(D::Minus1)? != x.dim(D::Minus1)?
-            || !matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16)
-        {
+        if 2 * self.cos.dim(D::Minus1)? != x.dim(D::Minus1)? {
+            if let Some(y) = crate::ops::rope_partial::rope_partial(x, self)? {
+                return Ok(y);
+            }
+            return self.apply_composed(x);
+        }
+        if !matches!(x.dtype(), DType::F32 | DType::BF16 | DType::F16) {
             return self.apply_composed(x);
         }
         let x = x.contiguous()?;

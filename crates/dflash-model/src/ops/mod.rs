@@ -31,6 +31,7 @@ pub mod permute;
 pub mod prefill_attention;
 pub mod qkv_rope;
 pub mod rms_norm_grad;
+pub mod rope_partial;
 pub mod sample_rows;
 pub mod sampled_tree;
 pub mod scatter_rows;

@@ -175,6 +175,46 @@ fn add_norm_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     Ok(outs)
 }
 
+/// The outputs [`check_partial_rope`] compares, on `dev` in `dtype`, as f32 on the CPU: q of
+/// a gated attention layer (24 heads of 256, 64 features rotating) at one table, then k (4
+/// heads) of 3 sequences at their own tables.
+fn partial_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    use crate::layers::rope::{Rope, RopeTables};
+    let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+    let rope = Rope::new(64, 1e7);
+    let one = rope.tables(&[5, 6, 7, 9, 9], dtype, dev)?;
+    let x = on(fill(&[1, 24, 5, 256], 81, 2.0)?)?;
+    let mut outs = vec![one.apply(&x)?];
+    let pos: Vec<usize> = (0..3 * 4).map(|i| 100 * (i / 4) + i % 4).collect();
+    let t = rope.tables(&pos, dtype, dev)?;
+    let batched = RopeTables {
+        cos: t.cos.reshape((3, 4, 32))?,
+        sin: t.sin.reshape((3, 4, 32))?,
+    };
+    let k = on(fill(&[3, 4, 4, 256], 82, 2.0)?)?;
+    outs.push(batched.apply(&k)?);
+    if dev.is_cuda() && crate::ops::rope_partial::rope_partial(&k, &batched)?.is_none() {
+        candle_core::bail!("the partial RoPE kernel does not serve k of 3 sequences");
+    }
+    outs.into_iter()
+        .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
+        .collect()
+}
+
+/// Partial RoPE in one kernel against the composed rotation
+pub(super) fn check_partial_rope(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
+    compare_rows(
+        dev,
+        checks,
+        &[
+            "partial RoPE: q, 24 heads of 256, 64 rotating",
+            "partial RoPE: k of 3 sequences at their own positions",
+        ],
+        &[(DType::F32, 1e-5), (DType::BF16, 2e-2)],
+        partial_rope_rows,
+    )
+}
+
 /// The outputs [`check_gemv`] compares, on `dev` in `dtype`, as f32 on the CPU.
 fn gemv_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     let mut outs = Vec::new();

@@ -117,6 +117,7 @@ const CASES: &[(&str, Case)] = &[
         layer_ops::check_stacked_silu,
     ),
     ("add + rms-norm", layer_ops::check_add_norm),
+    ("partial RoPE", layer_ops::check_partial_rope),
     ("one-row product", layer_ops::check_gemv),
     ("masked attention", attention::check_masked_attention),
     (
@@ -161,7 +162,7 @@ mod tests {
         let names: std::collections::HashSet<&str> = CASES.iter().map(|c| c.0).collect();
         assert_eq!(names.len(), CASES.len());
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 199);
+        assert_eq!(checks.len(), 203);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {
