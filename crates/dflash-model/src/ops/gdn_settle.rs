@@ -20,11 +20,10 @@ pub fn settle_conv(conv: &Tensor, inputs: &Tensor, tail: &[usize]) -> Result<()>
         return Ok(());
     }
     let (k1, c) = conv.dims2()?;
-    if tail.len() > k1 || inputs.dim(1)? != c {
+    let (n, width) = inputs.dims2()?;
+    if tail.len() > k1 || width != c || tail.iter().any(|&r| r >= n) {
         candle_core::bail!(
-            "gdn settle: {} kept rows of width {} for a window of {k1} × {c}",
-            tail.len(),
-            inputs.dim(1)?
+            "gdn settle: kept rows {tail:?} of {n} rows of width {width} for a window of {k1} × {c}"
         );
     }
     if conv.device().is_cuda()
@@ -103,5 +102,28 @@ impl InplaceOp2 for SettleConv {
             t7
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// The docs' example: window [c0, c1, c2], rows 0 and 1 kept → [c2, in0, in1]; a kept row
+    /// past the inputs is refused, the window untouched.
+    #[test]
+    fn the_window_keeps_its_last_rows_and_refuses_a_row_past_the_inputs() {
+        let conv = Tensor::new(&[[0f32, 0.5], [1.0, 1.5], [2.0, 2.5]], &Device::Cpu).unwrap();
+        let inputs = Tensor::new(&[[10f32, 10.5], [11.0, 11.5]], &Device::Cpu).unwrap();
+        settle_conv(&conv, &inputs, &[0, 1]).unwrap();
+        let got = conv.to_vec2::<f32>().unwrap();
+        assert_eq!(
+            got,
+            vec![vec![2.0, 2.5], vec![10.0, 10.5], vec![11.0, 11.5]]
+        );
+        let err = settle_conv(&conv, &inputs, &[2]).unwrap_err().to_string();
+        assert!(err.contains("kept rows [2] of 2 rows"), "{err}");
+        assert_eq!(conv.to_vec2::<f32>().unwrap(), got);
     }
 }
