@@ -32,11 +32,23 @@ __device__ __forceinline__ GdnSeq gdn_seq(const unsigned* seqs, int nseq, int s)
 
 // Chunk c of sequence q in head h's part of the scratch (the prep writes it, the scans read it),
 // head after head and chunk after chunk: X [GC][dv], then Y, Q̃ and K̃ [GC][dk], then P [GC][GC]
-// and the chunk's cumulative decays [GC].
+// and the chunk's cumulative decays [GC] (cum).
 template <typename F>
-__device__ __forceinline__ F* gdn_slab(F* scratch, int h, const GdnSeq& q, int c, int dk, int dv) {
+struct GdnSlab {
+    F *X, *Y, *Qt, *Kt, *P, *cum;
+};
+template <typename F>
+__device__ __forceinline__ GdnSlab<F> gdn_slab(F* scratch, int h, const GdnSeq& q, int c, int dk,
+                                               int dv) {
     const size_t len = (size_t)GC * (dv + 3 * dk + GC) + GC;
-    return scratch + ((size_t)h * q.all + q.first + c) * len;
+    GdnSlab<F> b;
+    b.X = scratch + ((size_t)h * q.all + q.first + c) * len;
+    b.Y = b.X + (size_t)GC * dv;
+    b.Qt = b.Y + (size_t)GC * dk;
+    b.Kt = b.Qt + (size_t)GC * dk;
+    b.P = b.Kt + (size_t)GC * dk;
+    b.cum = b.P + GC * GC;
+    return b;
 }
 
 __device__ __forceinline__ float dot4(float4 a, float4 b) {
@@ -151,12 +163,8 @@ __device__ __forceinline__ void gdn_chunk_prep(
     }
     for (int g = 0; g < group; ++g) {
         const int h = kh * group + g;
-        float* X = gdn_slab(scratch, h, q, c, dk, dv);
-        float* Y = X + (size_t)GC * dv;
-        float* Qt = Y + (size_t)GC * dk;
-        float* Kt = Qt + (size_t)GC * dk;
-        float* P = Kt + (size_t)GC * dk;
-        float* cumg = P + GC * GC;
+        const GdnSlab<float> b = gdn_slab(scratch, h, q, c, dk, dv);
+        float *X = b.X, *Y = b.Y, *Qt = b.Qt, *Kt = b.Kt, *P = b.P, *cumg = b.cum;
         __syncthreads();
         // β and g loaded in parallel; the decays summed in row order by one thread (the host's)
         if (tid < GC) {
@@ -389,12 +397,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_f32(
     for (int a = wp; a < dk; a += 8) S[a * 32 + lane] = live ? init[((size_t)h * dk + a) * dv + j] : 0.0f;
     for (int c = 0; c < nc; ++c) {
         const int c0 = r0 + c * GC, l = min(GC, len - c * GC);
-        const float* X = gdn_slab(scratch, h, q, c, dk, dv);
-        const float* Y = X + (size_t)GC * dv;
-        const float* Qt = Y + (size_t)GC * dk;
-        const float* Kt = Qt + (size_t)GC * dk;
-        const float* P = Kt + (size_t)GC * dk;
-        const float el = expf(P[GC * GC + l - 1]);
+        const GdnSlab<const float> b = gdn_slab(scratch, h, q, c, dk, dv);
+        const float *X = b.X, *Y = b.Y, *Qt = b.Qt, *Kt = b.Kt, *P = b.P;
+        const float el = expf(b.cum[l - 1]);
         float xv[8];
 #pragma unroll
         for (int r = 0; r < 8; ++r) {

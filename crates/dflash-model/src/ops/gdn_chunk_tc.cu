@@ -40,12 +40,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) gdn_chunk_scan_tc_f32(
     for (int a = wp; a < dk; a += 8) S[a * TSP + lane] = init[((size_t)h * dk + a) * dv + j0 + lane];
     for (int c = 0; c < nc; ++c) {
         const int c0 = r0 + c * GC, l = min(GC, len - c * GC);
-        const float* X = gdn_slab(scratch, h, q, c, dk, dv);
-        const float* Y = X + (size_t)GC * dv;
-        const float* Qt = Y + (size_t)GC * dk;
-        const float* Kt = Qt + (size_t)GC * dk;
-        const float* P = Kt + (size_t)GC * dk;
-        const float last = P[GC * GC + l - 1], el = expf(last);
+        const GdnSlab<const float> b = gdn_slab(scratch, h, q, c, dk, dv);
+        const float *X = b.X, *Y = b.Y, *Qt = b.Qt, *Kt = b.Kt, *P = b.P;
+        const float last = b.cum[l - 1], el = expf(last);
         gdn_stage_chunk(Y, Qt, P, Ys, Qs, Ps, tid, d4, ks);
         // v' = X − Y·S (X straight from the scratch into the accumulator) and o = Q̃·S
         Acc av, ao;

@@ -185,7 +185,8 @@ pub fn gated_norm(o: &Tensor, z: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor
     )
 }
 
-/// The host values of a constant the op holds (its CPU twin's input).
+/// The host values of a tensor the op holds (its constants, or the new rows apart): its CPU
+/// twin's input.
 fn consts_host(t: &Tensor) -> Result<Vec<f32>> {
     t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
 }
