@@ -104,6 +104,34 @@ pub fn view<'a, T: CudaDType>(
         .slice(l.start_offset()..l.start_offset() + l.shape().elem_count()))
 }
 
+/// The device data of a matrix `[rows, cols]` whose rows are evenly strided with unit column
+/// stride (a column range of a wider product), and its row stride. Example: columns 6,144..6,240
+/// of `[1, 16,480]` rows → the view from element 6,144 and a stride of 16,480.
+pub fn rows_view<'a, T: CudaDType>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    what: &str,
+) -> Result<(CudaView<'a, T>, usize)> {
+    let (rows, cols) = l.shape().dims2()?;
+    let ld = match rows {
+        1 => cols,
+        _ => l.stride()[0],
+    };
+    if (l.stride()[1] != 1 && cols > 1) || ld < cols {
+        candle_core::bail!(
+            "{what}: rows with unit column stride expected, strides {:?} of {:?}",
+            l.stride(),
+            l.shape()
+        );
+    }
+    let len = (rows.max(1) - 1) * ld + cols;
+    Ok((
+        s.as_cuda_slice::<T>()?
+            .slice(l.start_offset()..l.start_offset() + len),
+        ld,
+    ))
+}
+
 /// A fresh output of `n` values (written in full by the kernel).
 pub fn alloc<T: CudaDType + DeviceRepr>(dev: &CudaDevice, n: usize) -> Result<CudaSlice<T>> {
     // SAFETY: every kernel here writes each of its output's values.

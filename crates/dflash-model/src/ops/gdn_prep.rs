@@ -152,6 +152,7 @@ pub fn gated_norm_host(o: &[f32], z: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
 
 /// The fused prep (see the module doc): rows `[n, W]` f32 on the inputs' device. The windows
 /// read `buf`'s rows, then `more`'s where given; the index one past them is the zero row.
+/// On a GPU `more` and `ba` may be column ranges of a wider product (read where they are).
 /// Example: K = 4, a chain step of one row: `buf` the 3 committed inputs, `more` the new row's
 /// projection, window (0, 1, 2, 3).
 pub fn gdn_prep(
@@ -163,26 +164,46 @@ pub fn gdn_prep(
     kernel: usize,
 ) -> Result<Tensor> {
     buf.contiguous()?.apply_op3_no_bwd(
-        &ba.contiguous()?,
+        &in_place(ba)?,
         &idx.contiguous()?,
         &Prep {
             dims,
             kernel,
             consts: consts.contiguous()?,
-            more: more.map(|m| m.contiguous()).transpose()?,
+            more: more.map(in_place).transpose()?,
         },
     )
 }
 
-/// The fused gated RMSNorm: `o`, `z` `[n, Hv·dv]` f32, `w` `[dv]` → `[n, Hv·dv]` f32.
-pub fn gated_norm(o: &Tensor, z: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
-    o.contiguous()?.apply_op2_no_bwd(
-        &z.contiguous()?,
+/// `t` as the kernels read it: on a GPU a matrix whose rows are evenly strided with unit column
+/// stride as it is (a column range of the layer's stacked in-projection), else contiguous.
+fn in_place(t: &Tensor) -> Result<Tensor> {
+    let (d, s) = (t.dims(), t.stride());
+    let rows = d.len() == 2 && (d[1] <= 1 || s[1] == 1) && (d[0] <= 1 || s[0] >= d[1]);
+    match t.device().is_cuda() && rows {
+        true => Ok(t.clone()),
+        false => t.contiguous(),
+    }
+}
+
+/// The fused gated RMSNorm: `o`, `z` `[n, Hv·dv]` f32, `w` `[dv]` → `[n, Hv·dv]` in `out`
+/// (f32 or bf16: the out-projection's input, rounded once). On a GPU `z` may be a view whose
+/// rows are strided (columns of the layer's stacked in-projection: read where they are).
+/// Example: n = 1 at Qwen3.6-27B's 48 value heads of 128: 48 blocks, z read from columns
+/// 10,240..16,384 of the stacked row.
+pub fn gated_norm(o: &Tensor, z: &Tensor, w: &Tensor, eps: f32, out: DType) -> Result<Tensor> {
+    let y = o.contiguous()?.apply_op2_no_bwd(
+        &in_place(z)?,
         &GatedNorm {
             w: w.contiguous()?,
             eps,
+            out: match out {
+                DType::BF16 => DType::BF16,
+                _ => DType::F32,
+            },
         },
-    )
+    )?;
+    y.to_dtype(out)
 }
 
 /// The host values of a tensor the op holds (its constants, or the new rows apart): its CPU
@@ -242,14 +263,15 @@ impl CustomOp3 for Prep {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, launch, view, with_held_view};
+        use crate::cuda::ptx::{alloc, launch, rows_view, view, with_held_view};
         use candle_core::backend::BackendStorage;
         use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig};
         let d = self.dims;
         let n = l3.shape().elem_count() / self.kernel;
         let dev = s1.device().clone();
         let buf = view::<f32>(s1, l1, "gdn prep buffer")?;
-        let ba = view::<f32>(s2, l2, "gdn prep b|a")?;
+        let (ba, ldba) = rows_view::<f32>(s2, l2, "gdn prep b|a")?;
+        let ldba = ldba as i32;
         let idx = view::<u32>(s3, l3, "gdn prep windows")?;
         let out = alloc::<f32>(&dev, n * d.row_len())?;
         let (hk, hv, dk, dv, k) = (
@@ -273,7 +295,8 @@ impl CustomOp3 for Prep {
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
-        let run = |more: CudaView<'_, f32>| -> Result<()> {
+        let run = |more: CudaView<'_, f32>, ldm: usize| -> Result<()> {
+            let ldm = ldm as i32;
             with_held_view(&self.consts, "gdn prep constants", |consts| {
                 launch!(
                     dev,
@@ -282,8 +305,10 @@ impl CustomOp3 for Prep {
                     segments,
                     buf,
                     more,
+                    ldm,
                     held,
                     ba,
+                    ldba,
                     idx,
                     consts,
                     out,
@@ -298,8 +323,18 @@ impl CustomOp3 for Prep {
             })
         };
         match &self.more {
-            Some(m) => with_held_view(m, "gdn prep new rows", run)?,
-            None => run(view::<f32>(s1, l1, "gdn prep buffer")?)?,
+            Some(m) => {
+                let (ms, ml) = m.storage_and_layout();
+                let candle_core::Storage::Cuda(ms) = &*ms else {
+                    candle_core::bail!("gdn prep new rows: not on the GPU");
+                };
+                let (more, ldm) = rows_view::<f32>(ms, ml, "gdn prep new rows")?;
+                run(more, ldm)?
+            }
+            None => run(
+                view::<f32>(s1, l1, "gdn prep buffer")?,
+                d.row_len() - 2 * d.hv,
+            )?,
         }
         Ok((
             candle_core::CudaStorage::wrap_cuda_slice(out, dev),
@@ -311,6 +346,9 @@ impl CustomOp3 for Prep {
 struct GatedNorm {
     w: Tensor,
     eps: f32,
+    /// The output's dtype on a GPU (the CPU writes f32, cast after).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    out: DType,
 }
 
 impl CustomOp2 for GatedNorm {
@@ -339,34 +377,46 @@ impl CustomOp2 for GatedNorm {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use crate::cuda::ptx::{alloc, launch, rows, view, with_held_view};
+        use crate::cuda::ptx::{alloc, by_float, launch, rows, rows_view, view, with_held_view};
         use candle_core::backend::BackendStorage;
         let dev = s1.device().clone();
         let o = view::<f32>(s1, l1, "gated norm input")?;
-        let z = view::<f32>(s2, l2, "gated norm gate")?;
+        // z: [n, Hv·dv] with rows `ldz` apart (a view of the stacked in-projection)
+        let (n, zc) = l2.shape().dims2()?;
+        if l1.shape().elem_count() != n * zc {
+            candle_core::bail!(
+                "gated norm: gate {:?} for input {:?}",
+                l2.shape(),
+                l1.shape()
+            );
+        }
+        let (z, ldz) = rows_view::<f32>(s2, l2, "gated norm gate")?;
+        let ldz = ldz as i32;
         let dv = self.w.elem_count();
         let heads = l1.shape().elem_count() / dv;
-        let out = alloc::<f32>(&dev, heads * dv)?;
-        let (dvi, eps) = (dv as i32, self.eps);
-        with_held_view(&self.w, "gated norm weight", |w| {
-            launch!(
-                dev,
-                "gated_norm",
-                DType::F32,
-                rows(heads, 128),
-                o,
-                z,
-                w,
-                out,
-                dvi,
-                eps
-            );
-            Ok(())
-        })?;
-        Ok((
-            candle_core::CudaStorage::wrap_cuda_slice(out, dev),
-            l1.shape().clone(),
-        ))
+        let (dvi, hv, eps) = (dv as i32, (zc / dv) as i32, self.eps);
+        let out = by_float!(self.out, "gated norm output", |T, dt| {
+            let out = alloc::<T>(&dev, heads * dv)?;
+            with_held_view(&self.w, "gated norm weight", |w| {
+                launch!(
+                    dev,
+                    "gated_norm",
+                    dt,
+                    rows(heads, 128),
+                    o,
+                    z,
+                    w,
+                    out,
+                    dvi,
+                    hv,
+                    ldz,
+                    eps
+                );
+                Ok(())
+            })?;
+            candle_core::CudaStorage::wrap_cuda_slice(out, dev.clone())
+        });
+        Ok((out, l1.shape().clone()))
     }
 }
 

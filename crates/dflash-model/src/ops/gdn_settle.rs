@@ -32,10 +32,15 @@ pub fn settle_conv(conv: &Tensor, inputs: &Tensor, tail: &[usize]) -> Result<()>
         && conv.is_contiguous()
         && k1 <= MAX_TAIL
     {
-        let inputs = inputs.contiguous()?;
+        // a column range of the layer's stacked in-projection is read where it is
+        let inputs = match c <= 1 || inputs.stride()[1] == 1 {
+            true => inputs.clone(),
+            false => inputs.contiguous()?,
+        };
         return conv.inplace_op2(&inputs, &SettleConv(tail.to_vec()));
     }
     let idx: Vec<u32> = tail.iter().map(|&r| r as u32).collect();
+    let inputs = inputs.contiguous()?;
     let picked = inputs.index_select(&Tensor::new(idx, inputs.device())?, 0)?;
     let window = Tensor::cat(&[conv, &picked], 0)?;
     let kept = window.narrow(0, window.dim(0)? - k1, k1)?.contiguous()?;
@@ -69,11 +74,12 @@ impl InplaceOp2 for SettleConv {
         inputs: &candle_core::CudaStorage,
         il: &Layout,
     ) -> Result<()> {
-        use crate::cuda::ptx::{elementwise, launch, view};
+        use crate::cuda::ptx::{elementwise, launch, rows_view};
         use candle_core::backend::BackendStorage;
         let dev = inputs.device().clone();
         let (k1, c) = cl.shape().dims2()?;
-        let x = view::<f32>(inputs, il, "inputs")?;
+        let (x, ld) = rows_view::<f32>(inputs, il, "inputs")?;
+        let ld = ld as i32;
         let o = cl.start_offset();
         let w = conv.as_cuda_slice::<f32>()?.slice(o..o + k1 * c);
         let mut t = [0i32; MAX_TAIL];
@@ -89,6 +95,7 @@ impl InplaceOp2 for SettleConv {
             elementwise(c as u64),
             w,
             x,
+            ld,
             c_,
             k1_,
             m,

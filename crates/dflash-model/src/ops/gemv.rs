@@ -50,10 +50,34 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if let Some(last) = shape.last_mut() {
         *last = w.dim(0)?;
     }
-    x.apply_op2_no_bwd(w, &Gemv)?.reshape(shape)
+    x.apply_op2_no_bwd(w, &Gemv { widened: false })?
+        .reshape(shape)
 }
 
-struct Gemv;
+/// [`gemv`] of bf16 operands written as f32: each value rounded to bf16 first, so the result
+/// equals `gemv(x, w)?.to_dtype(F32)` in one kernel (the Gated DeltaNet in-projection, whose
+/// rows the layer's f32 kernels read). Only where [`serves`] bf16 operands.
+pub fn gemv_widened(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if !serves(x, w) || x.dtype() != DType::BF16 {
+        candle_core::bail!(
+            "gemv_widened: x {:?} {:?} does not fit",
+            x.dims(),
+            x.dtype()
+        );
+    }
+    let mut shape = x.dims().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = w.dim(0)?;
+    }
+    x.apply_op2_no_bwd(w, &Gemv { widened: true })?
+        .reshape(shape)
+}
+
+/// The kernel as an op; `widened`: f32 output (bf16 operands).
+struct Gemv {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    widened: bool,
+}
 
 impl candle_core::CustomOp2 for Gemv {
     fn name(&self) -> &'static str {
@@ -89,6 +113,16 @@ impl candle_core::CustomOp2 for Gemv {
             shared_mem_bytes: 0,
         };
         let (k_, o_) = (k as i32, out as i32);
+        if self.widened {
+            let (x, w) = (
+                view::<half::bf16>(xs, xl, "x")?,
+                view::<half::bf16>(ws, wl, "w")?,
+            );
+            let y = alloc::<f32>(&dev, out)?;
+            launch!(dev, "gemv_wide", DType::BF16, cfg, x, w, y, k_, o_);
+            let y = candle_core::CudaStorage::wrap_cuda_slice(y, dev);
+            return Ok((y, Shape::from(out)));
+        }
         let y = by_float!(xs.dtype(), "gemv", |T, dt| {
             let (x, w) = (view::<T>(xs, xl, "x")?, view::<T>(ws, wl, "w")?);
             let y = alloc::<T>(&dev, out)?;

@@ -1,7 +1,9 @@
 //! An attention layer's work between its projections and its attention (the target's, and the
-//! drafter's block), as one kernel on a GPU: each head of the new rows split from the projections, the per-head RMSNorm of Qwen3's
-//! queries and keys, RoPE at each row's position, the queries laid out head-major for the
-//! attention and the keys and values written into the cache's buffers at their rows.
+//! drafter's block), as one kernel on a GPU: each head of the new rows split from the
+//! projections, the per-head RMSNorm of Qwen3's queries and keys (zero-centred for Qwen3.5/3.6,
+//! whose queries come gated and whose RoPE rotates part of each head), RoPE at each row's
+//! position, the queries laid out head-major for the attention and the keys and values written
+//! into the cache's buffers at their rows.
 //! Unfused that is three head transposes, two norms, two RoPEs and two cache writes per layer
 //! (nine small kernels, each launched and each reading its rows again), [`unfused`]: the CPU's path and the kernel's twin (`check device` compares them).
 //!
@@ -50,15 +52,39 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// The projections of the new rows: `q [b, nq, heads · dim]`, `k`, `v` `[b, n, kv_heads · dim]`
-/// (views whose rows are evenly strided, e.g. column ranges of one fused product). The target:
-/// `nq = n`; the drafter: queries from the block's rows, keys and values from the context's and
-/// the block's.
+/// The projections of the new rows: `q [b, nq, heads · dim]` (`[b, nq, heads · 2 · dim]` where
+/// `gated`: `[query | gate]` per head, qwen3_5, of which the queries are read), `k`, `v` `[b, n,
+/// kv_heads · dim]` (views whose rows are evenly strided, e.g. column ranges of one fused
+/// product). The target: `nq = n`; the drafter: queries from the block's rows, keys and values
+/// from the context's and the block's. Example (Qwen3.6-27B, 24 heads of 256, gated): `q` of
+/// 12,288 columns, head 1's queries at columns 512..768.
 #[derive(Debug, Clone, Copy)]
 pub struct Projections<'a> {
     pub q: &'a Tensor,
     pub k: &'a Tensor,
     pub v: &'a Tensor,
+    pub gated: bool,
+}
+
+impl Projections<'_> {
+    /// Query head h's start in a row of `q`: `h · dim`, or `h · 2 · dim` where gated.
+    fn q_head_stride(&self, dim: usize) -> usize {
+        if self.gated {
+            2 * dim
+        } else {
+            dim
+        }
+    }
+}
+
+/// The queries of gated projections `[b, n, heads · 2 · dim]` as `[b, n, heads · dim]`
+/// (contiguous): each head's first `dim` columns.
+fn gated_queries(q: &Tensor, heads: Heads) -> Result<Tensor> {
+    let (b, n, _) = q.dims3()?;
+    q.reshape((b, n, heads.q, 2 * heads.dim))?
+        .narrow(3, 0, heads.dim)?
+        .contiguous()?
+        .reshape((b, n, heads.q * heads.dim))
 }
 
 /// RoPE tables of the query rows and of the key rows (the target: the same table twice).
@@ -98,6 +124,18 @@ pub fn unfused(
     cache: &mut KvCache,
     layer: usize,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    let queries;
+    let p = match p.gated {
+        true => {
+            queries = gated_queries(p.q, heads)?;
+            Projections {
+                q: &queries,
+                gated: false,
+                ..p
+            }
+        }
+        false => p,
+    };
     let (q, k, v) = heads_rotated(p, heads, (q_norm, k_norm), rope)?;
     let (k, v) = match (rows.index, rows.cap) {
         (Some(index), Some(cap)) => cache.write_fixed(layer, &k, &v, index, cap)?,
@@ -116,6 +154,9 @@ pub fn heads_rotated(
     (q_norm, k_norm): (Option<&RmsNorm>, Option<&RmsNorm>),
     rope: Tables,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    if p.gated {
+        candle_core::bail!("heads_rotated takes the queries apart from their gates");
+    }
     let b = p.q.dim(0)?;
     let split = |t: &Tensor, h: usize, norm: Option<&RmsNorm>| -> Result<Tensor> {
         let n = t.dim(1)?;
@@ -133,9 +174,10 @@ pub fn heads_rotated(
 }
 
 /// Whether the fused kernel takes this layer's rows: a CUDA device, f32 or bf16 throughout,
-/// an even head dim of at most 512 rotated whole (no partial RoPE), plain RMSNorm weights (not
-/// zero-centred), projections whose rows are evenly strided with unit column stride, RoPE
-/// tables of one row per new row (or per sequence row), and a well-formed cache destination.
+/// an even head dim of at most 512 rotated whole or in part (an even number of its first
+/// features), RMSNorm weights of one kind (plain in the storage type, or zero-centred in f32),
+/// projections whose rows are evenly strided with unit column stride, RoPE tables of one row
+/// per new row (or per sequence row), and a well-formed cache destination.
 /// `DFLASH_DISABLED_KERNELS=qkv-rope` turns it off.
 pub fn serves(
     p: Projections,
@@ -159,13 +201,20 @@ pub fn serves(
             && (b == 1 || t.stride()[0] == n * t.stride()[1])
             && !t.track_op()
     };
-    let norm_ok =
-        |nm: Option<&RmsNorm>| nm.is_none_or(|nm| !nm.one_plus && nm.weight.dims() == [heads.dim]);
+    let one_plus = q_norm.or(k_norm).is_some_and(|nm| nm.one_plus);
+    let norm_ok = |nm: Option<&RmsNorm>| {
+        nm.is_none_or(|nm| {
+            nm.one_plus == one_plus
+                && nm.weight.dims() == [heads.dim]
+                && (!one_plus || nm.weight.dtype() == DType::F32)
+        })
+    };
+    let width = rotated_half(rope.q);
     let table = |t: &RopeTables, n: usize| {
-        let rows = t.cos.elem_count() / (heads.dim / 2).max(1);
+        let rows = t.cos.elem_count() / width.max(1);
         t.cos.dtype() == dt
             && t.sin.dtype() == dt
-            && t.cos.dim(candle_core::D::Minus1).ok() == Some(heads.dim / 2)
+            && rotated_half(t) == width
             && t.cos.is_contiguous()
             && t.sin.is_contiguous()
             && t.sin.dims() == t.cos.dims()
@@ -174,16 +223,18 @@ pub fn serves(
     matches!(dt, DType::F32 | DType::BF16)
         && heads.dim.is_multiple_of(2)
         && heads.dim <= 512
+        && width > 0
+        && 2 * width <= heads.dim
         && heads.kv > 0
         && heads.q.is_multiple_of(heads.kv)
-        && strided_rows(p.q, nq, heads.q)
+        && strided_rows(p.q, nq, heads.q * p.q_head_stride(heads.dim) / heads.dim)
         && strided_rows(p.k, n, heads.kv)
         && strided_rows(p.v, n, heads.kv)
         && norm_ok(q_norm)
         && norm_ok(k_norm)
         && table(rope.q, nq)
         && table(rope.kv, n)
-        && tables_agree(rope, b, nq, n, heads.dim)
+        && tables_agree(rope, b, nq, n, width)
         && match (rows.index, rows.cap) {
             (Some(ix), Some(_)) => {
                 ix.dims() == [b, heads.kv, n, heads.dim]
@@ -195,10 +246,16 @@ pub fn serves(
         }
 }
 
+/// Half the features a table rotates (its rows' width; `dim / 2` rotated whole, `dim / 8` at
+/// Qwen3.6's partial factor 0.25), or 0 for a table of no dimensions.
+fn rotated_half(t: &RopeTables) -> usize {
+    t.cos.dims().last().copied().unwrap_or(0)
+}
+
 /// Whether both tables are laid out alike: each one table per sequence (`b · rows` rows), or
 /// each one table for every sequence (the kernel reads both the same way).
-fn tables_agree(rope: Tables, b: usize, nq: usize, n: usize, dim: usize) -> bool {
-    let per_seq = |t: &RopeTables, rows: usize| t.cos.elem_count() == b * rows * (dim / 2);
+fn tables_agree(rope: Tables, b: usize, nq: usize, n: usize, width: usize) -> bool {
+    let per_seq = |t: &RopeTables, rows: usize| t.cos.elem_count() == b * rows * width;
     b == 1 || per_seq(rope.q, nq) == per_seq(rope.kv, n)
 }
 
@@ -284,7 +341,8 @@ impl candle_core::CustomOp1 for Op<'_> {
         let d = heads.dim;
         let dev = qs.device().clone();
         let cap = kb.dim(2)?;
-        let batched_table = b > 1 && rope.kv.cos.elem_count() == b * n * (d / 2);
+        let width = rotated_half(rope.kv);
+        let batched_table = b > 1 && rope.kv.cos.elem_count() == b * n * width;
         let (ks, kl) = p.k.storage_and_layout();
         let (vs, vl) = p.v.storage_and_layout();
         let (cs, cl) = rope.kv.cos.storage_and_layout();
@@ -293,16 +351,24 @@ impl candle_core::CustomOp1 for Op<'_> {
         let (qss, qsl) = rope.q.sin.storage_and_layout();
         let (kbs, kbl) = kb.storage_and_layout();
         let (vbs, vbl) = vb.storage_and_layout();
-        // stand-ins the kernel never reads (the flags say so): the K buffer for an absent
-        // norm weight; for an absent index (appending: eager forwards only) one u32
-        let qw = q_norm.map(|m| m.weight.to_dtype(p.q.dtype())).transpose()?;
-        let kw = k_norm.map(|m| m.weight.to_dtype(p.q.dtype())).transpose()?;
+        // stand-ins the kernel never reads (the flags say so): for an absent norm weight the K
+        // buffer (plain weights) or one f32 (zero-centred: `serves` has them f32); for an
+        // absent index (appending: eager forwards only) one u32
+        let one_plus = q_norm.or(*k_norm).is_some_and(|m| m.one_plus);
+        let w_dtype = if one_plus { DType::F32 } else { p.q.dtype() };
+        let qw = q_norm.map(|m| m.weight.to_dtype(w_dtype)).transpose()?;
+        let kw = k_norm.map(|m| m.weight.to_dtype(w_dtype)).transpose()?;
+        let none_w = match (one_plus, q_norm.is_some() && k_norm.is_some()) {
+            (true, false) => Some(Tensor::zeros(1, DType::F32, p.q.device())?),
+            _ => None,
+        };
         let none_i = match rows.index {
             Some(_) => None,
             None => Some(Tensor::zeros(1, DType::U32, p.q.device())?),
         };
-        let (qws, qwl) = qw.as_ref().unwrap_or(kb).storage_and_layout();
-        let (kws, kwl) = kw.as_ref().unwrap_or(kb).storage_and_layout();
+        let stand_in = none_w.as_ref().unwrap_or(kb);
+        let (qws, qwl) = qw.as_ref().unwrap_or(stand_in).storage_and_layout();
+        let (kws, kwl) = kw.as_ref().unwrap_or(stand_in).storage_and_layout();
         let index = rows.index.or(none_i.as_ref()).unwrap_or(kb);
         let (ixs, ixl) = index.storage_and_layout();
         let eps = q_norm.or(*k_norm).map_or(1e-6, |m| m.eps) as f32;
@@ -324,6 +390,7 @@ impl candle_core::CustomOp1 for Op<'_> {
             cap as i32,
             *first as i32,
         );
+        let (qhs, r) = (p.q_head_stride(d) as i32, 2 * width as i32);
         let out = by_float!(ql_dtype(qs), "fused QKV", |T, dt| {
             fn on<'s>(s: &'s Storage, what: &str) -> Result<&'s CudaStorage> {
                 match s {
@@ -342,18 +409,34 @@ impl candle_core::CustomOp1 for Op<'_> {
             let (cos, sin) = (src(on(&cs, "cos")?, cl)?, src(on(&ss, "sin")?, sl)?);
             let qcos = src(on(&qcs, "query cos")?, qcl)?;
             let qsin = src(on(&qss, "query sin")?, qsl)?;
-            let qw = src(on(&qws, "q_norm")?, qwl)?;
-            let kw = src(on(&kws, "k_norm")?, kwl)?;
             let kc = src(on(&kbs, "K cache")?, kbl)?;
             let vc = src(on(&vbs, "V cache")?, vbl)?;
             let ix = on(&ixs, "index")?
                 .as_cuda_slice::<u32>()?
                 .slice(ixl.start_offset()..);
             let out = alloc::<T>(&dev, b * heads.q * nq * d)?;
-            launch!(
-                dev, "qkv_rope", dt, cfg, q, k, v, ldq, ldk, ldv, qcos, qsin, cos, sin, qw, kw,
-                eps, ix, out, kc, vc, nq_, n_, hq_, hkv_, d_, cap_, first_, flags, rows_
-            );
+            fn weight<'s, W: candle_core::cuda_backend::CudaDType>(
+                s: &'s Storage,
+                l: &Layout,
+                what: &str,
+            ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'s, W>> {
+                Ok(on(s, what)?.as_cuda_slice::<W>()?.slice(l.start_offset()..))
+            }
+            macro_rules! go {
+                ($name:expr, $w:ty) => {{
+                    let qw = weight::<$w>(&qws, qwl, "q_norm")?;
+                    let kw = weight::<$w>(&kws, kwl, "k_norm")?;
+                    launch!(
+                        dev, $name, dt, cfg, q, k, v, ldq, ldk, ldv, qhs, qcos, qsin, cos, sin, qw,
+                        kw, eps, ix, out, kc, vc, nq_, n_, hq_, hkv_, d_, r, cap_, first_, flags,
+                        rows_
+                    );
+                }};
+            }
+            match one_plus {
+                true => go!("qkv_rope_1p", f32),
+                false => go!("qkv_rope", T),
+            }
             CudaStorage::wrap_cuda_slice(out, dev.clone())
         });
         Ok((out, candle_core::Shape::from((b, heads.q, nq, d))))

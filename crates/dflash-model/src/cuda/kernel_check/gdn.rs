@@ -115,17 +115,19 @@ fn gdn_chunk_cases(
 }
 
 /// A Gated DeltaNet layer's prep and gated norm at the Qwen3.6-27B layer shape: a tree of 8 rows
-/// over 3 committed conv inputs (K = 4). `[rows, normed]`, on the CPU.
-fn gdn_prep_and_norm(dev: &Device) -> Result<Vec<Tensor>> {
+/// over 3 committed conv inputs (K = 4); the norm's gate read from columns of a wider row (the
+/// stacked in-projection's form), its output in `out`. `[rows, normed]`, on the CPU.
+fn gdn_prep_and_norm(dev: &Device, out: DType) -> Result<Vec<Tensor>> {
     use crate::ops::gdn_prep::{gated_norm, gdn_prep, window_index};
     let d = SHAPE_27B;
     let kk = 4;
     let parents = CHECK_TREE;
     let n = parents.len();
     let c = 2 * d.hk * d.dk + d.hv * d.dv;
-    // the committed inputs and the new rows apart, as a decoding step passes them
-    let (conv, mixed) = (fill(&[kk - 1, c], 40, 1.0)?, fill(&[n, c], 39, 1.0)?);
-    let ba = fill(&[n, 2 * d.hv], 41, 3.0)?;
+    // the committed inputs and the new rows apart, as a decoding step passes them: the new
+    // rows and b | a column ranges of wider rows (the stacked in-projection's form)
+    let (conv, mixed) = (fill(&[kk - 1, c], 40, 1.0)?, fill(&[n, c + 40], 39, 1.0)?);
+    let ba = fill(&[n, 2 * d.hv + 8], 41, 3.0)?;
     let idx = Tensor::from_vec(window_index(&parents, kk), (n, kk), &Device::Cpu)?;
     let consts = Tensor::cat(
         &[
@@ -136,16 +138,21 @@ fn gdn_prep_and_norm(dev: &Device) -> Result<Vec<Tensor>> {
         0,
     )?;
     let on = |t: &Tensor| t.to_device(dev);
-    let bufs = (&on(&conv)?, Some(&on(&mixed)?));
-    let rows = gdn_prep(bufs, &on(&ba)?, &on(&idx)?, &on(&consts)?, d, kk)?;
+    let (mixed, ba) = (
+        on(&mixed)?.narrow(1, 0, c)?,
+        on(&ba)?.narrow(1, 8, 2 * d.hv)?,
+    );
+    let bufs = (&on(&conv)?, Some(&mixed));
+    let rows = gdn_prep(bufs, &ba, &on(&idx)?, &on(&consts)?, d, kk)?;
     let vd = d.hv * d.dv;
     let o = fill(&[n, vd], 45, 1.0)?;
-    let z = fill(&[n, vd], 46, 2.0)?;
+    let z = fill(&[n, vd + 2 * d.hv], 46, 2.0)?;
     let w = fill(&[d.dv], 47, 1.0)?;
-    let normed = gated_norm(&on(&o)?, &on(&z)?, &on(&w)?, 1e-6)?;
+    let z = on(&z)?.narrow(1, 2 * d.hv, vd)?;
+    let normed = gated_norm(&on(&o)?, &z, &on(&w)?, 1e-6, out)?;
     [rows, normed]
         .into_iter()
-        .map(|t| t.to_device(&Device::Cpu))
+        .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
         .collect()
 }
 
@@ -194,11 +201,14 @@ fn gdn_slots(dev: &Device) -> Result<Vec<Tensor>> {
 
 /// A conv window settled in place after a forward at the Qwen3.6-27B layer width (K = 4): one
 /// row kept (an AR step), a tree path's last three rows (5, 6, 7 of 8), and two rows (a chain
-/// verify keeping rows 0 and 1). The windows after each, on the CPU.
+/// verify keeping rows 0 and 1). The inputs: the first columns of wider rows (the stacked
+/// in-projection's form). The windows after each, on the CPU.
 fn gdn_settle(dev: &Device) -> Result<Vec<Tensor>> {
     let d = SHAPE_27B;
     let c = 2 * d.hk * d.dk + d.hv * d.dv;
-    let inputs = fill(&[8, c], 70, 1.0)?.to_device(dev)?;
+    let inputs = fill(&[8, c + 96], 70, 1.0)?
+        .to_device(dev)?
+        .narrow(1, 0, c)?;
     let mut out = Vec::new();
     for (tail, seed) in [(vec![0usize], 71u64), (vec![5, 6, 7], 72), (vec![0, 1], 73)] {
         let conv = fill(&[3, c], seed, 1.0)?.to_device(dev)?;
@@ -221,20 +231,20 @@ pub(super) fn check_gdn(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<(
         "gdn small chain last state",
     ];
     let mut got = gdn(dev)?;
-    got.extend(gdn_prep_and_norm(dev)?);
+    got.extend(gdn_prep_and_norm(dev, DType::F32)?);
     got.extend(gdn_chunk(dev)?);
     got.extend(gdn_slots(dev)?);
     got.extend(gdn_settle(dev)?);
     let mut want = gdn(&Device::Cpu)?;
-    want.extend(gdn_prep_and_norm(&Device::Cpu)?);
+    want.extend(gdn_prep_and_norm(&Device::Cpu, DType::F32)?);
     want.extend(gdn_chunk(&Device::Cpu)?);
     want.extend(gdn_slots(&Device::Cpu)?);
     want.extend(gdn_settle(&Device::Cpu)?);
     let names: Vec<&str> = names
         .into_iter()
         .chain([
-            "gdn prep (27B shape, tree windows)",
-            "gdn gated norm (27B shape)",
+            "gdn prep (27B shape, tree windows, strided new rows)",
+            "gdn gated norm (27B shape, gate strided)",
             "gdn chunked 27B-shape prefill o",
             "gdn chunked 27B-shape prefill state",
             "gdn chunked small prefill o",
@@ -248,6 +258,14 @@ pub(super) fn check_gdn(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<(
         ])
         .collect();
     push_rows(checks, &names, &got, &want, DType::F32, 1e-5)?;
+    // the norm written in bf16: each value rounded once (a rounding the two sides take apart
+    // differs by one unit in the last place: at most 2^-7 of the value)
+    let (got, want) = (
+        gdn_prep_and_norm(dev, DType::BF16)?,
+        gdn_prep_and_norm(&Device::Cpu, DType::BF16)?,
+    );
+    let names = ["gdn gated norm written in bf16 (27B shape, gate strided)"];
+    push_rows(checks, &names, &got[1..], &want[1..], DType::BF16, 1e-2)?;
     // TF32 products round their inputs to 11 significant bits (unit roundoff 2^-11 ≈ 4.9e-4);
     // the solve and four chunks of state grow that by a small factor
     use crate::ops::gdn_chunk::ChunkMath;

@@ -98,6 +98,7 @@ fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
             q: &q,
             k: &k,
             v: &v,
+            gated: false,
         };
         let rows = Rows {
             index: index.as_ref(),
@@ -333,6 +334,79 @@ pub(super) fn check_tree_path_moves(dev: &Device, checks: &mut Vec<KernelCheck>)
     )
 }
 
+/// [`qkv_rope_rows`] for a gated attention layer (qwen3_5 in small: 4 query / 2 K/V heads of
+/// 256, `[query | gate]` per query head, zero-centred f32 norm weights, 64 of 256 features
+/// rotating): (1) a 9-row verify (DDTree-8) written through the fixed layout's index at rows
+/// 20..29 of a 64-row cache, q, k and v column ranges of one stacked product; (2) 2 sequences
+/// appending 13 rows each after 5, one table per sequence, three separate products.
+fn qkv_rope_gated_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
+    use crate::cache::kv_cache::KvCache;
+    use crate::layers::norm::RmsNorm;
+    use crate::layers::rope::Rope;
+    use crate::ops::qkv_rope::{apply, serves, Heads, Projections, Rows, Tables};
+    let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
+    let heads = Heads {
+        q: 4,
+        kv: 2,
+        dim: 256,
+    };
+    let (hq, hkv, d) = (heads.q, heads.kv, heads.dim);
+    let mut outs = Vec::new();
+    for (case, (b, n, len)) in [(1, 9, 20), (2, 13, 5)].into_iter().enumerate() {
+        let seed = 120 + 10 * case as u64;
+        let mut cache = KvCache::new(1);
+        let old = |s| on(fill(&[b, hkv, len, d], s, 1.0)?);
+        cache.append(0, &old(seed)?, &old(seed + 1)?)?;
+        cache.commit(len);
+        let positions: Vec<usize> = (0..b * n).map(|i| len + i % n + 3 * (i / n)).collect();
+        let mut tables = Rope::new(64, 1e7).tables(&positions, dtype, dev)?;
+        if b > 1 {
+            tables = tables.reshape_rows(b, n)?;
+        }
+        let norm = |s| RmsNorm::zero_centred(fill(&[d], s, 0.5)?.to_device(dev)?, 1e-6);
+        let (qn, kn) = (norm(seed + 2)?, norm(seed + 3)?);
+        let (q, k, v, index, cap);
+        if case == 0 {
+            let y = on(fill(&[b, n, (2 * hq + 2 * hkv) * d], seed + 4, 2.0)?)?;
+            (q, k, v) = (
+                y.narrow(2, 0, 2 * hq * d)?,
+                y.narrow(2, 2 * hq * d, hkv * d)?,
+                y.narrow(2, (2 * hq + hkv) * d, hkv * d)?,
+            );
+            cache.reserve_exact(64)?;
+            index = Some(KvCache::fixed_index((b, hkv, n, d), len, dev)?);
+            cap = Some(64);
+        } else {
+            let x = |w, s| on(fill(&[b, n, w * d], s, 2.0)?);
+            (q, k, v) = (x(2 * hq, seed + 4)?, x(hkv, seed + 5)?, x(hkv, seed + 6)?);
+            (index, cap) = (None, None);
+        }
+        let p = Projections {
+            q: &q,
+            k: &k,
+            v: &v,
+            gated: true,
+        };
+        let rows = Rows {
+            index: index.as_ref(),
+            cap,
+        };
+        let tabs = Tables {
+            q: &tables,
+            kv: &tables,
+        };
+        let norms = (Some(&qn), Some(&kn));
+        if dev.is_cuda() && !serves(p, heads, norms, tabs, rows) {
+            candle_core::bail!("the fused QKV kernel does not serve gated case {case}");
+        }
+        let (q, k, v) = apply(p, heads, norms, tabs, rows, &mut cache, 0)?;
+        for t in [q, k, v] {
+            outs.push(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
+        }
+    }
+    Ok(outs)
+}
+
 /// The attention's per-head norms, RoPE and cache writes in one kernel against the ops
 pub(super) fn check_qkv_rope(dev: &Device, checks: &mut Vec<KernelCheck>) -> Result<()> {
     compare_rows(
@@ -357,5 +431,19 @@ pub(super) fn check_qkv_rope(dev: &Device, checks: &mut Vec<KernelCheck>) -> Res
         ],
         &[(DType::F32, 1e-5), (DType::BF16, 2e-2)],
         qkv_rope_rows,
+    )?;
+    compare_rows(
+        dev,
+        checks,
+        &[
+            "QKV gated: q, zero-centred norm, partial RoPE (9-row verify, fixed layout)",
+            "QKV gated: K cache (9-row verify, fixed layout)",
+            "QKV gated: V cache (9-row verify, fixed layout)",
+            "QKV gated: q (2 sequences appending 13 rows each)",
+            "QKV gated: K cache (2 sequences appending 13 rows each)",
+            "QKV gated: V cache (2 sequences appending 13 rows each)",
+        ],
+        &[(DType::F32, 1e-5), (DType::BF16, 2e-2)],
+        qkv_rope_gated_rows,
     )
 }

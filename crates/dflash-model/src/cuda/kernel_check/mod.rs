@@ -162,7 +162,7 @@ mod tests {
         let names: std::collections::HashSet<&str> = CASES.iter().map(|c| c.0).collect();
         assert_eq!(names.len(), CASES.len());
         let checks = compare_with_cpu(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 203);
+        assert_eq!(checks.len(), 216);
         for c in &checks {
             assert!(c.passed(), "{c:?}");
             if c.name.ends_with("(F32)") {

@@ -202,13 +202,13 @@ impl GatedDeltaNet {
         drop(p);
         // 4. gated RMSNorm per (row, value head), one kernel, then out_proj
         let _p = tracing::info_span!(target: "phase", "gdn norm + out-projection").entered();
-        let normed = gated_norm(&o, &z, &self.norm_w, self.eps)?.reshape((1, n, vd))?;
+        let normed = gated_norm(&o, &z, &self.norm_w, self.eps, x.dtype())?.reshape((1, n, vd))?;
         cache.last = Some(GdnRows {
             inputs: mixed,
             parents: parents.to_vec(),
             states,
             per_row: keep_all,
         });
-        Ok(self.out_proj.forward(&normed.to_dtype(x.dtype())?)?)
+        Ok(self.out_proj.forward(&normed)?)
     }
 }

@@ -33,7 +33,7 @@
 use crate::layers::linear::Linear;
 use crate::ops::gdn_recurrence::RecurrenceDims;
 use anyhow::Result;
-use candle_core::{DType, Module, Tensor};
+use candle_core::{DType, Tensor};
 
 use crate::io::weights::TensorStore;
 use crate::layers::mlp::load_linear;
@@ -206,13 +206,12 @@ impl GatedDeltaNet {
         Ok(())
     }
 
-    /// The in-projections of `x` (`rows` rows in all), f32: `(mixed [rows, C], z [rows,
-    /// Hv·dv], b | a [rows, 2·Hv])`, from the stacked product where there is one. `mixed` is
-    /// contiguous (the cache keeps it); `z` and `b | a` may be views of the stacked rows.
+    /// The in-projections of `x` (`rows` rows in all), f32 (the values rounded to x's dtype,
+    /// as transformers' bf16 projections): `(mixed [rows, C], z [rows, Hv·dv], b | a [rows,
+    /// 2·Hv])`, from the stacked product where there is one: then all three are column ranges
+    /// of its rows, which the prep, the settle and the gated norm read where they are.
     fn in_projections(&self, x: &Tensor, rows: usize) -> Result<(Tensor, Tensor, Tensor)> {
-        let proj = |l: &Linear| -> Result<Tensor> {
-            Ok(l.forward(x)?.to_dtype(DType::F32)?.reshape((rows, ()))?)
-        };
+        let proj = |l: &Linear| -> Result<Tensor> { Ok(l.forward_f32(x)?.reshape((rows, ()))?) };
         let Some(stacked) = &self.in_proj else {
             let ba = Tensor::cat(&[proj(&self.in_proj_b)?, proj(&self.in_proj_a)?], 1)?;
             return Ok((proj(&self.in_proj_qkv)?, proj(&self.in_proj_z)?, ba));
@@ -224,7 +223,7 @@ impl GatedDeltaNet {
         );
         let y = proj(stacked)?;
         Ok((
-            y.narrow(1, 0, c)?.contiguous()?,
+            y.narrow(1, 0, c)?,
             y.narrow(1, c, vd)?,
             y.narrow(1, c + vd, 2 * hv)?,
         ))

@@ -123,11 +123,8 @@ impl GatedDeltaNet {
         )?;
         let math = ChunkMath::for_dtype(x.dtype());
         let (o, states) = gdn_chunked_seqs(&rows, &init, &lens, d.recurrence(), math)?;
-        let normed = gated_norm(&o, &z, &self.norm_w, self.eps)?.reshape((1, r, vd))?;
-        let out = self
-            .out_proj
-            .forward(&normed.to_dtype(x.dtype())?)?
-            .reshape((r, h))?;
+        let normed = gated_norm(&o, &z, &self.norm_w, self.eps, x.dtype())?.reshape((1, r, vd))?;
+        let out = self.out_proj.forward(&normed)?.reshape((r, h))?;
         // each slot's state after its last row: the last K-1 inputs of its block, its state
         let mut base = 0;
         for (j, (&s, &len)) in seqs.iter().zip(&lens).enumerate() {

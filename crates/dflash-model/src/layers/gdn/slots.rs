@@ -156,7 +156,7 @@ impl GatedDeltaNet {
         .contiguous()?
         .reshape((b * k1, c))?;
         (st.conv, st.rec) = (conv, states);
-        let normed = gated_norm(&o, &z, &self.norm_w, self.eps)?.reshape((b, 1, vd))?;
-        Ok(self.out_proj.forward(&normed.to_dtype(x.dtype())?)?)
+        let normed = gated_norm(&o, &z, &self.norm_w, self.eps, x.dtype())?.reshape((b, 1, vd))?;
+        Ok(self.out_proj.forward(&normed)?)
     }
 }

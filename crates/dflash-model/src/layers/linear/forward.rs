@@ -25,6 +25,21 @@ impl Linear {
     }
 }
 
+impl Linear {
+    /// [`Module::forward`] widened to f32, the values rounded to `x`'s dtype first (what
+    /// `forward(x)?.to_dtype(F32)` gives): one kernel for one bf16 row on a GPU
+    /// ([`crate::ops::gemv::gemv_widened`]: the Gated DeltaNet in-projection of an AR step).
+    pub fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
+        if let (Some(w), None, Some(&k)) = (&self.weight, &self.bias, x.dims().last()) {
+            let one_row = k > 0 && x.elem_count() == k;
+            if one_row && x.dtype() == DType::BF16 && crate::ops::gemv::serves(x, w) {
+                return crate::ops::gemv::gemv_widened(x, w);
+            }
+        }
+        self.forward(x)?.to_dtype(DType::F32)
+    }
+}
+
 /// The `DFLASH_PROFILE` phase of a product by its panels' format.
 fn product_phase(format: &str) -> tracing::Span {
     match format {

@@ -234,6 +234,7 @@ impl DraftLayer {
             q: &q,
             k: &k,
             v: &v,
+            gated: false,
         };
         let heads = qkv_rope::Heads {
             q: a.heads,

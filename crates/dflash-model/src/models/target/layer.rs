@@ -78,19 +78,14 @@ impl Attention {
                 self.v_proj.forward(x)?,
             ),
         };
-        let (q, gate) = if self.gated {
-            // q_proj yields [query | gate] per head
-            let qg = qg.reshape((b, n, self.heads, 2 * self.head_dim))?;
-            let gate = qg
-                .narrow(3, self.head_dim, self.head_dim)?
-                .reshape((b, n, hd))?;
-            let q = qg
-                .narrow(3, 0, self.head_dim)?
-                .contiguous()?
-                .reshape((b, n, hd))?;
-            (q, Some(gate))
-        } else {
-            (qg, None)
+        // q_proj yields [query | gate] per head where gated: qkv_rope reads the queries
+        let gate = match self.gated {
+            true => Some(qg.reshape((b, n, self.heads, 2 * self.head_dim))?.narrow(
+                3,
+                self.head_dim,
+                self.head_dim,
+            )?),
+            false => None,
         };
         // 2. per-head norms (qwen3), RoPE at each row's own position, the cache write:
         // [cache rows | new rows] (fixed layout: all `cap` rows)
@@ -101,9 +96,10 @@ impl Attention {
         };
         let (q, k, v) = qkv_rope::apply(
             qkv_rope::Projections {
-                q: &q,
+                q: &qg,
                 k: &k,
                 v: &v,
+                gated: self.gated,
             },
             qkv_rope::Heads {
                 q: self.heads,
@@ -134,7 +130,10 @@ impl Attention {
             }
         };
         let o = match gate {
-            Some(g) => (o * candle_nn::ops::sigmoid(&g)?)?,
+            // the gate a strided view [b, n, heads, dim]: sigmoid reads it where it is
+            Some(g) => (o.reshape((b, n, self.heads, self.head_dim))?
+                * candle_nn::ops::sigmoid(&g)?)?
+            .reshape((b, n, hd))?,
             None => o,
         };
         drop(phase);
