@@ -66,7 +66,17 @@ pub struct Projections<'a> {
     pub gated: bool,
 }
 
-impl Projections<'_> {
+impl<'a> Projections<'a> {
+    /// Projections whose queries are not gated.
+    pub fn plain(q: &'a Tensor, k: &'a Tensor, v: &'a Tensor) -> Self {
+        Self {
+            q,
+            k,
+            v,
+            gated: false,
+        }
+    }
+
     /// Query head h's start in a row of `q`: `h · dim`, or `h · 2 · dim` where gated.
     fn q_head_stride(&self, dim: usize) -> usize {
         if self.gated {
@@ -305,6 +315,34 @@ struct Op<'a> {
     first: usize,
 }
 
+impl Op<'_> {
+    /// The q and k norm weights as the kernel reads them (plain: the storage type; zero-centred:
+    /// f32, then `true`), and the fixed layout's index, with stand-ins the kernel never reads
+    /// (the flags say so): for an absent weight the K buffer or one f32, for an absent index
+    /// (appending: eager forwards only) one u32.
+    #[cfg(feature = "cuda")]
+    fn weights_and_index(&self) -> Result<(Tensor, Tensor, Tensor, bool)> {
+        let (q_norm, k_norm) = self.norms;
+        let (kb, dev) = (self.kv.0, self.p.q.device());
+        let one_plus = q_norm.or(k_norm).is_some_and(|m| m.one_plus);
+        let w_dtype = if one_plus {
+            DType::F32
+        } else {
+            self.p.q.dtype()
+        };
+        let weight = |nm: Option<&RmsNorm>| match (nm, one_plus) {
+            (Some(m), _) => m.weight.to_dtype(w_dtype),
+            (None, true) => Tensor::zeros(1, DType::F32, dev),
+            (None, false) => Ok(kb.clone()),
+        };
+        let index = match self.rows.index {
+            Some(ix) => ix.clone(),
+            None => Tensor::zeros(1, DType::U32, dev)?,
+        };
+        Ok((weight(q_norm)?, weight(k_norm)?, index, one_plus))
+    }
+}
+
 impl candle_core::CustomOp1 for Op<'_> {
     fn name(&self) -> &'static str {
         "qkv-rope"
@@ -326,7 +364,7 @@ impl candle_core::CustomOp1 for Op<'_> {
     ) -> Result<(candle_core::CudaStorage, candle_core::Shape)> {
         use crate::cuda::ptx::{alloc, by_float, launch};
         use candle_core::backend::BackendStorage;
-        use candle_core::{CudaStorage, Layout, Storage};
+        use candle_core::{CudaStorage, Layout};
         let Self {
             p,
             heads,
@@ -351,25 +389,9 @@ impl candle_core::CustomOp1 for Op<'_> {
         let (qss, qsl) = rope.q.sin.storage_and_layout();
         let (kbs, kbl) = kb.storage_and_layout();
         let (vbs, vbl) = vb.storage_and_layout();
-        // stand-ins the kernel never reads (the flags say so): for an absent norm weight the K
-        // buffer (plain weights) or one f32 (zero-centred: `serves` has them f32); for an
-        // absent index (appending: eager forwards only) one u32
-        let one_plus = q_norm.or(*k_norm).is_some_and(|m| m.one_plus);
-        let w_dtype = if one_plus { DType::F32 } else { p.q.dtype() };
-        let qw = q_norm.map(|m| m.weight.to_dtype(w_dtype)).transpose()?;
-        let kw = k_norm.map(|m| m.weight.to_dtype(w_dtype)).transpose()?;
-        let none_w = match (one_plus, q_norm.is_some() && k_norm.is_some()) {
-            (true, false) => Some(Tensor::zeros(1, DType::F32, p.q.device())?),
-            _ => None,
-        };
-        let none_i = match rows.index {
-            Some(_) => None,
-            None => Some(Tensor::zeros(1, DType::U32, p.q.device())?),
-        };
-        let stand_in = none_w.as_ref().unwrap_or(kb);
-        let (qws, qwl) = qw.as_ref().unwrap_or(stand_in).storage_and_layout();
-        let (kws, kwl) = kw.as_ref().unwrap_or(stand_in).storage_and_layout();
-        let index = rows.index.or(none_i.as_ref()).unwrap_or(kb);
+        let (qw, kw, index, one_plus) = self.weights_and_index()?;
+        let (qws, qwl) = qw.storage_and_layout();
+        let (kws, kwl) = kw.storage_and_layout();
         let (ixs, ixl) = index.storage_and_layout();
         let eps = q_norm.or(*k_norm).map_or(1e-6, |m| m.eps) as f32;
         let flags = i32::from(q_norm.is_some())
@@ -392,40 +414,23 @@ impl candle_core::CustomOp1 for Op<'_> {
         );
         let (qhs, r) = (p.q_head_stride(d) as i32, 2 * width as i32);
         let out = by_float!(ql_dtype(qs), "fused QKV", |T, dt| {
-            fn on<'s>(s: &'s Storage, what: &str) -> Result<&'s CudaStorage> {
-                match s {
-                    Storage::Cuda(c) => Ok(c),
-                    _ => candle_core::bail!("fused QKV: {what} is not on the GPU"),
-                }
-            }
-            fn src<'s>(
-                s: &'s CudaStorage,
-                l: &Layout,
-            ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'s, T>> {
-                Ok(s.as_cuda_slice::<T>()?.slice(l.start_offset()..))
-            }
-            let q = src(qs, ql)?;
-            let (k, v) = (src(on(&ks, "k")?, kl)?, src(on(&vs, "v")?, vl)?);
-            let (cos, sin) = (src(on(&cs, "cos")?, cl)?, src(on(&ss, "sin")?, sl)?);
-            let qcos = src(on(&qcs, "query cos")?, qcl)?;
-            let qsin = src(on(&qss, "query sin")?, qsl)?;
-            let kc = src(on(&kbs, "K cache")?, kbl)?;
-            let vc = src(on(&vbs, "V cache")?, vbl)?;
-            let ix = on(&ixs, "index")?
-                .as_cuda_slice::<u32>()?
-                .slice(ixl.start_offset()..);
+            let q = slice_of::<T>(qs, ql)?;
+            let (k, v) = (operand::<T>(&ks, kl, "k")?, operand::<T>(&vs, vl, "v")?);
+            let (cos, sin) = (operand::<T>(&cs, cl, "cos")?, operand::<T>(&ss, sl, "sin")?);
+            let (qcos, qsin) = (
+                operand::<T>(&qcs, qcl, "query cos")?,
+                operand::<T>(&qss, qsl, "query sin")?,
+            );
+            let (kc, vc) = (
+                operand::<T>(&kbs, kbl, "K cache")?,
+                operand::<T>(&vbs, vbl, "V cache")?,
+            );
+            let ix = operand::<u32>(&ixs, ixl, "index")?;
             let out = alloc::<T>(&dev, b * heads.q * nq * d)?;
-            fn weight<'s, W: candle_core::cuda_backend::CudaDType>(
-                s: &'s Storage,
-                l: &Layout,
-                what: &str,
-            ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'s, W>> {
-                Ok(on(s, what)?.as_cuda_slice::<W>()?.slice(l.start_offset()..))
-            }
             macro_rules! go {
                 ($name:expr, $w:ty) => {{
-                    let qw = weight::<$w>(&qws, qwl, "q_norm")?;
-                    let kw = weight::<$w>(&kws, kwl, "k_norm")?;
+                    let qw = operand::<$w>(&qws, qwl, "q_norm")?;
+                    let kw = operand::<$w>(&kws, kwl, "k_norm")?;
                     launch!(
                         dev, $name, dt, cfg, q, k, v, ldq, ldk, ldv, qhs, qcos, qsin, cos, sin, qw,
                         kw, eps, ix, out, kc, vc, nq_, n_, hq_, hkv_, d_, r, cap_, first_, flags,
@@ -459,6 +464,34 @@ fn row_blocks(
         block_dim: (threads as u32, per_block as u32, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// The CUDA storage of an operand, or an error naming it.
+#[cfg(feature = "cuda")]
+fn on<'s>(s: &'s candle_core::Storage, what: &str) -> Result<&'s candle_core::CudaStorage> {
+    match s {
+        candle_core::Storage::Cuda(c) => Ok(c),
+        _ => candle_core::bail!("fused QKV: {what} is not on the GPU"),
+    }
+}
+
+/// An operand's device data from its layout's start.
+#[cfg(feature = "cuda")]
+fn slice_of<'s, W: candle_core::cuda_backend::CudaDType>(
+    s: &'s candle_core::CudaStorage,
+    l: &candle_core::Layout,
+) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'s, W>> {
+    Ok(s.as_cuda_slice::<W>()?.slice(l.start_offset()..))
+}
+
+/// An operand's device data from its layout's start, or an error naming it.
+#[cfg(feature = "cuda")]
+fn operand<'s, W: candle_core::cuda_backend::CudaDType>(
+    s: &'s candle_core::Storage,
+    l: &candle_core::Layout,
+    what: &str,
+) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'s, W>> {
+    slice_of(on(s, what)?, l)
 }
 
 #[cfg(feature = "cuda")]

@@ -94,12 +94,7 @@ fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
             };
             (index, cap) = (None, None);
         }
-        let p = Projections {
-            q: &q,
-            k: &k,
-            v: &v,
-            gated: false,
-        };
+        let p = Projections::plain(&q, &k, &v);
         let rows = Rows {
             index: index.as_ref(),
             cap,

@@ -230,12 +230,7 @@ impl DraftLayer {
             a.k_proj.forward(&kv_in)?,
             a.v_proj.forward(&kv_in)?,
         );
-        let p = qkv_rope::Projections {
-            q: &q,
-            k: &k,
-            v: &v,
-            gated: false,
-        };
+        let p = qkv_rope::Projections::plain(&q, &k, &v);
         let heads = qkv_rope::Heads {
             q: a.heads,
             kv: a.kv_heads,
