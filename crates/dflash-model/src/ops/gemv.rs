@@ -46,12 +46,7 @@ pub fn gemv(x: &Tensor, w: &Tensor) -> Result<Tensor> {
             w.dtype()
         );
     }
-    let mut shape = x.dims().to_vec();
-    if let Some(last) = shape.last_mut() {
-        *last = w.dim(0)?;
-    }
-    x.apply_op2_no_bwd(w, &Gemv { widened: false })?
-        .reshape(shape)
+    launch(x, w, false)
 }
 
 /// [`gemv`] of bf16 operands written as f32: each value rounded to bf16 first, so the result
@@ -65,12 +60,16 @@ pub fn gemv_widened(x: &Tensor, w: &Tensor) -> Result<Tensor> {
             x.dtype()
         );
     }
+    launch(x, w, true)
+}
+
+/// The op on `x` and `w`, shaped `[.., out]` (x's leading dims kept).
+fn launch(x: &Tensor, w: &Tensor, widened: bool) -> Result<Tensor> {
     let mut shape = x.dims().to_vec();
     if let Some(last) = shape.last_mut() {
         *last = w.dim(0)?;
     }
-    x.apply_op2_no_bwd(w, &Gemv { widened: true })?
-        .reshape(shape)
+    x.apply_op2_no_bwd(w, &Gemv { widened })?.reshape(shape)
 }
 
 /// The kernel as an op; `widened`: f32 output (bf16 operands).

@@ -21,7 +21,7 @@ fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::cache::kv_cache::KvCache;
     use crate::layers::norm::RmsNorm;
     use crate::layers::rope::Rope;
-    use crate::ops::qkv_rope::{apply, serves, Heads, Projections, Rows, Tables};
+    use crate::ops::qkv_rope::{Heads, Projections, Rows, Tables};
     let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
     let mut outs = Vec::new();
     for case in 0..5 {
@@ -103,15 +103,39 @@ fn qkv_rope_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
             q: qtables.as_ref().unwrap_or(&tables),
             kv: &tables,
         };
-        if dev.is_cuda() && !serves(p, heads, norms, tabs, rows) {
-            candle_core::bail!("the fused QKV kernel does not serve case {case}");
-        }
-        let (q, k, v) = apply(p, heads, norms, tabs, rows, &mut cache, 0)?;
-        for t in [q, k, v] {
-            outs.push(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
-        }
+        let what = format!("case {case}");
+        outs.extend(qkv_applied(
+            dev, p, heads, norms, tabs, rows, &mut cache, &what,
+        )?);
     }
     Ok(outs)
+}
+
+/// [`crate::ops::qkv_rope::apply`] of one case, refused on a GPU where the fused kernel does
+/// not serve it: `[q, K, V]` as f32 on the CPU.
+#[allow(clippy::too_many_arguments)]
+fn qkv_applied(
+    dev: &Device,
+    p: crate::ops::qkv_rope::Projections,
+    heads: crate::ops::qkv_rope::Heads,
+    norms: (
+        Option<&crate::layers::norm::RmsNorm>,
+        Option<&crate::layers::norm::RmsNorm>,
+    ),
+    tabs: crate::ops::qkv_rope::Tables,
+    rows: crate::ops::qkv_rope::Rows,
+    cache: &mut crate::cache::kv_cache::KvCache,
+    what: &str,
+) -> Result<Vec<Tensor>> {
+    use crate::ops::qkv_rope::{apply, serves};
+    if dev.is_cuda() && !serves(p, heads, norms, tabs, rows) {
+        candle_core::bail!("the fused QKV kernel does not serve {what}");
+    }
+    let (q, k, v) = apply(p, heads, norms, tabs, rows, cache, 0)?;
+    [q, k, v]
+        .into_iter()
+        .map(|t| t.to_dtype(DType::F32)?.to_device(&Device::Cpu))
+        .collect()
 }
 
 /// The outputs [`check_stacked_silu`] compares, on `dev` in `dtype`, as f32 on the CPU.
@@ -338,7 +362,7 @@ fn qkv_rope_gated_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
     use crate::cache::kv_cache::KvCache;
     use crate::layers::norm::RmsNorm;
     use crate::layers::rope::Rope;
-    use crate::ops::qkv_rope::{apply, serves, Heads, Projections, Rows, Tables};
+    use crate::ops::qkv_rope::{Heads, Projections, Rows, Tables};
     let on = |t: Tensor| t.to_dtype(dtype)?.to_device(dev);
     let heads = Heads {
         q: 4,
@@ -391,13 +415,10 @@ fn qkv_rope_gated_rows(dev: &Device, dtype: DType) -> Result<Vec<Tensor>> {
             kv: &tables,
         };
         let norms = (Some(&qn), Some(&kn));
-        if dev.is_cuda() && !serves(p, heads, norms, tabs, rows) {
-            candle_core::bail!("the fused QKV kernel does not serve gated case {case}");
-        }
-        let (q, k, v) = apply(p, heads, norms, tabs, rows, &mut cache, 0)?;
-        for t in [q, k, v] {
-            outs.push(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?);
-        }
+        let what = format!("gated case {case}");
+        outs.extend(qkv_applied(
+            dev, p, heads, norms, tabs, rows, &mut cache, &what,
+        )?);
     }
     Ok(outs)
 }
