@@ -83,9 +83,10 @@ impl GatedDeltaNet {
             .reshape((b * n, h))?
             .index_select(&Tensor::new(index.as_slice(), dev)?, 0)?
             .unsqueeze(0)?;
-        let (mixed, z, ba) = self.in_projections(&xr, r)?; // [r, C], [r, Hv·dv], [r, 2·Hv]
-                                                           // the conv buffer: each sequence's [slot's conv inputs | its rows' inputs], the index
-                                                           // past it the zero row; each row's window as a prefill alone reads it, moved to its block
+        // [r, C], [r, Hv·dv], [r, 2·Hv]
+        let (mixed, z, ba) = self.in_projections(&xr, r)?;
+        // the conv buffer: each sequence's [slot's conv inputs | its rows' inputs], the index
+        // past it the zero row; each row's window as a prefill alone reads it, moved to its block
         let zero_row = (seqs.len() * k1 + r) as u32;
         let (mut parts, mut windows) = (Vec::new(), Vec::with_capacity(r * kk));
         let (mut base, mut r0) = (0u32, 0);
