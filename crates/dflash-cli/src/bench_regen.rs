@@ -39,6 +39,9 @@ pub struct BenchRegenArgs {
     /// Replay each batched step from a CUDA graph (`data generate --cuda-graphs`).
     #[arg(long)]
     pub cuda_graphs: bool,
+    /// Prompts prefilled in one forward on a GPU (the engine's 16 by default).
+    #[arg(long)]
+    pub prefill_prompts: Option<usize>,
     /// Untimed runs first (kernel compilation, allocator warm-up).
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
@@ -130,6 +133,7 @@ pub fn run(a: BenchRegenArgs) -> Result<()> {
         let mut tokens = 0;
         let opts = BatchedOptions {
             cuda_graphs: a.cuda_graphs,
+            prefill_prompts: a.prefill_prompts,
             ..Default::default()
         };
         generate_batched(&target, &reqs, a.slots, opts, |_, r| {
@@ -157,6 +161,9 @@ fn checked(
     let requests = a.requests.unwrap_or(a.slots);
     if a.slots == 0 || requests == 0 || a.prompt_tokens == 0 || a.max_new_tokens == 0 {
         anyhow::bail!("--slots, --requests, --prompt-tokens and --max-new-tokens must be >= 1");
+    }
+    if a.prefill_prompts == Some(0) {
+        anyhow::bail!("--prefill-prompts must be >= 1");
     }
     if a.prompt_tokens + a.max_new_tokens > cfg.max_position_embeddings {
         anyhow::bail!(

@@ -325,3 +325,19 @@ fn bench_decode_runs_every_mode_on_random_weights_of_a_hybrid_shape() {
     // the profiling runs need a GPU
     assert_profiling_needs_a_gpu(&cfg);
 }
+
+/// `bench regen --prefill-prompts 0` is refused by name before any model is built.
+#[test]
+fn bench_regen_refuses_no_prompts_per_prefill() {
+    let shape = small_shape("bench-regen-prefill-0");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_dflash-rs"))
+        .args(["bench", "regen", "--shape"])
+        .arg(&shape)
+        .args(["--slots", "2", "--prefill-prompts", "0"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--prefill-prompts must be >= 1"), "{err}");
+    let _ = std::fs::remove_dir_all(shape.parent().unwrap());
+}

@@ -117,6 +117,7 @@ fn decode_batched(
     let bopts = BatchedOptions {
         cuda_graphs: opts.cuda_graphs,
         admit_until,
+        ..Default::default()
     };
     generate_batched(&lt.target, &reqs, opts.batch_size, bopts, |j, r| {
         let i = index_of[j];

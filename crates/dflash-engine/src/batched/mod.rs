@@ -77,7 +77,10 @@ pub fn generate_batched(
             .unwrap_or(1);
         (2 * longest).div_ceil(64) * 64
     });
-    let batch = Batch::new(target, n_slots, cap)?;
+    let mut batch = Batch::new(target, n_slots, cap)?;
+    if let (Some(p), false) = (opts.prefill_prompts, target.device.is_cpu()) {
+        batch.set_prefill_chunk(p);
+    }
     if requests.is_empty() {
         return Ok(());
     }
@@ -109,6 +112,10 @@ pub struct BatchedOptions {
     /// Example: 32 free slots, prompts of 3,000 tokens, a limit of 10 s → the prompts
     /// prefilled by then decode, the next to finish ends the run.
     pub admit_until: Option<std::time::Instant>,
+    /// Prompts prefilled in one forward on a GPU (`None`: [`Batch::prefill_chunk`]'s 16; the
+    /// CPU always prefills one at a time). Example: 256 prompts of 256 tokens at 64 → four
+    /// prefill forwards of 16,384 rows.
+    pub prefill_prompts: Option<usize>,
 }
 
 struct Run<'a, 't, F> {
