@@ -15,6 +15,14 @@ read (per run: the sums over N runs / N).
         --profile-replays 3 > OUT.txt
     python3 bench/kernel_profile.py NCU.csv OUT.txt [--label S] [--json ROWS.jsonl]
 
+With `--all` (no OUT.txt) every profiled kernel is summed, by class and by name (the 25 with the
+most time): for a whole run under the profiler, e.g. `bench regen` of a hybrid target, whose
+batched steps and prefills have no replays to profile.
+
+    ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
+        --log-file NCU.csv dflash-rs bench regen --shape S … --max-new-tokens 8
+    python3 bench/kernel_profile.py NCU.csv --all [--label S]
+
 Kernels run one at a time under the profiler (each timed alone, caches flushed before each),
 so the sums are kernel time without the gaps between kernels, and the DRAM bytes are those a
 cold kernel reads. Classes, by kernel name: Gated DeltaNet (its prep, rule and gated norm), GEMM (cuBLAS / CUTLASS / nvjet), attention
@@ -70,10 +78,15 @@ def read_ncu(path):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("ncu_csv")
-    p.add_argument("bench_out")
+    p.add_argument("bench_out", nargs="?")
     p.add_argument("--label", default="")
     p.add_argument("--json")
+    p.add_argument("--all", action="store_true", help="sum every profiled kernel (no OUT.txt)")
     a = p.parse_args()
+    if a.all:
+        return whole_run(read_ncu(a.ncu_csv), a.label)
+    if a.bench_out is None:
+        sys.exit("give the bench command's output (OUT.txt), or --all")
     text = open(a.bench_out, errors="replace").read()
     m = re.search(r"profile replays \((\d+) each, in this order\): (.*)", text)
     if not m:
@@ -119,6 +132,24 @@ def main():
         with open(a.json, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
+
+
+def whole_run(kernels, label):
+    """Every kernel of the profile summed, by class, then by name (the 25 with the most time)."""
+    total = sum(t for _, t, _ in kernels) or 1.0
+    print(f"{label}: {len(kernels)} kernels, {total / 1e3:.1f} ms of kernel time\n")
+    for key, title in ((lambda n: kernel_class(n), "class"), (lambda n: n.split("(")[0][:80], "kernel")):
+        by = collections.defaultdict(lambda: [0, 0.0, 0.0])
+        for kn, t, b in kernels:
+            c = by[key(kn)]
+            c[0] += 1
+            c[1] += t
+            c[2] += b
+        print(f"| {title} | kernels | ms | share | DRAM read MB |")
+        print("|---|---|---|---|---|")
+        for name, (cnt, t, b) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]:
+            print(f"| {name} | {cnt} | {t / 1e3:.2f} | {t / total:.0%} | {b / 1e6:.1f} |")
+        print()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@
 #   decode  the decoding loop at each of SHAPES on random weights (`bench decode --shape`: AR,
 #           DFlash, DDTree-8 with a random 5-layer drafter, without and with CUDA graphs, bf16;
 #           each mode's tokens against AR's; DECODE_DTYPE, default bf16), rows as JSON;
+#   regen   `bench regen` at PROFILE_SHAPE, 256 slots, 16, 64 and 256 prompts per prefill forward;
+#           then NCU over a short run of 64 slots (4 prefills, 8 steps), every kernel summed by
+#           class and by name (`bench/kernel_profile.py --all`);
 #   profile Nsight Compute (NCU) over `bench shape --profile-eager 1` at PROFILE_SHAPE (the AR
 #           step and the chain verify run eagerly: NCU fails on the hybrid's graph nodes;
 #           bench/kernel_profile.py), then over one Gated DeltaNet layer's chunked rule at
@@ -90,6 +93,20 @@ for i in range(8): print(json.dumps({'prompt': ' '.join('t%d' % (((i % 2) * 53 +
             > "$OUT/$n.txt" 2>&1 || { echo "bench decode $s $g failed" >&2; status=1; }
         done
       done ;;
+    regen)
+      # batched decoding of PROFILE_SHAPE at 256 slots by prompts per prefill forward, then
+      # Nsight Compute over a short run (its prefills and steps), summed by class and kernel
+      rs=bench/shapes/$PROFILE_SHAPE.json
+      for pp in 16 64 256; do
+        "$B" bench regen --shape "$rs" --device cuda --dtype bf16 --slots 256 --prompt-tokens 256 \
+          --max-new-tokens 128 --prefill-prompts $pp --output-json "$OUT/regen-prefill.jsonl" \
+          > "$OUT/regen-prefill-$pp.txt" 2>&1 || { echo "bench regen, $pp per prefill, failed" >&2; status=1; }
+      done
+      "$NCU" --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv --page raw \
+        --log-file "$OUT/ncu-regen.csv" "$B" bench regen --shape "$rs" --device cuda --dtype bf16 \
+        --slots 64 --prompt-tokens 256 --max-new-tokens 8 > "$OUT/ncu-regen.txt" 2>&1 \
+        && python3 bench/kernel_profile.py "$OUT/ncu-regen.csv" --all --label "$PROFILE_SHAPE regen" \
+          > "$OUT/kernel-profile-regen.md" || { echo "regen kernel profile failed" >&2; status=1; } ;;
     profile)
       ps=$PWD/bench/shapes/$PROFILE_SHAPE.json
       "$NCU" --profile-from-start off \
