@@ -57,6 +57,17 @@ SCALE_T = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "m
 SCALE_B = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
+def sums(kernels, key):
+    """Per key(kernel name): [kernels, µs, DRAM bytes read] summed."""
+    by = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for kn, t, b in kernels:
+        c = by[key(kn)]
+        c[0] += 1
+        c[1] += t
+        c[2] += b
+    return by
+
+
 def read_ncu(path):
     rows = list(csv.reader(open(path, errors="replace")))
     h = next(i for i, r in enumerate(rows) if r and r[0] == "ID")
@@ -109,12 +120,7 @@ def main():
     for name, k in groups:
         ks = tail[at:at + reps * k]
         at += reps * k
-        by = collections.defaultdict(lambda: [0, 0.0, 0.0])
-        for kn, t, b in ks:
-            c = by[kernel_class(kn)]
-            c[0] += 1
-            c[1] += t
-            c[2] += b
+        by = sums(ks, kernel_class)
         total_t = sum(v[1] for v in by.values()) / reps
         total_b = sum(v[2] for v in by.values()) / reps
         for cls, (cnt, t, b) in sorted(by.items(), key=lambda kv: -kv[1][1]):
@@ -138,13 +144,8 @@ def whole_run(kernels, label):
     """Every kernel of the profile summed, by class, then by name (the 25 with the most time)."""
     total = sum(t for _, t, _ in kernels) or 1.0
     print(f"{label}: {len(kernels)} kernels, {total / 1e3:.1f} ms of kernel time\n")
-    for key, title in ((lambda n: kernel_class(n), "class"), (lambda n: n.split("(")[0][:80], "kernel")):
-        by = collections.defaultdict(lambda: [0, 0.0, 0.0])
-        for kn, t, b in kernels:
-            c = by[key(kn)]
-            c[0] += 1
-            c[1] += t
-            c[2] += b
+    for key, title in ((kernel_class, "class"), (lambda n: n.split("(")[0][:80], "kernel")):
+        by = sums(kernels, key)
         print(f"| {title} | kernels | ms | share | DRAM read MB |")
         print("|---|---|---|---|---|")
         for name, (cnt, t, b) in sorted(by.items(), key=lambda kv: -kv[1][1])[:25]:

@@ -24,7 +24,7 @@
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 use crate::ops::gdn_recurrence::RecurrenceDims;
-use crate::ops::kernel_io::cpu_slice;
+use crate::ops::kernel_io::{cpu_slice, rows_in_place};
 
 /// For each row and tap, the row of `[committed | new rows | zero]` it reads (see the module
 /// doc), `[n, K]` row-major.
@@ -164,26 +164,15 @@ pub fn gdn_prep(
     kernel: usize,
 ) -> Result<Tensor> {
     buf.contiguous()?.apply_op3_no_bwd(
-        &in_place(ba)?,
+        &rows_in_place(ba)?,
         &idx.contiguous()?,
         &Prep {
             dims,
             kernel,
             consts: consts.contiguous()?,
-            more: more.map(in_place).transpose()?,
+            more: more.map(rows_in_place).transpose()?,
         },
     )
-}
-
-/// `t` as the kernels read it: on a GPU a matrix whose rows are evenly strided with unit column
-/// stride as it is (a column range of the layer's stacked in-projection), else contiguous.
-fn in_place(t: &Tensor) -> Result<Tensor> {
-    let (d, s) = (t.dims(), t.stride());
-    let rows = d.len() == 2 && (d[1] <= 1 || s[1] == 1) && (d[0] <= 1 || s[0] >= d[1]);
-    match t.device().is_cuda() && rows {
-        true => Ok(t.clone()),
-        false => t.contiguous(),
-    }
 }
 
 /// The fused gated RMSNorm: `o`, `z` `[n, Hv·dv]` f32, `w` `[dv]` → `[n, Hv·dv]` in `out`
@@ -193,7 +182,7 @@ fn in_place(t: &Tensor) -> Result<Tensor> {
 /// 10,240..16,384 of the stacked row.
 pub fn gated_norm(o: &Tensor, z: &Tensor, w: &Tensor, eps: f32, out: DType) -> Result<Tensor> {
     let y = o.contiguous()?.apply_op2_no_bwd(
-        &in_place(z)?,
+        &rows_in_place(z)?,
         &GatedNorm {
             w: w.contiguous()?,
             eps,

@@ -33,10 +33,7 @@ pub fn settle_conv(conv: &Tensor, inputs: &Tensor, tail: &[usize]) -> Result<()>
         && k1 <= MAX_TAIL
     {
         // a column range of the layer's stacked in-projection is read where it is
-        let inputs = match c <= 1 || inputs.stride()[1] == 1 {
-            true => inputs.clone(),
-            false => inputs.contiguous()?,
-        };
+        let inputs = crate::ops::kernel_io::rows_in_place(inputs)?;
         return conv.inplace_op2(&inputs, &SettleConv(tail.to_vec()));
     }
     let idx: Vec<u32> = tail.iter().map(|&r| r as u32).collect();

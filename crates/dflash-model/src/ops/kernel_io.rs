@@ -1,6 +1,7 @@
 //! What dflash-rs's own kernels ([`crate::ops::block_softmax`], [`crate::ops::cross_entropy`],
 //! [`crate::ops::interval_softmax`]) read besides their tensors: a CPU input's contiguous values
-//! (the CPU twins), and small u32 tables (the intervals) kept on the host and on the GPU.
+//! (the CPU twins), small u32 tables (the intervals) kept on the host and on the GPU, and a
+//! matrix as a kernel reading strided rows takes it.
 
 use candle_core::{CpuStorage, Device, Layout, Result, Tensor, WithDType};
 
@@ -55,6 +56,19 @@ impl KernelTable {
             candle_core::Storage::Cuda(c) => f(crate::cuda::ptx::view::<u32>(c, l, what)?),
             _ => candle_core::bail!("{what}: not on the GPU of the op"),
         }
+    }
+}
+
+/// `t` as a kernel reading strided rows takes it ([`crate::cuda::ptx::rows_view`]): on a GPU a
+/// matrix whose rows are evenly strided with unit column stride as it is (e.g. a column range
+/// of a stacked product), anything else contiguous. Example: columns 0..10,240 of `[1, 16,480]`
+/// rows stay a view; a transposed matrix is copied.
+pub(crate) fn rows_in_place(t: &Tensor) -> Result<Tensor> {
+    let (d, s) = (t.dims(), t.stride());
+    let rows = d.len() == 2 && (d[1] <= 1 || s[1] == 1) && (d[0] <= 1 || s[0] >= d[1]);
+    match t.device().is_cuda() && rows {
+        true => Ok(t.clone()),
+        false => t.contiguous(),
     }
 }
 

@@ -77,7 +77,8 @@ impl<'a> Projections<'a> {
         }
     }
 
-    /// Query head h's start in a row of `q`: `h · dim`, or `h · 2 · dim` where gated.
+    /// Query head h's start in a row of `q`: `h · dim`, or `h · 2 · dim` where gated (with
+    /// `dim` 1: the query row's width in heads).
     fn q_head_stride(&self, dim: usize) -> usize {
         if self.gated {
             2 * dim
@@ -87,12 +88,25 @@ impl<'a> Projections<'a> {
     }
 }
 
-/// The queries of gated projections `[b, n, heads · 2 · dim]` as `[b, n, heads · dim]`
-/// (contiguous): each head's first `dim` columns.
-fn gated_queries(q: &Tensor, heads: Heads) -> Result<Tensor> {
+/// Half `part` (0: the queries, 1: the gates) of gated projections `[b, n, heads · 2 · dim]`
+/// (`[query | gate]` per head), a view `[b, n, heads, dim]`. Example: 24 heads of 256 → the
+/// gates of head 1 are columns 768..1,024.
+fn gated_half(q: &Tensor, heads: Heads, part: usize) -> Result<Tensor> {
     let (b, n, _) = q.dims3()?;
     q.reshape((b, n, heads.q, 2 * heads.dim))?
-        .narrow(3, 0, heads.dim)?
+        .narrow(3, part * heads.dim, heads.dim)
+}
+
+/// The gates of gated projections (see [`Projections`]): a view `[b, n, heads, dim]`, read
+/// where it is.
+pub fn gates(q: &Tensor, heads: Heads) -> Result<Tensor> {
+    gated_half(q, heads, 1)
+}
+
+/// The queries of gated projections as `[b, n, heads · dim]` (contiguous).
+fn gated_queries(q: &Tensor, heads: Heads) -> Result<Tensor> {
+    let (b, n, _) = q.dims3()?;
+    gated_half(q, heads, 0)?
         .contiguous()?
         .reshape((b, n, heads.q * heads.dim))
 }
@@ -237,7 +251,7 @@ pub fn serves(
         && 2 * width <= heads.dim
         && heads.kv > 0
         && heads.q.is_multiple_of(heads.kv)
-        && strided_rows(p.q, nq, heads.q * p.q_head_stride(heads.dim) / heads.dim)
+        && strided_rows(p.q, nq, heads.q * p.q_head_stride(1))
         && strided_rows(p.k, n, heads.kv)
         && strided_rows(p.v, n, heads.kv)
         && norm_ok(q_norm)

@@ -183,8 +183,8 @@ impl GatedDeltaNet {
     }
 
     /// The in-projections as one product where the weights allow it ([`Linear::stack`]: plain
-    /// weights on a GPU): an AR step's row then costs one GEMV and one cast instead of four
-    /// each and the b | a concatenation. Example: Qwen3.6-27B's qkv, z, b and a (`[10240,
+    /// weights on a GPU): an AR step's row then costs one GEMV (written as f32) instead of four
+    /// GEMVs, four casts and the b | a concatenation. Example: Qwen3.6-27B's qkv, z, b and a (`[10240,
     /// 5120]`, `[6144, 5120]`, `[48, 5120]` twice) → `[16480, 5120]`.
     pub fn stack_in_projections(&mut self) -> Result<()> {
         let parts = [

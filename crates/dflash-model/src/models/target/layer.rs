@@ -79,12 +79,13 @@ impl Attention {
             ),
         };
         // q_proj yields [query | gate] per head where gated: qkv_rope reads the queries
+        let heads = qkv_rope::Heads {
+            q: self.heads,
+            kv: self.kv_heads,
+            dim: self.head_dim,
+        };
         let gate = match self.gated {
-            true => Some(qg.reshape((b, n, self.heads, 2 * self.head_dim))?.narrow(
-                3,
-                self.head_dim,
-                self.head_dim,
-            )?),
+            true => Some(qkv_rope::gates(&qg, heads)?),
             false => None,
         };
         // 2. per-head norms (qwen3), RoPE at each row's own position, the cache write:
@@ -101,11 +102,7 @@ impl Attention {
                 v: &v,
                 gated: self.gated,
             },
-            qkv_rope::Heads {
-                q: self.heads,
-                kv: self.kv_heads,
-                dim: self.head_dim,
-            },
+            heads,
             (self.q_norm.as_ref(), self.k_norm.as_ref()),
             qkv_rope::Tables { q: rope, kv: rope },
             rows,

@@ -137,8 +137,9 @@ pub struct Target {
 
 impl Target {
     /// On a GPU, each layer's q/k/v (or a Gated DeltaNet's four in-projections) and gate/up as
-    /// stacked products ([`Linear::stack`]): one GEMM each instead of three (four) and two. Call it once the weights' [`TensorStore`] is dropped:
-    /// the store holds the loaded tensors, so stacking while it lives holds each weight twice
+    /// stacked products ([`Linear::stack`]): one GEMM each instead of three (four) and two.
+    /// Call it once the weights' [`TensorStore`] is dropped: the store holds the loaded
+    /// tensors, so stacking while it lives holds each weight twice
     /// (a 54 GB target would need about 95 GB to load); afterwards a layer's parts are views of
     /// its stacked weight. Elsewhere (the CPU) nothing changes.
     pub fn stack_products(&mut self) -> Result<()> {
